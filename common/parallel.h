@@ -44,4 +44,22 @@ void ParallelFor(int64_t n, int64_t grain, Fn&& fn) {
 #endif
 }
 
+// Calls fn(i) for every i in [0, n), handing items to threads dynamically:
+// for items of uneven cost (e.g. attention rows of causal prefill).
+template <typename Fn>
+void ParallelForEach(int64_t n, Fn&& fn) {
+  if (n <= 0) return;
+  const int threads = static_cast<int>(std::min<int64_t>(NumThreads(), n));
+  if (threads <= 1) {
+    for (int64_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+#ifdef KVSERVE_HAVE_OPENMP
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+  for (int64_t i = 0; i < n; ++i) fn(i);
+#else
+  for (int64_t i = 0; i < n; ++i) fn(i);
+#endif
+}
+
 }  // namespace kvserve

@@ -1,0 +1,64 @@
+// Token sampling on the CPU from one sequence's logits: penalties,
+// temperature, top-k, top-p, min-p, seeded randomness, and top-n logprobs.
+// Deterministic for a given seed whatever else is in the batch: each request
+// owns its own random stream (SamplerState) and draws exactly one number per
+// sampled token.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/types/span.h"
+
+namespace kvserve::engine {
+
+struct SamplingParams {
+  float temperature = 1.0f;  // 0 = greedy
+  int32_t top_k = 0;         // 0 = off
+  float top_p = 1.0f;        // 1 = off
+  float min_p = 0.0f;        // 0 = off
+  float repetition_penalty = 1.0f;  // over prompt + output, HF semantics
+  float presence_penalty = 0.0f;    // over output, OpenAI semantics
+  float frequency_penalty = 0.0f;   // over output, OpenAI semantics
+  uint64_t seed = 0;
+  int32_t logprobs = 0;  // top-n logprobs to report (0 = none)
+};
+
+struct TokenLogprob {
+  int32_t token = -1;
+  float logprob = 0.0f;
+};
+
+struct SampleResult {
+  int32_t token = -1;
+  float logprob = 0.0f;              // of the chosen token (raw model dist)
+  std::vector<TokenLogprob> top;     // top-n by raw logprob, if requested
+};
+
+// Per-request sampling state: the random stream and output token counts.
+class SamplerState {
+ public:
+  explicit SamplerState(uint64_t seed) : rng_(seed) {}
+  // Records a token the request produced (for presence/frequency penalty).
+  void AddOutputToken(int32_t token) { ++output_counts_[token]; }
+  double NextUniform() {
+    return std::uniform_real_distribution<double>(0.0, 1.0)(rng_);
+  }
+  const absl::flat_hash_map<int32_t, int32_t>& output_counts() const {
+    return output_counts_;
+  }
+
+ private:
+  std::mt19937_64 rng_;
+  absl::flat_hash_map<int32_t, int32_t> output_counts_;
+};
+
+// Samples one token. `logits` is modified in place (penalties, temperature).
+// `context_tokens` holds prompt + output tokens for the repetition penalty.
+SampleResult Sample(absl::Span<float> logits, const SamplingParams& params,
+                    absl::Span<const int32_t> context_tokens,
+                    SamplerState& state);
+
+}  // namespace kvserve::engine

@@ -1,0 +1,44 @@
+// The input of one forward step: a flattened batch of tokens from many
+// sequences (prefill chunks and decode tokens mixed), with explicit paged
+// attention metadata. Built by the engine's model runner; no global state.
+//
+// Token t of a sequence lives in KV block `block_table[t / B]`, slot `t % B`
+// (B = block size). The new tokens of sequence s occupy KV positions
+// [context_lens[s] - n_s, context_lens[s]) where n_s is its token count in
+// this batch, and attend causally to every earlier position of the sequence.
+//
+//   tokens:  | s0: p0 p1 p2 p3 | s1: d | s2: d | s3: p0 p1 |
+//   seq_starts = {0, 4, 5, 6, 8}
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace kvserve::models {
+
+struct ForwardBatch {
+  std::vector<int32_t> token_ids;     // [T]
+  std::vector<int32_t> positions;     // [T] RoPE position == KV index
+  std::vector<int32_t> slot_mapping;  // [T] block * B + offset to write K/V
+  std::vector<int32_t> seq_starts;    // [S + 1] token offsets per sequence
+  std::vector<int32_t> context_lens;  // [S] KV length after this step
+  // [S * max_blocks_per_seq] row-major; unused tail entries are ignored.
+  std::vector<int32_t> block_tables;
+  int32_t max_blocks_per_seq = 0;
+  // Token rows whose logits the caller wants (e.g. the last of each
+  // sequence that finishes its prompt or decodes).
+  std::vector<int32_t> logits_rows;
+
+  int32_t num_tokens() const { return static_cast<int32_t>(token_ids.size()); }
+  int32_t num_seqs() const {
+    return seq_starts.empty() ? 0 : static_cast<int32_t>(seq_starts.size()) - 1;
+  }
+  // Consistency of sizes, positions, and block references against a pool of
+  // `num_blocks` blocks of `block_size`; names the first offending field.
+  [[nodiscard]] absl::Status Validate(int32_t num_blocks, int32_t block_size,
+                                      int32_t vocab_size) const;
+};
+
+}  // namespace kvserve::models
