@@ -3,7 +3,30 @@
 #include <cstring>
 #include <string>
 
+#include "server/cli_generate.h"
+#include "server/cli_plan.h"
+
+namespace {
+constexpr char kUsage[] =
+    "usage: kvserve <command> [flags]\n"
+    "commands:\n"
+    "  generate   one-shot generation: --model NAME|PATH --prompt TEXT\n"
+    "  plan       KV-cache sizing: --model NAME|PATH [--context N] ...\n"
+    "run 'kvserve <command> --help' for the flags of a command\n";
+}  // namespace
+
 int main(int argc, char** argv) {
-  std::fprintf(stderr, "usage: kvserve <generate|plan> [flags]\n");
+  if (argc < 2 || std::strcmp(argv[1], "--help") == 0 ||
+      std::strcmp(argv[1], "help") == 0) {
+    std::fputs(kUsage, argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string cmd = argv[1];
+  if (cmd == "generate") {
+    return kvserve::server::RunGenerateCommand(argc, argv);
+  }
+  if (cmd == "plan") return kvserve::server::RunPlanCommand(argc, argv);
+  std::fprintf(stderr, "kvserve: unknown command '%s'\n%s", cmd.c_str(),
+               kUsage);
   return 2;
 }

@@ -1,0 +1,32 @@
+#include "engine/loaded_model.h"
+
+#include "common/status_macros.h"
+#include "models/model_files.h"
+#include "models/model_resolver.h"
+#include "models/tokenizer_json.h"
+
+namespace kvserve::engine {
+
+absl::StatusOr<LoadedModel> LoadModel(std::string_view name_or_path) {
+  LoadedModel out;
+  KV_ASSIGN_OR_RETURN(out.path, models::ResolveModelPath(
+                                    name_or_path, models::ResolverOptions{}));
+  KV_ASSIGN_OR_RETURN(models::ModelFiles files,
+                      models::OpenModelFiles(out.path));
+  out.format = files.format;
+  out.config = files.config;
+  models::TokenizerData tok_data = std::move(files.tokenizer);
+  if (!files.tokenizer_json_path.empty()) {
+    KV_ASSIGN_OR_RETURN(tok_data, models::ReadTokenizerJson(
+                                      files.tokenizer_json_path));
+  }
+  out.chat_template = tok_data.chat_template;
+  out.chat_format = models::DetectChatFormat(tok_data.chat_template, tok_data);
+  KV_ASSIGN_OR_RETURN(out.tokenizer,
+                      models::Tokenizer::Create(std::move(tok_data)));
+  KV_ASSIGN_OR_RETURN(out.model, models::LlamaModel::Create(
+                                     out.config, std::move(files.weights)));
+  return out;
+}
+
+}  // namespace kvserve::engine

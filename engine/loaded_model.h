@@ -1,0 +1,34 @@
+// Turns a model name or path into everything needed to run it: resolved
+// path, config, tokenizer, chat format, and the packed CPU model. The single
+// place that wires resolver, file readers, tokenizer, and forward together.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "models/chat_template.h"
+#include "models/llama_model.h"
+#include "models/model_config.h"
+#include "models/tokenizer.h"
+
+namespace kvserve::engine {
+
+struct LoadedModel {
+  std::string path;    // resolved file or directory
+  std::string format;  // "gguf" | "safetensors"
+  models::ModelConfig config;
+  std::unique_ptr<models::Tokenizer> tokenizer;
+  models::ChatFormat chat_format = models::ChatFormat::kNone;
+  std::string chat_template;  // the model's own template text, if any
+  std::unique_ptr<models::LlamaModel> model;
+};
+
+// Resolves `name_or_path` (preset name, .gguf file, or HF directory), loads
+// and packs the weights. Errors name the file and what is wrong; a preset
+// whose weights are absent names every place that was searched.
+[[nodiscard]] absl::StatusOr<LoadedModel> LoadModel(
+    std::string_view name_or_path);
+
+}  // namespace kvserve::engine
