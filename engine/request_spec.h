@@ -1,0 +1,62 @@
+// What the server hands the engine for one generation: validated, already
+// tokenized, free of proto types.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "engine/sampler.h"
+
+namespace kvserve::engine {
+
+using RequestId = int64_t;
+
+struct RequestSpec {
+  std::vector<int32_t> prompt_tokens;
+  SamplingParams sampling;
+  int32_t max_tokens = 16;
+  std::vector<std::string> stop;        // stop strings (not in the output)
+  std::vector<int32_t> stop_token_ids;  // extra stop tokens
+  bool ignore_eos = false;
+  int32_t priority = 0;  // lower = more important
+  std::optional<absl::Time> deadline;
+  bool detokenize = true;
+};
+
+enum class FinishReason { kNone, kStop, kLength, kCancelled, kDeadline, kError };
+const char* FinishReasonName(FinishReason r);
+
+struct Usage {
+  int32_t prompt_tokens = 0;
+  int32_t completion_tokens = 0;
+  int32_t cached_prompt_tokens = 0;
+};
+
+struct Timings {
+  double queue_seconds = 0;          // arrival -> first scheduled
+  double time_to_first_token = 0;    // arrival -> first token
+  double total_seconds = 0;          // arrival -> finish
+};
+
+struct TokenLogprobs {
+  int32_t token = -1;
+  float logprob = 0;
+  std::vector<TokenLogprob> top;
+};
+
+// A coalesced chunk of one request's output stream.
+struct StreamDelta {
+  std::vector<int32_t> token_ids;
+  std::string text;
+  std::vector<TokenLogprobs> logprobs;  // one per token when requested
+  bool finished = false;
+  FinishReason finish_reason = FinishReason::kNone;
+  std::string error;  // for kError
+  Usage usage;        // final values when finished
+  Timings timings;    // final values when finished
+};
+
+}  // namespace kvserve::engine
