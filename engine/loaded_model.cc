@@ -9,8 +9,7 @@ namespace kvserve::engine {
 
 absl::StatusOr<LoadedModel> LoadModel(std::string_view name_or_path) {
   LoadedModel out;
-  KV_ASSIGN_OR_RETURN(out.path, models::ResolveModelPath(
-                                    name_or_path, models::ResolverOptions{}));
+  KV_ASSIGN_OR_RETURN(out.path, models::ResolveModelPath(name_or_path));
   KV_ASSIGN_OR_RETURN(models::ModelFiles files,
                       models::OpenModelFiles(out.path));
   out.format = files.format;

@@ -32,6 +32,13 @@ struct TokenizerData {
   std::vector<TokenType> token_types;  // same size as tokens (or empty)
   std::vector<float> scores;           // SentencePiece scores (or empty)
   std::vector<std::string> merges;     // "left right", rank = index
+  // Explicit pre-tokenizer split regexes (PCRE2 syntax), applied in order
+  // like llama.cpp's lists; set by the tokenizer.json reader when the file's
+  // pattern has no `pre` name. When non-empty they replace `pre`'s list.
+  std::vector<std::string> pre_regexes;
+  // A pre-tokenized word found whole in the vocab skips the merges (HF BPE
+  // `ignore_merges`). Also implied by pre "llama-bpe"/"llama3" (llama.cpp).
+  bool ignore_merges = false;
   int32_t bos_id = -1;
   int32_t eos_id = -1;
   int32_t unk_id = -1;

@@ -90,7 +90,7 @@ absl::Status Generate(const GenerateFlags& f) {
   sp.repetition_penalty = static_cast<float>(f.repetition_penalty);
   sp.seed = f.seed >= 0 ? static_cast<uint64_t>(f.seed) : std::random_device{}();
   engine::SamplerState state(sp.seed);
-  engine::SequenceRunner runner(m.model.get(), kv->get());
+  engine::SequenceRunner runner(m.model.get(), kv.get());
   models::Detokenizer detok(m.tokenizer.get());
 
   const auto t0 = Clock::now();

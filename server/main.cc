@@ -5,11 +5,14 @@
 
 #include "server/cli_generate.h"
 #include "server/cli_plan.h"
+#include "server/cli_serve.h"
 
 namespace {
 constexpr char kUsage[] =
     "usage: kvserve <command> [flags]\n"
+    "       kvserve --model NAME|PATH [flags]   (same as 'kvserve serve')\n"
     "commands:\n"
+    "  serve      the gRPC serving daemon: --model NAME|PATH [--port N] ...\n"
     "  generate   one-shot generation: --model NAME|PATH --prompt TEXT\n"
     "  plan       KV-cache sizing: --model NAME|PATH [--context N] ...\n"
     "run 'kvserve <command> --help' for the flags of a command\n";
@@ -22,6 +25,9 @@ int main(int argc, char** argv) {
     return argc < 2 ? 2 : 0;
   }
   const std::string cmd = argv[1];
+  if (cmd == "serve" || cmd.rfind("--", 0) == 0) {
+    return kvserve::server::RunServeCommand(argc, argv);
+  }
   if (cmd == "generate") {
     return kvserve::server::RunGenerateCommand(argc, argv);
   }

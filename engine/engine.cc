@@ -1,0 +1,214 @@
+#include "engine/engine.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <deque>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_format.h"
+#include "common/check.h"
+#include "common/status_macros.h"
+#include "engine/engine_impl.h"
+#include "engine/engine_metrics.h"
+#include "engine/kv_cache_storage.h"
+#include "engine/output_processor.h"
+#include "kvcache/kv_sizing.h"
+#include "models/forward_batch.h"
+#include "scheduler/scheduler.h"
+#include "spdlog/spdlog.h"
+
+namespace kvserve::engine {
+namespace {
+
+int64_t PhysicalMemoryBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
+}
+
+}  // namespace
+
+absl::Status Engine::Impl::Init(
+    std::shared_ptr<prometheus::Registry> registry) {
+  const models::ModelConfig& c = model_.config;
+  max_model_len_ = config_.max_model_len > 0
+                       ? std::min(config_.max_model_len, c.max_position)
+                       : c.max_position;
+  const kvcache::KvShape shape{c.num_layers, c.num_kv_heads, c.head_dim};
+  const int64_t per_token =
+      kvcache::KvBytesPerToken(shape, kvcache::KvDtype::kF32);
+  int64_t budget = config_.kv_cache_bytes;
+  if (budget <= 0) {
+    budget = static_cast<int64_t>(PhysicalMemoryBytes() *
+                                  config_.kv_cache_fraction);
+  }
+  KV_ASSIGN_OR_RETURN(kv_, KvCacheStorage::Create(
+                               {c.num_layers, c.num_kv_heads, c.head_dim,
+                                config_.block_size, 0, budget}));
+  scheduler::SchedulerConfig sc;
+  sc.max_num_seqs = config_.max_num_seqs;
+  sc.max_num_batched_tokens = config_.max_num_batched_tokens;
+  sc.block_size = config_.block_size;
+  sc.num_blocks = kv_->num_blocks();
+  sc.watermark = config_.watermark;
+  // The engine bounds the queue itself (Submit answers without the loop);
+  // the scheduler's bound only backs it up.
+  sc.max_queued_requests = std::max(config_.max_queued_requests, 1) * 2 + 64;
+  sc.max_model_len = max_model_len_;
+  KV_ASSIGN_OR_RETURN(sc.policy,
+                      scheduler::ParseSchedulingPolicy(config_.scheduling_policy));
+  KV_ASSIGN_OR_RETURN(scheduler_, scheduler::Scheduler::Create(sc));
+
+  info_ = ModelInfo{c.name, model_.path, model_.format, c.architecture,
+                    c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads,
+                    c.head_dim, c.intermediate_size, c.vocab_size,
+                    max_model_len_, per_token, config_.block_size,
+                    kv_->num_blocks(), "f32"};
+  const int64_t tokens = static_cast<int64_t>(kv_->num_blocks()) *
+                         config_.block_size;
+  spdlog::info(
+      "kv cache: {} bytes/token (f32), {} blocks of {} tokens = {} tokens, "
+      "{:.1f} MiB; holds {} sequences at max context {}",
+      per_token, kv_->num_blocks(), config_.block_size, tokens,
+      kv_->total_bytes() / 1048576.0,
+      tokens / std::max<int64_t>(
+                   1, (max_model_len_ + config_.block_size - 1) /
+                          config_.block_size * config_.block_size),
+      max_model_len_);
+  if (registry) {
+    metrics_ = std::make_unique<EngineMetrics>(
+        *registry, CacheConfigInfo{config_.block_size, kv_->num_blocks(),
+                                   per_token, "f32"});
+  }
+  PublishStats(0, 0);
+  return absl::OkStatus();
+}
+
+void Engine::Impl::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stop_ && !thread_.joinable()) return;
+    stop_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+absl::Status Engine::Impl::CheckSpec(const RequestSpec& spec) const {
+  const int64_t prompt = spec.prompt_tokens.size();
+  if (prompt == 0) {
+    return absl::InvalidArgumentError("prompt: must not be empty");
+  }
+  if (spec.max_tokens < 1) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "max_tokens: must be >= 1, got %d", spec.max_tokens));
+  }
+  for (int32_t t : spec.prompt_tokens) {
+    if (t < 0 || t >= info_.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "prompt_token_ids: %d outside the vocabulary [0, %d)", t,
+          info_.vocab_size));
+    }
+  }
+  if (prompt + spec.max_tokens > max_model_len_) {
+    return absl::OutOfRangeError(absl::StrFormat(
+        "prompt (%d tokens) + max_tokens (%d) exceeds the maximum context of "
+        "%d tokens",
+        prompt, spec.max_tokens, max_model_len_));
+  }
+  const int64_t pool_tokens =
+      static_cast<int64_t>(kv_->num_blocks() -
+                           scheduler_->config().watermark_blocks()) *
+      config_.block_size;
+  if (prompt + spec.max_tokens > pool_tokens) {
+    return absl::OutOfRangeError(absl::StrFormat(
+        "prompt (%d tokens) + max_tokens (%d) can never fit the KV cache of "
+        "%d usable tokens (--kv-cache-bytes)",
+        prompt, spec.max_tokens, pool_tokens));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<StreamState>> Engine::Impl::Submit(
+    RequestSpec spec) {
+  absl::Status s = CheckSpec(spec);
+  if (s.ok() && draining_->load()) {
+    s = absl::UnavailableError("server is draining; not accepting requests");
+  }
+  auto r = std::make_unique<LiveRequest>();
+  r->id = next_id_.fetch_add(1);
+  r->arrival = absl::Now();
+  r->stream = std::make_shared<StreamState>(r->id);
+  auto stream = r->stream;
+  if (s.ok()) {
+    absl::MutexLock lock(&mu_);
+    if (stop_) {
+      s = absl::UnavailableError("engine stopped");
+    } else if (queued_ >= config_.max_queued_requests) {
+      s = absl::ResourceExhaustedError(absl::StrFormat(
+          "queue full: %d requests waiting (--max-queued-requests)",
+          queued_));
+    } else {
+      r->spec = std::move(spec);
+      inbox_.adds.push_back(std::move(r));
+      ++queued_;
+      ++live_;
+    }
+  }
+  if (!s.ok()) {
+    if (metrics_) metrics_->Rejected();
+    return s;
+  }
+  return stream;
+}
+
+void Engine::Impl::Abort(RequestId id) {
+  absl::MutexLock lock(&mu_);
+  inbox_.aborts.push_back(id);
+}
+
+void Engine::Impl::Drain(absl::Duration timeout) {
+  draining_->store(true);
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::MutexLock lock(&mu_);
+  auto idle = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return live_ == 0; };
+  if (!mu_.AwaitWithDeadline(absl::Condition(&idle), deadline)) {
+    spdlog::warn("drain: {} requests still running after the timeout; "
+                 "cancelling them", live_);
+    stop_ = true;  // the loop cancels what is left and exits
+    mu_.AwaitWithTimeout(absl::Condition(&idle), absl::Seconds(10));
+  }
+}
+
+// ---- Engine (public facade) ----
+
+Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Engine::~Engine() { impl_->Stop(); }
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
+    const EngineConfig& config, LoadedModel model,
+    std::shared_ptr<prometheus::Registry> registry) {
+  if (model.model == nullptr || model.tokenizer == nullptr) {
+    return absl::InvalidArgumentError("Engine::Create: model not loaded");
+  }
+  std::unique_ptr<Engine> engine(new Engine(nullptr));
+  engine->impl_ =
+      std::make_unique<Impl>(config, std::move(model), &engine->draining_);
+  KV_RETURN_IF_ERROR(engine->impl_->Init(std::move(registry)));
+  engine->impl_->Start();
+  return engine;
+}
+
+absl::StatusOr<std::shared_ptr<StreamState>> Engine::Submit(RequestSpec spec) {
+  return impl_->Submit(std::move(spec));
+}
+void Engine::Abort(RequestId id) { impl_->Abort(id); }
+void Engine::Drain(absl::Duration timeout) { impl_->Drain(timeout); }
+const ModelInfo& Engine::model_info() const { return impl_->info(); }
+const models::Tokenizer& Engine::tokenizer() const {
+  return *impl_->model().tokenizer;
+}
+const LoadedModel& Engine::model() const { return impl_->model(); }
+EngineStats Engine::Stats() const { return impl_->Stats(); }
+
+}  // namespace kvserve::engine

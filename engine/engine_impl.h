@@ -1,0 +1,106 @@
+// Engine internals shared by engine.cc (set-up, submission) and
+// engine_loop.cc (the engine thread). Not part of the public API.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "engine/engine.h"
+#include "engine/engine_metrics.h"
+#include "engine/kv_cache_storage.h"
+#include "engine/output_processor.h"
+#include "models/forward_batch.h"
+#include "scheduler/scheduler.h"
+
+namespace kvserve::engine {
+
+// One request as the engine thread sees it.
+struct LiveRequest {
+  RequestId id;
+  RequestSpec spec;
+  std::shared_ptr<StreamState> stream;
+  std::unique_ptr<OutputProcessor> output;
+  absl::Time arrival, first_scheduled = absl::InfinitePast(),
+                      first_token = absl::InfinitePast(),
+                      last_token = absl::InfinitePast();
+  int32_t completion_tokens = 0;
+};
+
+class Engine::Impl {
+ public:
+  Impl(const EngineConfig& config, LoadedModel model,
+       std::atomic<bool>* draining)
+      : config_(config), model_(std::move(model)), draining_(draining) {}
+  ~Impl() { Stop(); }
+
+  absl::Status Init(std::shared_ptr<prometheus::Registry> registry);
+  void Start() { thread_ = std::thread([this] { Loop(); }); }
+  void Stop();
+
+  absl::StatusOr<std::shared_ptr<StreamState>> Submit(RequestSpec spec);
+  void Abort(RequestId id);
+  void Drain(absl::Duration timeout);
+
+  const ModelInfo& info() const { return info_; }
+  const LoadedModel& model() const { return model_; }
+  EngineStats Stats() const {
+    absl::MutexLock lock(&stats_mu_);
+    return stats_;
+  }
+
+ private:
+  struct Inbox {
+    std::vector<std::unique_ptr<LiveRequest>> adds;
+    std::vector<RequestId> aborts;
+  };
+
+  absl::Status CheckSpec(const RequestSpec& spec) const;
+  void Loop();
+  bool TakeInbox(Inbox* inbox);
+  void Admit(std::unique_ptr<LiveRequest> r);
+  void Step();
+  models::ForwardBatch BuildBatch(const scheduler::SchedulerOutput& out,
+                                  std::vector<int32_t>* logits_owner);
+  std::vector<SampleResult> SampleAll(const scheduler::SchedulerOutput& out,
+                                      const std::vector<int32_t>& producers);
+  void EmitTokens(const scheduler::SchedulerOutput& out,
+                  const std::vector<int32_t>& producers,
+                  std::vector<SampleResult>& sampled);
+  void FinishRequest(RequestId id, FinishReason reason,
+                     const std::string& error = "");
+  void ExpireDeadlines();
+  void FailAll(const std::vector<RequestId>& ids, const std::string& error);
+  void PublishStats(double step_seconds, int64_t tokens);
+
+  const EngineConfig config_;
+  LoadedModel model_;
+  std::atomic<bool>* draining_;
+  ModelInfo info_;
+  std::unique_ptr<KvCacheStorage> kv_;
+  std::unique_ptr<scheduler::Scheduler> scheduler_;
+  std::unique_ptr<EngineMetrics> metrics_;
+  int32_t max_model_len_ = 0;
+
+  // Inbox (any thread -> engine thread).
+  mutable absl::Mutex mu_;
+  Inbox inbox_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t live_ ABSL_GUARDED_BY(mu_) = 0;  // submitted, not yet finished
+  int64_t queued_ ABSL_GUARDED_BY(mu_) = 0;  // in inbox or waiting
+  std::atomic<RequestId> next_id_{1};
+
+  // Engine thread only.
+  absl::flat_hash_map<RequestId, std::unique_ptr<LiveRequest>> live_reqs_;
+  std::vector<float> logits_;
+  int64_t preemptions_seen_ = 0, preempted_tokens_seen_ = 0;
+
+  mutable absl::Mutex stats_mu_;
+  EngineStats stats_ ABSL_GUARDED_BY(stats_mu_);
+  std::thread thread_;
+};
+
+}  // namespace kvserve::engine

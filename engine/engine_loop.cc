@@ -1,0 +1,296 @@
+// The engine thread: drains the inbox, schedules, runs one batched forward,
+// samples, streams output, retires finished requests. Everything here runs
+// on that one thread except where a comment says otherwise.
+#include <algorithm>
+
+#include "absl/strings/str_format.h"
+#include "common/check.h"
+#include "engine/engine_impl.h"
+#include "spdlog/spdlog.h"
+
+namespace kvserve::engine {
+namespace {
+
+double SecondsBetween(absl::Time a, absl::Time b) {
+  return absl::ToDoubleSeconds(b - a);
+}
+
+// Idle wait for new work; bounded so deadlines are checked while idle.
+constexpr absl::Duration kIdleWait = absl::Milliseconds(50);
+
+}  // namespace
+
+bool Engine::Impl::TakeInbox(Inbox* inbox) {
+  absl::MutexLock lock(&mu_);
+  auto has_input = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return stop_ || !inbox_.adds.empty() || !inbox_.aborts.empty();
+  };
+  if (!scheduler_->has_work()) {
+    mu_.AwaitWithTimeout(absl::Condition(&has_input), kIdleWait);
+  }
+  std::swap(*inbox, inbox_);
+  return !stop_;
+}
+
+void Engine::Impl::Admit(std::unique_ptr<LiveRequest> r) {
+  r->output = std::make_unique<OutputProcessor>(r->spec,
+                                                model_.tokenizer.get());
+  auto req = std::make_unique<scheduler::Request>(
+      r->id, r->spec.prompt_tokens, r->spec.max_tokens, r->spec.priority,
+      absl::ToUnixNanos(r->arrival));
+  const RequestId id = r->id;
+  live_reqs_[id] = std::move(r);
+  absl::Status s = scheduler_->AddRequest(std::move(req));
+  if (!s.ok()) FinishRequest(id, FinishReason::kError, std::string(s.message()));
+}
+
+void Engine::Impl::Loop() {
+  Inbox inbox;
+  while (TakeInbox(&inbox)) {
+    for (auto& r : inbox.adds) Admit(std::move(r));
+    for (RequestId id : inbox.aborts) {
+      if (live_reqs_.contains(id)) FinishRequest(id, FinishReason::kCancelled);
+    }
+    inbox = Inbox{};
+    ExpireDeadlines();
+    if (scheduler_->has_work()) Step();
+  }
+  // Stopping: cancel what is left (queued in the inbox or live).
+  {
+    absl::MutexLock lock(&mu_);
+    std::swap(inbox, inbox_);
+  }
+  for (auto& r : inbox.adds) Admit(std::move(r));
+  std::vector<RequestId> ids;
+  for (const auto& [id, r] : live_reqs_) ids.push_back(id);
+  for (RequestId id : ids) FinishRequest(id, FinishReason::kCancelled);
+  PublishStats(0, 0);
+}
+
+void Engine::Impl::ExpireDeadlines() {
+  const absl::Time now = absl::Now();
+  std::vector<RequestId> expired;
+  for (const auto& [id, r] : live_reqs_) {
+    if (r->spec.deadline.has_value() && *r->spec.deadline <= now) {
+      expired.push_back(id);
+    }
+  }
+  for (RequestId id : expired) FinishRequest(id, FinishReason::kDeadline);
+}
+
+models::ForwardBatch Engine::Impl::BuildBatch(
+    const scheduler::SchedulerOutput& out, std::vector<int32_t>* producers) {
+  models::ForwardBatch b;
+  const int32_t bs = config_.block_size;
+  b.token_ids = out.token_ids;
+  b.seq_starts.reserve(out.scheduled.size() + 1);
+  b.seq_starts.push_back(0);
+  int32_t max_blocks = 1;
+  for (const auto& s : out.scheduled) max_blocks = std::max(max_blocks, s.num_blocks);
+  b.max_blocks_per_seq = max_blocks;
+  b.block_tables.assign(out.scheduled.size() * max_blocks, 0);
+  for (size_t i = 0; i < out.scheduled.size(); ++i) {
+    const auto& s = out.scheduled[i];
+    const auto table = out.BlockTable(s);
+    std::copy(table.begin(), table.end(),
+              b.block_tables.begin() + i * max_blocks);
+    for (int32_t j = 0; j < s.num_new_tokens; ++j) {
+      const int32_t pos = s.start_position + j;
+      b.positions.push_back(pos);
+      b.slot_mapping.push_back(table[pos / bs] * bs + pos % bs);
+    }
+    b.seq_starts.push_back(s.token_offset + s.num_new_tokens);
+    b.context_lens.push_back(s.start_position + s.num_new_tokens);
+    if (s.produces_token) {
+      b.logits_rows.push_back(s.token_offset + s.num_new_tokens - 1);
+      producers->push_back(static_cast<int32_t>(i));
+    }
+  }
+  return b;
+}
+
+std::vector<SampleResult> Engine::Impl::SampleAll(
+    const scheduler::SchedulerOutput& out,
+    const std::vector<int32_t>& producers) {
+  const int32_t vocab = model_.config.vocab_size;
+  std::vector<SampleResult> sampled(producers.size());
+  std::vector<int32_t> context;
+  for (size_t k = 0; k < producers.size(); ++k) {
+    const auto& s = out.scheduled[producers[k]];
+    LiveRequest& r = *live_reqs_.at(s.id);
+    absl::Span<float> logits(logits_.data() + k * vocab, vocab);
+    context.clear();
+    if (r.spec.sampling.repetition_penalty != 1.0f) {
+      const scheduler::Request* req = scheduler_->GetRequest(s.id);
+      context = req->prompt_token_ids();
+      context.insert(context.end(), req->output_token_ids().begin(),
+                     req->output_token_ids().end());
+    }
+    sampled[k] = Sample(logits, r.spec.sampling, context, r.output->sampler());
+  }
+  return sampled;
+}
+
+void Engine::Impl::EmitTokens(const scheduler::SchedulerOutput& out,
+                              const std::vector<int32_t>& producers,
+                              std::vector<SampleResult>& sampled) {
+  const absl::Time now = absl::Now();
+  for (size_t k = 0; k < producers.size(); ++k) {
+    const RequestId id = out.scheduled[producers[k]].id;
+    auto it = live_reqs_.find(id);
+    if (it == live_reqs_.end()) continue;
+    LiveRequest& r = *it->second;
+    if (r.first_token == absl::InfinitePast()) {
+      r.first_token = now;
+      if (metrics_) metrics_->ObserveTtft(SecondsBetween(r.arrival, now));
+    } else if (metrics_) {
+      metrics_->ObserveInterToken(SecondsBetween(r.last_token, now));
+    }
+    r.last_token = now;
+    ++r.completion_tokens;
+    SampleResult& res = sampled[k];
+    OutputProcessor::Step step = r.output->Accept(res.token);
+    std::vector<TokenLogprobs> lp;
+    if (r.spec.sampling.logprobs > 0) {
+      lp.push_back({res.token, res.logprob, std::move(res.top)});
+    }
+    r.stream->Push({res.token}, step.text, std::move(lp));
+    const scheduler::Request* req = scheduler_->GetRequest(id);
+    if (step.stop) {
+      FinishRequest(id, FinishReason::kStop);
+    } else if (req == nullptr ||
+               req->num_output_tokens() >= r.spec.max_tokens) {
+      FinishRequest(id, FinishReason::kLength);
+    }
+  }
+  if (metrics_) metrics_->AddGenerationTokens(producers.size());
+}
+
+void Engine::Impl::Step() {
+  const absl::Time t0 = absl::Now();
+  scheduler::SchedulerOutput out = scheduler_->Schedule();
+  if (out.empty()) {
+    // Nothing fits this step (e.g. waiting for blocks); don't spin.
+    absl::MutexLock lock(&mu_);
+    auto has_input = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+      return stop_ || !inbox_.adds.empty() || !inbox_.aborts.empty();
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&has_input), absl::Milliseconds(1));
+    return;
+  }
+  for (const auto& s : out.scheduled) {
+    LiveRequest& r = *live_reqs_.at(s.id);
+    if (r.first_scheduled == absl::InfinitePast()) {
+      r.first_scheduled = t0;
+      if (metrics_) {
+        metrics_->ObserveQueueTime(SecondsBetween(r.arrival, t0));
+        metrics_->AddPromptTokens(r.spec.prompt_tokens.size());
+      }
+    }
+  }
+  std::vector<int32_t> producers;
+  models::ForwardBatch batch = BuildBatch(out, &producers);
+  absl::Status st = model_.model->Forward(batch, kv_->view(), &logits_);
+  std::vector<SampleResult> sampled;
+  std::vector<int32_t> tokens(producers.size(), 0);
+  if (st.ok()) {
+    sampled = SampleAll(out, producers);
+    for (size_t k = 0; k < sampled.size(); ++k) tokens[k] = sampled[k].token;
+  } else {
+    // A batch the model rejects is a bug in batch construction; fail the
+    // requests in it, keep serving the rest.
+    spdlog::error("forward failed at step {} ({} tokens): {}", out.step,
+                  out.total_num_tokens, st.ToString());
+  }
+  std::vector<scheduler::FinishedRequest> finished =
+      scheduler_->UpdateFromOutput(out, tokens);
+  if (st.ok()) {
+    EmitTokens(out, producers, sampled);
+  } else {
+    std::vector<RequestId> ids;
+    for (const auto& s : out.scheduled) ids.push_back(s.id);
+    FailAll(ids, st.ToString());
+  }
+  for (const auto& f : finished) {
+    if (live_reqs_.contains(f.id)) FinishRequest(f.id, FinishReason::kLength);
+  }
+  PublishStats(SecondsBetween(t0, absl::Now()), out.total_num_tokens);
+}
+
+void Engine::Impl::FailAll(const std::vector<RequestId>& ids,
+                           const std::string& error) {
+  for (RequestId id : ids) {
+    if (live_reqs_.contains(id)) FinishRequest(id, FinishReason::kError, error);
+  }
+}
+
+void Engine::Impl::FinishRequest(RequestId id, FinishReason reason,
+                                 const std::string& error) {
+  auto it = live_reqs_.find(id);
+  if (it == live_reqs_.end()) return;
+  LiveRequest& r = *it->second;
+  // Frees the blocks now (the scheduler may have retired it already).
+  if (scheduler_->GetRequest(id) != nullptr) {
+    (void)scheduler_->Finish(id, reason == FinishReason::kStop
+                                     ? scheduler::FinishReason::kStop
+                                     : reason == FinishReason::kLength
+                                           ? scheduler::FinishReason::kLength
+                                           : scheduler::FinishReason::kAbort);
+  }
+  const std::string tail = r.output ? r.output->Flush() : "";
+  if (!tail.empty()) r.stream->Push({}, tail, {});
+  const absl::Time now = absl::Now();
+  Usage usage{static_cast<int32_t>(r.spec.prompt_tokens.size()),
+              r.completion_tokens, 0};
+  Timings t;
+  if (r.first_scheduled != absl::InfinitePast()) {
+    t.queue_seconds = SecondsBetween(r.arrival, r.first_scheduled);
+  }
+  if (r.first_token != absl::InfinitePast()) {
+    t.time_to_first_token = SecondsBetween(r.arrival, r.first_token);
+  }
+  t.total_seconds = SecondsBetween(r.arrival, now);
+  r.stream->Finish(reason, usage, t, error);
+  if (metrics_) metrics_->Finished(reason, t.total_seconds);
+  live_reqs_.erase(it);
+  absl::MutexLock lock(&mu_);
+  --live_;
+}
+
+void Engine::Impl::PublishStats(double step_seconds, int64_t tokens) {
+  const scheduler::SchedulerStats s = scheduler_->stats();
+  int64_t unwritten = 0;
+  for (RequestId id : scheduler_->RunningIds()) {
+    const scheduler::Request* r = scheduler_->GetRequest(id);
+    const int64_t blocks = scheduler_->kv_cache().GetBlockTable(id).size();
+    unwritten += blocks * config_.block_size - r->num_computed_tokens();
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    queued_ = s.num_waiting + static_cast<int64_t>(inbox_.adds.size());
+  }
+  if (metrics_) {
+    metrics_->SetKvBlocks(s.kv.active_blocks, s.kv.cached_evictable_blocks,
+                          s.kv.free_blocks - s.kv.cached_evictable_blocks);
+    metrics_->SetQueues(s.num_running, s.num_waiting);
+    metrics_->SetReservedUnwrittenSlots(unwritten);
+    metrics_->AddPreemptions(s.num_preemptions_total - preemptions_seen_);
+    metrics_->AddRecomputedTokens(s.num_preempted_tokens_total -
+                                  preempted_tokens_seen_);
+    if (tokens > 0) metrics_->ObserveStep(step_seconds, tokens);
+  }
+  preemptions_seen_ = s.num_preemptions_total;
+  preempted_tokens_seen_ = s.num_preempted_tokens_total;
+  absl::MutexLock lock(&stats_mu_);
+  stats_.running = s.num_running;
+  stats_.waiting = s.num_waiting;
+  stats_.blocks_total = s.kv.total_blocks;
+  stats_.blocks_free = s.kv.free_blocks - s.kv.cached_evictable_blocks;
+  stats_.blocks_cached = s.kv.cached_evictable_blocks;
+  stats_.blocks_active = s.kv.active_blocks;
+  stats_.reserved_unwritten_slots = unwritten;
+  stats_.steps = s.num_steps;
+  stats_.last_step_end = absl::Now();
+}
+
+}  // namespace kvserve::engine

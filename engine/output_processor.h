@@ -1,0 +1,49 @@
+// Per-request output state on the engine thread: sampling state, incremental
+// detokenization, stop conditions (EOS, stop token ids, stop strings), and
+// the text held back while it could still become a stop string.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/request_spec.h"
+#include "engine/sampler.h"
+#include "models/detokenizer.h"
+#include "models/tokenizer.h"
+
+namespace kvserve::engine {
+
+class OutputProcessor {
+ public:
+  OutputProcessor(const RequestSpec& spec, const models::Tokenizer* tokenizer);
+
+  // Result of accepting one sampled token.
+  struct Step {
+    std::string text;        // text now safe to emit
+    bool stop = false;       // a stop condition matched (finish kStop)
+  };
+  // Accepts `token` (already appended to the request's output).
+  Step Accept(int32_t token);
+  // Text still held back (call once when the request ends without a stop
+  // string match).
+  std::string Flush();
+
+  SamplerState& sampler() { return sampler_; }
+
+ private:
+  // Emits text_[emitted_, end) where end keeps back a possible stop-string
+  // prefix, moved back to a UTF-8 character boundary.
+  std::string TakeSafeText();
+
+  const RequestSpec& spec_;
+  const models::Tokenizer* tokenizer_;
+  SamplerState sampler_;
+  models::Detokenizer detok_;
+  std::string text_;    // generated text so far
+  size_t emitted_ = 0;  // bytes of text_ already handed out
+  size_t max_stop_len_ = 0;
+  bool stopped_ = false;
+};
+
+}  // namespace kvserve::engine

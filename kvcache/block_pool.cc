@@ -1,0 +1,199 @@
+#include "kvcache/block_pool.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/check.h"
+
+namespace kvserve::kvcache {
+
+BlockPool::BlockPool(int32_t num_blocks) {
+  KV_CHECK(num_blocks >= 1, "num_blocks=", num_blocks);
+  blocks_.resize(num_blocks);
+  for (BlockId b = 0; b < num_blocks; ++b) PushBack(b);
+}
+
+std::vector<BlockId> BlockPool::Allocate(int32_t n) {
+  KV_CHECK(n >= 0 && n <= num_free_, "n=", n, " num_free=", num_free_);
+  std::vector<BlockId> out;
+  out.reserve(n);
+  for (int32_t i = 0; i < n; ++i) {
+    const BlockId b = head_;
+    BlockMeta& m = blocks_[b];
+    Unlink(b);
+    if (m.has_hash) {  // cached -> free (evict), then as below
+      cached_.erase(m.hash);
+      m.has_hash = false;
+      --num_cached_evictable_;
+    }
+    m.ref_count = 1;  // free -> active
+    out.push_back(b);
+  }
+  return out;
+}
+
+void BlockPool::Free(absl::Span<const BlockId> blocks) {
+  for (const BlockId b : blocks) {
+    CheckId(b);
+    BlockMeta& m = blocks_[b];
+    KV_CHECK(m.ref_count >= 1, "block ", b, " freed at ref 0");
+    if (--m.ref_count > 0) continue;  // active -> active (one owner fewer)
+    // active -> cached (has hash) | active -> free (no hash)
+    if (m.has_hash) ++num_cached_evictable_;
+    PushBack(b);
+  }
+}
+
+void BlockPool::Touch(absl::Span<const BlockId> blocks) {
+  for (const BlockId b : blocks) {
+    CheckId(b);
+    BlockMeta& m = blocks_[b];
+    if (m.ref_count == 0) {  // cached -> active
+      KV_CHECK(m.has_hash, "block ", b, " touched while plain free");
+      Unlink(b);
+      --num_cached_evictable_;
+    }
+    ++m.ref_count;  // active -> active (one owner more)
+  }
+}
+
+bool BlockPool::CacheBlock(BlockId block, BlockHash hash) {
+  CheckId(block);
+  BlockMeta& m = blocks_[block];
+  KV_CHECK(m.ref_count >= 1 && !m.has_hash, "block ", block,
+           " ref=", m.ref_count, " has_hash=", m.has_hash);
+  // active -> active (hashed; becomes cached when its last owner frees it)
+  if (!cached_.emplace(hash, block).second) return false;
+  m.has_hash = true;
+  m.hash = hash;
+  return true;
+}
+
+std::optional<BlockId> BlockPool::GetCachedBlock(BlockHash hash) const {
+  auto it = cached_.find(hash);
+  if (it == cached_.end()) return std::nullopt;
+  return it->second;
+}
+
+int32_t BlockPool::ref_count(BlockId block) const {
+  CheckId(block);
+  return blocks_[block].ref_count;
+}
+
+std::optional<BlockHash> BlockPool::block_hash(BlockId block) const {
+  CheckId(block);
+  const BlockMeta& m = blocks_[block];
+  if (!m.has_hash) return std::nullopt;
+  return m.hash;
+}
+
+std::vector<BlockId> BlockPool::FreeQueue() const {
+  std::vector<BlockId> out;
+  out.reserve(num_free_);
+  for (BlockId b = head_; b != kNoBlock; b = blocks_[b].next) {
+    out.push_back(b);
+    if (out.size() > blocks_.size()) break;  // a cycle: CheckInvariants says
+  }
+  return out;
+}
+
+absl::Status BlockPool::CheckInvariants() const {
+  const int32_t n = num_blocks();
+  // Walk the queue: links, ref 0, no duplicates, no cycle.
+  std::vector<bool> seen(n, false);
+  int32_t queued = 0;
+  BlockId prev = kNoBlock;
+  for (BlockId b = head_; b != kNoBlock; prev = b, b = blocks_[b].next) {
+    if (b < 0 || b >= n) return absl::InternalError(absl::StrCat("bad id ", b));
+    const BlockMeta& m = blocks_[b];
+    if (seen[b]) {
+      return absl::InternalError(absl::StrCat("block ", b, " queued twice"));
+    }
+    seen[b] = true;
+    ++queued;
+    if (m.prev != prev) {
+      return absl::InternalError(
+          absl::StrCat("block ", b, " prev=", m.prev, ", expected ", prev));
+    }
+    if (m.ref_count != 0 || !m.in_free_queue) {
+      return absl::InternalError(absl::StrCat(
+          "queued block ", b, " ref=", m.ref_count, " flag=", m.in_free_queue));
+    }
+  }
+  if (prev != tail_) {
+    return absl::InternalError(
+        absl::StrCat("tail=", tail_, ", queue ends at ", prev));
+  }
+  // Every block: ref >= 0; ref 0 <=> queued; hash <=> in the map.
+  int32_t ref0 = 0, evictable = 0, hashed = 0;
+  for (BlockId b = 0; b < n; ++b) {
+    const BlockMeta& m = blocks_[b];
+    if (m.ref_count < 0) {
+      return absl::InternalError(
+          absl::StrCat("block ", b, " ref=", m.ref_count));
+    }
+    if ((m.ref_count == 0) != seen[b] || m.in_free_queue != seen[b]) {
+      return absl::InternalError(
+          absl::StrCat("block ", b, " ref=", m.ref_count, " queued=", seen[b]));
+    }
+    if (m.ref_count == 0) ++ref0;
+    if (!m.has_hash) continue;
+    ++hashed;
+    if (m.ref_count == 0) ++evictable;
+    auto it = cached_.find(m.hash);
+    if (it == cached_.end() || it->second != b) {
+      return absl::InternalError(
+          absl::StrCat("block ", b, " hash ", m.hash, " not mapped to it"));
+    }
+  }
+  if (hashed != static_cast<int32_t>(cached_.size())) {
+    return absl::InternalError(absl::StrCat("hash map has ", cached_.size(),
+                                            " entries, ", hashed, " hashed"));
+  }
+  if (queued != num_free_ || ref0 != num_free_ ||
+      evictable != num_cached_evictable_) {
+    return absl::InternalError(
+        absl::StrCat("counts: queued=", queued, " ref0=", ref0,
+                     " num_free=", num_free_, " evictable=", evictable,
+                     " num_cached_evictable=", num_cached_evictable_));
+  }
+  return absl::OkStatus();
+}
+
+void BlockPool::PushBack(BlockId block) {
+  BlockMeta& m = blocks_[block];
+  KV_DCHECK(!m.in_free_queue);
+  m.prev = tail_;
+  m.next = kNoBlock;
+  m.in_free_queue = true;
+  if (tail_ == kNoBlock) {
+    head_ = block;
+  } else {
+    blocks_[tail_].next = block;
+  }
+  tail_ = block;
+  ++num_free_;
+}
+
+void BlockPool::Unlink(BlockId block) {
+  BlockMeta& m = blocks_[block];
+  KV_DCHECK(m.in_free_queue);
+  if (m.prev == kNoBlock) {
+    head_ = m.next;
+  } else {
+    blocks_[m.prev].next = m.next;
+  }
+  if (m.next == kNoBlock) {
+    tail_ = m.prev;
+  } else {
+    blocks_[m.next].prev = m.prev;
+  }
+  m.prev = m.next = kNoBlock;
+  m.in_free_queue = false;
+  --num_free_;
+}
+
+void BlockPool::CheckId(BlockId block) const {
+  KV_CHECK(block >= 0 && block < num_blocks(), "block id ", block,
+           " outside [0, ", num_blocks(), ")");
+}
+
+}  // namespace kvserve::kvcache

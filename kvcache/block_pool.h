@@ -1,0 +1,130 @@
+// BlockPool: the mechanism of paged KV bookkeeping. It owns the metadata of
+// `num_blocks` fixed-size KV blocks (never the KV bytes: engine/ owns those):
+// a reference count, an optional content hash for prefix caching, and
+// intrusive links of a free queue. It knows nothing about requests or block
+// tables (KvCacheManager does).
+//
+// Block states:
+//   free    ref 0, no hash, in the free queue
+//   cached  ref 0, hash set, in the free queue (evictable, findable by hash)
+//   active  ref > 0, not in the free queue (may also carry a hash)
+//
+// Free queue: doubly linked through the block metadata, so a cached block
+// hit by a prefix lookup leaves it in O(1). Allocate pops from the head,
+// Free appends to the tail: the head is the least recently freed block, so
+// the queue is the LRU eviction order of cached blocks.
+//
+//   head -> [7] <-> [3] <-> [9] <-> ... <-> [2] <- tail
+//           evicted first                   evicted last
+//
+// Invariants (CheckInvariants verifies them all):
+//   - every ref count is >= 0;
+//   - the free queue holds exactly the blocks with ref 0, each once, with
+//     consistent prev/next links;
+//   - the hash map holds exactly the blocks that carry a hash, each under
+//     its own hash;
+//   - num_free() + num_active() == num_blocks(), and num_cached_evictable()
+//     counts the ref-0 blocks that carry a hash.
+//
+// Thread safety: none. Engine thread only.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+
+namespace kvserve::kvcache {
+
+using BlockId = int32_t;
+// Content hash of a full block (chained over the prefix; see DESIGN.md).
+using BlockHash = uint64_t;
+
+inline constexpr BlockId kNoBlock = -1;
+
+class BlockPool {
+ public:
+  // All blocks start free, queued in id order (block 0 at the head).
+  // Precondition: num_blocks >= 1 (KV_CHECKed).
+  explicit BlockPool(int32_t num_blocks);
+
+  BlockPool(const BlockPool&) = delete;
+  BlockPool& operator=(const BlockPool&) = delete;
+
+  // Pops `n` blocks from the head of the free queue and gives each ref 1.
+  // A popped cached block loses its hash (it is evicted). Returns them in
+  // pop order. Precondition: 0 <= n <= num_free() (KV_CHECKed).
+  [[nodiscard]] std::vector<BlockId> Allocate(int32_t n);
+
+  // Drops one reference from each block, in the given order. Blocks that
+  // reach ref 0 are appended to the free-queue tail in that order, so pass a
+  // block table tail-first to have tails evicted first.
+  // Precondition: every block has ref >= 1 (KV_CHECKed).
+  void Free(absl::Span<const BlockId> blocks);
+
+  // Adds one reference to each block: a cached block (ref 0) leaves the free
+  // queue; an active block is shared (fork, prefix hit on a live block).
+  // Precondition: each block is active or cached, never plain free
+  // (KV_CHECKed).
+  void Touch(absl::Span<const BlockId> blocks);
+
+  // Records that active block `block` holds the full-block content `hash`,
+  // making it findable by GetCachedBlock (and, once freed, evictable rather
+  // than free). Returns false and changes nothing when another block already
+  // caches `hash` (the duplicate stays uncached). Precondition: `block` is
+  // active and has no hash (KV_CHECKed).
+  bool CacheBlock(BlockId block, BlockHash hash);
+
+  // The block caching `hash`, active or evictable; nullopt when none.
+  // NOTE: callers must compare the block's tokens too: equal hashes do not
+  // prove equal content.
+  [[nodiscard]] std::optional<BlockId> GetCachedBlock(BlockHash hash) const;
+
+  [[nodiscard]] int32_t ref_count(BlockId block) const;
+  [[nodiscard]] std::optional<BlockHash> block_hash(BlockId block) const;
+
+  [[nodiscard]] int32_t num_blocks() const {
+    return static_cast<int32_t>(blocks_.size());
+  }
+  // Ref-0 blocks, including evictable cached ones.
+  [[nodiscard]] int32_t num_free() const { return num_free_; }
+  // Ref-0 blocks that carry a hash (a subset of num_free()).
+  [[nodiscard]] int32_t num_cached_evictable() const {
+    return num_cached_evictable_;
+  }
+  // Blocks with ref > 0.
+  [[nodiscard]] int32_t num_active() const { return num_blocks() - num_free_; }
+
+  // The free queue from head (evicted first) to tail. O(num_free); tests.
+  [[nodiscard]] std::vector<BlockId> FreeQueue() const;
+
+  // Verifies every invariant in the header comment; O(num_blocks).
+  // Returns Internal naming the first violation.
+  [[nodiscard]] absl::Status CheckInvariants() const;
+
+ private:
+  struct BlockMeta {
+    int32_t ref_count = 0;
+    bool has_hash = false;
+    bool in_free_queue = false;
+    BlockHash hash = 0;
+    BlockId prev = kNoBlock;  // free-queue links
+    BlockId next = kNoBlock;
+  };
+
+  void PushBack(BlockId block);
+  void Unlink(BlockId block);
+  void CheckId(BlockId block) const;
+
+  std::vector<BlockMeta> blocks_;
+  BlockId head_ = kNoBlock;
+  BlockId tail_ = kNoBlock;
+  int32_t num_free_ = 0;
+  int32_t num_cached_evictable_ = 0;
+  absl::flat_hash_map<BlockHash, BlockId> cached_;
+};
+
+}  // namespace kvserve::kvcache

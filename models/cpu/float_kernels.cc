@@ -1,0 +1,269 @@
+// NOTE: GCC 12 reports false (maybe-)uninitialized warnings inside its AVX-512
+// intrinsic headers (GCC bug 105593); this file only.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
+#include "models/cpu/float_kernels.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/parallel.h"
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#define KVSERVE_FLOAT_AVX512 1
+#include <immintrin.h>
+#endif
+
+namespace kvserve::models::cpu::internal {
+namespace {
+
+size_t ElementBytes(GgmlType type) { return type == GgmlType::kF32 ? 4 : 2; }
+
+float LoadScalar(GgmlType type, const uint8_t* row, int64_t k) {
+  switch (type) {
+    case GgmlType::kF16: {
+      uint16_t h;
+      std::memcpy(&h, row + 2 * k, 2);
+      return Fp16ToFp32(h);
+    }
+    case GgmlType::kBF16: {
+      uint16_t h;
+      std::memcpy(&h, row + 2 * k, 2);
+      return Bf16ToFp32(h);
+    }
+    default: {
+      float f;
+      std::memcpy(&f, row + 4 * k, 4);
+      return f;
+    }
+  }
+}
+
+void FloatRowsScalar(const float* x, int64_t m, const FloatRows& w, int64_t lo,
+                     int64_t hi, float* y) {
+  const size_t row_bytes = w.cols * ElementBytes(w.type);
+  for (int64_t r = lo; r < hi; ++r) {
+    const uint8_t* row = w.buf.data() + r * row_bytes;
+    for (int64_t i = 0; i < m; ++i) {
+      float acc = 0.0f;
+      for (int64_t k = 0; k < w.cols; ++k) {
+        acc += x[i * w.cols + k] * LoadScalar(w.type, row, k);
+      }
+      y[i * w.rows + r] = acc;
+    }
+  }
+}
+
+#ifdef KVSERVE_FLOAT_AVX512
+// 16 weights at `p` (masked), widened to fp32.
+template <GgmlType kType>
+inline __m512 LoadW(const void* p, __mmask16 mask) {
+  if constexpr (kType == GgmlType::kF32) {
+    return _mm512_maskz_loadu_ps(mask, p);
+  } else if constexpr (kType == GgmlType::kF16) {
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, p));
+  } else {
+    const __m512i v = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+  }
+}
+
+// kNr weight rows (from r0) x kMr activation rows (from i0): kMr * kNr
+// vector accumulators over k, reduced horizontally at the end.
+template <GgmlType kType, int kMr, int kNr>
+void FloatBlockAvx512(const float* x, const FloatRows& w, int64_t i0,
+                      int64_t r0, float* y) {
+  constexpr size_t kEb = kType == GgmlType::kF32 ? 4 : 2;
+  const int64_t cols = w.cols;
+  const uint8_t* wr = w.buf.data() + r0 * cols * kEb;
+  __m512 acc[kMr][kNr];
+#pragma GCC unroll 8
+  for (int i = 0; i < kMr; ++i) {
+#pragma GCC unroll 8
+    for (int j = 0; j < kNr; ++j) acc[i][j] = _mm512_setzero_ps();
+  }
+  for (int64_t k = 0; k < cols; k += 16) {
+    const int64_t left = cols - k;
+    const __mmask16 mask = left >= 16
+                               ? __mmask16{0xffff}
+                               : static_cast<__mmask16>((1u << left) - 1);
+    __m512 wv[kNr];
+#pragma GCC unroll 8
+    for (int j = 0; j < kNr; ++j) {
+      wv[j] = LoadW<kType>(wr + (j * cols + k) * kEb, mask);
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < kMr; ++i) {
+      const __m512 xv = _mm512_maskz_loadu_ps(mask, x + (i0 + i) * cols + k);
+#pragma GCC unroll 8
+      for (int j = 0; j < kNr; ++j) {
+        acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < kMr; ++i) {
+#pragma GCC unroll 8
+    for (int j = 0; j < kNr; ++j) {
+      y[(i0 + i) * w.rows + r0 + j] = _mm512_reduce_add_ps(acc[i][j]);
+    }
+  }
+}
+
+template <GgmlType kType, int kMr>
+void FloatRowsMr(const float* x, const FloatRows& w, int64_t i0, int64_t lo,
+                 int64_t hi, float* y) {
+  int64_t r = lo;
+  for (; r + 4 <= hi; r += 4) FloatBlockAvx512<kType, kMr, 4>(x, w, i0, r, y);
+  for (; r < hi; ++r) FloatBlockAvx512<kType, kMr, 1>(x, w, i0, r, y);
+}
+
+// Rows [lo, hi) for all activation rows; activation groups of 4 innermost
+// so a 4-row weight block is reused from L1.
+template <GgmlType kType>
+void FloatRowsAvx512(const float* x, int64_t m, const FloatRows& w, int64_t lo,
+                     int64_t hi, float* y) {
+  for (int64_t r = lo; r < hi; r += 4) {
+    const int64_t r_hi = std::min(hi, r + 4);
+    int64_t i = 0;
+    for (; i + 4 <= m; i += 4) FloatRowsMr<kType, 4>(x, w, i, r, r_hi, y);
+    switch (m - i) {
+      case 1:
+        FloatRowsMr<kType, 1>(x, w, i, r, r_hi, y);
+        break;
+      case 2:
+        FloatRowsMr<kType, 2>(x, w, i, r, r_hi, y);
+        break;
+      case 3:
+        FloatRowsMr<kType, 3>(x, w, i, r, r_hi, y);
+        break;
+      default:
+        break;
+    }
+  }
+}
+#endif  // KVSERVE_FLOAT_AVX512
+
+void DequantizeRow(GgmlType type, const uint8_t* src, int64_t cols,
+                   float* dst) {
+  switch (type) {
+    case GgmlType::kQ4_0:
+      for (int64_t b = 0; b < cols / kQK4_0; ++b) {
+        BlockQ4_0 blk;
+        std::memcpy(&blk, src + b * sizeof(blk), sizeof(blk));
+        const float d = Fp16ToFp32(blk.d);
+        for (int j = 0; j < kQK4_0 / 2; ++j) {
+          dst[b * 32 + j] = d * ((blk.qs[j] & 0x0f) - 8);
+          dst[b * 32 + j + 16] = d * ((blk.qs[j] >> 4) - 8);
+        }
+      }
+      return;
+    case GgmlType::kQ4_1:
+      for (int64_t b = 0; b < cols / kQK4_1; ++b) {
+        BlockQ4_1 blk;
+        std::memcpy(&blk, src + b * sizeof(blk), sizeof(blk));
+        const float d = Fp16ToFp32(blk.d);
+        const float m = Fp16ToFp32(blk.m);
+        for (int j = 0; j < kQK4_1 / 2; ++j) {
+          dst[b * 32 + j] = d * (blk.qs[j] & 0x0f) + m;
+          dst[b * 32 + j + 16] = d * (blk.qs[j] >> 4) + m;
+        }
+      }
+      return;
+    case GgmlType::kQ8_0:
+      for (int64_t b = 0; b < cols / kQK8_0; ++b) {
+        BlockQ8_0 blk;
+        std::memcpy(&blk, src + b * sizeof(blk), sizeof(blk));
+        const float d = Fp16ToFp32(blk.d);
+        for (int j = 0; j < kQK8_0; ++j) dst[b * 32 + j] = d * blk.qs[j];
+      }
+      return;
+    default:
+      for (int64_t k = 0; k < cols; ++k) dst[k] = LoadScalar(type, src, k);
+      return;
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<FloatRows> PackFloatRows(GgmlType type, const void* src,
+                                        int64_t rows, int64_t cols) {
+  if (type != GgmlType::kF32 && type != GgmlType::kF16 &&
+      type != GgmlType::kBF16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "PackFloatRows: not a float type: ", std::string(TypeName(type))));
+  }
+  FloatRows w;
+  w.type = type;
+  w.rows = rows;
+  w.cols = cols;
+  const size_t bytes = static_cast<size_t>(rows * cols) * ElementBytes(type);
+  w.buf.Resize(bytes);
+  std::memcpy(w.buf.data(), src, bytes);
+  return w;
+}
+
+FloatRows FloatRowsFromF32(const float* src, int64_t rows, int64_t cols) {
+  FloatRows w;
+  w.rows = rows;
+  w.cols = cols;
+  w.buf.Resize(static_cast<size_t>(rows * cols) * sizeof(float));
+  std::memcpy(w.buf.data(), src, w.buf.size());
+  return w;
+}
+
+void FloatMatMul(const float* x, int64_t m, const FloatRows& w, float* y,
+                 bool portable) {
+  ParallelFor(w.rows, 4, [&](int64_t lo, int64_t hi) {
+#ifdef KVSERVE_FLOAT_AVX512
+    if (!portable) {
+      switch (w.type) {
+        case GgmlType::kF16:
+          return FloatRowsAvx512<GgmlType::kF16>(x, m, w, lo, hi, y);
+        case GgmlType::kBF16:
+          return FloatRowsAvx512<GgmlType::kBF16>(x, m, w, lo, hi, y);
+        default:
+          return FloatRowsAvx512<GgmlType::kF32>(x, m, w, lo, hi, y);
+      }
+    }
+#endif
+    FloatRowsScalar(x, m, w, lo, hi, y);
+  });
+}
+
+absl::Status DequantizeRows(GgmlType type, const void* src, int64_t rows,
+                            int64_t cols, float* dst) {
+  const GgmlTypeTraits tr = TypeTraits(type);
+  const bool known = type == GgmlType::kF32 || type == GgmlType::kF16 ||
+                     type == GgmlType::kBF16 || type == GgmlType::kQ4_0 ||
+                     type == GgmlType::kQ4_1 || type == GgmlType::kQ8_0;
+  if (!known || cols % tr.block_size != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DequantizeRows: unsupported ",
+                     std::string(TypeName(type)), " x ", cols));
+  }
+  const size_t row_bytes = RowBytes(type, cols);
+  const uint8_t* s = static_cast<const uint8_t*>(src);
+  ParallelFor(rows, 16, [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      DequantizeRow(type, s + r * row_bytes, cols, dst + r * cols);
+    }
+  });
+  return absl::OkStatus();
+}
+
+void ConvertToBf16(const float* src, int64_t n, uint16_t* dst) {
+  int64_t i = 0;
+#if defined(__AVX512BF16__) && defined(__AVX512VL__)
+  for (; i + 16 <= n; i += 16) {
+    const __m256bh v = _mm512_cvtneps_pbh(_mm512_loadu_ps(src + i));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
+                        reinterpret_cast<const __m256i&>(v));
+  }
+#endif
+  for (; i < n; ++i) dst[i] = Fp32ToBf16(src[i]);
+}
+
+}  // namespace kvserve::models::cpu::internal

@@ -1,0 +1,219 @@
+#include "models/cpu/matmul.h"
+
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/check.h"
+#include "common/status_macros.h"
+#include "models/cpu/float_kernels.h"
+#include "models/cpu/matmul_internal.h"
+#include "models/cpu/quant_kernels.h"
+
+namespace kvserve::models::cpu {
+namespace {
+
+using internal::OnednnWeights;
+using internal::PackedData;
+
+bool IsQuantized(GgmlType t) {
+  return t == GgmlType::kQ4_0 || t == GgmlType::kQ4_1 || t == GgmlType::kQ8_0;
+}
+bool IsFloat(GgmlType t) {
+  return t == GgmlType::kF32 || t == GgmlType::kF16 || t == GgmlType::kBF16;
+}
+
+absl::Status ValidateTensor(const RawTensor& t, int64_t* rows, int64_t* cols) {
+  if (!IsQuantized(t.type) && !IsFloat(t.type)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PackMatrix: ", t.name, ": unsupported type ",
+                     std::string(TypeName(t.type))));
+  }
+  if (t.shape.empty() || t.shape.size() > 2 || t.shape[0] <= 0 ||
+      (t.shape.size() == 2 && t.shape[1] <= 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PackMatrix: ", t.name, ": expected shape {cols, rows}"));
+  }
+  *cols = t.shape[0];
+  *rows = t.shape.size() == 2 ? t.shape[1] : 1;
+  const int block = TypeTraits(t.type).block_size;
+  if (*cols % block != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "PackMatrix: ", t.name, ": cols ", *cols, " not a multiple of ", block,
+        " for ", std::string(TypeName(t.type))));
+  }
+  const size_t want = RowBytes(t.type, *cols) * static_cast<size_t>(*rows);
+  if (t.data == nullptr || t.nbytes != want) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PackMatrix: ", t.name, ": ", t.nbytes,
+                     " bytes of data, expected ", want));
+  }
+  return absl::OkStatus();
+}
+
+// The oneDNN copies: bf16 (prefill default for all but F32) and fp32.
+absl::Status PackOnednn(const RawTensor& t, const PackOptions& options,
+                        PackedData* d) {
+  const bool want_f32 =
+      options.all_paths || (options.prefill && t.type == GgmlType::kF32);
+  const bool want_bf16 =
+      options.all_paths || (options.prefill && t.type != GgmlType::kF32);
+  if (!want_f32 && !want_bf16) return absl::OkStatus();
+  std::vector<float> f32;
+  const float* rows_f32 = static_cast<const float*>(t.data);
+  if (t.type != GgmlType::kF32) {
+    f32.resize(static_cast<size_t>(d->rows * d->cols));
+    KV_RETURN_IF_ERROR(
+        internal::DequantizeRows(t.type, t.data, d->rows, d->cols, f32.data()));
+    rows_f32 = f32.data();
+  }
+  if (want_f32) {
+    KV_ASSIGN_OR_RETURN(d->onednn_f32,
+                        OnednnWeights::Create(OnednnWeights::Kind::kF32,
+                                              rows_f32, d->rows, d->cols));
+  }
+  if (want_bf16) {
+    std::vector<uint16_t> bf16;
+    const void* src = t.data;
+    if (t.type != GgmlType::kBF16) {
+      bf16.resize(static_cast<size_t>(d->rows * d->cols));
+      internal::ConvertToBf16(rows_f32, d->rows * d->cols, bf16.data());
+      src = bf16.data();
+    }
+    KV_ASSIGN_OR_RETURN(d->onednn_bf16,
+                        OnednnWeights::Create(OnednnWeights::Kind::kBf16, src,
+                                              d->rows, d->cols));
+  }
+  if (options.all_paths && !d->float_rows) {
+    d->float_rows = internal::FloatRowsFromF32(rows_f32, d->rows, d->cols);
+  }
+  return absl::OkStatus();
+}
+
+MatMulPath ChoosePath(const PackedData& d, int64_t m) {
+  if (m >= kPrefillMinRows) {
+    if (d.type == GgmlType::kF32) {
+      if (d.onednn_f32) return MatMulPath::kOnednnF32;
+    } else if (d.onednn_bf16) {
+      return MatMulPath::kOnednnBf16;
+    }
+  }
+  return d.tiles ? MatMulPath::kInt8Vnni : MatMulPath::kOwnFloat;
+}
+
+// Small-m kernels: always available (tiles or float rows).
+void SmallMatMul(const float* x, int64_t m, const PackedData& d, float* y,
+                 MatMulPath path) {
+  if (path == MatMulPath::kInt8Vnni ||
+      (path != MatMulPath::kOwnFloat && d.tiles.has_value())) {
+    thread_local internal::QuantizedActs acts;
+    internal::QuantizeActivations(x, m, d.cols, &acts);
+    internal::QuantMatMul(acts, *d.tiles, y);
+    return;
+  }
+  internal::FloatMatMul(x, m, *d.float_rows, y);
+}
+
+}  // namespace
+
+const char* PathName(MatMulPath p) {
+  switch (p) {
+    case MatMulPath::kAuto:
+      return "auto";
+    case MatMulPath::kInt8Vnni:
+      return "int8_vnni";
+    case MatMulPath::kOwnFloat:
+      return "own_float";
+    case MatMulPath::kOnednnBf16:
+      return "onednn_bf16";
+    case MatMulPath::kOnednnF32:
+      return "onednn_f32";
+  }
+  return "unknown";
+}
+
+PackedMatrix::PackedMatrix() : data_(std::make_unique<PackedData>()) {}
+PackedMatrix::PackedMatrix(std::unique_ptr<PackedData> data)
+    : data_(std::move(data)) {}
+PackedMatrix::PackedMatrix(PackedMatrix&&) noexcept = default;
+PackedMatrix& PackedMatrix::operator=(PackedMatrix&&) noexcept = default;
+PackedMatrix::~PackedMatrix() = default;
+
+int64_t PackedMatrix::rows() const { return data_->rows; }
+int64_t PackedMatrix::cols() const { return data_->cols; }
+GgmlType PackedMatrix::source_type() const { return data_->type; }
+size_t PackedMatrix::bytes() const { return data_->Bytes(); }
+
+bool PackedMatrix::Supports(MatMulPath path) const {
+  switch (path) {
+    case MatMulPath::kAuto:
+      return data_->tiles || data_->float_rows;
+    case MatMulPath::kInt8Vnni:
+      return data_->tiles.has_value();
+    case MatMulPath::kOwnFloat:
+      return data_->float_rows.has_value();
+    case MatMulPath::kOnednnBf16:
+      return data_->onednn_bf16 != nullptr;
+    case MatMulPath::kOnednnF32:
+      return data_->onednn_f32 != nullptr;
+  }
+  return false;
+}
+
+absl::StatusOr<PackedMatrix> PackMatrix(const RawTensor& t,
+                                        const PackOptions& options) {
+  int64_t rows = 0, cols = 0;
+  KV_RETURN_IF_ERROR(ValidateTensor(t, &rows, &cols));
+  auto d = std::make_unique<PackedData>();
+  d->rows = rows;
+  d->cols = cols;
+  d->type = t.type;
+  if (IsQuantized(t.type)) {
+    KV_ASSIGN_OR_RETURN(d->tiles,
+                        internal::PackQuantTiles(t.type, t.data, rows, cols));
+  } else {
+    KV_ASSIGN_OR_RETURN(d->float_rows,
+                        internal::PackFloatRows(t.type, t.data, rows, cols));
+  }
+  absl::Status st = PackOnednn(t, options, d.get());
+  if (!st.ok()) {
+    return absl::Status(
+        st.code(), absl::StrCat("PackMatrix: ", t.name, ": ", st.message()));
+  }
+  return PackedMatrix(std::move(d));
+}
+
+void MatMul(const float* x, int64_t m, const PackedMatrix& w, float* y) {
+  MatMulWithPath(x, m, w, y, MatMulPath::kAuto);
+}
+
+void MatMulWithPath(const float* x, int64_t m, const PackedMatrix& w, float* y,
+                    MatMulPath path) {
+  KV_CHECK(w.Supports(path), "MatMul: path ", PathName(path),
+           " not packed for this matrix");
+  if (m <= 0) return;
+  const PackedData& d = w.data();
+  if (path == MatMulPath::kAuto) path = ChoosePath(d, m);
+  switch (path) {
+    case MatMulPath::kOnednnBf16:
+      if (d.onednn_bf16->MatMul(x, m, y)) return;
+      break;
+    case MatMulPath::kOnednnF32:
+      if (d.onednn_f32->MatMul(x, m, y)) return;
+      break;
+    default:
+      break;
+  }
+  SmallMatMul(x, m, d, y, path);
+}
+
+absl::StatusOr<std::vector<float>> DequantizeToF32(const RawTensor& t) {
+  int64_t rows = 0, cols = 0;
+  KV_RETURN_IF_ERROR(ValidateTensor(t, &rows, &cols));
+  std::vector<float> out(static_cast<size_t>(rows * cols));
+  KV_RETURN_IF_ERROR(
+      internal::DequantizeRows(t.type, t.data, rows, cols, out.data()));
+  return out;
+}
+
+}  // namespace kvserve::models::cpu

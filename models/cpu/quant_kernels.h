@@ -1,0 +1,63 @@
+// The int8 path of the CPU GEMM (small m / decode): repacks ggml Q4_0, Q4_1
+// and Q8_0 rows into 16-row interleaved tiles (QuantTiles), quantizes
+// activations to int8 per 32-block, and multiplies with AVX-512 VNNI
+// (VPDPBUSD: unsigned weight bytes x signed activation bytes). Portable
+// scalar code computes the same thing where VNNI is unavailable. Owns no
+// threads: QuantMatMul splits tiles over kvserve::ParallelFor.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "models/cpu/aligned_buffer.h"
+#include "models/cpu/matmul_internal.h"
+#include "models/ggml_types.h"
+
+namespace kvserve::models::cpu::internal {
+
+// Packs `rows` ggml rows of `cols` elements (cols % 32 == 0) of `type`
+// (Q4_0, Q4_1 or Q8_0) starting at `src`.
+[[nodiscard]] absl::StatusOr<QuantTiles> PackQuantTiles(GgmlType type,
+                                                        const void* src,
+                                                        int64_t rows,
+                                                        int64_t cols);
+
+// Per 32-block of one activation row.
+// NOTE: Q4_1's min term uses s (the sum of the *quantized* block), as ggml's
+// Q8_1 does: the result is then exactly dequant(W) . dequant(x), whose error
+// sum(w e) involves the centered weights; the exact sum(x) would leave the
+// error sum(d q e) with q in 0..15, about twice as large.
+struct ActScale {
+  float d;  // scale: x ~= d * q
+  float s;  // d * sum(q)
+};
+
+// Activations quantized symmetrically to int8 per 32-block (as ggml Q8_0).
+// Reusable scratch: QuantizeActivations only grows the buffers.
+struct QuantizedActs {
+  int64_t m = 0;
+  int64_t cols = 0;
+  int64_t nb = 0;
+  AlignedBuffer q;       // m x cols int8
+  AlignedBuffer scales;  // m x nb ActScale
+
+  const int8_t* Row(int64_t i) const { return q.as<int8_t>() + i * cols; }
+  const ActScale* Scales(int64_t i) const {
+    return scales.as<ActScale>() + i * nb;
+  }
+};
+
+// Quantizes x (m x cols, cols % 32 == 0) into `out`. `portable` forces the
+// scalar code (tests of the fallback on AVX-512 machines).
+void QuantizeActivations(const float* x, int64_t m, int64_t cols,
+                         QuantizedActs* out, bool portable = false);
+
+// y[i, r] = sum_k x[i, k] W[r, k] for all rows r of w (y row stride =
+// w.rows); x given quantized. Parallel over tiles.
+void QuantMatMul(const QuantizedActs& a, const QuantTiles& w, float* y,
+                 bool portable = false);
+
+// True when the AVX-512 VNNI kernels were compiled in.
+bool HaveVnniKernels();
+
+}  // namespace kvserve::models::cpu::internal

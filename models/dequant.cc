@@ -1,0 +1,155 @@
+#include "models/dequant.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace kvserve::models {
+namespace {
+
+template <typename Block>
+Block LoadBlock(const uint8_t* p) {
+  Block b;
+  std::memcpy(&b, p, sizeof(Block));
+  return b;
+}
+
+void DequantF16(const uint8_t* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint16_t h;
+    std::memcpy(&h, src + 2 * i, 2);
+    dst[i] = Fp16ToFp32(h);
+  }
+}
+
+void DequantBf16(const uint8_t* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint16_t h;
+    std::memcpy(&h, src + 2 * i, 2);
+    dst[i] = Bf16ToFp32(h);
+  }
+}
+
+// Q8_0: x = d * q.
+void DequantQ8_0(const uint8_t* src, float* dst, int64_t n) {
+  for (int64_t b = 0; b < n / kQK8_0; ++b) {
+    const auto blk = LoadBlock<BlockQ8_0>(src + b * sizeof(BlockQ8_0));
+    const float d = Fp16ToFp32(blk.d);
+    float* y = dst + b * kQK8_0;
+    for (int j = 0; j < kQK8_0; ++j) y[j] = blk.qs[j] * d;
+  }
+}
+
+// Q4_0: x = d * (q - 8); low nibble of byte j is element j, high is j + 16.
+void DequantQ4_0(const uint8_t* src, float* dst, int64_t n) {
+  for (int64_t b = 0; b < n / kQK4_0; ++b) {
+    const auto blk = LoadBlock<BlockQ4_0>(src + b * sizeof(BlockQ4_0));
+    const float d = Fp16ToFp32(blk.d);
+    float* y = dst + b * kQK4_0;
+    for (int j = 0; j < kQK4_0 / 2; ++j) {
+      y[j] = ((blk.qs[j] & 0x0f) - 8) * d;
+      y[j + kQK4_0 / 2] = ((blk.qs[j] >> 4) - 8) * d;
+    }
+  }
+}
+
+// Q4_1: x = d * q + m, same nibble order as Q4_0.
+void DequantQ4_1(const uint8_t* src, float* dst, int64_t n) {
+  for (int64_t b = 0; b < n / kQK4_1; ++b) {
+    const auto blk = LoadBlock<BlockQ4_1>(src + b * sizeof(BlockQ4_1));
+    const float d = Fp16ToFp32(blk.d);
+    const float m = Fp16ToFp32(blk.m);
+    float* y = dst + b * kQK4_1;
+    for (int j = 0; j < kQK4_1 / 2; ++j) {
+      y[j] = (blk.qs[j] & 0x0f) * d + m;
+      y[j + kQK4_1 / 2] = (blk.qs[j] >> 4) * d + m;
+    }
+  }
+}
+
+// Checks that `t` is a well-formed tensor of a supported type; returns its
+// row length (shape[0]) and row count.
+absl::Status CheckTensor(const RawTensor& t, int64_t* row_len, int64_t* rows) {
+  const GgmlTypeTraits tr = TypeTraits(t.type);
+  if (!tr.supported) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor ", t.name, ": cannot dequantize type ", std::string(tr.name),
+        " (id ", static_cast<uint32_t>(t.type), ")"));
+  }
+  *row_len = t.shape.empty() ? 1 : t.shape[0];
+  *rows = *row_len == 0 ? 0 : t.NumElements() / *row_len;
+  if (*row_len % tr.block_size != 0 || (t.data == nullptr && t.nbytes > 0) ||
+      t.nbytes != RowBytes(t.type, *row_len) * static_cast<size_t>(*rows)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor ", t.name, ": ", t.nbytes,
+        " bytes do not match its shape and type ", std::string(tr.name)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status DequantizeRow(GgmlType type, const void* src, float* dst,
+                           int64_t n) {
+  const GgmlTypeTraits tr = TypeTraits(type);
+  if (!tr.supported) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot dequantize ggml type ", std::string(tr.name),
+                     " (id ", static_cast<uint32_t>(type), ")"));
+  }
+  if (n < 0 || n % tr.block_size != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dequantize ", std::string(tr.name), ": element count ", n,
+                     " is not a multiple of the block size ", tr.block_size));
+  }
+  const auto* s = static_cast<const uint8_t*>(src);
+  switch (type) {
+    case GgmlType::kF32:
+      std::memcpy(dst, s, n * sizeof(float));
+      break;
+    case GgmlType::kF16:
+      DequantF16(s, dst, n);
+      break;
+    case GgmlType::kBF16:
+      DequantBf16(s, dst, n);
+      break;
+    case GgmlType::kQ8_0:
+      DequantQ8_0(s, dst, n);
+      break;
+    case GgmlType::kQ4_0:
+      DequantQ4_0(s, dst, n);
+      break;
+    case GgmlType::kQ4_1:
+      DequantQ4_1(s, dst, n);
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot dequantize ggml type ", std::string(tr.name)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DequantizeTensorRow(const RawTensor& t, int64_t row, float* dst) {
+  int64_t row_len = 0;
+  int64_t rows = 0;
+  KV_RETURN_IF_ERROR(CheckTensor(t, &row_len, &rows));
+  if (row < 0 || row >= rows) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor ", t.name, ": row ", row, " out of range [0, ", rows, ")"));
+  }
+  const auto* base = static_cast<const uint8_t*>(t.data);
+  return DequantizeRow(t.type, base + row * RowBytes(t.type, row_len), dst,
+                       row_len);
+}
+
+absl::StatusOr<std::vector<float>> DequantizeTensor(const RawTensor& t) {
+  int64_t row_len = 0;
+  int64_t rows = 0;
+  KV_RETURN_IF_ERROR(CheckTensor(t, &row_len, &rows));
+  std::vector<float> out(static_cast<size_t>(row_len * rows));
+  KV_RETURN_IF_ERROR(DequantizeRow(t.type, t.data, out.data(), row_len * rows));
+  return out;
+}
+
+}  // namespace kvserve::models

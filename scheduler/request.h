@@ -1,0 +1,117 @@
+// Request: the scheduler-side state of one generation request: its prompt
+// and generated token ids, how many of them the KV cache already holds
+// (`num_computed_tokens`, which chases `num_tokens()`), its limits, priority
+// and lifecycle status. It owns no KV blocks (KvCacheManager does, by id),
+// no proto types, and no sampling parameters beyond max_tokens (the engine
+// keeps those and decides stop conditions).
+//
+// Invariants: 0 <= num_computed_tokens <= num_tokens();
+// num_output_tokens() <= max_tokens; prompt non-empty.
+//
+// Thread safety: none. Created anywhere, then owned by the Scheduler and used
+// on the engine thread only.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "kvcache/kv_cache_manager.h"
+
+namespace kvserve::scheduler {
+
+using RequestId = kvcache::RequestId;
+
+enum class RequestStatus {
+  kWaiting,    // queued, never admitted
+  kRunning,    // admitted: holds blocks, scheduled each step while budget lasts
+  kPreempted,  // back in the waiting queue after losing its blocks
+  kFinishedStopped,  // engine saw a stop condition (EOS, stop string)
+  kFinishedLength,   // reached max_tokens
+  kFinishedAborted,  // client cancel, deadline, or shutdown
+};
+
+enum class FinishReason { kStop, kLength, kAbort };
+
+[[nodiscard]] absl::string_view RequestStatusName(RequestStatus status);
+[[nodiscard]] absl::string_view FinishReasonName(FinishReason reason);
+
+class Request {
+ public:
+  // `priority`: lower value = more important (only the priority policy reads
+  // it). `arrival_time_ns`: the caller's clock, for queue-time metrics.
+  // Validity (non-empty prompt, max_tokens >= 1) is checked by
+  // Scheduler::AddRequest, not here.
+  Request(RequestId id, std::vector<int32_t> prompt_token_ids,
+          int32_t max_tokens, int32_t priority = 0,
+          int64_t arrival_time_ns = 0);
+
+  Request(const Request&) = delete;
+  Request& operator=(const Request&) = delete;
+
+  [[nodiscard]] RequestId id() const { return id_; }
+  [[nodiscard]] const std::vector<int32_t>& prompt_token_ids() const {
+    return prompt_;
+  }
+  [[nodiscard]] const std::vector<int32_t>& output_token_ids() const {
+    return output_;
+  }
+  [[nodiscard]] int32_t num_prompt_tokens() const {
+    return static_cast<int32_t>(prompt_.size());
+  }
+  [[nodiscard]] int32_t num_output_tokens() const {
+    return static_cast<int32_t>(output_.size());
+  }
+  // Prompt + output: what the KV cache must eventually hold.
+  [[nodiscard]] int32_t num_tokens() const {
+    return num_prompt_tokens() + num_output_tokens();
+  }
+  // Token `i` of prompt + output. Precondition: 0 <= i < num_tokens().
+  [[nodiscard]] int32_t token(int32_t i) const {
+    return i < num_prompt_tokens() ? prompt_[i]
+                                   : output_[i - num_prompt_tokens()];
+  }
+  // Tokens whose K/V are in the cache.
+  [[nodiscard]] int32_t num_computed_tokens() const {
+    return num_computed_tokens_;
+  }
+  // Tokens of the prompt found in the prefix cache at admission (0 until
+  // prefix caching lands).
+  [[nodiscard]] int32_t num_cached_tokens() const { return num_cached_tokens_; }
+  [[nodiscard]] int32_t max_tokens() const { return max_tokens_; }
+  [[nodiscard]] int32_t priority() const { return priority_; }
+  [[nodiscard]] int64_t arrival_time_ns() const { return arrival_time_ns_; }
+  // Order of AddRequest calls, assigned by the scheduler (FCFS key).
+  [[nodiscard]] int64_t arrival_seq() const { return arrival_seq_; }
+  [[nodiscard]] RequestStatus status() const { return status_; }
+  [[nodiscard]] bool is_finished() const;
+  [[nodiscard]] int32_t num_preemptions() const { return num_preemptions_; }
+
+ private:
+  friend class Scheduler;
+
+  // Scheduler state that is not part of the request's contract.
+  struct QueueKey {
+    int32_t priority = 0;
+    int64_t order = 0;
+    RequestId id = 0;
+    auto operator<=>(const QueueKey&) const = default;
+  };
+
+  RequestId id_;
+  std::vector<int32_t> prompt_;
+  std::vector<int32_t> output_;
+  int32_t max_tokens_;
+  int32_t priority_;
+  int64_t arrival_time_ns_;
+  int64_t arrival_seq_ = -1;
+  int32_t num_computed_tokens_ = 0;
+  int32_t num_cached_tokens_ = 0;
+  int32_t num_preemptions_ = 0;
+  RequestStatus status_ = RequestStatus::kWaiting;
+  QueueKey queue_key_;      // its key in the waiting queue while waiting
+  int64_t admit_seq_ = -1;  // order of its latest admission
+};
+
+}  // namespace kvserve::scheduler

@@ -1,0 +1,256 @@
+// Scheduler: continuous batching over a paged KV cache. It owns every live
+// Request (waiting or running) and the KvCacheManager holding their blocks,
+// and decides, step by step, which requests compute how many tokens. It runs
+// no model, samples nothing, and sees no proto types: the engine turns a
+// SchedulerOutput into a ForwardBatch and reports sampled tokens back.
+//
+// One step (`Schedule`), with no separate prefill and decode phases: each
+// request's num_computed_tokens chases num_tokens() within a token budget.
+//   1. Running requests, in admission order: the rest of their tokens (one
+//      for a decode, the next chunk for a prefill) within the budget. When one
+//      cannot get its blocks, the victim (FCFS: most recently admitted;
+//      priority: largest priority value, then most recently admitted; maybe
+//      itself) is preempted by recompute: its blocks are freed, its computed
+//      tokens reset to 0 (its output tokens are kept and recomputed) and it
+//      returns to the head of the waiting queue.
+//   2. Only if nothing was preempted: admit waiting requests in queue order
+//      while max_num_seqs, the budget and KV (above the watermark) allow; a
+//      long prompt gets a chunk of what the budget has left.
+//   3. Build the output; advance num_computed_tokens of what was scheduled.
+// A request whose computed tokens reach num_tokens() in a step produces a
+// token; UpdateFromOutput appends it and finishes requests at max_tokens.
+//
+// Invariants (CheckInvariants verifies them): every live request is either
+// running (holding ceil(num_computed_tokens / block_size) blocks) or waiting
+// (holding none, num_computed_tokens == 0); running count <= max_num_seqs;
+// the KV manager's invariants hold.
+//
+// Thread safety: none. Engine thread only; Schedule and UpdateFromOutput
+// alternate (UpdateFromOutput of a step before the next Schedule).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "kvcache/kv_cache_manager.h"
+#include "scheduler/request.h"
+#include "scheduler/scheduler_config.h"
+
+namespace kvserve::scheduler {
+
+// What one request computes in one step. Its new tokens occupy KV positions
+// [start_position, start_position + num_new_tokens); the token at position p
+// is written to slot block_table[p / B] * B + p % B (B = block size). Its
+// token ids and block table live in the SchedulerOutput's flat arrays (read
+// them with SchedulerOutput::TokenIds / BlockTable).
+struct ScheduledRequest {
+  RequestId id = 0;
+  // num_computed_tokens before this step (= the first new token's position).
+  int32_t start_position = 0;
+  int32_t num_new_tokens = 0;
+  // True when this step computes the request's last known token: sample
+  // from the logits of its last new token and report the result.
+  bool produces_token = false;
+  // Offset of its new tokens in SchedulerOutput::token_ids (the sum of the
+  // num_new_tokens before it: ForwardBatch's seq_starts).
+  int32_t token_offset = 0;
+  // Its whole block table after this step's allocation:
+  // SchedulerOutput::block_ids[block_offset, block_offset + num_blocks).
+  int32_t block_offset = 0;
+  int32_t num_blocks = 0;
+};
+
+// The plan of one step. Plain data; the engine may keep it until
+// UpdateFromOutput.
+// NOTE: token ids and block tables are concatenated into two flat arrays
+// rather than held per request: one allocation per step instead of two per
+// request (the dominant cost at 256 sequences), and token_ids is already the
+// ForwardBatch token order.
+struct SchedulerOutput {
+  int64_t step = 0;
+  // Running requests first (admission order), then newly admitted ones.
+  std::vector<ScheduledRequest> scheduled;
+  // Every scheduled request's new tokens (prompt + output tokens
+  // [start_position, start_position + num_new_tokens)), request after
+  // request. Its size is total_num_tokens.
+  std::vector<int32_t> token_ids;
+  // Every scheduled request's block table, request after request.
+  std::vector<kvcache::BlockId> block_ids;
+  // Requests preempted in this step (their KV is gone; none is scheduled).
+  std::vector<RequestId> preempted;
+  int32_t total_num_tokens = 0;
+
+  [[nodiscard]] bool empty() const { return scheduled.empty(); }
+  // Scheduled requests with produces_token: the size `sampled` must have.
+  [[nodiscard]] int32_t num_producing() const;
+  // `s` must be one of `scheduled`.
+  [[nodiscard]] absl::Span<const int32_t> TokenIds(
+      const ScheduledRequest& s) const {
+    return absl::MakeConstSpan(token_ids).subspan(s.token_offset,
+                                                  s.num_new_tokens);
+  }
+  [[nodiscard]] absl::Span<const kvcache::BlockId> BlockTable(
+      const ScheduledRequest& s) const {
+    return absl::MakeConstSpan(block_ids).subspan(s.block_offset, s.num_blocks);
+  }
+};
+
+struct FinishedRequest {
+  RequestId id = 0;
+  FinishReason reason = FinishReason::kLength;
+};
+
+// Why admission stopped in a step: the typed result of the admission check
+// (kNone: the head may be admitted).
+enum class AdmissionStop {
+  kNone,
+  kQueueEmpty,   // nothing waits
+  kMaxNumSeqs,   // max_num_seqs requests already run
+  kTokenBudget,  // the step's token budget is spent
+  kKvBlocks,     // the head's next chunk does not fit above the watermark
+                 // (kGuaranteedNoEvict: its whole reservation does not)
+  kPreempted,    // the step preempted, so it admitted nothing
+};
+[[nodiscard]] absl::string_view AdmissionStopName(AdmissionStop stop);
+
+struct SchedulerStats {
+  int32_t num_running = 0;
+  int32_t num_waiting = 0;  // includes preempted requests
+  kvcache::KvUsage kv;
+  int64_t num_steps = 0;
+  int64_t num_preemptions_total = 0;
+  // Computed tokens discarded by preemptions (the work they cost).
+  int64_t num_preempted_tokens_total = 0;
+  int64_t num_scheduled_tokens_total = 0;
+  int64_t num_finished_total = 0;  // every reason, aborts included
+  int64_t num_aborted_total = 0;
+  // Why the latest step stopped admitting (kQueueEmpty before any step).
+  AdmissionStop last_admission_stop = AdmissionStop::kQueueEmpty;
+};
+
+class Scheduler {
+ public:
+  // InvalidArgument when `config` fails Validate().
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Scheduler>> Create(
+      const SchedulerConfig& config);
+  // Precondition: config.Validate().ok() (KV_CHECKed). Prefer Create.
+  explicit Scheduler(const SchedulerConfig& config);
+
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Queues `request` (status waiting). Errors, in this order:
+  //   InvalidArgument   null request, empty prompt, max_tokens < 1;
+  //   AlreadyExists     a live request has this id;
+  //   OutOfRange        prompt + max_tokens exceeds max_model_len, or needs
+  //                     more blocks than the pool minus the watermark (it
+  //                     could never run to completion);
+  //   ResourceExhausted the waiting queue holds max_queued_requests.
+  [[nodiscard]] absl::Status AddRequest(std::unique_ptr<Request> request);
+
+  // Removes a waiting or running request and frees its blocks before
+  // returning. NotFound when no live request has `id` (e.g. it finished).
+  // `Abort(id)` is `Finish(id, FinishReason::kAbort)`. A request finished
+  // between Schedule and UpdateFromOutput is skipped by the latter.
+  absl::Status Finish(RequestId id, FinishReason reason);
+  absl::Status Abort(RequestId id) { return Finish(id, FinishReason::kAbort); }
+
+  // Plans one step (see the header comment). Precondition: the previous
+  // non-empty output went through UpdateFromOutput (KV_CHECKed).
+  [[nodiscard]] SchedulerOutput Schedule();
+
+  // Appends `sampled[k]` to the k-th scheduled request of `output` that
+  // produces a token; finishes (and frees) requests that reach max_tokens and
+  // returns them. Stop conditions are the engine's: it calls Finish after.
+  // Preconditions: `output` is the latest Schedule()'s, and
+  // sampled.size() == output.num_producing() (KV_CHECKed).
+  std::vector<FinishedRequest> UpdateFromOutput(
+      const SchedulerOutput& output, absl::Span<const int32_t> sampled);
+
+  // The live request with `id`, or nullptr.
+  [[nodiscard]] const Request* GetRequest(RequestId id) const;
+  // Running ids in admission order; waiting ids in queue order.
+  [[nodiscard]] std::vector<RequestId> RunningIds() const;
+  [[nodiscard]] std::vector<RequestId> WaitingIds() const;
+
+  [[nodiscard]] int32_t num_running() const {
+    return static_cast<int32_t>(running_.size());
+  }
+  [[nodiscard]] int32_t num_waiting() const {
+    return static_cast<int32_t>(waiting_.size());
+  }
+  [[nodiscard]] bool has_work() const {
+    return !running_.empty() || !waiting_.empty();
+  }
+  [[nodiscard]] kvcache::KvUsage kv_usage() const { return kv_.Usage(); }
+  [[nodiscard]] SchedulerStats stats() const;
+  [[nodiscard]] const SchedulerConfig& config() const { return config_; }
+  [[nodiscard]] const kvcache::KvCacheManager& kv_cache() const { return kv_; }
+
+  // Verifies the invariants in the header comment; O(requests + blocks).
+  [[nodiscard]] absl::Status CheckInvariants() const;
+
+ private:
+  // Working state of one Schedule() call.
+  struct StepPlan {
+    int32_t budget = 0;
+    std::vector<std::pair<Request*, int32_t>> scheduled;  // (request, tokens)
+    std::vector<RequestId> preempted;
+  };
+
+  void ScheduleRunning(StepPlan& plan);
+  // Allocates blocks for running_[*index]'s next `n` tokens, preempting
+  // victims until it fits. False when the request itself was the victim.
+  // Keeps *index pointing at the same request when a victim before it leaves.
+  bool AllocateOrPreempt(size_t* index, int32_t n, StepPlan& plan);
+  [[nodiscard]] size_t PickVictim() const;
+  void Preempt(size_t index, StepPlan& plan);
+  void AdmitWaiting(StepPlan& plan);
+  // Whether the waiting head can be admitted now (kNone) or why not.
+  [[nodiscard]] AdmissionStop NextAdmission(const StepPlan& plan,
+                                            int64_t* reserved_blocks) const;
+  [[nodiscard]] bool CanAdmit(const Request& request, int32_t n,
+                              int64_t* reserved_blocks) const;
+  [[nodiscard]] int64_t FutureBlocks(const Request& request) const;
+  [[nodiscard]] int32_t NumNewTokens(const Request& request,
+                                     int32_t budget) const;
+  [[nodiscard]] SchedulerOutput BuildOutput(StepPlan& plan);
+  // Appends prompt + output tokens [begin, begin + n) of `r` to `out`.
+  static void AppendTokens(const Request& r, int32_t begin, int32_t n,
+                           std::vector<int32_t>& out);
+  void Enqueue(Request* request, bool at_head);
+  // Frees the blocks of a request already out of running_ and waiting_ and
+  // destroys it.
+  void Retire(Request* request, FinishReason reason);
+  [[nodiscard]] absl::Status CheckRequest(const Request& request) const;
+
+  SchedulerConfig config_;
+  int32_t watermark_blocks_;
+  kvcache::KvCacheManager kv_;
+  absl::flat_hash_map<RequestId, std::unique_ptr<Request>> requests_;
+  std::map<Request::QueueKey, Request*> waiting_;
+  std::vector<Request*> running_;  // admission order
+
+  int64_t next_arrival_seq_ = 0;
+  int64_t next_admit_seq_ = 0;
+  int64_t next_head_order_ = -1;  // FCFS keys of preempted: before arrivals
+  bool pending_update_ = false;
+  size_t block_ids_hint_ = 0;  // capacity to reserve for the next block_ids
+  AdmissionStop last_admission_stop_ = AdmissionStop::kQueueEmpty;
+
+  int64_t num_steps_ = 0;
+  int64_t num_preemptions_total_ = 0;
+  int64_t num_preempted_tokens_total_ = 0;
+  int64_t num_scheduled_tokens_total_ = 0;
+  int64_t num_finished_total_ = 0;
+  int64_t num_aborted_total_ = 0;
+};
+
+}  // namespace kvserve::scheduler

@@ -1,0 +1,196 @@
+#include "server/cli_serve.h"
+
+#include <pthread.h>
+#include <signal.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/notification.h"
+#include "common/cli_args.h"
+#include "common/parallel.h"
+#include "server/daemon.h"
+#include "spdlog/sinks/stdout_color_sinks.h"
+#include "spdlog/spdlog.h"
+
+namespace kvserve::server {
+namespace {
+
+struct ServeFlags {
+  ServeOptions options;
+  int64_t port = 50051, metrics_port = 9090;
+  int64_t block_size = 16, kv_cache_bytes = 0, max_num_seqs = 64;
+  int64_t max_num_batched_tokens = 512, max_queued_requests = 1024;
+  int64_t max_model_len = 0, threads = 0;
+  double kv_cache_fraction = 0.25, drain_timeout = 30;
+  std::string log_level = "info";
+  bool help = false;
+};
+
+void RegisterFlags(ServeFlags* f, CliArgs* args) {
+  ServeOptions& o = f->options;
+  args->String("model", &o.model,
+               "preset name, .gguf file, or HF directory (default "
+               "smollm2-135m)");
+  args->String("host", &o.host, "address to listen on (default 127.0.0.1)");
+  args->Int("port", &f->port, "gRPC port (default 50051; 0 = pick a free one)",
+            0, 65535);
+  args->Int("metrics-port", &f->metrics_port,
+            "HTTP port of /metrics, /health, /ready (default 9090; 0 = pick "
+            "a free one)",
+            0, 65535);
+  args->Int("block-size", &f->block_size,
+            "tokens per KV cache block (default 16)", 1, 1024);
+  args->Bytes("kv-cache-bytes", &f->kv_cache_bytes,
+              "KV cache size, e.g. 512MiB (default 0 = --kv-cache-fraction "
+              "of memory)");
+  args->Float("kv-cache-fraction", &f->kv_cache_fraction,
+              "share of physical memory for the KV cache when "
+              "--kv-cache-bytes is 0 (default 0.25)",
+              0.001, 0.95);
+  args->Int("max-num-seqs", &f->max_num_seqs,
+            "most requests running at once (default 64)", 1, 65536);
+  args->Int("max-num-batched-tokens", &f->max_num_batched_tokens,
+            "token budget of one engine step (default 512)", 1, 1 << 20);
+  args->Int("max-queued-requests", &f->max_queued_requests,
+            "waiting requests before RESOURCE_EXHAUSTED (default 1024)", 1,
+            1 << 24);
+  args->Int("max-model-len", &f->max_model_len,
+            "longest sequence, prompt + output (default 0 = the model's "
+            "context)",
+            0, 1 << 24);
+  args->String("scheduling-policy", &o.engine.scheduling_policy,
+               "fcfs or priority (default fcfs)");
+  args->Float("drain-timeout", &f->drain_timeout,
+              "seconds in-flight requests may finish after SIGTERM/SIGINT "
+              "(default 30)",
+              0, 86400);
+  args->String("log-level", &f->log_level,
+               "trace, debug, info, warn, error, critical, off (default "
+               "info)");
+  args->Int("threads", &f->threads, "CPU compute threads (default 0 = all)", 0,
+            1024);
+  args->Bool("help", &f->help, "show this help");
+}
+
+absl::Status FinishFlags(ServeFlags* f) {
+  ServeOptions& o = f->options;
+  o.port = static_cast<int>(f->port);
+  o.metrics_port = static_cast<int>(f->metrics_port);
+  engine::EngineConfig& e = o.engine;
+  e.block_size = static_cast<int32_t>(f->block_size);
+  e.kv_cache_bytes = f->kv_cache_bytes;
+  e.kv_cache_fraction = f->kv_cache_fraction;
+  e.max_num_seqs = static_cast<int32_t>(f->max_num_seqs);
+  e.max_num_batched_tokens = static_cast<int32_t>(f->max_num_batched_tokens);
+  e.max_queued_requests = static_cast<int32_t>(f->max_queued_requests);
+  e.max_model_len = static_cast<int32_t>(f->max_model_len);
+  if (e.scheduling_policy != "fcfs" && e.scheduling_policy != "priority") {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--scheduling-policy: '%s' must be fcfs or priority",
+                        e.scheduling_policy));
+  }
+  static constexpr const char* kLevels[] = {"trace", "debug",    "info", "warn",
+                                            "error", "critical", "off"};
+  for (const char* level : kLevels) {
+    if (f->log_level == level) return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "--log-level: '%s' must be one of trace, debug, info, warn, error, "
+      "critical, off",
+      f->log_level));
+}
+
+void SetUpLogging(const std::string& level) {
+  auto logger = spdlog::stderr_color_mt("kvserve");
+  logger->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%^%l%$] %v");
+  logger->set_level(spdlog::level::from_str(level));
+  spdlog::set_default_logger(logger);
+}
+
+// SIGTERM and SIGINT, blocked in every thread and taken with sigwait on a
+// dedicated one. Construct before any other thread starts, so that all
+// threads inherit the blocked mask.
+class SignalThread {
+ public:
+  SignalThread() {
+    sigemptyset(&set_);
+    sigaddset(&set_, SIGTERM);
+    sigaddset(&set_, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &set_, nullptr);
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~SignalThread() {
+    stopping_.store(true);
+    pthread_kill(thread_.native_handle(), SIGTERM);  // wakes sigwait
+    thread_.join();
+  }
+  // Notified at the first SIGTERM/SIGINT.
+  absl::Notification& requested() { return requested_; }
+
+ private:
+  void Run() {
+    for (;;) {
+      int sig = 0;
+      if (sigwait(&set_, &sig) != 0 || stopping_.load()) return;
+      if (requested_.HasBeenNotified()) {
+        spdlog::warn("{}: already draining", strsignal(sig));
+        continue;
+      }
+      spdlog::info("{}: draining", strsignal(sig));
+      requested_.Notify();
+    }
+  }
+
+  sigset_t set_;
+  std::atomic<bool> stopping_{false};
+  absl::Notification requested_;
+  std::thread thread_;
+};
+
+int Serve(const ServeFlags& f, SignalThread& signals) {
+  if (f.threads > 0) SetNumThreads(static_cast<int>(f.threads));
+  absl::StatusOr<std::unique_ptr<Daemon>> daemon = Daemon::Start(f.options);
+  if (!daemon.ok()) {
+    spdlog::error("start-up failed: {}", daemon.status().ToString());
+    return 1;
+  }
+  // NOTE: a plain stderr line, whatever the log level: tests and scripts
+  // read the bound ports from it.
+  std::fprintf(stderr, "kvserve: listening grpc=%s http=%s\n",
+               HostPort(f.options.host, (*daemon)->grpc_port()).c_str(),
+               HostPort(f.options.host, (*daemon)->http_port()).c_str());
+  std::fflush(stderr);
+  signals.requested().WaitForNotification();
+  (*daemon)->Shutdown(absl::Seconds(f.drain_timeout));
+  return 0;
+}
+
+}  // namespace
+
+int RunServeCommand(int argc, const char* const* argv) {
+  // Before any thread exists (the daemon's threads inherit the mask).
+  SignalThread signals;
+  ServeFlags f;
+  CliArgs args("serve");
+  RegisterFlags(&f, &args);
+  const int first = argc > 1 && std::strcmp(argv[1], "serve") == 0 ? 2 : 1;
+  absl::Status s = args.Parse(argc, argv, first);
+  if (f.help) {
+    std::fputs(args.Usage().c_str(), stdout);
+    return 0;
+  }
+  if (s.ok()) s = FinishFlags(&f);
+  if (!s.ok()) {
+    std::fprintf(stderr, "kvserve: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  SetUpLogging(f.log_level);
+  return Serve(f, signals);
+}
+
+}  // namespace kvserve::server

@@ -1,0 +1,73 @@
+// The running daemon: the Prometheus registry, the HTTP server (/metrics,
+// /health, /ready), the loaded model and engine, and the gRPC server
+// (kvserve.v1.KvServe, grpc.health.v1.Health, server reflection). Owns
+// their start-up order and the drain on shutdown. Does not own flags or
+// signals (cli_serve.h does).
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "engine/engine.h"
+#include "grpcpp/grpcpp.h"
+#include "prometheus/registry.h"
+#include "server/grpc_service.h"
+#include "server/http_server.h"
+#include "server/metrics.h"
+
+namespace kvserve::server {
+
+struct ServeOptions {
+  std::string model = "smollm2-135m";
+  std::string host = "127.0.0.1";
+  int port = 50051;         // gRPC; 0: pick a free port
+  int metrics_port = 9090;  // HTTP; 0: pick a free port
+  engine::EngineConfig engine;
+  RequestLimits limits;
+};
+
+class Daemon {
+ public:
+  // Start-up order: HTTP first (so /health answers and /ready says 503
+  // while the model loads), then the model and engine, then gRPC; ready
+  // once all are up. UNAVAILABLE when a port cannot be bound; the model
+  // loader's and engine's errors otherwise.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Daemon>> Start(
+      const ServeOptions& options);
+  ~Daemon();  // Shutdown(zero timeout) if not done yet
+
+  int grpc_port() const { return grpc_port_; }
+  int http_port() const { return http_->port(); }
+  bool ready() const { return ready_.load(); }
+
+  // The drain: readiness false, health NOT_SERVING, the engine stops
+  // admitting (new Generate calls get UNAVAILABLE) and finishes in-flight
+  // requests for up to `drain_timeout`, cancelling the rest; then the gRPC
+  // and HTTP servers stop. Blocks until done. Call once, from one thread.
+  void Shutdown(absl::Duration drain_timeout);
+
+ private:
+  Daemon() = default;
+  [[nodiscard]] absl::Status StartEngine(const ServeOptions& options);
+  [[nodiscard]] absl::Status StartGrpc(const ServeOptions& options);
+
+  // Declaration order is destruction order reversed: the gRPC server goes
+  // first, the engine after every reactor that refers to it.
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<ServerMetrics> metrics_;
+  std::unique_ptr<HttpServer> http_;
+  std::unique_ptr<engine::Engine> engine_;
+  std::unique_ptr<KvServeService> service_;
+  std::unique_ptr<grpc::Server> grpc_server_;
+  int grpc_port_ = 0;
+  std::atomic<bool> ready_{false};
+  bool shut_down_ = false;
+};
+
+// "host:port", with IPv6 hosts in brackets.
+[[nodiscard]] std::string HostPort(const std::string& host, int port);
+
+}  // namespace kvserve::server

@@ -1,0 +1,60 @@
+// The HTTP side of the daemon (cpp-httplib on --metrics-port):
+//   GET /metrics  Prometheus text exposition of the registry
+//   GET /health   200 while the process runs
+//   GET /ready    200 when the model is loaded, work is accepted, and the
+//                 server is not draining; 503 otherwise
+// Owns the listening socket and its threads. Does not own the registry's
+// metrics or the readiness decision (the caller passes a predicate).
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "prometheus/registry.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace kvserve::server {
+
+class HttpServer {
+ public:
+  struct Options {
+    std::string host = "127.0.0.1";
+    int port = 9090;  // 0: pick a free port
+    int threads = 2;
+  };
+
+  // Binds and starts serving on a background thread. UNAVAILABLE names the
+  // address when it cannot bind. `ready` must be thread-safe.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<HttpServer>> Start(
+      const Options& options, std::shared_ptr<prometheus::Registry> registry,
+      std::function<bool()> ready);
+
+  ~HttpServer();  // Stop()s
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // The bound port (the picked one when Options.port was 0).
+  int port() const { return port_; }
+  // Stops accepting and joins the serving thread. Idempotent.
+  void Stop();
+
+ private:
+  HttpServer() = default;
+  void Routes();
+
+  std::unique_ptr<httplib::Server> server_;
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::function<bool()> ready_;
+  std::thread thread_;
+  std::atomic<bool> listen_returned_{false};
+  int port_ = 0;
+};
+
+}  // namespace kvserve::server

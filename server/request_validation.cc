@@ -1,0 +1,302 @@
+#include "server/request_validation.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+#include "models/chat_template.h"
+#include "models/utf8.h"
+
+namespace kvserve::server {
+namespace {
+
+constexpr int32_t kDefaultMaxTokens = 16;  // vLLM's default
+
+absl::Status Invalid(absl::string_view field, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
+}
+
+// `value` within [lo, hi] (NaN fails); `lo_open` makes the low end open.
+absl::Status CheckRange(absl::string_view field, float value, float lo,
+                        float hi, bool lo_open = false) {
+  const bool ok = (lo_open ? value > lo : value >= lo) && value <= hi;
+  if (ok) return absl::OkStatus();
+  return Invalid(field, absl::StrFormat("must be in %c%g, %g], got %g",
+                                        lo_open ? '(' : '[', lo, hi, value));
+}
+
+absl::Status CheckUtf8(absl::string_view field, absl::string_view text) {
+  if (IsValidUtf8(text)) return absl::OkStatus();
+  return Invalid(field, "invalid UTF-8");
+}
+
+absl::StatusOr<std::vector<int32_t>> ChatTokens(const v1::ChatMessages& chat,
+                                                const ServedModel& model,
+                                                const RequestLimits& limits) {
+  if (model.chat_format == models::ChatFormat::kNone) {
+    return Invalid("chat",
+                   "the served model has no chat template; send "
+                   "`prompt` or `prompt_token_ids`");
+  }
+  if (chat.messages().empty()) {
+    return Invalid("chat.messages", "must not be empty");
+  }
+  if (chat.messages_size() > limits.max_chat_messages) {
+    return Invalid(
+        "chat.messages",
+        absl::StrFormat("at most %d messages, got %d", limits.max_chat_messages,
+                        chat.messages_size()));
+  }
+  std::vector<models::ChatMessage> messages;
+  messages.reserve(chat.messages_size());
+  for (int i = 0; i < chat.messages_size(); ++i) {
+    const v1::ChatMessage& m = chat.messages(i);
+    const std::string field = absl::StrCat("chat.messages[", i, "]");
+    if (m.role() != "system" && m.role() != "user" && m.role() != "assistant") {
+      return Invalid(absl::StrCat(field, ".role"),
+                     absl::StrFormat("must be system, user, or assistant, "
+                                     "got '%s'",
+                                     absl::CHexEscape(m.role())));
+    }
+    KV_RETURN_IF_ERROR(CheckUtf8(absl::StrCat(field, ".content"), m.content()));
+    messages.push_back({m.role(), m.content()});
+  }
+  absl::StatusOr<std::string> text =
+      models::RenderChat(model.chat_format, messages,
+                         /*add_generation_prompt=*/true, model.chat_template);
+  if (!text.ok()) {
+    // RenderChat names fields relative to the message list.
+    const absl::string_view msg = text.status().message();
+    return absl::InvalidArgumentError(absl::StartsWith(msg, "messages")
+                                          ? absl::StrCat("chat.", msg)
+                                          : absl::StrCat("chat: ", msg));
+  }
+  // NOTE: the same encoding as `kvserve generate` (BOS as the tokenizer
+  // says, the template's control tokens parsed).
+  return model.tokenizer->Encode(*text, /*add_special=*/true,
+                                 /*parse_special=*/true);
+}
+
+// Prompt token ids of any input kind, with the input's field name.
+absl::StatusOr<std::pair<std::vector<int32_t>, std::string>> PromptTokens(
+    const v1::GenerateRequest& req, const ServedModel& model,
+    const RequestLimits& limits) {
+  const models::Tokenizer& tok = *model.tokenizer;
+  switch (req.input_case()) {
+    case v1::GenerateRequest::kPrompt: {
+      if (req.prompt().empty()) return Invalid("prompt", "must not be empty");
+      KV_RETURN_IF_ERROR(CheckUtf8("prompt", req.prompt()));
+      const bool add_special =
+          !req.has_add_special_tokens() || req.add_special_tokens();
+      return std::make_pair(tok.Encode(req.prompt(), add_special,
+                                       /*parse_special=*/false),
+                            std::string("prompt"));
+    }
+    case v1::GenerateRequest::kPromptTokenIds: {
+      const auto& ids = req.prompt_token_ids().ids();
+      if (ids.empty()) return Invalid("prompt_token_ids", "must not be empty");
+      KV_RETURN_IF_ERROR(
+          CheckTokenIds(ids, tok.vocab_size(), "prompt_token_ids.ids"));
+      return std::make_pair(std::vector<int32_t>(ids.begin(), ids.end()),
+                            std::string("prompt_token_ids"));
+    }
+    case v1::GenerateRequest::kChat: {
+      KV_ASSIGN_OR_RETURN(std::vector<int32_t> ids,
+                          ChatTokens(req.chat(), model, limits));
+      return std::make_pair(std::move(ids), std::string("chat"));
+    }
+    case v1::GenerateRequest::INPUT_NOT_SET:
+      break;
+  }
+  return Invalid("input",
+                 "one of prompt, prompt_token_ids, or chat is "
+                 "required");
+}
+
+absl::Status CheckStops(const v1::SamplingParams& p, int32_t vocab_size,
+                        const RequestLimits& limits) {
+  if (p.stop_size() > limits.max_stop_strings) {
+    return Invalid("sampling.stop",
+                   absl::StrFormat("at most %d strings, got %d",
+                                   limits.max_stop_strings, p.stop_size()));
+  }
+  for (int i = 0; i < p.stop_size(); ++i) {
+    const std::string field = absl::StrCat("sampling.stop[", i, "]");
+    const std::string& s = p.stop(i);
+    if (s.empty() ||
+        static_cast<int64_t>(s.size()) > limits.max_stop_string_bytes) {
+      return Invalid(field,
+                     absl::StrFormat("must be 1 to %d bytes, got %d",
+                                     limits.max_stop_string_bytes, s.size()));
+    }
+    KV_RETURN_IF_ERROR(CheckUtf8(field, s));
+  }
+  if (p.stop_token_ids_size() > limits.max_stop_token_ids) {
+    return Invalid(
+        "sampling.stop_token_ids",
+        absl::StrFormat("at most %d ids, got %d", limits.max_stop_token_ids,
+                        p.stop_token_ids_size()));
+  }
+  return CheckTokenIds(p.stop_token_ids(), vocab_size,
+                       "sampling.stop_token_ids");
+}
+
+absl::Status CheckSampling(const v1::SamplingParams& p,
+                           const RequestLimits& limits) {
+  if (p.has_temperature()) {
+    KV_RETURN_IF_ERROR(CheckRange("sampling.temperature", p.temperature(), 0,
+                                  limits.max_temperature));
+  }
+  if (p.has_top_k() && p.top_k() < 0) {
+    return Invalid("sampling.top_k",
+                   absl::StrCat("must be >= 0 (0 = off), got ", p.top_k()));
+  }
+  if (p.has_top_p()) {
+    KV_RETURN_IF_ERROR(CheckRange("sampling.top_p", p.top_p(), 0, 1, true));
+  }
+  if (p.has_min_p()) {
+    KV_RETURN_IF_ERROR(CheckRange("sampling.min_p", p.min_p(), 0, 1));
+  }
+  if (p.has_repetition_penalty()) {
+    KV_RETURN_IF_ERROR(CheckRange("sampling.repetition_penalty",
+                                  p.repetition_penalty(), 0,
+                                  limits.max_repetition_penalty, true));
+  }
+  const float pen = limits.max_abs_presence_frequency_penalty;
+  if (p.has_presence_penalty()) {
+    KV_RETURN_IF_ERROR(CheckRange("sampling.presence_penalty",
+                                  p.presence_penalty(), -pen, pen));
+  }
+  if (p.has_frequency_penalty()) {
+    KV_RETURN_IF_ERROR(CheckRange("sampling.frequency_penalty",
+                                  p.frequency_penalty(), -pen, pen));
+  }
+  if (p.logprobs() < 0 || p.logprobs() > limits.max_logprobs) {
+    return Invalid("sampling.logprobs",
+                   absl::StrFormat("must be in [0, %d], got %d",
+                                   limits.max_logprobs, p.logprobs()));
+  }
+  return absl::OkStatus();
+}
+
+// max_tokens against the context left after a prompt of `prompt_len`.
+absl::StatusOr<int32_t> MaxTokens(const v1::SamplingParams& p,
+                                  int32_t prompt_len,
+                                  const std::string& input_field,
+                                  int32_t max_context) {
+  if (prompt_len >= max_context) {
+    return Invalid(input_field,
+                   absl::StrFormat("%d tokens, over the model's context of %d "
+                                   "(at least one token must be left to "
+                                   "generate)",
+                                   prompt_len, max_context));
+  }
+  const int32_t room = max_context - prompt_len;
+  if (!p.has_max_tokens()) return std::min(kDefaultMaxTokens, room);
+  if (p.max_tokens() < 1) {
+    return Invalid("sampling.max_tokens",
+                   absl::StrCat("must be >= 1, got ", p.max_tokens()));
+  }
+  if (p.max_tokens() > room) {
+    return Invalid("sampling.max_tokens",
+                   absl::StrFormat("prompt (%d tokens) + max_tokens (%d) "
+                                   "exceeds the model's context of %d",
+                                   prompt_len, p.max_tokens(), max_context));
+  }
+  return p.max_tokens();
+}
+
+engine::SamplingParams ToEngineSampling(const v1::SamplingParams& p,
+                                        uint64_t seed_if_unset) {
+  engine::SamplingParams s;  // engine defaults are vLLM's
+  if (p.has_temperature()) s.temperature = p.temperature();
+  if (p.has_top_k()) s.top_k = p.top_k();
+  if (p.has_top_p()) s.top_p = p.top_p();
+  if (p.has_min_p()) s.min_p = p.min_p();
+  if (p.has_repetition_penalty()) s.repetition_penalty = p.repetition_penalty();
+  if (p.has_presence_penalty()) s.presence_penalty = p.presence_penalty();
+  if (p.has_frequency_penalty()) s.frequency_penalty = p.frequency_penalty();
+  s.seed = p.has_seed() ? p.seed() : seed_if_unset;
+  s.logprobs = p.logprobs();
+  return s;
+}
+
+}  // namespace
+
+bool IsValidUtf8(absl::string_view s) {
+  const std::string_view v(s.data(), s.size());
+  for (size_t pos = 0; pos < v.size();) {
+    const models::Utf8SeqInfo info = models::ClassifyUtf8(v, pos);
+    if (info.kind != models::Utf8Seq::kValid) return false;
+    pos += info.length;
+  }
+  return true;
+}
+
+absl::Status CheckTokenIds(absl::Span<const int32_t> ids, int32_t vocab_size,
+                           const std::string& field) {
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= vocab_size) {
+      return Invalid(absl::StrCat(field, "[", i, "]"),
+                     absl::StrFormat("unknown token id %d (the vocabulary is "
+                                     "[0, %d))",
+                                     ids[i], vocab_size));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<engine::RequestSpec> ToRequestSpec(
+    const v1::GenerateRequest& request, const ServedModel& model,
+    uint64_t seed_if_unset, const RequestLimits& limits) {
+  if (static_cast<int64_t>(request.request_id().size()) >
+      limits.max_request_id_bytes) {
+    return Invalid("request_id", absl::StrFormat("at most %d bytes, got %d",
+                                                 limits.max_request_id_bytes,
+                                                 request.request_id().size()));
+  }
+  KV_RETURN_IF_ERROR(CheckUtf8("request_id", request.request_id()));
+  const v1::SamplingParams& p = request.sampling();
+  KV_RETURN_IF_ERROR(CheckSampling(p, limits));
+  KV_RETURN_IF_ERROR(CheckStops(p, model.tokenizer->vocab_size(), limits));
+  KV_ASSIGN_OR_RETURN(auto prompt, PromptTokens(request, model, limits));
+  auto& [tokens, input_field] = prompt;
+  if (tokens.empty()) return Invalid(input_field, "produced no tokens");
+  KV_ASSIGN_OR_RETURN(const int32_t max_tokens,
+                      MaxTokens(p, static_cast<int32_t>(tokens.size()),
+                                input_field, model.max_context));
+  engine::RequestSpec spec;
+  spec.prompt_tokens = std::move(tokens);
+  spec.sampling = ToEngineSampling(p, seed_if_unset);
+  spec.max_tokens = max_tokens;
+  spec.stop.assign(p.stop().begin(), p.stop().end());
+  spec.stop_token_ids.assign(p.stop_token_ids().begin(),
+                             p.stop_token_ids().end());
+  spec.ignore_eos = p.ignore_eos();
+  spec.priority = request.priority();
+  return spec;
+}
+
+absl::StatusOr<std::vector<int32_t>> TokenizeText(
+    const v1::TokenizeRequest& request, const ServedModel& model) {
+  KV_RETURN_IF_ERROR(CheckUtf8("text", request.text()));
+  const bool add_special =
+      !request.has_add_special_tokens() || request.add_special_tokens();
+  return model.tokenizer->Encode(request.text(), add_special,
+                                 request.parse_special_tokens());
+}
+
+absl::StatusOr<std::string> DetokenizeIds(const v1::DetokenizeRequest& request,
+                                          const ServedModel& model) {
+  KV_RETURN_IF_ERROR(CheckTokenIds(request.token_ids(),
+                                   model.tokenizer->vocab_size(), "token_ids"));
+  return model.tokenizer->Decode(request.token_ids(),
+                                 request.skip_special_tokens());
+}
+
+}  // namespace kvserve::server

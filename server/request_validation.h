@@ -1,0 +1,71 @@
+// Proto -> engine conversion of client requests, with validation. Owns the
+// request limits and the defaults of unset fields (vLLM's: temperature 1,
+// top_p 1, top_k 0 = off, max_tokens 16, random seed), prompt
+// tokenization, and chat rendering. Every rejection is INVALID_ARGUMENT with
+// a message that names the field and its limit, e.g.
+// "sampling.top_p: must be in (0, 1], got 1.5". Does not own deadlines
+// (the RPC layer sets RequestSpec.deadline) nor KV-pool fit (the engine
+// answers OUT_OF_RANGE).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "engine/request_spec.h"
+#include "kvserve/v1/kvserve.pb.h"
+#include "models/model_config.h"
+#include "models/tokenizer.h"
+
+namespace kvserve::server {
+
+// Limits beyond the model's own.
+struct RequestLimits {
+  int32_t max_stop_strings = 16;
+  int32_t max_stop_string_bytes = 256;
+  int32_t max_stop_token_ids = 16;
+  int32_t max_logprobs = 20;
+  int32_t max_request_id_bytes = 256;
+  int32_t max_chat_messages = 1024;
+  float max_temperature = 100.0f;
+  float max_repetition_penalty = 10.0f;
+  float max_abs_presence_frequency_penalty = 2.0f;
+};
+
+// What validation needs to know about the served model.
+struct ServedModel {
+  const models::Tokenizer* tokenizer = nullptr;  // not owned, non-null
+  models::ChatFormat chat_format = models::ChatFormat::kNone;
+  std::string chat_template;
+  // The longest sequence (prompt + generated) a request may reach.
+  int32_t max_context = 0;
+};
+
+// Validates `request` and builds the engine's spec: tokenizes the prompt
+// (text: parse_special off; chat: rendered with the model's chat format,
+// control tokens parsed), applies defaults, and takes `seed_if_unset` as
+// the seed when the request has none. Thread-safe.
+[[nodiscard]] absl::StatusOr<engine::RequestSpec> ToRequestSpec(
+    const v1::GenerateRequest& request, const ServedModel& model,
+    uint64_t seed_if_unset, const RequestLimits& limits = {});
+
+// Token ids of a Tokenize request.
+[[nodiscard]] absl::StatusOr<std::vector<int32_t>> TokenizeText(
+    const v1::TokenizeRequest& request, const ServedModel& model);
+
+// Text of a Detokenize request; every id must be in [0, vocab_size).
+[[nodiscard]] absl::StatusOr<std::string> DetokenizeIds(
+    const v1::DetokenizeRequest& request, const ServedModel& model);
+
+// OK if every id is in [0, vocab_size); else names `field`[i].
+[[nodiscard]] absl::Status CheckTokenIds(absl::Span<const int32_t> ids,
+                                         int32_t vocab_size,
+                                         const std::string& field);
+
+// True if `s` is well-formed UTF-8.
+[[nodiscard]] bool IsValidUtf8(absl::string_view s);
+
+}  // namespace kvserve::server

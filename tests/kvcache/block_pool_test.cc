@@ -1,0 +1,251 @@
+#include "kvcache/block_pool.h"
+
+#include <algorithm>
+#include <random>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace kvserve::kvcache {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::ElementsAreArray;
+using ::testing::IsEmpty;
+using ::testing::Optional;
+
+#define ASSERT_INVARIANTS(pool)                            \
+  do {                                                     \
+    const absl::Status kv_inv_ = (pool).CheckInvariants(); \
+    ASSERT_TRUE(kv_inv_.ok()) << kv_inv_;                  \
+  } while (0)
+
+std::vector<BlockId> Range(BlockId begin, BlockId end) {
+  std::vector<BlockId> out;
+  for (BlockId b = begin; b < end; ++b) out.push_back(b);
+  return out;
+}
+
+std::vector<BlockId> Concat(std::vector<BlockId> a,
+                            const std::vector<BlockId>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+TEST(BlockPoolTest, StartsAllFreeInIdOrder) {
+  BlockPool pool(11);
+  ASSERT_INVARIANTS(pool);
+  EXPECT_EQ(pool.num_blocks(), 11);
+  EXPECT_EQ(pool.num_free(), 11);
+  EXPECT_EQ(pool.num_active(), 0);
+  EXPECT_EQ(pool.num_cached_evictable(), 0);
+  EXPECT_THAT(pool.FreeQueue(), ElementsAreArray(Range(0, 11)));
+}
+
+TEST(BlockPoolTest, AllocatePopsFromHead) {
+  BlockPool pool(11);
+  EXPECT_THAT(pool.Allocate(3), ElementsAre(0, 1, 2));
+  ASSERT_INVARIANTS(pool);
+  EXPECT_THAT(pool.Allocate(0), IsEmpty());
+  ASSERT_INVARIANTS(pool);
+  EXPECT_THAT(pool.Allocate(2), ElementsAre(3, 4));
+  ASSERT_INVARIANTS(pool);
+  for (BlockId b : Range(0, 5)) EXPECT_EQ(pool.ref_count(b), 1);
+  EXPECT_EQ(pool.ref_count(5), 0);
+  EXPECT_EQ(pool.num_free(), 6);
+  EXPECT_EQ(pool.num_active(), 5);
+  EXPECT_THAT(pool.FreeQueue(), ElementsAreArray(Range(5, 11)));
+}
+
+TEST(BlockPoolTest, FreeAppendsToTailInGivenOrder) {
+  BlockPool pool(11);
+  ASSERT_THAT(pool.Allocate(4), ElementsAre(0, 1, 2, 3));
+  const std::vector<BlockId> tail_first = {3, 2, 1, 0};
+  pool.Free(tail_first);
+  ASSERT_INVARIANTS(pool);
+  EXPECT_THAT(pool.FreeQueue(),
+              ElementsAreArray(Concat(Range(4, 11), {3, 2, 1, 0})));
+  // Eviction order is the queue order: the old tail 3 goes before 0.
+  EXPECT_THAT(pool.Allocate(9), ElementsAreArray(Concat(Range(4, 11), {3, 2})));
+  ASSERT_INVARIANTS(pool);
+  EXPECT_THAT(pool.FreeQueue(), ElementsAre(1, 0));
+}
+
+TEST(BlockPoolTest, AllocateAllThenFreeOneByOne) {
+  BlockPool pool(11);
+  ASSERT_THAT(pool.Allocate(11), ElementsAreArray(Range(0, 11)));
+  ASSERT_INVARIANTS(pool);
+  EXPECT_THAT(pool.FreeQueue(), IsEmpty());
+  EXPECT_EQ(pool.num_free(), 0);
+  for (BlockId b : {7, 2, 9}) {
+    pool.Free({b});
+    ASSERT_INVARIANTS(pool);
+  }
+  EXPECT_THAT(pool.FreeQueue(), ElementsAre(7, 2, 9));
+  EXPECT_EQ(pool.num_active(), 8);
+}
+
+TEST(BlockPoolTest, TouchSharesActiveBlock) {
+  BlockPool pool(11);
+  ASSERT_THAT(pool.Allocate(2), ElementsAre(0, 1));
+  pool.Touch({0});
+  ASSERT_INVARIANTS(pool);
+  EXPECT_EQ(pool.ref_count(0), 2);
+  pool.Free({0});
+  ASSERT_INVARIANTS(pool);
+  EXPECT_EQ(pool.ref_count(0), 1);
+  EXPECT_THAT(pool.FreeQueue(), ElementsAreArray(Range(2, 11)));
+  pool.Free({0});
+  ASSERT_INVARIANTS(pool);
+  EXPECT_THAT(pool.FreeQueue(), ElementsAreArray(Concat(Range(2, 11), {0})));
+}
+
+TEST(BlockPoolTest, CachedBlockStaysFindableUntilEvicted) {
+  BlockPool pool(11);
+  ASSERT_THAT(pool.Allocate(2), ElementsAre(0, 1));
+  EXPECT_TRUE(pool.CacheBlock(0, 0xA));
+  ASSERT_INVARIANTS(pool);
+  EXPECT_THAT(pool.GetCachedBlock(0xA), Optional(0));
+  EXPECT_THAT(pool.block_hash(0), Optional(0xAu));
+  EXPECT_EQ(pool.num_cached_evictable(), 0);  // still active
+
+  pool.Free({1, 0});  // active -> free, active -> cached
+  ASSERT_INVARIANTS(pool);
+  EXPECT_EQ(pool.num_cached_evictable(), 1);
+  EXPECT_EQ(pool.num_free(), 11);
+  EXPECT_THAT(pool.FreeQueue(), ElementsAreArray(Concat(Range(2, 11), {1, 0})));
+  EXPECT_THAT(pool.GetCachedBlock(0xA), Optional(0));
+
+  pool.Touch({0});  // cached -> active: leaves the queue from its tail
+  ASSERT_INVARIANTS(pool);
+  EXPECT_EQ(pool.ref_count(0), 1);
+  EXPECT_EQ(pool.num_cached_evictable(), 0);
+  EXPECT_THAT(pool.FreeQueue(), ElementsAreArray(Concat(Range(2, 11), {1})));
+
+  pool.Free({0});  // active -> cached
+  ASSERT_INVARIANTS(pool);
+  // Allocating everything evicts it last (cached -> free -> active).
+  EXPECT_THAT(pool.Allocate(11),
+              ElementsAreArray(Concat(Range(2, 11), {1, 0})));
+  ASSERT_INVARIANTS(pool);
+  EXPECT_EQ(pool.GetCachedBlock(0xA), std::nullopt);
+  EXPECT_EQ(pool.block_hash(0), std::nullopt);
+  EXPECT_EQ(pool.num_cached_evictable(), 0);
+}
+
+TEST(BlockPoolTest, TouchRemovesCachedBlockFromMiddleOfQueue) {
+  BlockPool pool(11);
+  ASSERT_THAT(pool.Allocate(3), ElementsAre(0, 1, 2));
+  for (BlockId b : {0, 1, 2}) ASSERT_TRUE(pool.CacheBlock(b, 100 + b));
+  pool.Free({2, 1, 0});
+  ASSERT_INVARIANTS(pool);
+  EXPECT_EQ(pool.num_cached_evictable(), 3);
+  pool.Touch({1});
+  ASSERT_INVARIANTS(pool);
+  EXPECT_THAT(pool.FreeQueue(), ElementsAreArray(Concat(Range(3, 11), {2, 0})));
+  pool.Touch({1});  // a second owner of a cached block now active
+  ASSERT_INVARIANTS(pool);
+  EXPECT_EQ(pool.ref_count(1), 2);
+  EXPECT_EQ(pool.num_cached_evictable(), 2);
+  // Evicting the first cached block (2) forgets its hash only.
+  EXPECT_THAT(pool.Allocate(9), ElementsAreArray(Concat(Range(3, 11), {2})));
+  ASSERT_INVARIANTS(pool);
+  EXPECT_EQ(pool.GetCachedBlock(102), std::nullopt);
+  EXPECT_THAT(pool.GetCachedBlock(100), Optional(0));
+  EXPECT_THAT(pool.GetCachedBlock(101), Optional(1));
+}
+
+TEST(BlockPoolTest, DuplicateHashStaysUncached) {
+  BlockPool pool(11);
+  ASSERT_THAT(pool.Allocate(2), ElementsAre(0, 1));
+  EXPECT_TRUE(pool.CacheBlock(0, 7));
+  EXPECT_FALSE(pool.CacheBlock(1, 7));
+  ASSERT_INVARIANTS(pool);
+  EXPECT_EQ(pool.block_hash(1), std::nullopt);
+  EXPECT_THAT(pool.GetCachedBlock(7), Optional(0));
+  pool.Free({1});  // active -> free (no hash)
+  ASSERT_INVARIANTS(pool);
+  EXPECT_EQ(pool.num_cached_evictable(), 0);
+}
+
+TEST(BlockPoolDeathTest, MisuseAborts) {
+  BlockPool pool(3);
+  EXPECT_DEATH(pool.Free({0}), "freed at ref 0");
+  EXPECT_DEATH((void)pool.Allocate(4), "num_free=3");
+  EXPECT_DEATH(pool.Touch({1}), "touched while plain free");
+  EXPECT_DEATH(pool.Free({3}), "outside");
+}
+
+// Random allocate / share / cache / hit / free against a reference model of
+// who holds which references.
+TEST(BlockPoolTest, RandomSoakKeepsInvariants) {
+  constexpr int32_t kBlocks = 37;
+  BlockPool pool(kBlocks);
+  std::mt19937 rng(20240611);
+  std::vector<BlockId> refs;  // one entry per reference held
+  uint64_t next_hash = 1;
+  int hits = 0, evictions = 0;
+  auto pick = [&](size_t n) {
+    return std::uniform_int_distribution<size_t>(0, n - 1)(rng);
+  };
+  for (int op = 0; op < 20000; ++op) {
+    switch (pick(5)) {
+      case 0: {  // allocate
+        const int32_t n = static_cast<int32_t>(pick(pool.num_free() + 1));
+        const int32_t evictable = pool.num_cached_evictable();
+        for (BlockId b : pool.Allocate(n)) refs.push_back(b);
+        evictions += evictable - pool.num_cached_evictable();
+        break;
+      }
+      case 1:  // free a few references
+        for (size_t k = pick(4); k > 0 && !refs.empty(); --k) {
+          const size_t i = pick(refs.size());
+          pool.Free({refs[i]});
+          refs[i] = refs.back();
+          refs.pop_back();
+        }
+        break;
+      case 2:  // share an active block
+        if (!refs.empty()) {
+          const BlockId b = refs[pick(refs.size())];
+          pool.Touch({b});
+          refs.push_back(b);
+        }
+        break;
+      case 3:  // cache an active block
+        if (!refs.empty()) {
+          const BlockId b = refs[pick(refs.size())];
+          if (!pool.block_hash(b).has_value()) {
+            ASSERT_TRUE(pool.CacheBlock(b, next_hash++));
+          }
+        }
+        break;
+      case 4: {  // prefix hit on some earlier hash
+        const auto b = pool.GetCachedBlock(1 + pick(next_hash));
+        if (b.has_value()) {
+          pool.Touch({*b});
+          refs.push_back(*b);
+          ++hits;
+        }
+        break;
+      }
+    }
+    ASSERT_INVARIANTS(pool);
+    if (op % 97 == 0) {
+      for (BlockId b = 0; b < kBlocks; ++b) {
+        ASSERT_EQ(pool.ref_count(b), std::count(refs.begin(), refs.end(), b))
+            << "block " << b << " op " << op;
+      }
+    }
+  }
+  EXPECT_GT(hits, 500);
+  EXPECT_GT(evictions, 500);
+  pool.Free(refs);
+  ASSERT_INVARIANTS(pool);
+  EXPECT_EQ(pool.num_free(), kBlocks);
+  EXPECT_EQ(pool.num_active(), 0);
+}
+
+}  // namespace
+}  // namespace kvserve::kvcache

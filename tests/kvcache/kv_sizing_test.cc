@@ -1,0 +1,200 @@
+#include "kvcache/kv_sizing.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace kvserve::kvcache {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr KvShape kLlama3_70B{
+    .num_layers = 80, .num_kv_heads = 8, .head_dim = 128};
+constexpr KvShape kL64{.num_layers = 64, .num_kv_heads = 8, .head_dim = 128};
+constexpr KvShape kSmolLM2_135M{
+    .num_layers = 30, .num_kv_heads = 3, .head_dim = 64};
+
+TEST(KvDtypeTest, ParsesNamesAndAliases) {
+  EXPECT_EQ(*ParseKvDtype("bf16"), KvDtype::kBF16);
+  EXPECT_EQ(*ParseKvDtype("BFloat16"), KvDtype::kBF16);
+  EXPECT_EQ(*ParseKvDtype("fp16"), KvDtype::kF16);
+  EXPECT_EQ(*ParseKvDtype("half"), KvDtype::kF16);
+  EXPECT_EQ(*ParseKvDtype("FP8"), KvDtype::kFP8);
+  EXPECT_EQ(*ParseKvDtype("e4m3"), KvDtype::kFP8);
+  EXPECT_EQ(*ParseKvDtype("int8"), KvDtype::kInt8);
+  EXPECT_EQ(*ParseKvDtype("f32"), KvDtype::kF32);
+  absl::StatusOr<KvDtype> bad = ParseKvDtype("int4");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), HasSubstr("'int4'"));
+  EXPECT_THAT(bad.status().message(), HasSubstr("bf16, fp16, fp8, int8, f32"));
+}
+
+TEST(KvDtypeTest, BytesAndNamesRoundTrip) {
+  for (KvDtype d : {KvDtype::kF32, KvDtype::kBF16, KvDtype::kF16, KvDtype::kFP8,
+                    KvDtype::kInt8}) {
+    EXPECT_EQ(*ParseKvDtype(KvDtypeName(d)), d);
+  }
+  EXPECT_EQ(KvDtypeBytes(KvDtype::kF32), 4);
+  EXPECT_EQ(KvDtypeBytes(KvDtype::kBF16), 2);
+  EXPECT_EQ(KvDtypeBytes(KvDtype::kF16), 2);
+  EXPECT_EQ(KvDtypeBytes(KvDtype::kFP8), 1);
+  EXPECT_EQ(KvDtypeBytes(KvDtype::kInt8), 1);
+}
+
+TEST(KvSizingTest, Llama3_70BBf16) {
+  EXPECT_EQ(KvBytesPerToken(kLlama3_70B, KvDtype::kBF16), 327'680);
+  EXPECT_EQ(KvBytesPerToken(kLlama3_70B, KvDtype::kBF16) * 8192, 2'684'354'560);
+  EXPECT_EQ(KvBytesPerBlock(kLlama3_70B, KvDtype::kBF16, 16), 5'242'880);
+}
+
+TEST(KvSizingTest, L64Fp16) {
+  EXPECT_EQ(KvBytesPerToken(kL64, KvDtype::kF16), 262'144);
+  EXPECT_EQ(KvBytesPerToken(kL64, KvDtype::kF16) * 4096, 1'073'741'824);
+}
+
+TEST(KvSizingTest, SmolLM2AndQuantizedKvHalvesBf16) {
+  EXPECT_EQ(KvBytesPerToken(kSmolLM2_135M, KvDtype::kBF16), 23'040);
+  for (const KvShape& s : {kLlama3_70B, kL64, kSmolLM2_135M}) {
+    const int64_t bf16 = KvBytesPerToken(s, KvDtype::kBF16);
+    EXPECT_EQ(KvBytesPerToken(s, KvDtype::kFP8) * 2, bf16);
+    EXPECT_EQ(KvBytesPerToken(s, KvDtype::kInt8) * 2, bf16);
+    EXPECT_EQ(KvBytesPerToken(s, KvDtype::kF32), bf16 * 2);
+  }
+}
+
+TEST(KvSizingTest, MhaIsEightTimesGqa) {
+  const KvShape mha{.num_layers = 80, .num_kv_heads = 64, .head_dim = 128};
+  EXPECT_EQ(KvBytesPerToken(mha, KvDtype::kBF16),
+            8 * KvBytesPerToken(kLlama3_70B, KvDtype::kBF16));
+}
+
+TEST(KvSizingTest, TensorParallelSplitsThenReplicatesKvHeads) {
+  EXPECT_EQ(KvHeadsPerRank(8, 1), 8);
+  EXPECT_EQ(KvHeadsPerRank(8, 2), 4);
+  EXPECT_EQ(KvHeadsPerRank(8, 8), 1);
+  EXPECT_EQ(KvHeadsPerRank(8, 16), 1);  // replicated
+  EXPECT_EQ(KvHeadsPerRank(3, 2), 2);   // uneven: largest shard
+  EXPECT_EQ(KvBytesPerToken(kLlama3_70B, KvDtype::kBF16, 4), 327'680 / 4);
+  EXPECT_EQ(KvBytesPerToken(kLlama3_70B, KvDtype::kBF16, 16), 327'680 / 8);
+  EXPECT_EQ(KvBytesPerBlock(kLlama3_70B, KvDtype::kBF16, 16, 2),
+            16 * 327'680 / 2);
+}
+
+TEST(KvSizingTest, BlocksForTokensRoundsUp) {
+  EXPECT_EQ(BlocksForTokens(0, 16), 0);
+  EXPECT_EQ(BlocksForTokens(1, 16), 1);
+  EXPECT_EQ(BlocksForTokens(16, 16), 1);
+  EXPECT_EQ(BlocksForTokens(17, 16), 2);
+  EXPECT_EQ(BlocksForTokens(8192, 16), 512);
+}
+
+TEST(KvPlanTest, PerSequenceNumbersWithoutBudget) {
+  const KvPlan p = ComputeKvPlan({.shape = kLlama3_70B,
+                                  .dtype = KvDtype::kBF16,
+                                  .block_size = 16,
+                                  .context_len = 8192});
+  EXPECT_EQ(p.kv_heads_per_rank, 8);
+  EXPECT_EQ(p.bytes_per_token, 327'680);
+  EXPECT_EQ(p.bytes_per_block, 5'242'880);
+  EXPECT_EQ(p.bytes_per_seq, 2'684'354'560);
+  EXPECT_EQ(p.blocks_per_seq, 512);
+  EXPECT_EQ(p.paged_bytes_per_seq, 2'684'354'560);
+  EXPECT_EQ(p.bytes_for_concurrency, 0);
+  EXPECT_EQ(p.budget_blocks, 0);
+  EXPECT_EQ(p.paged_seqs_at_context, 0);
+  EXPECT_EQ(p.naive_seqs, 0);
+  EXPECT_EQ(p.naive_idle_fraction, 0.0);
+}
+
+TEST(KvPlanTest, FiftySequencesOf4KAt64Layers) {
+  const KvPlan p = ComputeKvPlan({.shape = kL64,
+                                  .dtype = KvDtype::kF16,
+                                  .context_len = 4096,
+                                  .concurrency = 50,
+                                  .budget_bytes = 53'687'091'200});
+  EXPECT_EQ(p.bytes_per_seq, 1'073'741'824);
+  EXPECT_EQ(p.bytes_for_concurrency, 53'687'091'200);
+  EXPECT_TRUE(p.concurrency_fits);
+  EXPECT_EQ(p.paged_seqs_at_context, 50);
+  const KvPlan short_by_one = ComputeKvPlan({.shape = kL64,
+                                             .dtype = KvDtype::kF16,
+                                             .context_len = 4096,
+                                             .concurrency = 50,
+                                             .budget_bytes = 53'687'091'199});
+  EXPECT_FALSE(short_by_one.concurrency_fits);
+  EXPECT_EQ(short_by_one.paged_seqs_at_context, 49);
+}
+
+TEST(KvPlanTest, PartialLastBlockIsPaged) {
+  const KvPlan p = ComputeKvPlan(
+      {.shape = kSmolLM2_135M, .block_size = 16, .context_len = 17});
+  EXPECT_EQ(p.bytes_per_seq, 17 * 23'040);
+  EXPECT_EQ(p.blocks_per_seq, 2);
+  EXPECT_EQ(p.paged_bytes_per_seq, 32 * 23'040);
+}
+
+TEST(KvPlanTest, BudgetPagedVsNaiveAndIdleKv) {
+  // ~86 GB holds 32 Llama-3-70B sequences of 8,192 tokens.
+  const KvPlan p = ComputeKvPlan({.shape = kLlama3_70B,
+                                  .context_len = 8192,
+                                  .mean_len = 800,
+                                  .concurrency = 32,
+                                  .budget_bytes = 86'000'000'000});
+  EXPECT_EQ(p.bytes_for_concurrency, 85'899'345'920);
+  EXPECT_TRUE(p.concurrency_fits);
+  EXPECT_EQ(p.budget_blocks, int64_t{86'000'000'000} / 5'242'880);
+  EXPECT_EQ(p.paged_seqs_at_context, 32);
+  EXPECT_EQ(p.naive_seqs, 32);
+  // 800 tokens = 50 blocks = 262,144,000 bytes.
+  EXPECT_EQ(p.paged_seqs_at_mean, int64_t{86'000'000'000} / 262'144'000);
+  EXPECT_EQ(p.paged_seqs_at_mean, 328);
+  EXPECT_NEAR(p.naive_idle_fraction, 1.0 - 800.0 / 8192.0, 1e-12);
+  EXPECT_NEAR(p.naive_idle_fraction, 0.902, 0.001);
+  EXPECT_EQ(p.naive_idle_bytes_per_seq, int64_t{8192 - 800} * 327'680);
+  EXPECT_NEAR(p.paged_idle_fraction, 8.0 / 808.0, 1e-12);
+  EXPECT_LT(p.paged_idle_fraction, 0.04);  // PagedAttention: under 4%
+  EXPECT_EQ(p.paged_idle_bytes_per_seq, 8 * 327'680);
+}
+
+TEST(KvPlanTest, NaiveMaxLenSeparateFromContext) {
+  const KvPlan p = ComputeKvPlan({.shape = kLlama3_70B,
+                                  .context_len = 4096,
+                                  .naive_max_len = 8192,
+                                  .budget_bytes = 86'000'000'000});
+  EXPECT_EQ(p.paged_seqs_at_context, 64);
+  EXPECT_EQ(p.naive_seqs, 32);
+}
+
+TEST(KvPlanTest, ValidationNamesTheField) {
+  KvPlanInput in{.shape = kLlama3_70B, .context_len = 8192};
+  EXPECT_TRUE(ValidateKvPlanInput(in).ok());
+  KvPlanInput bad = in;
+  bad.tp = 0;
+  EXPECT_THAT(ValidateKvPlanInput(bad).message(), HasSubstr("tp"));
+  bad = in;
+  bad.block_size = 0;
+  EXPECT_THAT(ValidateKvPlanInput(bad).message(), HasSubstr("block_size"));
+  bad = in;
+  bad.context_len = 0;
+  EXPECT_THAT(ValidateKvPlanInput(bad).message(), HasSubstr("context_len"));
+  bad = in;
+  bad.shape.num_kv_heads = 0;
+  EXPECT_THAT(ValidateKvPlanInput(bad).message(), HasSubstr("num_kv_heads"));
+  bad = in;
+  bad.mean_len = 9000;
+  EXPECT_THAT(ValidateKvPlanInput(bad).message(), HasSubstr("mean_len"));
+  bad = in;
+  bad.context_len = int64_t{1} << 40;
+  bad.concurrency = int64_t{1} << 30;
+  EXPECT_EQ(ValidateKvPlanInput(bad).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(KvPlanDeathTest, ComputeRejectsInvalidInput) {
+  EXPECT_DEATH((void)ComputeKvPlan({.shape = kLlama3_70B, .context_len = 0}),
+               "context_len");
+}
+
+}  // namespace
+}  // namespace kvserve::kvcache

@@ -1,0 +1,303 @@
+// CPU GEMM path benchmarks: every candidate kernel family on the SmolLM2-135M
+// linear-layer shapes and a 4096x4096 one, m = 1, 8, 64, 512, so choices are
+// made on same-run ratios; plus whole-model sweeps (30 layers + output head,
+// distinct weights, so caches behave as in a real forward).
+//
+//   Matmul/<type>/<rows>x<cols>/m:<m>/<path>   counters: best_us = fastest
+//       iteration; GBps = weight bytes the path streams / best_us (read at
+//       m=1); GFLOPs = 2 m rows cols / best_us.
+//   DecodeSweep/<path>/m:<m>   one forward's matmuls: best_ms per call = per
+//       token at m=1; PrefillSweep likewise for prefill chunks.
+//
+// NOTE: counters use the fastest iteration, not the mean: the build machine
+// is shared, and interference only ever adds time. Run with
+// --benchmark_enable_random_interleaving=true --benchmark_repetitions=N so
+// that candidates are sampled alternately.
+//
+// Paths: int8_vnni, onednn_bf16, own_float (own AVX-512 fp32 kernel; on
+// dequantized fp32 weights for quantized types), onednn_f32, and
+// openblas_f32 (cblas_sgemm from libopenblas.so.0, loaded with dlopen so the
+// library never links OpenBLAS).
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "benchmark/benchmark.h"
+#include "models/cpu/matmul.h"
+#include "models/ggml_types.h"
+
+namespace kvserve::models::cpu {
+namespace {
+
+// Random ggml bytes of `type` (values do not matter for speed, only layout).
+std::vector<uint8_t> RandomWeights(GgmlType type, int64_t rows, int64_t cols,
+                                   uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<uint8_t> bytes(RowBytes(type, cols) * rows);
+  for (uint8_t& b : bytes) b = static_cast<uint8_t>(rng());
+  // Keep fp16 scales / float values finite and small.
+  const size_t block = TypeTraits(type).type_size;
+  if (type == GgmlType::kQ4_0 || type == GgmlType::kQ4_1 ||
+      type == GgmlType::kQ8_0) {
+    for (size_t off = 0; off < bytes.size(); off += block) {
+      const uint16_t d = Fp32ToFp16(0.01f);
+      std::memcpy(&bytes[off], &d, 2);
+      if (type == GgmlType::kQ4_1) std::memcpy(&bytes[off + 2], &d, 2);
+    }
+  } else {
+    std::normal_distribution<float> dist(0.0f, 0.05f);
+    for (int64_t i = 0; i < rows * cols; ++i) {
+      const float f = dist(rng);
+      if (type == GgmlType::kF32) {
+        std::memcpy(&bytes[4 * i], &f, 4);
+      } else {
+        const uint16_t h =
+            type == GgmlType::kF16 ? Fp32ToFp16(f) : Fp32ToBf16(f);
+        std::memcpy(&bytes[2 * i], &h, 2);
+      }
+    }
+  }
+  return bytes;
+}
+
+PackedMatrix MakePacked(GgmlType type, int64_t rows, int64_t cols,
+                        uint32_t seed, PackOptions options) {
+  const std::vector<uint8_t> bytes = RandomWeights(type, rows, cols, seed);
+  absl::StatusOr<PackedMatrix> p = PackMatrix(
+      RawTensor{"bench", type, {cols, rows}, bytes.data(), bytes.size()},
+      options);
+  if (!p.ok()) {
+    std::fprintf(stderr, "pack failed: %s\n", p.status().ToString().c_str());
+    std::abort();
+  }
+  return std::move(*p);
+}
+
+std::vector<float> RandomActs(int64_t n) {
+  std::mt19937 rng(1);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> x(n);
+  for (float& f : x) f = dist(rng);
+  return x;
+}
+
+template <typename D>
+double Seconds(D d) {
+  return std::chrono::duration<double>(d).count();
+}
+
+using SgemmFn = void (*)(int, int, int, int, int, int, float, const float*, int,
+                         const float*, int, float, float*, int);
+SgemmFn Sgemm() {
+  static SgemmFn fn = [] {
+    void* h = dlopen("libopenblas.so.0", RTLD_NOW | RTLD_LOCAL);
+    return h ? reinterpret_cast<SgemmFn>(dlsym(h, "cblas_sgemm")) : nullptr;
+  }();
+  return fn;
+}
+
+// Matrices with every representation, shared by all benchmarks of a shape.
+struct Entry {
+  PackedMatrix packed;
+  std::vector<float> f32;  // dequantized rows, for OpenBLAS
+};
+Entry& GetEntry(GgmlType type, int64_t rows, int64_t cols) {
+  static auto* cache =
+      new std::map<std::tuple<GgmlType, int64_t, int64_t>, Entry>();
+  auto it = cache->find({type, rows, cols});
+  if (it != cache->end()) return it->second;
+  const std::vector<uint8_t> bytes = RandomWeights(type, rows, cols, 42);
+  const RawTensor t{"bench", type, {cols, rows}, bytes.data(), bytes.size()};
+  Entry e{*PackMatrix(t, {.all_paths = true}), *DequantizeToF32(t)};
+  return cache->emplace(std::make_tuple(type, rows, cols), std::move(e))
+      .first->second;
+}
+
+enum class Cand { kInt8, kBf16, kOwnFloat, kOnednnF32, kBlas };
+constexpr Cand kCands[] = {Cand::kInt8, Cand::kBf16, Cand::kOwnFloat,
+                           Cand::kOnednnF32, Cand::kBlas};
+const char* CandName(Cand c) {
+  switch (c) {
+    case Cand::kInt8:
+      return "int8_vnni";
+    case Cand::kBf16:
+      return "onednn_bf16";
+    case Cand::kOwnFloat:
+      return "own_float";
+    case Cand::kOnednnF32:
+      return "onednn_f32";
+    case Cand::kBlas:
+      return "openblas_f32";
+  }
+  return "";
+}
+
+// Bytes of weights candidate `c` streams per call.
+double WeightBytes(Cand c, const Entry& e) {
+  const double n = static_cast<double>(e.packed.rows() * e.packed.cols());
+  switch (c) {
+    case Cand::kInt8:
+      return n * TypeTraits(e.packed.source_type()).type_size / 32.0;
+    case Cand::kBf16:
+      return 2 * n;
+    case Cand::kOwnFloat:
+      return e.packed.source_type() == GgmlType::kF16 ||
+                     e.packed.source_type() == GgmlType::kBF16
+                 ? 2 * n
+                 : 4 * n;
+    default:
+      return 4 * n;
+  }
+}
+
+void BM_Matmul(benchmark::State& state, GgmlType type, int64_t rows,
+               int64_t cols, int64_t m, Cand c) {
+  Entry& e = GetEntry(type, rows, cols);
+  const std::vector<float> x = RandomActs(m * cols);
+  std::vector<float> y(m * rows);
+  const MatMulPath path = c == Cand::kInt8       ? MatMulPath::kInt8Vnni
+                          : c == Cand::kBf16     ? MatMulPath::kOnednnBf16
+                          : c == Cand::kOwnFloat ? MatMulPath::kOwnFloat
+                                                 : MatMulPath::kOnednnF32;
+  if (!e.packed.Supports(path) || (c == Cand::kBlas && Sgemm() == nullptr)) {
+    state.SkipWithError("path not available");
+    return;
+  }
+  double best = 1e30;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (c == Cand::kBlas) {
+      // Row-major y (m x rows) = x (m x cols) * W^T, W rows x cols.
+      Sgemm()(101, 111, 112, m, rows, cols, 1.0f, x.data(), cols, e.f32.data(),
+              cols, 0.0f, y.data(), rows);
+    } else {
+      MatMulWithPath(x.data(), m, e.packed, y.data(), path);
+    }
+    benchmark::DoNotOptimize(y.data());
+    best = std::min(best, Seconds(std::chrono::steady_clock::now() - t0));
+  }
+  state.counters["best_us"] = best * 1e6;
+  state.counters["GBps"] = WeightBytes(c, e) * 1e-9 / best;
+  state.counters["GFLOPs"] = 2e-9 * m * rows * cols / best;
+}
+
+// One forward's matmuls for SmolLM2-135M (fused QKV and gate/up, as
+// models/llama_model.cc packs them): 30 x {960x576, 576x576, 3072x576,
+// 576x1536} Q4_1 + the 49152x576 Q8_0 head (head only at decode, m rows).
+struct Model {
+  std::vector<PackedMatrix> layers;
+  PackedMatrix head;
+};
+Model& GetModel() {
+  static Model* model = [] {
+    auto* md = new Model();
+    const int64_t shapes[4][2] = {
+        {960, 576}, {576, 576}, {3072, 576}, {576, 1536}};
+    for (int l = 0; l < 30; ++l) {
+      for (const auto& s : shapes) {
+        md->layers.push_back(
+            MakePacked(GgmlType::kQ4_1, s[0], s[1], 100 + l, PackOptions{}));
+      }
+    }
+    md->head = MakePacked(GgmlType::kQ8_0, 49152, 576, 7, PackOptions{});
+    return md;
+  }();
+  return *model;
+}
+
+void BM_Sweep(benchmark::State& state, MatMulPath path, int64_t m,
+              bool with_head) {
+  Model& model = GetModel();
+  const std::vector<float> x = RandomActs(m * 1536);
+  std::vector<float> y(m * 49152);
+  double bytes = 0, flops = 0;
+  for (const PackedMatrix& w : model.layers) {
+    bytes +=
+        static_cast<double>(RowBytes(w.source_type(), w.cols()) * w.rows());
+    flops += 2.0 * m * w.rows() * w.cols();
+  }
+  if (with_head) {
+    bytes += static_cast<double>(RowBytes(GgmlType::kQ8_0, 576) * 49152);
+    flops += 2.0 * m * 49152 * 576;
+  }
+  double best = 1e30;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (const PackedMatrix& w : model.layers) {
+      MatMulWithPath(x.data(), m, w, y.data(), path);
+    }
+    if (with_head) MatMulWithPath(x.data(), m, model.head, y.data(), path);
+    benchmark::DoNotOptimize(y.data());
+    best = std::min(best, Seconds(std::chrono::steady_clock::now() - t0));
+  }
+  state.counters["best_ms"] = best * 1e3;
+  state.counters["GGUF_GBps"] = bytes * 1e-9 / best;
+  state.counters["GFLOPs"] = flops * 1e-9 / best;
+}
+
+void RegisterAll() {
+  struct Shape {
+    GgmlType type;
+    int64_t rows, cols;
+  };
+  const Shape shapes[] = {
+      {GgmlType::kQ4_1, 576, 576},   {GgmlType::kQ4_1, 192, 576},
+      {GgmlType::kQ4_1, 1536, 576},  {GgmlType::kQ4_1, 576, 1536},
+      {GgmlType::kQ4_1, 960, 576},   {GgmlType::kQ4_1, 3072, 576},
+      {GgmlType::kQ8_0, 49152, 576}, {GgmlType::kQ4_1, 4096, 4096},
+      {GgmlType::kQ4_0, 4096, 4096}, {GgmlType::kQ8_0, 4096, 4096},
+      {GgmlType::kBF16, 4096, 4096}, {GgmlType::kF16, 4096, 4096},
+      {GgmlType::kBF16, 1536, 576},
+  };
+  for (const Shape& s : shapes) {
+    for (int64_t m : {1, 8, 64, 512}) {
+      for (Cand c : kCands) {
+        const std::string name =
+            absl::StrCat("Matmul/", std::string(TypeName(s.type)), "/", s.rows,
+                         "x", s.cols, "/m:", m, "/", CandName(c));
+        benchmark::RegisterBenchmark(name.c_str(), BM_Matmul, s.type, s.rows,
+                                     s.cols, m, c)
+            ->Unit(benchmark::kMicrosecond)
+            ->UseRealTime();
+      }
+    }
+  }
+  for (MatMulPath p :
+       {MatMulPath::kAuto, MatMulPath::kInt8Vnni, MatMulPath::kOnednnBf16}) {
+    for (int64_t m : {1, 2, 4, 8}) {
+      benchmark::RegisterBenchmark(
+          absl::StrCat("DecodeSweep/", PathName(p), "/m:", m).c_str(), BM_Sweep,
+          p, m, true)
+          ->Unit(benchmark::kMillisecond)
+          ->UseRealTime();
+    }
+    for (int64_t m : {16, 24, 32, 48, 64, 128, 512}) {
+      benchmark::RegisterBenchmark(
+          absl::StrCat("PrefillSweep/", PathName(p), "/m:", m).c_str(),
+          BM_Sweep, p, m, false)
+          ->Unit(benchmark::kMillisecond)
+          ->UseRealTime();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kvserve::models::cpu
+
+int main(int argc, char** argv) {
+  kvserve::models::cpu::RegisterAll();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
