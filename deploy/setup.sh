@@ -25,7 +25,7 @@ APT_PACKAGES=(
   protobuf-compiler libspdlog-dev libfmt-dev libgtest-dev libgmock-dev
   libbenchmark-dev prometheus-cpp-dev nlohmann-json3-dev libpcre2-dev
   libxxhash-dev libdnnl-dev libopenblas-dev libhwy-dev libcpp-httplib-dev
-  python3 python3-pip
+  python3 python3-pip prometheus
 )
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
@@ -35,12 +35,20 @@ done
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing Debian packages: ${missing[*]}"
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq \
+    --no-install-recommends "${missing[@]}"
+  # `prometheus` is here for promtool only; where systemd runs, don't let its
+  # server take port 9090 (kvserve's default metrics port).
+  if command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then
+    $SUDO systemctl disable --now prometheus >/dev/null 2>&1 || true
+  fi
 fi
 
 PIP="python3 -m pip"
-PY_PACKAGES=(numpy==2.5.5 gguf==0.19.0 tokenizers==0.23.3)
-if ! python3 -c "import numpy, gguf, tokenizers" 2>/dev/null; then
+PY_PACKAGES=(numpy==2.5.5 gguf==0.19.0 tokenizers==0.23.3 jinja2==3.1.6
+             grpcio==1.85.1 grpcio-tools==1.85.1 protobuf==7.36.2)
+if ! python3 -c "import numpy, gguf, tokenizers, jinja2, grpc, grpc_tools" \
+    2>/dev/null; then
   $PIP install -q "${PY_PACKAGES[@]}"
 fi
 if [ "$WITH_BENCH" = 1 ] && ! python3 -c "import llama_cpp" 2>/dev/null; then

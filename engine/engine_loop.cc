@@ -53,7 +53,11 @@ void Engine::Impl::Loop() {
     }
     inbox = Inbox{};
     ExpireDeadlines();
-    if (scheduler_->has_work()) Step();
+    if (scheduler_->has_work()) {
+      Step();
+    } else {
+      PublishStats(0, 0);  // finishes outside a step still show in metrics
+    }
   }
   // Stopping: cancel what is left (queued in the inbox or live).
   {

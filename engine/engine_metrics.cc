@@ -22,13 +22,15 @@ EngineMetrics::EngineMetrics(prometheus::Registry& r,
   auto& blocks = BuildGauge()
                      .Name("kvserve_kv_blocks")
                      .Help("KV cache blocks by state; active + cached + free "
-                           "= kvserve_kv_blocks_total")
+                           "= kvserve_kv_blocks_capacity")
                      .Register(r);
   blocks_active_ = &blocks.Add({{"state", "active"}});
   blocks_cached_ = &blocks.Add({{"state", "cached"}});
   blocks_free_ = &blocks.Add({{"state", "free"}});
   blocks_total_ = &BuildGauge()
-                       .Name("kvserve_kv_blocks_total")
+                       .Name("kvserve_kv_blocks_capacity")
+                       // NOTE: not `_total`: promtool reserves that suffix
+                       // for counters.
                        .Help("KV cache blocks in the pool")
                        .Register(r)
                        .Add({});

@@ -194,7 +194,7 @@ TEST(ConcurrencyE2eTest, CancellingStreamsReturnsAllBlocks) {
                Get(m, R"(kvserve_kv_blocks{state="active"})") == 0 &&
                Get(m, R"(kvserve_kv_blocks{state="free"})") +
                        Get(m, R"(kvserve_kv_blocks{state="cached"})") ==
-                   Get(m, "kvserve_kv_blocks_total");
+                   Get(m, "kvserve_kv_blocks_capacity");
       },
       absl::Seconds(10), &scrape))
       << scrape;

@@ -342,7 +342,7 @@ TEST_F(ServeE2eTest, CancelMidStreamReturnsBlocks) {
                Get(m, R"(kvserve_kv_blocks{state="active"})") == 0 &&
                Get(m, R"(kvserve_kv_blocks{state="free"})") +
                        Get(m, R"(kvserve_kv_blocks{state="cached"})") ==
-                   Get(m, "kvserve_kv_blocks_total") &&
+                   Get(m, "kvserve_kv_blocks_capacity") &&
                Get(m,
                    R"(kvserve_requests_finished_total{reason="cancelled"})") ==
                    cancelled_before + 1;
@@ -396,7 +396,7 @@ TEST_F(ServeE2eTest, MetricsHealthAndReady) {
   EXPECT_EQ(Get(m, R"(kvserve_kv_blocks{state="active"})") +
                 Get(m, R"(kvserve_kv_blocks{state="cached"})") +
                 Get(m, R"(kvserve_kv_blocks{state="free"})"),
-            Get(m, "kvserve_kv_blocks_total"));
+            Get(m, "kvserve_kv_blocks_capacity"));
   EXPECT_EQ(HttpGet(server_->http_port(), "/health").first, 200);
   EXPECT_EQ(HttpGet(server_->http_port(), "/ready").first, 200);
   EXPECT_EQ(HttpGet(server_->http_port(), "/nope").first, 404);
