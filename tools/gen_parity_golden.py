@@ -7,6 +7,10 @@ continuation (argmax of llama.cpp's own logits, one token at a time), and the
 logits at the last prompt position (float32, raw little-endian, one row of
 n_vocab per prompt, in parity_logits.f32).
 
+Also writes parity_fp64_logits.f32: the same last-position logits from an
+independent float64 numpy forward over the dequantized GGUF weights (exact
+math, no activation quantization), and prints how far llama.cpp is from it.
+
 Needs llama-cpp-python (deploy/setup.sh --bench installs the pinned version).
 Usage: tools/gen_parity_golden.py [path/to/model.gguf]
 """
@@ -33,6 +37,65 @@ PROMPTS = [
     "Photosynthesis is the process by which plants",
     "Q: What is 12 times 12?\nA:",
 ]
+
+
+def fp64_logits(model_path, prompts_ids):
+    """Exact (float64) Llama forward of the GGUF's dequantized weights."""
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+    r = GGUFReader(model_path)
+    tensors = {t.name: t for t in r.tensors}
+    field = lambda k: r.fields[k].contents()
+    L = field("llama.block_count"); H = field("llama.attention.head_count")
+    Hkv = field("llama.attention.head_count_kv")
+    D = field("llama.embedding_length") // H
+    eps = field("llama.attention.layer_norm_rms_epsilon")
+    theta = field("llama.rope.freq_base")
+    cache = {}
+
+    def w(name):
+        if name not in cache:
+            t = tensors[name]
+            a = dequantize(t.data, t.tensor_type).astype(np.float64)
+            cache[name] = a.reshape([int(x) for x in reversed(t.shape)])
+        return cache[name]
+
+    def norm(x, g):
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * g
+
+    def rope(x, n):  # ggml NORM rope: adjacent pairs rotate together
+        t = x.shape[0]
+        x = x.reshape(t, n, D // 2, 2)
+        ang = np.arange(t)[:, None] * theta ** (-np.arange(0, D, 2) / D)
+        c, s_ = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+        a, b = x[..., 0], x[..., 1]
+        return np.stack([a * c - b * s_, a * s_ + b * c], -1).reshape(t, n * D)
+
+    emb = w("token_embd.weight")
+    out_rows = []
+    for ids in prompts_ids:
+        x, n = emb[ids], len(ids)
+        for l in range(L):
+            p = f"blk.{l}."
+            h = norm(x, w(p + "attn_norm.weight").reshape(-1))
+            q = rope(h @ w(p + "attn_q.weight").T, H)
+            k = rope(h @ w(p + "attn_k.weight").T, Hkv)
+            v = h @ w(p + "attn_v.weight").T
+            att = np.zeros((n, H * D))
+            for hh in range(H):
+                g = hh // (H // Hkv)
+                sc = q[:, hh*D:(hh+1)*D] @ k[:, g*D:(g+1)*D].T / np.sqrt(D)
+                sc += np.triu(np.full((n, n), -np.inf), 1)
+                sc = np.exp(sc - sc.max(-1, keepdims=True))
+                sc /= sc.sum(-1, keepdims=True)
+                att[:, hh*D:(hh+1)*D] = sc @ v[:, g*D:(g+1)*D]
+            x = x + att @ w(p + "attn_output.weight").T
+            h = norm(x, w(p + "ffn_norm.weight").reshape(-1))
+            gt = h @ w(p + "ffn_gate.weight").T
+            up = h @ w(p + "ffn_up.weight").T
+            x = x + (gt / (1 + np.exp(-gt)) * up) @ w(p + "ffn_down.weight").T
+        out_rows.append(norm(x[-1], w("output_norm.weight").reshape(-1)) @ emb.T)
+    return np.stack(out_rows)
 
 
 def main():
@@ -67,6 +130,11 @@ def main():
         json.dump(meta, f, indent=1, ensure_ascii=False)
     np.stack(logit_rows).astype("<f4").tofile(
         os.path.join(OUT, "parity_logits.f32"))
+    exact = fp64_logits(MODEL, [c["prompt_ids"] for c in cases])
+    exact.astype("<f4").tofile(os.path.join(OUT, "parity_fp64_logits.f32"))
+    for i, row in enumerate(logit_rows):
+        rel = np.linalg.norm(row - exact[i]) / np.linalg.norm(exact[i])
+        print(f"case {i}: llama.cpp vs fp64 relative L2 {rel:.4f}")
     print(f"wrote {len(cases)} cases to {OUT}")
 
 
