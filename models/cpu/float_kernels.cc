@@ -92,7 +92,11 @@ void FloatBlockAvx512(const float* x, const FloatRows& w, int64_t i0,
     __m512 wv[kNr];
 #pragma GCC unroll 8
     for (int j = 0; j < kNr; ++j) {
-      wv[j] = LoadW<kType>(wr + (j * cols + k) * kEb, mask);
+      const uint8_t* p = wr + (j * cols + k) * kEb;
+      // NOTE: the next kNr-row block, same columns (see quant_kernels.cc).
+      _mm_prefetch(reinterpret_cast<const char*>(p) + kNr * cols * kEb,
+                   _MM_HINT_T0);
+      wv[j] = LoadW<kType>(p, mask);
     }
 #pragma GCC unroll 8
     for (int i = 0; i < kMr; ++i) {

@@ -91,7 +91,7 @@ absl::Status PackOnednn(const RawTensor& t, const PackOptions& options,
 }
 
 MatMulPath ChoosePath(const PackedData& d, int64_t m) {
-  if (m >= kPrefillMinRows) {
+  if (m >= OnednnMinRows(d.type)) {
     if (d.type == GgmlType::kF32) {
       if (d.onednn_f32) return MatMulPath::kOnednnF32;
     } else if (d.onednn_bf16) {

@@ -4,12 +4,13 @@
 // weight source (everything needed is copied at pack time).
 //
 // Paths (measured, see docs/PERFORMANCE.md "CPU GEMM path"):
-//   m <  kPrefillMinRows : Q4_0/Q4_1/Q8_0 -> int8 AVX-512 VNNI on weights
-//                          kept 4/8-bit in a 16-row interleaved layout,
-//                          activations quantized to int8 per 32-block;
-//                          F32/F16/BF16 -> own AVX-512 fp32-accumulate GEMV.
-//   m >= kPrefillMinRows : oneDNN matmul with AMX: bf16 weights (dequantized
-//                          at load) for all types but F32, which uses fp32.
+//   m <  OnednnMinRows : Q4_0/Q4_1/Q8_0 -> int8 AVX-512 VNNI on weights kept
+//                        4/8-bit in a 16-row interleaved layout, activations
+//                        quantized to int8 per 32-block (as llama.cpp);
+//                        F32/F16/BF16 -> own AVX-512 kernel, fp32 accumulate.
+//   m >= OnednnMinRows : oneDNN matmul (AMX on Sapphire Rapids): bf16
+//                        weights dequantized at load, bf16 activations, fp32
+//                        output; F32 weights use oneDNN fp32.
 #pragma once
 
 #include <cstddef>
@@ -39,12 +40,21 @@ enum class MatMulPath {
 };
 const char* PathName(MatMulPath p);
 
-// Batch size (rows of x) from which kAuto uses the oneDNN path.
-inline constexpr int64_t kPrefillMinRows = 16;
+// Batch size (rows of x) from which kAuto uses the oneDNN path for weights
+// of `type` (measured, 2 threads, whole-model sweeps):
+//   quantized: 32. Below it int8 wins by streaming 4x fewer weight bytes
+//     than bf16; the crossover measured between m = 24 and m = 40.
+//   F16/BF16:  4. Both stream 2 bytes per weight; the own fp32-accumulate
+//     kernel is faster at m <= 2 (and exact), AMX from m = 4 on.
+//   F32:       32 (own kernel vs oneDNN fp32; bf16 would break 1e-5).
+constexpr int64_t OnednnMinRows(GgmlType type) {
+  return type == GgmlType::kF16 || type == GgmlType::kBF16 ? 4 : 32;
+}
 
 struct PackOptions {
-  // Keep the oneDNN (bf16 / fp32) copy used for m >= kPrefillMinRows. Without
-  // it every m runs the small-m kernels (slower prefill, less memory).
+  // Keep the oneDNN (bf16 / fp32) copy used for m >= OnednnMinRows(type).
+  // Without it every m runs the small-m kernels (slower prefill, less
+  // memory).
   bool prefill = true;
   // Also build every other representation (fp32 rows for kOwnFloat and
   // kOnednnF32 on quantized types, bf16 for F32): benchmarks and tests.

@@ -194,7 +194,7 @@ double Tolerance(MatMulPath path, GgmlType type) {
 }
 
 MatMulPath AutoPath(GgmlType type, int64_t m) {
-  if (m >= kPrefillMinRows) {
+  if (m >= OnednnMinRows(type)) {
     return type == GgmlType::kF32 ? MatMulPath::kOnednnF32
                                   : MatMulPath::kOnednnBf16;
   }

@@ -259,7 +259,12 @@ void RegisterAll() {
       {GgmlType::kBF16, 1536, 576},
   };
   for (const Shape& s : shapes) {
-    for (int64_t m : {1, 8, 64, 512}) {
+    const bool quant = s.type == GgmlType::kQ4_0 || s.type == GgmlType::kQ4_1 ||
+                       s.type == GgmlType::kQ8_0;
+    const std::vector<int64_t> ms =
+        quant ? std::vector<int64_t>{1, 8, 64, 512}
+              : std::vector<int64_t>{1, 2, 4, 8, 64, 512};
+    for (int64_t m : ms) {
       for (Cand c : kCands) {
         const std::string name =
             absl::StrCat("Matmul/", std::string(TypeName(s.type)), "/", s.rows,
@@ -280,7 +285,7 @@ void RegisterAll() {
           ->Unit(benchmark::kMillisecond)
           ->UseRealTime();
     }
-    for (int64_t m : {16, 24, 32, 48, 64, 128, 512}) {
+    for (int64_t m : {16, 24, 32, 40, 48, 64, 128, 512}) {
       benchmark::RegisterBenchmark(
           absl::StrCat("PrefillSweep/", PathName(p), "/m:", m).c_str(),
           BM_Sweep, p, m, false)
