@@ -3,6 +3,8 @@
 #include <cstring>
 #include <string>
 
+#include "common/status_macros.h"
+#include "models/model_files.h"
 #include "server/cli_generate.h"
 #include "server/cli_plan.h"
 #include "server/cli_serve.h"
@@ -31,7 +33,20 @@ int main(int argc, char** argv) {
   if (cmd == "generate") {
     return kvserve::server::RunGenerateCommand(argc, argv);
   }
-  if (cmd == "plan") return kvserve::server::RunPlanCommand(argc, argv);
+  if (cmd == "plan") {
+    // Paths (.gguf, HF directories) are sized from their own config; the
+    // weights are not read.
+    return kvserve::server::RunPlanCommand(
+        argc, argv,
+        [](const std::string& path)
+            -> absl::StatusOr<kvserve::models::ModelConfig> {
+          kvserve::models::OpenModelFilesOptions options;
+          options.check_weights = false;
+          KV_ASSIGN_OR_RETURN(kvserve::models::ModelFiles files,
+                              kvserve::models::OpenModelFiles(path, options));
+          return files.config;
+        });
+  }
   std::fprintf(stderr, "kvserve: unknown command '%s'\n%s", cmd.c_str(),
                kUsage);
   return 2;
