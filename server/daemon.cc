@@ -51,8 +51,13 @@ absl::Status Daemon::StartEngine(const ServeOptions& options) {
   const absl::Time t0 = absl::Now();
   KV_ASSIGN_OR_RETURN(engine::LoadedModel model,
                       engine::LoadModel(options.model));
-  spdlog::info("model {} ({}) loaded in {:.2f} s", model.path, model.format,
-               SecondsSince(t0));
+  const models::ModelConfig& c = model.config;
+  spdlog::info(
+      "model {} ({}) loaded in {:.2f} s: {} layers, hidden {}, {} heads / {} "
+      "KV heads, vocab {}, {:.1f} MiB of packed weights",
+      model.path, model.format, SecondsSince(t0), c.num_layers,
+      c.hidden_size, c.num_heads, c.num_kv_heads, c.vocab_size,
+      model.model->weight_bytes() / 1048576.0);
   KV_ASSIGN_OR_RETURN(
       engine_,
       engine::Engine::Create(options.engine, std::move(model), registry_));
