@@ -16,7 +16,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -38,17 +37,26 @@ enum class MatMulPath {
   kOnednnBf16,  // oneDNN (AMX) on bf16 weights, bf16 activations
   kOnednnF32,   // oneDNN on fp32 weights (F32 type, or all_paths)
 };
+// "auto", "int8_vnni", ... (benchmark names, messages).
 const char* PathName(MatMulPath p);
 
 // Batch size (rows of x) from which kAuto uses the oneDNN path for weights
-// of `type` (measured, 2 threads, whole-model sweeps):
-//   quantized: 32. Below it int8 wins by streaming 4x fewer weight bytes
-//     than bf16; the crossover measured between m = 24 and m = 40.
+// of `type` (measured, 2 threads, whole-model sweeps, docs/PERFORMANCE.md):
+//   quantized: 48. Below it int8 wins by streaming 4x fewer weight bytes
+//     than bf16; int8 was faster at m = 40, even at 48..56, AMX from 64.
 //   F16/BF16:  4. Both stream 2 bytes per weight; the own fp32-accumulate
 //     kernel is faster at m <= 2 (and exact), AMX from m = 4 on.
 //   F32:       32 (own kernel vs oneDNN fp32; bf16 would break 1e-5).
 constexpr int64_t OnednnMinRows(GgmlType type) {
-  return type == GgmlType::kF16 || type == GgmlType::kBF16 ? 4 : 32;
+  switch (type) {
+    case GgmlType::kF16:
+    case GgmlType::kBF16:
+      return 4;
+    case GgmlType::kF32:
+      return 32;
+    default:
+      return 48;
+  }
 }
 
 struct PackOptions {
@@ -65,6 +73,7 @@ struct PackOptions {
 // the kernels want. Owns all its memory (the RawTensor may die after
 // PackMatrix). Movable, not copyable. Immutable after packing, so it can be
 // shared by threads, but MatMul itself is called from one thread at a time.
+// A moved-from PackedMatrix may only be assigned to or destroyed.
 class PackedMatrix {
  public:
   PackedMatrix();
@@ -81,6 +90,7 @@ class PackedMatrix {
   // True if `path` can run on this matrix (kAuto always can).
   bool Supports(MatMulPath path) const;
 
+  // The representations; for the kernels in models/cpu/ only.
   const internal::PackedData& data() const { return *data_; }
 
  private:

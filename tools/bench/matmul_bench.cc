@@ -285,7 +285,7 @@ void RegisterAll() {
           ->Unit(benchmark::kMillisecond)
           ->UseRealTime();
     }
-    for (int64_t m : {16, 24, 32, 40, 48, 64, 128, 512}) {
+    for (int64_t m : {16, 24, 32, 40, 48, 56, 64, 128, 512}) {
       benchmark::RegisterBenchmark(
           absl::StrCat("PrefillSweep/", PathName(p), "/m:", m).c_str(),
           BM_Sweep, p, m, false)
