@@ -11,28 +11,33 @@
 
 namespace kvserve {
 
-absl::Status ParseBytes(const std::string& text, int64_t* out) {
-  std::string t = absl::AsciiStrToLower(absl::StripAsciiWhitespace(text));
-  static const std::pair<const char*, double> kUnits[] = {
-      {"kib", 1024.0}, {"mib", 1048576.0}, {"gib", 1073741824.0},
-      {"tib", 1099511627776.0}, {"kb", 1e3}, {"mb", 1e6}, {"gb", 1e9},
-      {"tb", 1e12}, {"k", 1e3}, {"m", 1e6}, {"g", 1e9}, {"t", 1e12},
-      {"b", 1.0}};
-  double mult = 1.0;
-  for (const auto& [suffix, m] : kUnits) {
-    if (absl::EndsWith(t, suffix)) {
-      t.resize(t.size() - std::string_view(suffix).size());
-      mult = m;
-      break;
+absl::StatusOr<int64_t> ParseBytes(absl::string_view text) {
+  const absl::string_view t = absl::StripAsciiWhitespace(text);
+  // The number (digits, '.', an exponent as in "8e10"), then the unit.
+  size_t split = 0;
+  while (split < t.size() &&
+         (absl::ascii_isdigit(t[split]) || t[split] == '.' || t[split] == 'e' ||
+          t[split] == 'E' || t[split] == '+')) {
+    ++split;
+  }
+  double number = 0;
+  std::string unit(absl::StripAsciiWhitespace(t.substr(split)));
+  absl::AsciiStrToLower(&unit);
+  if (unit.size() > 1 && unit.back() == 'b') unit.pop_back();
+  static constexpr std::pair<const char*, double> kUnits[] = {
+      {"", 1.0},    {"b", 1.0},      {"k", 1e3},           {"m", 1e6},
+      {"g", 1e9},   {"t", 1e12},     {"ki", 1024.0},       {"mi", 1048576.0},
+      {"gi", 1073741824.0},          {"ti", 1099511627776.0}};
+  if (split > 0 && absl::SimpleAtod(t.substr(0, split), &number)) {
+    for (const auto& [name, scale] : kUnits) {
+      if (unit != name) continue;
+      const double bytes = std::floor(number * scale);
+      if (!(bytes >= 0 && bytes <= 1.0e18)) break;
+      return static_cast<int64_t>(bytes);
     }
   }
-  double v;
-  if (!absl::SimpleAtod(t, &v) || !(v >= 0) || v * mult > 9.0e18) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "'%s' is not a byte size (e.g. 4096, 512MiB, 80GB)", text));
-  }
-  *out = static_cast<int64_t>(std::llround(v * mult));
-  return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "not a byte size: '%s' (use e.g. 4096, 512MiB, 80GB)", text));
 }
 
 void CliArgs::String(const std::string& name, std::string* dst,
@@ -95,12 +100,13 @@ void CliArgs::Bytes(const std::string& name, int64_t* dst,
                     const std::string& help) {
   flags_.push_back({name, help, "BYTES", false, false,
                     [=](const std::string& v) {
-                      absl::Status s = ParseBytes(v, dst);
-                      if (!s.ok()) {
-                        return absl::InvalidArgumentError(
-                            absl::StrCat("--", name, ": ", s.message()));
+                      absl::StatusOr<int64_t> b = ParseBytes(v);
+                      if (!b.ok()) {
+                        return absl::InvalidArgumentError(absl::StrCat(
+                            "--", name, ": ", b.status().message()));
                       }
-                      return s;
+                      *dst = *b;
+                      return absl::OkStatus();
                     }});
 }
 

@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace kvserve {
 
@@ -47,7 +49,9 @@ class CliArgs {
   std::vector<Flag> flags_;
 };
 
-// Parses "80GB", "1.5GiB", "4096" into bytes.
-[[nodiscard]] absl::Status ParseBytes(const std::string& text, int64_t* out);
+// Parses a byte size: a number (decimal or exponent form) and an optional
+// unit: B, K/KB, M/MB, G/GB, T/TB (powers of 1000), KiB, MiB, GiB, TiB
+// (powers of 1024), case-insensitive ("80GB", "1.5GiB", "4096").
+[[nodiscard]] absl::StatusOr<int64_t> ParseBytes(absl::string_view text);
 
 }  // namespace kvserve

@@ -4,6 +4,7 @@
 #
 #   deploy/setup.sh            build + test dependencies and the default model
 #   deploy/setup.sh --bench    also llama-cpp-python (compiles llama.cpp; slow)
+#                              and matplotlib (benchmark charts)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -50,6 +51,9 @@ PY_PACKAGES=(numpy==2.5.5 gguf==0.19.0 tokenizers==0.23.3 jinja2==3.1.6
 if ! python3 -c "import numpy, gguf, tokenizers, jinja2, grpc, grpc_tools" \
     2>/dev/null; then
   $PIP install -q "${PY_PACKAGES[@]}"
+fi
+if [ "$WITH_BENCH" = 1 ] && ! python3 -c "import matplotlib" 2>/dev/null; then
+  $PIP install -q matplotlib==3.11.2  # kvserve_bench.py --plot
 fi
 if [ "$WITH_BENCH" = 1 ] && ! python3 -c "import llama_cpp" 2>/dev/null; then
   echo "setup: building llama-cpp-python 0.3.36 (several minutes)"

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/cli_args.h"
 #include "common/status_macros.h"
 #include "models/model_resolver.h"
 #include "models/presets.h"
@@ -155,41 +156,12 @@ absl::Status SetBoolFlag(PlanFlags& f, std::string_view flag,
 }  // namespace
 
 absl::StatusOr<int64_t> ParseByteSize(std::string_view text) {
-  const absl::string_view t = absl::StripAsciiWhitespace(AbslView(text));
-  size_t split = 0;
-  while (split < t.size() &&
-         (absl::ascii_isdigit(t[split]) || t[split] == '.' || t[split] == 'e' ||
-          t[split] == 'E' || t[split] == '+')) {
-    ++split;
+  absl::StatusOr<int64_t> bytes = ParseBytes(AbslView(text));
+  if (bytes.ok() && (*bytes < 1 || *bytes > kMaxBytes)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "not a byte size: '%s' (use e.g. 80GB, 75GiB, 512MiB)", text));
   }
-  // The number (digits, '.', an exponent as in "8e10"), then the unit.
-  double number = 0;
-  if (split == 0 || !absl::SimpleAtod(t.substr(0, split), &number)) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("not a byte size: '%s'", text));
-  }
-  std::string unit(absl::StripAsciiWhitespace(t.substr(split)));
-  absl::AsciiStrToLower(&unit);
-  if (unit.size() > 1 && unit.back() == 'b') unit.pop_back();
-  static constexpr std::pair<const char*, double> kUnits[] = {
-      {"", 1.0},
-      {"b", 1.0},
-      {"k", 1e3},
-      {"m", 1e6},
-      {"g", 1e9},
-      {"t", 1e12},
-      {"ki", 1024.0},
-      {"mi", 1048576.0},
-      {"gi", 1073741824.0},
-      {"ti", 1099511627776.0}};
-  for (const auto& [name, scale] : kUnits) {
-    if (unit != name) continue;
-    const double bytes = std::floor(number * scale);
-    if (!(bytes >= 1 && bytes <= static_cast<double>(kMaxBytes))) break;
-    return static_cast<int64_t>(bytes);
-  }
-  return absl::InvalidArgumentError(absl::StrFormat(
-      "not a byte size: '%s' (use e.g. 80GB, 75GiB, 512MiB)", text));
+  return bytes;
 }
 
 absl::StatusOr<int64_t> GpuHbmBytes(std::string_view gpu) {
