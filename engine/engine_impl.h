@@ -28,6 +28,8 @@ struct LiveRequest {
                       first_token = absl::InfinitePast(),
                       last_token = absl::InfinitePast();
   int32_t completion_tokens = 0;
+  // Prompt tokens served from the prefix cache (read when first scheduled).
+  int32_t cached_prompt_tokens = 0;
 };
 
 class Engine::Impl {

@@ -38,6 +38,7 @@ void Engine::Impl::Admit(std::unique_ptr<LiveRequest> r) {
   auto req = std::make_unique<scheduler::Request>(
       r->id, r->spec.prompt_tokens, r->spec.max_tokens, r->spec.priority,
       absl::ToUnixNanos(r->arrival));
+  req->set_cache_salt(r->spec.cache_salt);
   const RequestId id = r->id;
   live_reqs_[id] = std::move(r);
   absl::Status s = scheduler_->AddRequest(std::move(req));
@@ -186,6 +187,11 @@ void Engine::Impl::Step() {
     LiveRequest& r = *live_reqs_.at(s.id);
     if (r.first_scheduled == absl::InfinitePast()) {
       r.first_scheduled = t0;
+      // Read now: a request finished by length is gone from the scheduler
+      // by the time FinishRequest runs.
+      if (const scheduler::Request* req = scheduler_->GetRequest(s.id)) {
+        r.cached_prompt_tokens = req->num_cached_tokens();
+      }
       if (metrics_) {
         metrics_->ObserveQueueTime(SecondsBetween(r.arrival, t0));
         metrics_->AddPromptTokens(r.spec.prompt_tokens.size());
@@ -206,15 +212,16 @@ void Engine::Impl::Step() {
     spdlog::error("forward failed at step {} ({} tokens): {}", out.step,
                   out.total_num_tokens, st.ToString());
   }
-  std::vector<scheduler::FinishedRequest> finished =
-      scheduler_->UpdateFromOutput(out, tokens);
-  if (st.ok()) {
-    EmitTokens(out, producers, sampled);
-  } else {
+  if (!st.ok()) {
+    // NOTE: finish them before UpdateFromOutput, which would register their
+    // (unwritten) blocks in the prefix cache; it skips finished requests.
     std::vector<RequestId> ids;
     for (const auto& s : out.scheduled) ids.push_back(s.id);
     FailAll(ids, st.ToString());
   }
+  std::vector<scheduler::FinishedRequest> finished =
+      scheduler_->UpdateFromOutput(out, tokens);
+  if (st.ok()) EmitTokens(out, producers, sampled);
   for (const auto& f : finished) {
     if (live_reqs_.contains(f.id)) FinishRequest(f.id, FinishReason::kLength);
   }
@@ -245,7 +252,7 @@ void Engine::Impl::FinishRequest(RequestId id, FinishReason reason,
   if (!tail.empty()) r.stream->Push({}, tail, {});
   const absl::Time now = absl::Now();
   Usage usage{static_cast<int32_t>(r.spec.prompt_tokens.size()),
-              r.completion_tokens, 0};
+              r.completion_tokens, r.cached_prompt_tokens};
   Timings t;
   if (r.first_scheduled != absl::InfinitePast()) {
     t.queue_seconds = SecondsBetween(r.arrival, r.first_scheduled);

@@ -24,6 +24,9 @@ struct RequestSpec {
   int32_t priority = 0;  // lower = more important
   std::optional<absl::Time> deadline;
   bool detokenize = true;
+  // Prefix-cache scope: requests share cached KV blocks only under equal
+  // salts (empty: the shared default scope).
+  std::string cache_salt;
 };
 
 enum class FinishReason { kNone, kStop, kLength, kCancelled, kDeadline, kError };

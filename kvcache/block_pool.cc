@@ -140,8 +140,9 @@ absl::Status BlockPool::CheckInvariants() const {
     if (m.ref_count == 0) ++evictable;
     auto it = cached_.find(m.hash);
     if (it == cached_.end() || it->second != b) {
-      return absl::InternalError(
-          absl::StrCat("block ", b, " hash ", m.hash, " not mapped to it"));
+      return absl::InternalError(absl::StrCat(
+          "block ", b, " hash ", absl::Hex(absl::Uint128High64(m.hash)), ":",
+          absl::Hex(absl::Uint128Low64(m.hash)), " not mapped to it"));
     }
   }
   if (hashed != static_cast<int32_t>(cached_.size())) {

@@ -34,14 +34,17 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/numeric/int128.h"
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 
 namespace kvserve::kvcache {
 
 using BlockId = int32_t;
-// Content hash of a full block (chained over the prefix; see DESIGN.md).
-using BlockHash = uint64_t;
+// Content hash of a full block (chained over the prefix; see DESIGN.md and
+// kvcache/block_hash.h). 128 bits: a collision among the blocks of a pool is
+// astronomically unlikely, and callers compare tokens on a hit anyway.
+using BlockHash = absl::uint128;
 
 inline constexpr BlockId kNoBlock = -1;
 

@@ -16,9 +16,28 @@ const std::vector<BlockId>& EmptyTable() {
 
 }  // namespace
 
-KvCacheManager::KvCacheManager(int32_t num_blocks, int32_t block_size)
-    : pool_(num_blocks), block_size_(block_size) {
+void TokenSequence::Copy(int32_t begin, int32_t n, int32_t* out) const {
+  KV_DCHECK(begin >= 0 && n >= 0 && begin + n <= size());
+  const auto prompt_len = static_cast<int32_t>(prompt.size());
+  const int32_t end = begin + n;
+  if (begin < prompt_len) {
+    const int32_t stop = std::min(end, prompt_len);
+    out = std::copy(prompt.begin() + begin, prompt.begin() + stop, out);
+    begin = stop;
+  }
+  if (begin < end) {
+    std::copy(output.begin() + (begin - prompt_len),
+              output.begin() + (end - prompt_len), out);
+  }
+}
+
+KvCacheManager::KvCacheManager(int32_t num_blocks, int32_t block_size,
+                               BlockHashFn hash_fn)
+    : pool_(num_blocks), block_size_(block_size), hash_fn_(hash_fn) {
   KV_CHECK(block_size >= 1, "block_size=", block_size);
+  KV_CHECK(hash_fn != nullptr, "null hash_fn");
+  content_.resize(num_blocks);
+  content_tokens_.resize(static_cast<size_t>(num_blocks) * block_size);
 }
 
 int32_t KvCacheManager::NumBlocksNeeded(RequestId request,
@@ -42,15 +61,113 @@ std::optional<std::vector<BlockId>> KvCacheManager::Allocate(
   if (needed > pool_.num_free()) return std::nullopt;
   if (needed == 0) return std::vector<BlockId>();
   std::vector<BlockId> fresh = pool_.Allocate(needed);
-  std::vector<BlockId>& table = tables_[request];
+  std::vector<BlockId>& table = tables_[request].blocks;
   table.insert(table.end(), fresh.begin(), fresh.end());
   return fresh;
+}
+
+PrefixMatch KvCacheManager::FindCachedPrefix(const TokenSequence& tokens,
+                                             BlockHash ns) const {
+  PrefixMatch match;
+  // NOTE: the last token is always recomputed: its logits are needed.
+  const int32_t max_blocks = std::max(0, tokens.size() - 1) / block_size_;
+  std::vector<int32_t> block_tokens(block_size_);
+  BlockHash parent = kNoParentHash;
+  for (int32_t i = 0; i < max_blocks; ++i) {
+    tokens.Copy(i * block_size_, block_size_, block_tokens.data());
+    const BlockHash hash = hash_fn_(parent, ns, block_tokens);
+    const std::optional<BlockId> block = pool_.GetCachedBlock(hash);
+    if (!block.has_value() ||
+        !ContentMatches(*block, parent, ns, block_tokens)) {
+      break;
+    }
+    match.blocks.push_back(*block);
+    if (pool_.ref_count(*block) == 0) ++match.num_evictable;
+    parent = hash;
+  }
+  match.num_tokens = static_cast<int32_t>(match.blocks.size()) * block_size_;
+  return match;
+}
+
+bool KvCacheManager::ContentMatches(BlockId block, BlockHash parent,
+                                    BlockHash ns,
+                                    absl::Span<const int32_t> tokens) const {
+  const BlockContent& c = content_[block];
+  if (c.parent != parent || c.ns != ns) return false;
+  const int32_t* stored =
+      content_tokens_.data() + static_cast<size_t>(block) * block_size_;
+  return std::equal(tokens.begin(), tokens.end(), stored);
+}
+
+bool KvCacheManager::CanAllocateWithPrefix(const PrefixMatch& prefix,
+                                           int64_t total_tokens,
+                                           int32_t watermark_blocks) const {
+  const int64_t fresh =
+      std::max<int64_t>(0, BlocksForTokens(total_tokens, block_size_) -
+                               static_cast<int64_t>(prefix.blocks.size()));
+  const int64_t taken = fresh + prefix.num_evictable;
+  if (taken == 0) return true;
+  return int64_t{pool_.num_free()} - taken >= watermark_blocks;
+}
+
+std::optional<std::vector<BlockId>> KvCacheManager::AllocateWithPrefix(
+    RequestId request, const PrefixMatch& prefix, int64_t total_tokens) {
+  KV_CHECK(!tables_.contains(request), "request ", request, " has blocks");
+  KV_CHECK(total_tokens >= prefix.num_tokens, "total_tokens=", total_tokens,
+           " < cached ", prefix.num_tokens);
+  const auto matched = static_cast<int64_t>(prefix.blocks.size());
+  const int64_t fresh_needed = std::max<int64_t>(
+      0, BlocksForTokens(total_tokens, block_size_) - matched);
+  if (fresh_needed + prefix.num_evictable > pool_.num_free()) {
+    return std::nullopt;
+  }
+  if (matched == 0 && fresh_needed == 0) return std::vector<BlockId>();
+  // Touch first: the matched evictable blocks leave the free queue before
+  // Allocate pops (and may evict) from its head.
+  pool_.Touch(prefix.blocks);  // cached -> active | active -> active
+  std::vector<BlockId> fresh =
+      pool_.Allocate(static_cast<int32_t>(fresh_needed));
+  Table& table = tables_[request];
+  table.blocks = prefix.blocks;
+  table.blocks.insert(table.blocks.end(), fresh.begin(), fresh.end());
+  table.num_hashed = static_cast<int32_t>(matched);
+  if (matched > 0) table.last_hash = *pool_.block_hash(prefix.blocks.back());
+  return fresh;
+}
+
+void KvCacheManager::CacheComputedBlocks(RequestId request,
+                                         const TokenSequence& tokens,
+                                         int32_t num_computed_tokens,
+                                         BlockHash ns) {
+  auto it = tables_.find(request);
+  if (it == tables_.end()) return;
+  Table& table = it->second;
+  const int32_t full = std::min<int32_t>(
+      std::min(num_computed_tokens, tokens.size()) / block_size_,
+      static_cast<int32_t>(table.blocks.size()));
+  if (table.num_hashed >= full) return;
+  std::vector<int32_t> block_tokens(block_size_);
+  for (int32_t i = table.num_hashed; i < full; ++i) {
+    const BlockId block = table.blocks[i];
+    int32_t* stored =
+        content_tokens_.data() + static_cast<size_t>(block) * block_size_;
+    tokens.Copy(i * block_size_, block_size_, block_tokens.data());
+    const BlockHash hash = hash_fn_(table.last_hash, ns, block_tokens);
+    // A shared block may already carry this hash (a prefix hit).
+    if (!pool_.block_hash(block).has_value() && pool_.CacheBlock(block, hash)) {
+      // active -> active (hashed): remember what it holds for hit checks.
+      std::copy(block_tokens.begin(), block_tokens.end(), stored);
+      content_[block] = {table.last_hash, ns};
+    }
+    table.last_hash = hash;
+    table.num_hashed = i + 1;
+  }
 }
 
 int32_t KvCacheManager::Free(RequestId request) {
   auto it = tables_.find(request);
   if (it == tables_.end()) return 0;
-  std::vector<BlockId>& table = it->second;
+  std::vector<BlockId>& table = it->second.blocks;
   const auto n = static_cast<int32_t>(table.size());
   std::reverse(table.begin(), table.end());  // tail-first: tails evict first
   pool_.Free(table);
@@ -63,15 +180,15 @@ void KvCacheManager::Fork(RequestId parent, RequestId child) {
   auto it = tables_.find(parent);
   KV_CHECK(it != tables_.end(), "fork of request ", parent, " without blocks");
   KV_CHECK(!tables_.contains(child), "fork child ", child, " has blocks");
-  std::vector<BlockId> copy = it->second;  // `it` dies on insertion
-  pool_.Touch(copy);
+  Table copy = it->second;  // `it` dies on insertion
+  pool_.Touch(copy.blocks);
   tables_.emplace(child, std::move(copy));
 }
 
 const std::vector<BlockId>& KvCacheManager::GetBlockTable(
     RequestId request) const {
   auto it = tables_.find(request);
-  return it == tables_.end() ? EmptyTable() : it->second;
+  return it == tables_.end() ? EmptyTable() : it->second.blocks;
 }
 
 KvUsage KvCacheManager::Usage() const {
@@ -87,9 +204,14 @@ KvUsage KvCacheManager::Usage() const {
 absl::Status KvCacheManager::CheckInvariants() const {
   if (absl::Status s = pool_.CheckInvariants(); !s.ok()) return s;
   std::vector<int32_t> holders(pool_.num_blocks(), 0);
-  for (const auto& [id, table] : tables_) {
+  for (const auto& [id, t] : tables_) {
+    const std::vector<BlockId>& table = t.blocks;
     if (table.empty()) {
       return absl::InternalError(absl::StrCat("request ", id, " empty table"));
+    }
+    if (t.num_hashed < 0 || t.num_hashed > static_cast<int32_t>(table.size())) {
+      return absl::InternalError(absl::StrCat(
+          "request ", id, " hashed ", t.num_hashed, " of ", table.size()));
     }
     for (const BlockId b : table) {
       if (b < 0 || b >= pool_.num_blocks()) {

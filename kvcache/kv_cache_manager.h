@@ -5,11 +5,23 @@
 // scheduling order, and never fails on "doesn't fit": Allocate returns an
 // empty optional and the scheduler reacts (preempts or waits).
 //
+// Prefix caching: once all tokens of a full block are computed,
+// CacheComputedBlocks registers it under its chained hash (block_hash.h) and
+// keeps its tokens; FindCachedPrefix (side-effect free) walks a request's
+// full blocks from the start and matches them while a block caches the hash
+// AND holds the same tokens, parent hash and namespace (a hash match alone is
+// never trusted). AllocateWithPrefix takes the matched blocks:
+//   cached -> active (an evictable hit leaves the free queue)
+//   active -> active (a live hit is shared, ref + 1)
+// and Free releases tail-first: active -> cached (hashed) | free, so that
+// evictable blocks are reclaimed LRU, tails before heads.
+//
 // Invariants (CheckInvariants verifies them):
 //   - the pool's invariants hold;
 //   - every block's ref count equals the number of block tables holding it
 //     (tables are the only owners of references);
-//   - no table is empty (a request with no blocks has no table).
+//   - no table is empty (a request with no blocks has no table);
+//   - a table's hashed blocks are a prefix of it.
 //
 // Thread safety: none. Engine thread only.
 #pragma once
@@ -20,6 +32,8 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "kvcache/block_hash.h"
 #include "kvcache/block_pool.h"
 
 namespace kvserve::kvcache {
@@ -37,10 +51,34 @@ struct KvUsage {
   double usage = 0.0;
 };
 
+// A request's token ids by position, prompt then output, without copying.
+struct TokenSequence {
+  absl::Span<const int32_t> prompt;
+  absl::Span<const int32_t> output;
+
+  [[nodiscard]] int32_t size() const {
+    return static_cast<int32_t>(prompt.size() + output.size());
+  }
+  // Copies tokens [begin, begin + n) to `out` (n entries).
+  // Precondition: 0 <= begin, begin + n <= size().
+  void Copy(int32_t begin, int32_t n, int32_t* out) const;
+};
+
+// The cached prefix of a request: its first `blocks.size()` full blocks are
+// cached, holding `num_tokens` = blocks.size() * block_size tokens.
+struct PrefixMatch {
+  int32_t num_tokens = 0;
+  std::vector<BlockId> blocks;
+  // Matched blocks with ref 0: taking them removes them from the free queue.
+  int32_t num_evictable = 0;
+};
+
 class KvCacheManager {
  public:
   // Preconditions: num_blocks >= 1, block_size >= 1 (KV_CHECKed).
-  KvCacheManager(int32_t num_blocks, int32_t block_size);
+  // `hash_fn` replaces HashBlockTokens (tests force collisions with it).
+  KvCacheManager(int32_t num_blocks, int32_t block_size,
+                 BlockHashFn hash_fn = &HashBlockTokens);
 
   KvCacheManager(const KvCacheManager&) = delete;
   KvCacheManager& operator=(const KvCacheManager&) = delete;
@@ -68,6 +106,39 @@ class KvCacheManager {
   //   Returns {9}; the table is [7 3 9]. Existing entries never change.
   [[nodiscard]] std::optional<std::vector<BlockId>> Allocate(
       RequestId request, int64_t total_tokens);
+
+  // Side-effect free: the longest cached prefix of `tokens` under namespace
+  // `ns`, in full blocks, leaving at least the last token uncached (its
+  // logits are needed): at most floor((tokens.size() - 1) / block_size)
+  // blocks. A block matches only when its hash is cached and its stored
+  // tokens, parent hash and namespace equal the request's.
+  [[nodiscard]] PrefixMatch FindCachedPrefix(const TokenSequence& tokens,
+                                             BlockHash ns) const;
+
+  // CanAllocate for a request without a table that takes `prefix` first:
+  // the evictable matched blocks and the fresh ones must leave
+  // `watermark_blocks` free.
+  [[nodiscard]] bool CanAllocateWithPrefix(const PrefixMatch& prefix,
+                                           int64_t total_tokens,
+                                           int32_t watermark_blocks) const;
+
+  // Creates `request`'s table from `prefix` (cached -> active, active ->
+  // active) and grows it to cover `total_tokens` with fresh blocks
+  // (free -> active, or cached -> free -> active evicting the LRU head).
+  // Returns the fresh blocks; nullopt, changing nothing, when they do not
+  // fit. Preconditions: `request` has no table; `prefix` comes from
+  // FindCachedPrefix since the last mutating call; total_tokens >=
+  // prefix.num_tokens (KV_CHECKed).
+  [[nodiscard]] std::optional<std::vector<BlockId>> AllocateWithPrefix(
+      RequestId request, const PrefixMatch& prefix, int64_t total_tokens);
+
+  // Registers the full blocks of `request` whose tokens are all computed
+  // (the first num_computed_tokens of `tokens`) and not yet registered:
+  // hashes them in order under `ns` and caches them (active, hashed; they
+  // become cached -> evictable when freed). A block whose hash another block
+  // already caches stays unhashed. No-op for a request without a table.
+  void CacheComputedBlocks(RequestId request, const TokenSequence& tokens,
+                           int32_t num_computed_tokens, BlockHash ns);
 
   // Releases every block of `request`, tail-first (so its tail is evicted
   // before its head), and forgets its table. Returns the number of blocks
@@ -98,9 +169,30 @@ class KvCacheManager {
   [[nodiscard]] absl::Status CheckInvariants() const;
 
  private:
+  struct Table {
+    std::vector<BlockId> blocks;
+    // blocks[0, num_hashed) went through CacheComputedBlocks (or a prefix
+    // hit); `last_hash` is the hash of blocks[num_hashed - 1].
+    int32_t num_hashed = 0;
+    BlockHash last_hash = kNoParentHash;
+  };
+  // What a cached block holds, checked on every hit.
+  struct BlockContent {
+    BlockHash parent = kNoParentHash;
+    BlockHash ns = 0;
+  };
+
+  [[nodiscard]] bool ContentMatches(BlockId block, BlockHash parent,
+                                    BlockHash ns,
+                                    absl::Span<const int32_t> tokens) const;
+
   BlockPool pool_;
   int32_t block_size_;
-  absl::flat_hash_map<RequestId, std::vector<BlockId>> tables_;
+  BlockHashFn hash_fn_;
+  absl::flat_hash_map<RequestId, Table> tables_;
+  // Per block: its content while it carries a hash (stale otherwise).
+  std::vector<BlockContent> content_;
+  std::vector<int32_t> content_tokens_;  // [num_blocks][block_size]
 };
 
 }  // namespace kvserve::kvcache

@@ -13,6 +13,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/string_view.h"
@@ -76,9 +78,19 @@ class Request {
   [[nodiscard]] int32_t num_computed_tokens() const {
     return num_computed_tokens_;
   }
-  // Tokens of the prompt found in the prefix cache at admission (0 until
-  // prefix caching lands).
+  // Tokens of the prompt found in the prefix cache at its first admission
+  // (0 before it, or with prefix caching off). Readmissions after a
+  // preemption match again but do not change it.
   [[nodiscard]] int32_t num_cached_tokens() const { return num_cached_tokens_; }
+  // Scopes prefix-cache sharing: requests share cached KV blocks only when
+  // their salts (and the scheduler's model id) are equal. Empty by default.
+  // Set before AddRequest.
+  [[nodiscard]] const std::string& cache_salt() const { return cache_salt_; }
+  void set_cache_salt(std::string salt) { cache_salt_ = std::move(salt); }
+  // Prompt then output tokens, as the KV cache manager reads them.
+  [[nodiscard]] kvcache::TokenSequence tokens() const {
+    return {prompt_, output_};
+  }
   [[nodiscard]] int32_t max_tokens() const { return max_tokens_; }
   [[nodiscard]] int32_t priority() const { return priority_; }
   [[nodiscard]] int64_t arrival_time_ns() const { return arrival_time_ns_; }
@@ -109,6 +121,8 @@ class Request {
   int32_t num_computed_tokens_ = 0;
   int32_t num_cached_tokens_ = 0;
   int32_t num_preemptions_ = 0;
+  std::string cache_salt_;
+  kvcache::BlockHash cache_ns_ = 0;  // NamespaceHash(model id, salt)
   RequestStatus status_ = RequestStatus::kWaiting;
   QueueKey queue_key_;      // its key in the waiting queue while waiting
   int64_t admit_seq_ = -1;  // order of its latest admission

@@ -66,6 +66,7 @@ absl::Status Scheduler::AddRequest(std::unique_ptr<Request> request) {
   r->status_ = RequestStatus::kWaiting;
   r->num_computed_tokens_ = 0;
   r->arrival_seq_ = next_arrival_seq_++;
+  r->cache_ns_ = kvcache::NamespaceHash(config_.model_id, r->cache_salt());
   requests_.emplace(r->id(), std::move(request));
   Enqueue(r, /*at_head=*/false);
   return absl::OkStatus();
@@ -172,8 +173,9 @@ SchedulerOutput Scheduler::Schedule() {
   return out;
 }
 
-int32_t Scheduler::NumNewTokens(const Request& r, int32_t budget) const {
-  int32_t n = r.num_tokens() - r.num_computed_tokens();
+int32_t Scheduler::NumNewTokens(const Request& r, int32_t computed,
+                                int32_t budget) const {
+  int32_t n = r.num_tokens() - computed;
   if (config_.long_prefill_token_threshold > 0) {
     n = std::min(n, config_.long_prefill_token_threshold);
   }
@@ -243,18 +245,25 @@ void Scheduler::Preempt(size_t index, StepPlan& plan) {
 
 void Scheduler::AdmitWaiting(StepPlan& plan) {
   int64_t reserved_blocks = -1;  // kGuaranteedNoEvict: computed lazily
+  kvcache::PrefixMatch match;
   while (true) {
-    const AdmissionStop stop = NextAdmission(plan, &reserved_blocks);
+    const AdmissionStop stop = NextAdmission(plan, &reserved_blocks, &match);
     if (stop != AdmissionStop::kNone) {
       last_admission_stop_ = stop;
       return;
     }
     auto head = waiting_.begin();
     Request* r = head->second;
-    const int32_t n = NumNewTokens(*r, plan.budget);
+    const int32_t n = NumNewTokens(*r, match.num_tokens, plan.budget);
     const auto fresh =
-        kv_.Allocate(r->id(), int64_t{r->num_computed_tokens()} + n);
+        kv_.AllocateWithPrefix(r->id(), match, int64_t{match.num_tokens} + n);
     KV_CHECK(fresh.has_value(), "admission passed but Allocate failed");
+    r->num_computed_tokens_ = match.num_tokens;
+    if (r->num_preemptions_ == 0) r->num_cached_tokens_ = match.num_tokens;
+    if (config_.enable_prefix_caching) {
+      prefix_cache_queries_tokens_ += r->num_tokens();
+      prefix_cache_hit_tokens_ += match.num_tokens;
+    }
     waiting_.erase(head);
     r->status_ = RequestStatus::kRunning;
     r->admit_seq_ = next_admit_seq_++;
@@ -266,7 +275,8 @@ void Scheduler::AdmitWaiting(StepPlan& plan) {
 }
 
 AdmissionStop Scheduler::NextAdmission(const StepPlan& plan,
-                                       int64_t* reserved_blocks) const {
+                                       int64_t* reserved_blocks,
+                                       kvcache::PrefixMatch* match) const {
   if (waiting_.empty()) return AdmissionStop::kQueueEmpty;
   if (static_cast<int32_t>(running_.size()) >= config_.max_num_seqs) {
     return AdmissionStop::kMaxNumSeqs;
@@ -275,9 +285,12 @@ AdmissionStop Scheduler::NextAdmission(const StepPlan& plan,
   // NOTE: strict queue order: a head that does not fit blocks the rest, so
   // large requests are not starved by small ones behind them.
   const Request& head = *waiting_.begin()->second;
-  const int32_t n = NumNewTokens(head, plan.budget);
-  return CanAdmit(head, n, reserved_blocks) ? AdmissionStop::kNone
-                                            : AdmissionStop::kKvBlocks;
+  *match = config_.enable_prefix_caching
+               ? kv_.FindCachedPrefix(head.tokens(), head.cache_ns_)
+               : kvcache::PrefixMatch();
+  const int32_t n = NumNewTokens(head, match->num_tokens, plan.budget);
+  return CanAdmit(head, *match, n, reserved_blocks) ? AdmissionStop::kNone
+                                                    : AdmissionStop::kKvBlocks;
 }
 
 // Blocks `r` may still allocate before it reaches prompt + max_tokens.
@@ -287,11 +300,11 @@ int64_t Scheduler::FutureBlocks(const Request& r) const {
          static_cast<int64_t>(kv_.GetBlockTable(r.id()).size());
 }
 
-bool Scheduler::CanAdmit(const Request& r, int32_t n,
-                         int64_t* reserved_blocks) const {
-  const int64_t tokens = int64_t{r.num_computed_tokens()} + n;
+bool Scheduler::CanAdmit(const Request& r, const kvcache::PrefixMatch& match,
+                         int32_t n, int64_t* reserved_blocks) const {
+  const int64_t tokens = int64_t{match.num_tokens} + n;
   if (config_.admission == AdmissionPolicy::kMaxUtilization) {
-    return kv_.CanAllocate(r.id(), tokens, watermark_blocks_);
+    return kv_.CanAllocateWithPrefix(match, tokens, watermark_blocks_);
   }
   if (*reserved_blocks < 0) {
     *reserved_blocks = 0;
@@ -299,7 +312,11 @@ bool Scheduler::CanAdmit(const Request& r, int32_t n,
       *reserved_blocks += FutureBlocks(*running);
     }
   }
-  return int64_t{kv_.num_free_blocks()} - *reserved_blocks - FutureBlocks(r) >=
+  // Matched blocks other requests hold cost no free block; evictable ones do.
+  const int64_t shared =
+      static_cast<int64_t>(match.blocks.size()) - match.num_evictable;
+  return int64_t{kv_.num_free_blocks()} - *reserved_blocks -
+             (FutureBlocks(r) - shared) >=
          watermark_blocks_;
 }
 
@@ -355,14 +372,19 @@ std::vector<FinishedRequest> Scheduler::UpdateFromOutput(
   std::vector<FinishedRequest> finished;
   size_t k = 0;
   for (const ScheduledRequest& s : output.scheduled) {
-    if (!s.produces_token) continue;
-    KV_CHECK(k < sampled.size(), "sampled has ", sampled.size(), " tokens");
-    const int32_t token = sampled[k++];
+    int32_t token = 0;
+    if (s.produces_token) {
+      KV_CHECK(k < sampled.size(), "sampled has ", sampled.size(), " tokens");
+      token = sampled[k++];
+    }
     auto it = requests_.find(s.id);
     // Finished (e.g. aborted) since Schedule(): drop its token.
     if (it == requests_.end()) continue;
     Request* r = it->second.get();
     if (r->status_ != RequestStatus::kRunning) continue;
+    // Its KV of this step is written now: register its full blocks.
+    CacheComputedBlocks(*r);
+    if (!s.produces_token) continue;
     r->output_.push_back(token);
     if (r->num_output_tokens() >= r->max_tokens()) {
       r->status_ = RequestStatus::kFinishedLength;
@@ -377,6 +399,12 @@ std::vector<FinishedRequest> Scheduler::UpdateFromOutput(
     Retire(requests_.at(f.id).get(), f.reason);
   }
   return finished;
+}
+
+void Scheduler::CacheComputedBlocks(const Request& r) {
+  if (!config_.enable_prefix_caching) return;
+  kv_.CacheComputedBlocks(r.id(), r.tokens(), r.num_computed_tokens(),
+                          r.cache_ns_);
 }
 
 const Request* Scheduler::GetRequest(RequestId id) const {
@@ -409,6 +437,8 @@ SchedulerStats Scheduler::stats() const {
   s.num_scheduled_tokens_total = num_scheduled_tokens_total_;
   s.num_finished_total = num_finished_total_;
   s.num_aborted_total = num_aborted_total_;
+  s.prefix_cache_queries_tokens = prefix_cache_queries_tokens_;
+  s.prefix_cache_hit_tokens = prefix_cache_hit_tokens_;
   s.last_admission_stop = last_admission_stop_;
   return s;
 }

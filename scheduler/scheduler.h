@@ -15,10 +15,15 @@
 //      returns to the head of the waiting queue.
 //   2. Only if nothing was preempted: admit waiting requests in queue order
 //      while max_num_seqs, the budget and KV (above the watermark) allow; a
-//      long prompt gets a chunk of what the budget has left.
+//      long prompt gets a chunk of what the budget has left. With prefix
+//      caching, the head first matches its longest cached prefix (full
+//      blocks, never its last token; a preempted request matches again): it
+//      starts with num_computed_tokens = the matched tokens and only the rest
+//      is scheduled; matched evictable blocks count against free blocks.
 //   3. Build the output; advance num_computed_tokens of what was scheduled.
 // A request whose computed tokens reach num_tokens() in a step produces a
-// token; UpdateFromOutput appends it and finishes requests at max_tokens.
+// token; UpdateFromOutput appends it, registers the request's newly computed
+// full blocks in the prefix cache, and finishes requests at max_tokens.
 //
 // Invariants (CheckInvariants verifies them): every live request is either
 // running (holding ceil(num_computed_tokens / block_size) blocks) or waiting
@@ -131,6 +136,10 @@ struct SchedulerStats {
   int64_t num_scheduled_tokens_total = 0;
   int64_t num_finished_total = 0;  // every reason, aborts included
   int64_t num_aborted_total = 0;
+  // Prefix cache, in tokens, counted at each admission: tokens looked up
+  // (prompt + output of the admitted request) and tokens found cached.
+  int64_t prefix_cache_queries_tokens = 0;
+  int64_t prefix_cache_hit_tokens = 0;
   // Why the latest step stopped admitting (kQueueEmpty before any step).
   AdmissionStop last_admission_stop = AdmissionStop::kQueueEmpty;
 };
@@ -214,13 +223,23 @@ class Scheduler {
   void Preempt(size_t index, StepPlan& plan);
   void AdmitWaiting(StepPlan& plan);
   // Whether the waiting head can be admitted now (kNone) or why not.
+  // Fills *match with the head's cached prefix (empty with caching off).
   [[nodiscard]] AdmissionStop NextAdmission(const StepPlan& plan,
-                                            int64_t* reserved_blocks) const;
-  [[nodiscard]] bool CanAdmit(const Request& request, int32_t n,
+                                            int64_t* reserved_blocks,
+                                            kvcache::PrefixMatch* match) const;
+  [[nodiscard]] bool CanAdmit(const Request& request,
+                              const kvcache::PrefixMatch& match, int32_t n,
                               int64_t* reserved_blocks) const;
   [[nodiscard]] int64_t FutureBlocks(const Request& request) const;
-  [[nodiscard]] int32_t NumNewTokens(const Request& request,
+  // Tokens `request` computes this step when it has `computed` already.
+  [[nodiscard]] int32_t NumNewTokens(const Request& request, int32_t computed,
                                      int32_t budget) const;
+  [[nodiscard]] int32_t NumNewTokens(const Request& request,
+                                     int32_t budget) const {
+    return NumNewTokens(request, request.num_computed_tokens(), budget);
+  }
+  // Registers the newly computed full blocks of a running request.
+  void CacheComputedBlocks(const Request& request);
   [[nodiscard]] SchedulerOutput BuildOutput(StepPlan& plan);
   // Appends prompt + output tokens [begin, begin + n) of `r` to `out`.
   static void AppendTokens(const Request& r, int32_t begin, int32_t n,
@@ -251,6 +270,8 @@ class Scheduler {
   int64_t num_scheduled_tokens_total_ = 0;
   int64_t num_finished_total_ = 0;
   int64_t num_aborted_total_ = 0;
+  int64_t prefix_cache_queries_tokens_ = 0;
+  int64_t prefix_cache_hit_tokens_ = 0;
 };
 
 }  // namespace kvserve::scheduler

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -52,6 +53,11 @@ struct SchedulerConfig {
   int32_t max_model_len = 4096;
   SchedulingPolicy policy = SchedulingPolicy::kFcfs;
   AdmissionPolicy admission = AdmissionPolicy::kMaxUtilization;
+  // Reuse the KV blocks of cached prompt prefixes (full blocks only; the
+  // last prompt token is always recomputed).
+  bool enable_prefix_caching = true;
+  // Part of the prefix-cache namespace with each request's cache_salt.
+  std::string model_id;
 
   // InvalidArgument naming the first field out of range.
   [[nodiscard]] absl::Status Validate() const;

@@ -38,6 +38,9 @@ SchedulerConfig SmallConfig() {
   c.num_blocks = 6;
   c.watermark = 0.0;
   c.max_model_len = 64;
+  // NOTE: these tables assume no prefix caching (a preempted request would
+  // re-match its own blocks); tests/scheduler/prefix_caching_test.cc has it on.
+  c.enable_prefix_caching = false;
   return c;
 }
 
@@ -583,6 +586,7 @@ TEST(SchedulerSoakTest, RandomLoadKeepsInvariants) {
     c.max_queued_requests = 16;
     c.max_model_len = 96;
     c.policy = policy;
+    c.enable_prefix_caching = false;
     Harness h(c);
     std::mt19937 rng(policy == SchedulingPolicy::kFcfs ? 1 : 2);
     auto pick = [&](int n) {

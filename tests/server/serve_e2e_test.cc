@@ -78,6 +78,26 @@ TEST_F(ServeE2eTest, GreedyStreamEndsWithLengthAndUsage) {
   EXPECT_EQ(dresp.text(), a.text);
 }
 
+TEST_F(ServeE2eTest, RepeatedPromptReportsCachedTokensAndSameOutput) {
+  // A prompt of several 16-token blocks that no other test sends.
+  std::string prompt = "Prefix caching check:";
+  for (int i = 0; i < 12; ++i) prompt += " the quick brown fox jumps";
+  const auto req = GreedyRequest(prompt, 8);
+  const int prompt_tokens =
+      static_cast<int>(Tokenize(*stub_, req.prompt()).size());
+  ASSERT_GT(prompt_tokens, 48);
+  const StreamResult a = RunGenerate(*stub_, req);
+  ASSERT_TRUE(a.status.ok()) << a.status.error_message();
+  EXPECT_EQ(a.last.usage().cached_prompt_tokens(), 0);
+  const StreamResult b = RunGenerate(*stub_, req);
+  ASSERT_TRUE(b.status.ok()) << b.status.error_message();
+  // Full blocks only, and never the last prompt token.
+  EXPECT_EQ(b.last.usage().cached_prompt_tokens(),
+            (prompt_tokens - 1) / 16 * 16);
+  EXPECT_EQ(a.tokens, b.tokens);
+  EXPECT_EQ(a.text, b.text);
+}
+
 TEST_F(ServeE2eTest, OnlyTheLastMessageCarriesFinishFields) {
   v1::GenerateRequest req = GreedyRequest("Once upon a time", 24);
   grpc::ClientContext ctx;

@@ -1,0 +1,43 @@
+#include "kvcache/block_hash.h"
+
+#include <xxhash.h>
+
+#include <cstring>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvserve::kvcache {
+namespace {
+
+BlockHash FromXxh(XXH128_hash_t h) {
+  return absl::MakeUint128(h.high64, h.low64);
+}
+
+void Store(BlockHash h, uint64_t* out) {
+  out[0] = absl::Uint128High64(h);
+  out[1] = absl::Uint128Low64(h);
+}
+
+}  // namespace
+
+BlockHash NamespaceHash(absl::string_view model_id,
+                        absl::string_view cache_salt) {
+  // NOTE: length-prefixed so the split between the two parts is unambiguous.
+  const std::string key = absl::StrCat(model_id.size(), ":", model_id,
+                                       cache_salt.size(), ":", cache_salt);
+  return FromXxh(XXH3_128bits(key.data(), key.size()));
+}
+
+BlockHash HashBlockTokens(BlockHash parent, BlockHash ns,
+                          absl::Span<const int32_t> tokens) {
+  // Two passes without allocating: the tokens, then (parent, ns, tokens').
+  uint64_t words[6];
+  Store(parent, words);
+  Store(ns, words + 2);
+  Store(FromXxh(XXH3_128bits(tokens.data(), tokens.size() * sizeof(int32_t))),
+        words + 4);
+  return FromXxh(XXH3_128bits(words, sizeof(words)));
+}
+
+}  // namespace kvserve::kvcache

@@ -1,0 +1,254 @@
+// Prefix caching in KvCacheManager: exact block ids on hits, LRU eviction of
+// cached blocks (tails first), token/namespace comparison on hash hits, and
+// salts that never share.
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kvcache/block_hash.h"
+#include "kvcache/kv_cache_manager.h"
+
+namespace kvserve::kvcache {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::IsEmpty;
+using ::testing::Optional;
+
+#define ASSERT_INVARIANTS(kv)                            \
+  do {                                                   \
+    const absl::Status kv_inv_ = (kv).CheckInvariants(); \
+    ASSERT_TRUE(kv_inv_.ok()) << kv_inv_;                \
+  } while (0)
+
+std::vector<int32_t> Iota(int32_t begin, int32_t n) {
+  std::vector<int32_t> v(n);
+  for (int32_t i = 0; i < n; ++i) v[i] = begin + i;
+  return v;
+}
+
+std::vector<int32_t> Concat(std::vector<int32_t> a,
+                            const std::vector<int32_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+TokenSequence Seq(const std::vector<int32_t>& prompt) { return {prompt, {}}; }
+
+// Every block collides with every other block at the same depth: only the
+// stored tokens and namespace tell them apart.
+BlockHash CollidingHash(BlockHash parent, BlockHash /*ns*/,
+                        absl::Span<const int32_t> /*tokens*/) {
+  return parent + 1;
+}
+
+const BlockHash kNs = NamespaceHash("model", "");
+
+// 11 blocks of 4 tokens.
+class PrefixCacheTest : public ::testing::Test {
+ protected:
+  // Allocates `id` for all of `prompt` (after its cached prefix), marks it
+  // computed and registers its full blocks. Returns the cached tokens.
+  int32_t Prefill(KvCacheManager& kv, RequestId id,
+                  const std::vector<int32_t>& prompt, BlockHash ns = kNs) {
+    const PrefixMatch match = kv.FindCachedPrefix(Seq(prompt), ns);
+    EXPECT_TRUE(kv.AllocateWithPrefix(id, match, prompt.size()).has_value());
+    kv.CacheComputedBlocks(id, Seq(prompt), prompt.size(), ns);
+    return match.num_tokens;
+  }
+
+  KvCacheManager kv_{11, 4};
+};
+
+TEST_F(PrefixCacheTest, HitReusesExactBlockIds) {
+  const std::vector<int32_t> a = Iota(0, 10);  // 2 full blocks + 2 tokens
+  EXPECT_EQ(kv_.FindCachedPrefix(Seq(a), kNs).num_tokens, 0);
+  const PrefixMatch none = kv_.FindCachedPrefix(Seq(a), kNs);
+  EXPECT_THAT(kv_.AllocateWithPrefix(1, none, 10),
+              Optional(ElementsAre(0, 1, 2)));
+  ASSERT_INVARIANTS(kv_);
+  kv_.CacheComputedBlocks(1, Seq(a), 6, kNs);  // only block 0 is computed
+  ASSERT_INVARIANTS(kv_);
+  EXPECT_TRUE(kv_.pool().block_hash(0).has_value());
+  EXPECT_FALSE(kv_.pool().block_hash(1).has_value());
+  kv_.CacheComputedBlocks(1, Seq(a), 10, kNs);
+  ASSERT_INVARIANTS(kv_);
+  EXPECT_TRUE(kv_.pool().block_hash(1).has_value());
+  EXPECT_FALSE(kv_.pool().block_hash(2).has_value());  // partial
+
+  // A live hit shares the blocks.
+  const std::vector<int32_t> b = Concat(Iota(0, 8), {50, 51, 52});
+  const PrefixMatch live = kv_.FindCachedPrefix(Seq(b), kNs);
+  EXPECT_EQ(live.num_tokens, 8);
+  EXPECT_THAT(live.blocks, ElementsAre(0, 1));
+  EXPECT_EQ(live.num_evictable, 0);
+  EXPECT_THAT(kv_.AllocateWithPrefix(2, live, 11), Optional(ElementsAre(3)));
+  ASSERT_INVARIANTS(kv_);
+  EXPECT_THAT(kv_.GetBlockTable(2), ElementsAre(0, 1, 3));
+  EXPECT_EQ(kv_.pool().ref_count(0), 2);
+
+  // Tail-first frees: 2, then 3; 1 and 0 (hashed) become evictable last.
+  EXPECT_EQ(kv_.Free(1), 3);
+  ASSERT_INVARIANTS(kv_);
+  EXPECT_EQ(kv_.Free(2), 3);
+  ASSERT_INVARIANTS(kv_);
+  EXPECT_THAT(kv_.pool().FreeQueue(),
+              ElementsAre(4, 5, 6, 7, 8, 9, 10, 2, 3, 1, 0));
+  EXPECT_EQ(kv_.pool().num_cached_evictable(), 2);
+
+  // An evictable hit: cached -> active, out of the middle of the queue.
+  const PrefixMatch cached = kv_.FindCachedPrefix(Seq(a), kNs);
+  EXPECT_THAT(cached.blocks, ElementsAre(0, 1));
+  EXPECT_EQ(cached.num_evictable, 2);
+  EXPECT_THAT(kv_.AllocateWithPrefix(3, cached, 10), Optional(ElementsAre(4)));
+  ASSERT_INVARIANTS(kv_);
+  EXPECT_THAT(kv_.GetBlockTable(3), ElementsAre(0, 1, 4));
+  EXPECT_THAT(kv_.pool().FreeQueue(), ElementsAre(5, 6, 7, 8, 9, 10, 2, 3));
+}
+
+TEST_F(PrefixCacheTest, LastTokenIsNeverCached) {
+  const std::vector<int32_t> a = Iota(0, 8);  // exactly 2 blocks
+  EXPECT_EQ(Prefill(kv_, 1, a), 0);
+  ASSERT_INVARIANTS(kv_);
+  EXPECT_TRUE(kv_.pool().block_hash(1).has_value());
+  EXPECT_EQ(kv_.FindCachedPrefix(Seq(a), kNs).num_tokens, 4);
+  EXPECT_EQ(kv_.FindCachedPrefix(Seq(Iota(0, 9)), kNs).num_tokens, 8);
+  EXPECT_EQ(kv_.FindCachedPrefix(Seq(Iota(0, 5)), kNs).num_tokens, 4);
+  EXPECT_EQ(kv_.FindCachedPrefix(Seq(Iota(0, 4)), kNs).num_tokens, 0);
+  EXPECT_EQ(kv_.FindCachedPrefix(Seq(Iota(0, 1)), kNs).num_tokens, 0);
+  ASSERT_INVARIANTS(kv_);
+}
+
+TEST_F(PrefixCacheTest, OutputTokensHashLikePromptTokens) {
+  const std::vector<int32_t> prompt = Iota(0, 6);
+  const std::vector<int32_t> output = Iota(6, 4);
+  const TokenSequence seq{prompt, output};
+  ASSERT_TRUE(kv_.AllocateWithPrefix(1, {}, 10).has_value());
+  kv_.CacheComputedBlocks(1, seq, 9, kNs);  // tokens 0..8 computed
+  ASSERT_INVARIANTS(kv_);
+  const PrefixMatch m = kv_.FindCachedPrefix(Seq(Iota(0, 10)), kNs);
+  EXPECT_THAT(m.blocks, ElementsAre(0, 1));
+}
+
+TEST_F(PrefixCacheTest, EvictionIsLruTailFirst) {
+  KvCacheManager kv(6, 4);
+  EXPECT_EQ(Prefill(kv, 1, Iota(0, 12)), 0);  // blocks 0 1 2, all hashed
+  EXPECT_EQ(kv.Free(1), 3);
+  ASSERT_INVARIANTS(kv);
+  EXPECT_THAT(kv.pool().FreeQueue(), ElementsAre(3, 4, 5, 2, 1, 0));
+  EXPECT_EQ(kv.pool().num_cached_evictable(), 3);
+  const std::vector<int32_t> probe = Iota(0, 13);
+  EXPECT_EQ(kv.FindCachedPrefix(Seq(probe), kNs).num_tokens, 12);
+
+  // Four fresh blocks: never-cached ones first, then the tail block 2.
+  EXPECT_THAT(kv.Allocate(2, 16), Optional(ElementsAre(3, 4, 5, 2)));
+  ASSERT_INVARIANTS(kv);
+  EXPECT_FALSE(kv.pool().block_hash(2).has_value());
+  EXPECT_EQ(kv.pool().num_cached_evictable(), 2);
+  EXPECT_THAT(kv.FindCachedPrefix(Seq(probe), kNs).blocks, ElementsAre(0, 1));
+
+  EXPECT_THAT(kv.Allocate(3, 4), Optional(ElementsAre(1)));  // then 1
+  ASSERT_INVARIANTS(kv);
+  EXPECT_THAT(kv.FindCachedPrefix(Seq(probe), kNs).blocks, ElementsAre(0));
+  EXPECT_THAT(kv.Allocate(4, 4), Optional(ElementsAre(0)));  // then the head
+  ASSERT_INVARIANTS(kv);
+  EXPECT_THAT(kv.FindCachedPrefix(Seq(probe), kNs).blocks, IsEmpty());
+  EXPECT_EQ(kv.pool().num_cached_evictable(), 0);
+}
+
+TEST_F(PrefixCacheTest, AdmissionCountsEvictableMatchedBlocks) {
+  KvCacheManager kv(4, 4);
+  EXPECT_EQ(Prefill(kv, 1, Iota(0, 12)), 0);
+  kv.Free(1);
+  ASSERT_INVARIANTS(kv);
+  const PrefixMatch m = kv.FindCachedPrefix(Seq(Iota(0, 13)), kNs);
+  EXPECT_EQ(m.num_evictable, 3);
+  // 3 evictable matched + 1 fresh = 4 = every free block.
+  EXPECT_TRUE(kv.CanAllocateWithPrefix(m, 13, 0));
+  EXPECT_FALSE(kv.CanAllocateWithPrefix(m, 13, 1));
+  EXPECT_FALSE(kv.CanAllocateWithPrefix(m, 17, 0));
+  EXPECT_EQ(kv.AllocateWithPrefix(2, m, 17), std::nullopt);
+  ASSERT_INVARIANTS(kv);
+  EXPECT_EQ(kv.num_requests(), 0);
+  EXPECT_THAT(kv.AllocateWithPrefix(2, m, 13), Optional(ElementsAre(3)));
+  ASSERT_INVARIANTS(kv);
+  EXPECT_THAT(kv.GetBlockTable(2), ElementsAre(0, 1, 2, 3));
+}
+
+TEST_F(PrefixCacheTest, TokenComparisonPreventsFalseHit) {
+  KvCacheManager kv(11, 4, &CollidingHash);
+  EXPECT_EQ(Prefill(kv, 1, Iota(0, 9)), 0);
+  ASSERT_INVARIANTS(kv);
+  // Same hashes, other tokens: the stored tokens say no.
+  const std::vector<int32_t> other = Iota(50, 9);
+  ASSERT_TRUE(
+      kv.pool().GetCachedBlock(CollidingHash(0, kNs, other)).has_value());
+  EXPECT_EQ(kv.FindCachedPrefix(Seq(other), kNs).num_tokens, 0);
+  // The second block differs: the first still matches.
+  const std::vector<int32_t> half = Concat(Iota(0, 4), Iota(60, 5));
+  EXPECT_THAT(kv.FindCachedPrefix(Seq(half), kNs).blocks, ElementsAre(0));
+  // Equal tokens still hit.
+  EXPECT_THAT(kv.FindCachedPrefix(Seq(Iota(0, 9)), kNs).blocks,
+              ElementsAre(0, 1));
+  // Another namespace under the same hashes: the stored namespace says no.
+  EXPECT_EQ(kv.FindCachedPrefix(Seq(Iota(0, 9)), NamespaceHash("model", "b"))
+                .num_tokens,
+            0);
+  // Colliding content computed by another request stays unhashed.
+  EXPECT_EQ(Prefill(kv, 2, other), 0);
+  ASSERT_INVARIANTS(kv);
+  EXPECT_THAT(kv.GetBlockTable(2), ElementsAre(3, 4, 5));
+  EXPECT_FALSE(kv.pool().block_hash(3).has_value());
+}
+
+TEST_F(PrefixCacheTest, DifferentSaltsNeverShareBlocks) {
+  const BlockHash a = NamespaceHash("model", "tenant-a");
+  const BlockHash b = NamespaceHash("model", "tenant-b");
+  EXPECT_NE(a, b);
+  EXPECT_NE(NamespaceHash("ab", "c"), NamespaceHash("a", "bc"));
+  EXPECT_NE(NamespaceHash("m1", ""), NamespaceHash("m2", ""));
+  const std::vector<int32_t> prompt = Iota(0, 9);
+  EXPECT_EQ(Prefill(kv_, 1, prompt, a), 0);
+  EXPECT_EQ(Prefill(kv_, 2, prompt, b), 0);
+  ASSERT_INVARIANTS(kv_);
+  EXPECT_THAT(kv_.GetBlockTable(1), ElementsAre(0, 1, 2));
+  EXPECT_THAT(kv_.GetBlockTable(2), ElementsAre(3, 4, 5));
+  EXPECT_TRUE(kv_.pool().block_hash(3).has_value());
+  kv_.Free(1);
+  kv_.Free(2);
+  ASSERT_INVARIANTS(kv_);
+  EXPECT_THAT(kv_.FindCachedPrefix(Seq(prompt), a).blocks, ElementsAre(0, 1));
+  EXPECT_THAT(kv_.FindCachedPrefix(Seq(prompt), b).blocks, ElementsAre(3, 4));
+  EXPECT_THAT(kv_.FindCachedPrefix(Seq(prompt), kNs).blocks, IsEmpty());
+}
+
+TEST_F(PrefixCacheTest, ConcurrentDuplicateStaysUncached) {
+  const std::vector<int32_t> prompt = Iota(0, 9);
+  ASSERT_TRUE(kv_.AllocateWithPrefix(1, {}, 9).has_value());
+  ASSERT_TRUE(kv_.AllocateWithPrefix(2, {}, 9).has_value());
+  kv_.CacheComputedBlocks(1, Seq(prompt), 9, kNs);
+  kv_.CacheComputedBlocks(2, Seq(prompt), 9, kNs);
+  ASSERT_INVARIANTS(kv_);
+  EXPECT_FALSE(kv_.pool().block_hash(3).has_value());
+  EXPECT_FALSE(kv_.pool().block_hash(4).has_value());
+  kv_.Free(1);
+  kv_.Free(2);
+  ASSERT_INVARIANTS(kv_);
+  EXPECT_THAT(kv_.FindCachedPrefix(Seq(prompt), kNs).blocks, ElementsAre(0, 1));
+  EXPECT_EQ(kv_.pool().num_cached_evictable(), 2);
+}
+
+TEST_F(PrefixCacheTest, ForkedChildKeepsHashingFromParent) {
+  EXPECT_EQ(Prefill(kv_, 1, Iota(0, 8)), 0);  // blocks 0 1, both hashed
+  kv_.Fork(1, 2);
+  ASSERT_INVARIANTS(kv_);
+  const std::vector<int32_t> longer = Iota(0, 13);
+  EXPECT_THAT(kv_.Allocate(2, 12), Optional(ElementsAre(2)));
+  kv_.CacheComputedBlocks(2, Seq(longer), 12, kNs);
+  ASSERT_INVARIANTS(kv_);
+  EXPECT_THAT(kv_.FindCachedPrefix(Seq(longer), kNs).blocks,
+              ElementsAre(0, 1, 2));
+}
+
+}  // namespace
+}  // namespace kvserve::kvcache
