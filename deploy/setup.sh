@@ -47,8 +47,9 @@ fi
 
 PIP="python3 -m pip"
 PY_PACKAGES=(numpy==2.5.5 gguf==0.19.0 tokenizers==0.23.3 jinja2==3.1.6
-             grpcio==1.85.1 grpcio-tools==1.85.1 protobuf==7.36.2)
-if ! python3 -c "import numpy, gguf, tokenizers, jinja2, grpc, grpc_tools" \
+             grpcio==1.85.1 grpcio-tools==1.85.1 protobuf==7.36.2
+             openai==3.57.0)
+if ! python3 -c "import numpy, gguf, tokenizers, jinja2, grpc, grpc_tools, openai" \
     2>/dev/null; then
   $PIP install -q "${PY_PACKAGES[@]}"
 fi

@@ -25,7 +25,7 @@ struct ServeFlags {
   int64_t port = 50051, metrics_port = 9090;
   int64_t block_size = 16, kv_cache_bytes = 0, max_num_seqs = 64;
   int64_t max_num_batched_tokens = 512, max_queued_requests = 1024;
-  int64_t max_model_len = 0, threads = 0;
+  int64_t max_model_len = 0, threads = 0, http_threads = 32;
   double kv_cache_fraction = 0.25, drain_timeout = 30;
   std::string log_level = "info";
   bool help = false;
@@ -40,9 +40,16 @@ void RegisterFlags(ServeFlags* f, CliArgs* args) {
   args->Int("port", &f->port, "gRPC port (default 50051; 0 = pick a free one)",
             0, 65535);
   args->Int("metrics-port", &f->metrics_port,
-            "HTTP port of /metrics, /health, /ready (default 9090; 0 = pick "
-            "a free one)",
+            "HTTP port of /metrics, /health, /ready and the OpenAI-compatible "
+            "API /v1/... (default 9090; 0 = pick a free one)",
             0, 65535);
+  args->Int("http-port", &f->metrics_port,
+            "alias of --metrics-port (one HTTP server serves both)", 0,
+            65535);
+  args->Int("http-threads", &f->http_threads,
+            "HTTP worker threads; each streaming response holds one "
+            "(default 32)",
+            1, 4096);
   args->Int("block-size", &f->block_size,
             "tokens per KV cache block (default 16)", 1, 1024);
   args->Bytes("kv-cache-bytes", &f->kv_cache_bytes,
@@ -81,6 +88,7 @@ absl::Status FinishFlags(ServeFlags* f) {
   ServeOptions& o = f->options;
   o.port = static_cast<int>(f->port);
   o.metrics_port = static_cast<int>(f->metrics_port);
+  o.http_threads = static_cast<int>(f->http_threads);
   engine::EngineConfig& e = o.engine;
   e.block_size = static_cast<int32_t>(f->block_size);
   e.kv_cache_bytes = f->kv_cache_bytes;

@@ -38,8 +38,13 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
   Daemon* self = d.get();
   KV_ASSIGN_OR_RETURN(
       d->http_,
-      HttpServer::Start({options.host, options.metrics_port, 2}, d->registry_,
-                        [self] { return self->ready(); }));
+      HttpServer::Start(
+          {options.host, options.metrics_port, options.http_threads},
+          d->registry_, [self] { return self->ready(); },
+          [self](httplib::Server* server) {
+            OpenAiApi::Mount(server,
+                             [self] { return self->openai_live_.load(); });
+          }));
   KV_RETURN_IF_ERROR(d->StartEngine(options));
   KV_RETURN_IF_ERROR(d->StartGrpc(options));
   d->ready_.store(true);
@@ -63,6 +68,11 @@ absl::Status Daemon::StartEngine(const ServeOptions& options) {
       engine::Engine::Create(options.engine, std::move(model), registry_));
   service_ = std::make_unique<KvServeService>(engine_.get(), metrics_.get(),
                                               options.limits);
+  const std::string& name = engine_->model_info().name;
+  openai_ = std::make_unique<OpenAiApi>(engine_.get(), options.limits,
+                                        name.empty() ? options.model : name,
+                                        options.model);
+  openai_live_.store(openai_.get());
   return absl::OkStatus();
 }
 

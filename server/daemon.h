@@ -1,5 +1,6 @@
 // The running daemon: the Prometheus registry, the HTTP server (/metrics,
-// /health, /ready), the loaded model and engine, and the gRPC server
+// /health, /ready, and the OpenAI-compatible /v1 API), the loaded model and
+// engine, and the gRPC server
 // (kvserve.v1.KvServe, grpc.health.v1.Health, server reflection). Owns
 // their start-up order and the drain on shutdown. Does not own flags or
 // signals (cli_serve.h does).
@@ -17,6 +18,7 @@
 #include "server/grpc_service.h"
 #include "server/http_server.h"
 #include "server/metrics.h"
+#include "server/openai_api.h"
 
 namespace kvserve::server {
 
@@ -25,6 +27,7 @@ struct ServeOptions {
   std::string host = "127.0.0.1";
   int port = 50051;         // gRPC; 0: pick a free port
   int metrics_port = 9090;  // HTTP; 0: pick a free port
+  int http_threads = 32;    // HTTP workers (each open stream holds one)
   engine::EngineConfig engine;
   RequestLimits limits;
 };
@@ -61,6 +64,8 @@ class Daemon {
   std::unique_ptr<HttpServer> http_;
   std::unique_ptr<engine::Engine> engine_;
   std::unique_ptr<KvServeService> service_;
+  std::unique_ptr<OpenAiApi> openai_;
+  std::atomic<OpenAiApi*> openai_live_{nullptr};  // set once ready
   std::unique_ptr<grpc::Server> grpc_server_;
   int grpc_port_ = 0;
   std::atomic<bool> ready_{false};

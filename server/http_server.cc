@@ -10,7 +10,8 @@ namespace kvserve::server {
 
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
     const Options& options, std::shared_ptr<prometheus::Registry> registry,
-    std::function<bool()> ready) {
+    std::function<bool()> ready,
+    const std::function<void(httplib::Server*)>& add_routes) {
   std::unique_ptr<HttpServer> http(new HttpServer());
   http->registry_ = std::move(registry);
   http->ready_ = std::move(ready);
@@ -20,6 +21,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
     return new httplib::ThreadPool(threads);
   };
   http->Routes();
+  if (add_routes) add_routes(http->server_.get());
   if (options.port == 0) {
     http->port_ = http->server_->bind_to_any_port(options.host);
   } else if (http->server_->bind_to_port(options.host, options.port)) {

@@ -3,6 +3,8 @@
 //   GET /health   200 while the process runs
 //   GET /ready    200 when the model is loaded, work is accepted, and the
 //                 server is not draining; 503 otherwise
+// plus the routes the caller adds (the OpenAI-compatible API,
+// openai_api.h).
 // Owns the listening socket and its threads. Does not own the registry's
 // metrics or the readiness decision (the caller passes a predicate).
 #pragma once
@@ -31,10 +33,12 @@ class HttpServer {
   };
 
   // Binds and starts serving on a background thread. UNAVAILABLE names the
-  // address when it cannot bind. `ready` must be thread-safe.
+  // address when it cannot bind. `ready` must be thread-safe. `add_routes`
+  // (may be null) registers more routes before the server listens.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<HttpServer>> Start(
       const Options& options, std::shared_ptr<prometheus::Registry> registry,
-      std::function<bool()> ready);
+      std::function<bool()> ready,
+      const std::function<void(httplib::Server*)>& add_routes = nullptr);
 
   ~HttpServer();  // Stop()s
   HttpServer(const HttpServer&) = delete;

@@ -1,0 +1,68 @@
+// The OpenAI-compatible HTTP API on the daemon's HTTP server:
+//   POST /v1/completions       prompt (text or token ids) -> text
+//   POST /v1/chat/completions  messages rendered with the model's chat format
+//   GET  /v1/models            the served model
+// Both POST routes stream as server-sent events with "stream": true. Owns
+// the request lifecycle over HTTP: parse (openai_json.h), validate
+// (request_validation.h), Submit, collect or stream the deltas, and Abort
+// when the client goes away. Does not own the HTTP server, the engine, or
+// the JSON shapes (openai_json.h).
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <string>
+
+#include "engine/engine.h"
+#include "server/openai_json.h"
+#include "server/request_validation.h"
+
+namespace httplib {
+class Server;
+struct Request;
+struct Response;
+}  // namespace httplib
+
+namespace kvserve::server {
+
+class OpenAiApi {
+ public:
+  // `engine` must outlive this. `model_name` is the id /v1/models lists;
+  // requests whose "model" is neither it nor `alias` (the --model argument;
+  // may be empty) get 404.
+  OpenAiApi(engine::Engine* engine, RequestLimits limits,
+            std::string model_name, std::string alias = "");
+  OpenAiApi(const OpenAiApi&) = delete;
+  OpenAiApi& operator=(const OpenAiApi&) = delete;
+
+  // Registers the /v1 routes on `server` (before it listens). `api` returns
+  // the live instance, or null while the model loads (503).
+  static void Mount(httplib::Server* server, std::function<OpenAiApi*()> api);
+
+  const std::string& model_name() const { return model_name_; }
+
+ private:
+  void HandleGenerate(const httplib::Request& req, httplib::Response& res,
+                      OpenAiEndpoint endpoint);
+  void HandleModels(httplib::Response& res) const;
+  [[nodiscard]] absl::StatusOr<engine::RequestSpec> BuildSpec(
+      const OpenAiRequest& request) const;
+  void Respond(const OpenAiCallInfo& call,
+               std::shared_ptr<engine::StreamState> stream,
+               httplib::Response& res);
+  void StreamResponse(const OpenAiCallInfo& call,
+                      std::shared_ptr<engine::StreamState> stream,
+                      httplib::Response& res);
+  [[nodiscard]] absl::Status FinishStatusOf(
+      const engine::StreamDelta& delta) const;
+
+  engine::Engine* const engine_;
+  const RequestLimits limits_;
+  const std::string model_name_;
+  const std::string alias_;
+  const int64_t created_;
+  ServedModel model_;
+  std::atomic<int64_t> next_id_{0};
+};
+
+}  // namespace kvserve::server

@@ -1,0 +1,320 @@
+#include "server/openai_json.h"
+
+#include <algorithm>
+#include <limits>
+#include <optional>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+#include "nlohmann/json.hpp"
+
+namespace kvserve::server {
+namespace {
+
+using json = nlohmann::json;
+
+absl::Status Invalid(absl::string_view field, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
+}
+
+// The field, or null when absent (absent and null are the same).
+const json& Field(const json& body, const char* name) {
+  static const json* const kNull = new json(nullptr);
+  auto it = body.find(name);
+  return it == body.end() ? *kNull : *it;
+}
+
+absl::Status GetFloat(const json& body, const char* name,
+                      std::optional<float>* out) {
+  const json& v = Field(body, name);
+  if (v.is_null()) return absl::OkStatus();
+  if (!v.is_number()) return Invalid(name, "must be a number");
+  *out = v.get<float>();
+  return absl::OkStatus();
+}
+
+absl::Status GetInt(const json& body, const char* name,
+                    std::optional<int64_t>* out) {
+  const json& v = Field(body, name);
+  if (v.is_null()) return absl::OkStatus();
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    *out = u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())
+               ? std::numeric_limits<int64_t>::max()
+               : static_cast<int64_t>(u);
+    return absl::OkStatus();
+  }
+  if (!v.is_number_integer()) return Invalid(name, "must be an integer");
+  *out = v.get<int64_t>();
+  return absl::OkStatus();
+}
+
+// An int field that must fit int32 (clamped to the limits beyond, so the
+// range checks downstream report the value).
+absl::Status GetInt32(const json& body, const char* name,
+                      std::optional<int32_t>* out) {
+  std::optional<int64_t> v;
+  KV_RETURN_IF_ERROR(GetInt(body, name, &v));
+  if (v.has_value()) {
+    if (*v < std::numeric_limits<int32_t>::min() ||
+        *v > std::numeric_limits<int32_t>::max()) {
+      return Invalid(name, absl::StrCat("out of range, got ", *v));
+    }
+    *out = static_cast<int32_t>(*v);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GetBool(const json& body, const char* name, bool* out) {
+  const json& v = Field(body, name);
+  if (v.is_null()) return absl::OkStatus();
+  if (!v.is_boolean()) return Invalid(name, "must be a boolean");
+  *out = v.get<bool>();
+  return absl::OkStatus();
+}
+
+absl::Status GetString(const json& body, const char* name, std::string* out) {
+  const json& v = Field(body, name);
+  if (v.is_null()) return absl::OkStatus();
+  if (!v.is_string()) return Invalid(name, "must be a string");
+  *out = v.get<std::string>();
+  return absl::OkStatus();
+}
+
+// Options kvserve does not implement: a clear 400 rather than silence.
+absl::Status CheckUnsupported(const json& body) {
+  std::optional<int64_t> n, best_of;
+  KV_RETURN_IF_ERROR(GetInt(body, "n", &n));
+  if (n.has_value() && *n != 1) {
+    return Invalid("n", absl::StrCat("only n=1 is supported, got ", *n));
+  }
+  KV_RETURN_IF_ERROR(GetInt(body, "best_of", &best_of));
+  if (best_of.has_value() && *best_of != 1) {
+    return Invalid("best_of", "only best_of=1 is supported");
+  }
+  bool echo = false;
+  KV_RETURN_IF_ERROR(GetBool(body, "echo", &echo));
+  if (echo) return Invalid("echo", "echo is not supported");
+  std::string suffix;
+  KV_RETURN_IF_ERROR(GetString(body, "suffix", &suffix));
+  if (!suffix.empty()) return Invalid("suffix", "suffix is not supported");
+  for (const char* name : {"logit_bias", "tools", "functions"}) {
+    const json& v = Field(body, name);
+    if (!v.is_null() && !v.empty()) {
+      return Invalid(name, absl::StrCat(name, " is not supported"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseStop(const json& body, v1::SamplingParams* p) {
+  const json& v = Field(body, "stop");
+  if (v.is_null()) return absl::OkStatus();
+  if (v.is_string()) {
+    p->add_stop(v.get<std::string>());
+    return absl::OkStatus();
+  }
+  if (!v.is_array()) return Invalid("stop", "must be a string or an array");
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (!v[i].is_string()) {
+      return Invalid(absl::StrCat("stop[", i, "]"), "must be a string");
+    }
+    p->add_stop(v[i].get<std::string>());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseSampling(const json& body, OpenAiEndpoint endpoint,
+                           v1::SamplingParams* p) {
+  std::optional<float> temperature, top_p, min_p, presence, frequency, rep;
+  KV_RETURN_IF_ERROR(GetFloat(body, "temperature", &temperature));
+  KV_RETURN_IF_ERROR(GetFloat(body, "top_p", &top_p));
+  KV_RETURN_IF_ERROR(GetFloat(body, "min_p", &min_p));
+  KV_RETURN_IF_ERROR(GetFloat(body, "presence_penalty", &presence));
+  KV_RETURN_IF_ERROR(GetFloat(body, "frequency_penalty", &frequency));
+  KV_RETURN_IF_ERROR(GetFloat(body, "repetition_penalty", &rep));
+  if (temperature) p->set_temperature(*temperature);
+  if (top_p) p->set_top_p(*top_p);
+  if (min_p) p->set_min_p(*min_p);
+  if (presence) p->set_presence_penalty(*presence);
+  if (frequency) p->set_frequency_penalty(*frequency);
+  if (rep) p->set_repetition_penalty(*rep);
+  std::optional<int32_t> top_k, max_tokens;
+  KV_RETURN_IF_ERROR(GetInt32(body, "top_k", &top_k));
+  if (top_k) p->set_top_k(*top_k == -1 ? 0 : *top_k);  // vLLM: -1 = off
+  const char* max_name = endpoint == OpenAiEndpoint::kChatCompletions &&
+                                 !Field(body, "max_completion_tokens").is_null()
+                             ? "max_completion_tokens"
+                             : "max_tokens";
+  KV_RETURN_IF_ERROR(GetInt32(body, max_name, &max_tokens));
+  if (max_tokens) p->set_max_tokens(*max_tokens);
+  std::optional<int64_t> seed;
+  KV_RETURN_IF_ERROR(GetInt(body, "seed", &seed));
+  if (seed) p->set_seed(static_cast<uint64_t>(*seed));
+  bool ignore_eos = false;
+  KV_RETURN_IF_ERROR(GetBool(body, "ignore_eos", &ignore_eos));
+  p->set_ignore_eos(ignore_eos);
+  return ParseStop(body, p);
+}
+
+absl::Status ParsePrompt(const json& body, v1::GenerateRequest* req) {
+  const json& v = Field(body, "prompt");
+  if (v.is_string()) {
+    req->set_prompt(v.get<std::string>());
+    return absl::OkStatus();
+  }
+  if (v.is_array() && v.size() == 1 && v[0].is_string()) {
+    req->set_prompt(v[0].get<std::string>());
+    return absl::OkStatus();
+  }
+  if (!v.is_array() || v.empty()) {
+    return Invalid("prompt",
+                   "must be a non-empty string or array of token ids");
+  }
+  v1::TokenIds* ids = req->mutable_prompt_token_ids();
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (!v[i].is_number_integer() ||
+        v[i].get<int64_t>() < std::numeric_limits<int32_t>::min() ||
+        v[i].get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+      return Invalid(absl::StrCat("prompt[", i, "]"),
+                     "must be a token id (one prompt per request is "
+                     "supported)");
+    }
+    ids->add_ids(static_cast<int32_t>(v[i].get<int64_t>()));
+  }
+  return absl::OkStatus();
+}
+
+// A message's content: a string or an array of {"type": "text"} parts.
+absl::Status MessageContent(const json& m, const std::string& field,
+                            std::string* out) {
+  const json& c = Field(m, "content");
+  if (c.is_null()) return absl::OkStatus();
+  if (c.is_string()) {
+    *out = c.get<std::string>();
+    return absl::OkStatus();
+  }
+  if (!c.is_array()) {
+    return Invalid(field + ".content", "must be a string or an array");
+  }
+  for (size_t i = 0; i < c.size(); ++i) {
+    const std::string part = absl::StrCat(field, ".content[", i, "]");
+    if (!c[i].is_object() || Field(c[i], "type") != "text" ||
+        !Field(c[i], "text").is_string()) {
+      return Invalid(part,
+                     "only {\"type\": \"text\", \"text\": ...} parts "
+                     "are supported");
+    }
+    absl::StrAppend(out, c[i]["text"].get<std::string>());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseMessages(const json& body, v1::GenerateRequest* req) {
+  const json& v = Field(body, "messages");
+  if (!v.is_array()) return Invalid("messages", "must be an array");
+  v1::ChatMessages* chat = req->mutable_chat();
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::string field = absl::StrCat("messages[", i, "]");
+    if (!v[i].is_object()) return Invalid(field, "must be an object");
+    v1::ChatMessage* m = chat->add_messages();
+    if (!Field(v[i], "role").is_string()) {
+      return Invalid(field + ".role", "must be a string");
+    }
+    m->set_role(v[i]["role"].get<std::string>());
+    KV_RETURN_IF_ERROR(MessageContent(v[i], field, m->mutable_content()));
+  }
+  return absl::OkStatus();
+}
+
+// logprobs: completions take an int (top-N), chat a bool + top_logprobs.
+absl::Status ParseLogprobs(const json& body, OpenAiRequest* out) {
+  std::optional<int32_t> top;
+  if (out->endpoint == OpenAiEndpoint::kCompletions) {
+    KV_RETURN_IF_ERROR(GetInt32(body, "logprobs", &top));
+    out->logprobs = top.has_value();
+  } else {
+    KV_RETURN_IF_ERROR(GetBool(body, "logprobs", &out->logprobs));
+    KV_RETURN_IF_ERROR(GetInt32(body, "top_logprobs", &top));
+    if (top.has_value() && !out->logprobs) {
+      return Invalid("top_logprobs", "requires logprobs: true");
+    }
+  }
+  out->top_logprobs = top.value_or(0);
+  // NOTE: the engine reports logprobs only for a top-N of at least 1; the
+  // extra alternative is dropped from the response.
+  if (out->logprobs) {
+    out->generate.mutable_sampling()->set_logprobs(
+        out->top_logprobs < 0 ? out->top_logprobs
+                              : std::max(out->top_logprobs, 1));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseStreamOptions(const json& body, OpenAiRequest* out) {
+  KV_RETURN_IF_ERROR(GetBool(body, "stream", &out->stream));
+  const json& so = Field(body, "stream_options");
+  if (so.is_null()) return absl::OkStatus();
+  if (!so.is_object()) return Invalid("stream_options", "must be an object");
+  const json& iu = Field(so, "include_usage");
+  if (iu.is_null()) return absl::OkStatus();
+  if (!iu.is_boolean()) {
+    return Invalid("stream_options.include_usage", "must be a boolean");
+  }
+  out->include_usage = iu.get<bool>();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view body,
+                                                 OpenAiEndpoint endpoint) {
+  const json j = json::parse(body.begin(), body.end(), nullptr, false);
+  if (j.is_discarded()) return Invalid("body", "not valid JSON");
+  if (!j.is_object()) return Invalid("body", "must be a JSON object");
+  OpenAiRequest out;
+  out.endpoint = endpoint;
+  KV_RETURN_IF_ERROR(GetString(j, "model", &out.model));
+  KV_RETURN_IF_ERROR(CheckUnsupported(j));
+  KV_RETURN_IF_ERROR(ParseStreamOptions(j, &out));
+  KV_RETURN_IF_ERROR(
+      ParseSampling(j, endpoint, out.generate.mutable_sampling()));
+  KV_RETURN_IF_ERROR(ParseLogprobs(j, &out));
+  std::string user;
+  KV_RETURN_IF_ERROR(GetString(j, "user", &user));  // type-checked, unused
+  if (endpoint == OpenAiEndpoint::kChatCompletions) {
+    KV_RETURN_IF_ERROR(ParseMessages(j, &out.generate));
+  } else {
+    KV_RETURN_IF_ERROR(ParsePrompt(j, &out.generate));
+  }
+  return out;
+}
+
+absl::Status ToOpenAiFieldNames(const absl::Status& status,
+                                OpenAiEndpoint endpoint) {
+  if (status.ok()) return status;
+  const absl::string_view msg = status.message();
+  const bool chat = endpoint == OpenAiEndpoint::kChatCompletions;
+  static constexpr std::pair<const char*, const char*> kRenames[] = {
+      {"sampling.logprobs", nullptr},  // endpoint-dependent, below
+      {"sampling.", ""},
+      {"chat.messages", "messages"},
+      {"chat:", "messages:"},
+      {"chat", "messages"},
+      {"prompt_token_ids.ids", "prompt"},
+      {"prompt_token_ids", "prompt"},
+  };
+  for (const auto& [from, to] : kRenames) {
+    if (!absl::StartsWith(msg, from)) continue;
+    const absl::string_view rest = msg.substr(absl::string_view(from).size());
+    const char* name =
+        to != nullptr ? to : (chat ? "top_logprobs" : "logprobs");
+    return absl::Status(status.code(), absl::StrCat(name, rest));
+  }
+  return status;
+}
+
+}  // namespace kvserve::server

@@ -1,0 +1,97 @@
+// The JSON side of the OpenAI-compatible API: request bodies of
+// /v1/completions and /v1/chat/completions parsed (type-checked field by
+// field, no exceptions) into a kvserve GenerateRequest, so that the limits
+// and defaults of request_validation.h apply unchanged; response bodies and
+// server-sent-event chunks in OpenAI's shapes; and the one mapping from
+// absl::Status to an HTTP status and OpenAI error body. Does not own HTTP,
+// the engine, or validation bounds (request_validation.h does).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "engine/request_spec.h"
+#include "kvserve/v1/kvserve.pb.h"
+#include "models/tokenizer.h"
+
+namespace kvserve::server {
+
+enum class OpenAiEndpoint { kCompletions, kChatCompletions };
+
+// A parsed request body. Range checks are left to ToRequestSpec.
+struct OpenAiRequest {
+  OpenAiEndpoint endpoint = OpenAiEndpoint::kCompletions;
+  v1::GenerateRequest generate;  // input and sampling
+  std::string model;             // empty when not given
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  bool logprobs = false;       // report logprobs at all
+  int32_t top_logprobs = 0;    // alternatives per token
+};
+
+// Parses `body`. INVALID_ARGUMENT names the field (OpenAI's name) in the
+// message prefix "field: ...", for malformed JSON, wrong types, and
+// unsupported options (n != 1, echo, best_of, suffix, logit_bias, tools).
+[[nodiscard]] absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(
+    absl::string_view body, OpenAiEndpoint endpoint);
+
+// Rewrites a validation error of ToRequestSpec (proto field names such as
+// "sampling.top_p" or "chat.messages[0].role") to OpenAI's field names.
+[[nodiscard]] absl::Status ToOpenAiFieldNames(const absl::Status& status,
+                                              OpenAiEndpoint endpoint);
+
+// An HTTP error response.
+struct HttpError {
+  int http_status = 500;
+  std::string body;  // {"error": {"message", "type", "param", "code"}}
+};
+
+// The single absl::Status -> HTTP mapping: INVALID_ARGUMENT, OUT_OF_RANGE,
+// FAILED_PRECONDITION -> 400; UNAUTHENTICATED -> 401; PERMISSION_DENIED ->
+// 403; NOT_FOUND -> 404; RESOURCE_EXHAUSTED -> 429; UNAVAILABLE -> 503;
+// DEADLINE_EXCEEDED -> 504; anything else -> 500. `param` is the message's
+// "field: " prefix when there is one.
+[[nodiscard]] HttpError ToHttpError(const absl::Status& status);
+
+// What the response writer needs to know about one call.
+struct OpenAiCallInfo {
+  OpenAiEndpoint endpoint = OpenAiEndpoint::kCompletions;
+  std::string id;  // "cmpl-..." / "chatcmpl-..."
+  int64_t created = 0;
+  std::string model;
+  bool logprobs = false;
+  int32_t top_logprobs = 0;
+  bool include_usage = false;
+};
+
+// The whole output of a finished request (finish_reason kStop or kLength).
+struct OpenAiResult {
+  std::string text;
+  std::vector<engine::TokenLogprobs> logprobs;
+  engine::FinishReason finish_reason = engine::FinishReason::kNone;
+  engine::Usage usage;
+};
+
+// The non-streaming response body.
+[[nodiscard]] std::string CompletionBody(const OpenAiCallInfo& call,
+                                         const OpenAiResult& result,
+                                         const models::Tokenizer& tokenizer);
+
+// Server-sent events for one stream delta: "data: {json}\n\n" per chunk.
+// `first` adds chat's role chunk; a finished delta adds the finish chunk,
+// the usage chunk when asked for, and "data: [DONE]\n\n". A finished delta
+// whose reason is not stop/length gets an error event (`error`) instead.
+[[nodiscard]] std::string StreamEvents(const OpenAiCallInfo& call,
+                                       const engine::StreamDelta& delta,
+                                       bool first,
+                                       const models::Tokenizer& tokenizer,
+                                       const absl::Status& error);
+
+// GET /v1/models.
+[[nodiscard]] std::string ModelsBody(const std::string& model, int64_t created);
+
+}  // namespace kvserve::server

@@ -1,0 +1,282 @@
+// Response bodies, stream events, and errors of openai_json.h.
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+#include "server/openai_json.h"
+
+namespace kvserve::server {
+namespace {
+
+using json = nlohmann::json;
+
+std::string Dump(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+bool IsChat(const OpenAiCallInfo& call) {
+  return call.endpoint == OpenAiEndpoint::kChatCompletions;
+}
+
+json FinishReasonJson(engine::FinishReason r) {
+  switch (r) {
+    case engine::FinishReason::kStop:
+      return "stop";
+    case engine::FinishReason::kLength:
+      return "length";
+    default:
+      return nullptr;
+  }
+}
+
+json UsageJson(const engine::Usage& u) {
+  return {
+      {"prompt_tokens", u.prompt_tokens},
+      {"completion_tokens", u.completion_tokens},
+      {"total_tokens", u.prompt_tokens + u.completion_tokens},
+      {"prompt_tokens_details", {{"cached_tokens", u.cached_prompt_tokens}}}};
+}
+
+json Bytes(const std::string& piece) {
+  json out = json::array();
+  for (unsigned char c : piece) out.push_back(static_cast<int>(c));
+  return out;
+}
+
+// Chat: {"content": [{token, logprob, bytes, top_logprobs: [...]}]}.
+json ChatLogprobs(const OpenAiCallInfo& call,
+                  const std::vector<engine::TokenLogprobs>& lps,
+                  const models::Tokenizer& tok) {
+  json content = json::array();
+  for (const engine::TokenLogprobs& lp : lps) {
+    const std::string& piece = tok.TokenToPiece(lp.token);
+    json top = json::array();
+    for (size_t i = 0;
+         i < lp.top.size() && static_cast<int32_t>(i) < call.top_logprobs;
+         ++i) {
+      const std::string& p = tok.TokenToPiece(lp.top[i].token);
+      top.push_back(
+          {{"token", p}, {"logprob", lp.top[i].logprob}, {"bytes", Bytes(p)}});
+    }
+    content.push_back({{"token", piece},
+                       {"logprob", lp.logprob},
+                       {"bytes", Bytes(piece)},
+                       {"top_logprobs", std::move(top)}});
+  }
+  return {{"content", std::move(content)}};
+}
+
+// Completions (legacy): tokens, token_logprobs, top_logprobs, text_offset.
+json CompletionLogprobs(const OpenAiCallInfo& call,
+                        const std::vector<engine::TokenLogprobs>& lps,
+                        const models::Tokenizer& tok, int64_t* offset) {
+  json tokens = json::array(), token_lps = json::array(), tops = json::array(),
+       offsets = json::array();
+  for (const engine::TokenLogprobs& lp : lps) {
+    const std::string& piece = tok.TokenToPiece(lp.token);
+    tokens.push_back(piece);
+    token_lps.push_back(lp.logprob);
+    json top = json::object();
+    for (size_t i = 0;
+         i < lp.top.size() && static_cast<int32_t>(i) < call.top_logprobs;
+         ++i) {
+      top[tok.TokenToPiece(lp.top[i].token)] = lp.top[i].logprob;
+    }
+    tops.push_back(std::move(top));
+    offsets.push_back(*offset);
+    *offset += static_cast<int64_t>(piece.size());
+  }
+  return {{"tokens", std::move(tokens)},
+          {"token_logprobs", std::move(token_lps)},
+          {"top_logprobs", std::move(tops)},
+          {"text_offset", std::move(offsets)}};
+}
+
+json LogprobsJson(const OpenAiCallInfo& call,
+                  const std::vector<engine::TokenLogprobs>& lps,
+                  const models::Tokenizer& tok) {
+  if (!call.logprobs) return nullptr;
+  if (IsChat(call)) return ChatLogprobs(call, lps, tok);
+  int64_t offset = 0;
+  return CompletionLogprobs(call, lps, tok, &offset);
+}
+
+json Envelope(const OpenAiCallInfo& call, bool chunk) {
+  const char* object =
+      IsChat(call) ? (chunk ? "chat.completion.chunk" : "chat.completion")
+                   : "text_completion";
+  return {{"id", call.id},
+          {"object", object},
+          {"created", call.created},
+          {"model", call.model}};
+}
+
+std::string Event(const json& j) {
+  return absl::StrCat("data: ", Dump(j), "\n\n");
+}
+
+// One chunk with a single choice.
+json Chunk(const OpenAiCallInfo& call, json choice) {
+  json j = Envelope(call, true);
+  j["choices"] = json::array({std::move(choice)});
+  if (call.include_usage) j["usage"] = nullptr;
+  return j;
+}
+
+json DeltaChoice(const OpenAiCallInfo& call, const engine::StreamDelta& d,
+                 const models::Tokenizer& tok) {
+  json choice = {{"index", 0},
+                 {"logprobs", LogprobsJson(call, d.logprobs, tok)},
+                 {"finish_reason", nullptr}};
+  if (IsChat(call)) {
+    choice["delta"] = {{"content", d.text}};
+  } else {
+    choice["text"] = d.text;
+  }
+  return choice;
+}
+
+std::string FinalEvents(const OpenAiCallInfo& call,
+                        const engine::StreamDelta& d) {
+  json choice = {{"index", 0},
+                 {"logprobs", nullptr},
+                 {"finish_reason", FinishReasonJson(d.finish_reason)}};
+  if (IsChat(call)) {
+    choice["delta"] = json::object();
+  } else {
+    choice["text"] = "";
+  }
+  std::string out = Event(Chunk(call, std::move(choice)));
+  if (call.include_usage) {
+    json usage = Envelope(call, true);
+    usage["choices"] = json::array();
+    usage["usage"] = UsageJson(d.usage);
+    absl::StrAppend(&out, Event(usage));
+  }
+  absl::StrAppend(&out, "data: [DONE]\n\n");
+  return out;
+}
+
+const char* ErrorType(int http_status) {
+  switch (http_status) {
+    case 400:
+    case 404:
+      return "invalid_request_error";
+    case 401:
+      return "authentication_error";
+    case 403:
+      return "permission_error";
+    case 429:
+      return "rate_limit_error";
+    case 503:
+      return "service_unavailable";
+    default:
+      return "server_error";
+  }
+}
+
+int HttpStatus(absl::StatusCode code) {
+  switch (code) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kFailedPrecondition:
+      return 400;
+    case absl::StatusCode::kUnauthenticated:
+      return 401;
+    case absl::StatusCode::kPermissionDenied:
+      return 403;
+    case absl::StatusCode::kNotFound:
+      return 404;
+    case absl::StatusCode::kResourceExhausted:
+      return 429;
+    case absl::StatusCode::kUnavailable:
+      return 503;
+    case absl::StatusCode::kDeadlineExceeded:
+      return 504;
+    default:
+      return 500;
+  }
+}
+
+// The "field: " prefix of a validation message, or null.
+json ParamOf(absl::string_view msg) {
+  const size_t colon = msg.find(": ");
+  if (colon == absl::string_view::npos || colon == 0) return nullptr;
+  const absl::string_view field = msg.substr(0, colon);
+  if (field.find(' ') != absl::string_view::npos) return nullptr;
+  return std::string(field);
+}
+
+json ErrorJson(const absl::Status& status) {
+  const int http = HttpStatus(status.code());
+  json param = ParamOf(status.message());
+  json code = nullptr;
+  if (status.code() == absl::StatusCode::kNotFound && param == "model") {
+    code = "model_not_found";
+  } else if (http == 429) {
+    code = "rate_limit_exceeded";
+  }
+  return {{"error",
+           {{"message", std::string(status.message())},
+            {"type", ErrorType(http)},
+            {"param", std::move(param)},
+            {"code", std::move(code)}}}};
+}
+
+}  // namespace
+
+HttpError ToHttpError(const absl::Status& status) {
+  return {HttpStatus(status.code()), Dump(ErrorJson(status))};
+}
+
+std::string CompletionBody(const OpenAiCallInfo& call,
+                           const OpenAiResult& result,
+                           const models::Tokenizer& tokenizer) {
+  json choice = {{"index", 0},
+                 {"logprobs", LogprobsJson(call, result.logprobs, tokenizer)},
+                 {"finish_reason", FinishReasonJson(result.finish_reason)}};
+  if (IsChat(call)) {
+    choice["message"] = {{"role", "assistant"}, {"content", result.text}};
+  } else {
+    choice["text"] = result.text;
+  }
+  json j = Envelope(call, false);
+  j["choices"] = json::array({std::move(choice)});
+  j["usage"] = UsageJson(result.usage);
+  return Dump(j);
+}
+
+std::string StreamEvents(const OpenAiCallInfo& call,
+                         const engine::StreamDelta& delta, bool first,
+                         const models::Tokenizer& tokenizer,
+                         const absl::Status& error) {
+  std::string out;
+  if (first && IsChat(call)) {
+    out =
+        Event(Chunk(call, {{"index", 0},
+                           {"delta", {{"role", "assistant"}, {"content", ""}}},
+                           {"logprobs", nullptr},
+                           {"finish_reason", nullptr}}));
+  }
+  if (!delta.text.empty() || !delta.logprobs.empty()) {
+    absl::StrAppend(&out,
+                    Event(Chunk(call, DeltaChoice(call, delta, tokenizer))));
+  }
+  if (!delta.finished) return out;
+  if (!error.ok()) {
+    absl::StrAppend(&out, Event(ErrorJson(error)));
+    return out;
+  }
+  absl::StrAppend(&out, FinalEvents(call, delta));
+  return out;
+}
+
+std::string ModelsBody(const std::string& model, int64_t created) {
+  json entry = {{"id", model},
+                {"object", "model"},
+                {"created", created},
+                {"owned_by", "kvserve"}};
+  return Dump({{"object", "list"}, {"data", json::array({std::move(entry)})}});
+}
+
+}  // namespace kvserve::server

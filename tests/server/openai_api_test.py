@@ -1,0 +1,328 @@
+#!/usr/bin/env python3
+"""End-to-end test of kvserve's OpenAI-compatible API with the official
+`openai` Python client (pinned: pip install openai==3.57.0).
+
+Starts the real binary on free ports and checks /v1/completions and
+/v1/chat/completions (streaming and not, logprobs), /v1/models, the error
+shape and HTTP codes (400 naming the field, 404 for an unknown model or
+route, 503 while draining), and that a client disconnect aborts a stream.
+
+    openai_api_test.py --binary build/server/kvserve --source-dir .
+
+Exits 77 (ctest: skipped) when the openai package is missing.
+"""
+
+import argparse
+import http.client
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import unittest
+
+ARGS = None
+LISTENING = re.compile(r"kvserve: listening grpc=(\S+):(\d+) http=(\S+):(\d+)")
+PROMPT = "The capital of France is"
+
+
+class Server:
+    """A kvserve process on free ports; output collected by a thread."""
+
+    def __init__(self, *extra):
+        model = os.path.join(ARGS.source_dir, "weights",
+                             "SmolLM2-135M-Instruct.Q4_1.gguf")
+        if not os.path.exists(model):
+            raise RuntimeError(f"{model} missing (run deploy/setup.sh)")
+        cmd = [ARGS.binary, "--model", model, "--port", "0",
+               "--http-port", "0", *extra]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT)
+        self.output = []
+        self.cond = threading.Condition()
+        self.eof = False
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+        match = self._wait_for(LISTENING, timeout=60)
+        if match is None:
+            self.kill()
+            raise RuntimeError("kvserve did not start:\n" + self.text())
+        self.http_port = int(match.group(4))
+
+    def _read(self):
+        for line in iter(self.proc.stdout.readline, b""):
+            with self.cond:
+                self.output.append(line.decode("utf-8", "replace"))
+                self.cond.notify_all()
+        with self.cond:
+            self.eof = True
+            self.cond.notify_all()
+
+    def text(self):
+        with self.cond:
+            return "".join(self.output)
+
+    def _wait_for(self, pattern, timeout):
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while True:
+                match = pattern.search("".join(self.output))
+                left = deadline - time.monotonic()
+                if match or self.eof or left <= 0:
+                    return match
+                self.cond.wait(left)
+
+    def request(self, method, path, body=None):
+        """(status, parsed JSON or raw text) over plain http.client."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.http_port,
+                                          timeout=30)
+        try:
+            data = body if isinstance(body, (bytes, type(None))) else (
+                json.dumps(body).encode())
+            conn.request(method, path, body=data,
+                         headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            raw = resp.read().decode("utf-8", "replace")
+            try:
+                return resp.status, json.loads(raw)
+            except ValueError:
+                return resp.status, raw
+        finally:
+            conn.close()
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self.reader.join(timeout=10)
+        self.proc.stdout.close()
+
+
+class OpenAiApiTest(unittest.TestCase):
+    server = None
+
+    @classmethod
+    def setUpClass(cls):
+        import openai
+        cls.openai = openai
+        cls.server = Server("--max-model-len", "512", "--kv-cache-bytes",
+                            "64MiB")
+        cls.client = openai.OpenAI(
+            base_url=f"http://127.0.0.1:{cls.server.http_port}/v1",
+            api_key="unused", timeout=30, max_retries=0)
+        cls.model = cls.client.models.list().data[0].id
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.client.close()
+        cls.server.kill()
+
+    def greedy_completion(self, **kw):
+        return self.client.completions.create(
+            model=self.model, prompt=PROMPT, temperature=0, max_tokens=8,
+            extra_body={"ignore_eos": True}, **kw)
+
+    def test_models(self):
+        models = self.client.models.list().data
+        self.assertEqual(len(models), 1)
+        self.assertEqual(models[0].object, "model")
+        self.assertEqual(models[0].owned_by, "kvserve")
+        self.assertTrue(models[0].id)
+
+    def test_completion(self):
+        c = self.greedy_completion()
+        self.assertTrue(c.id.startswith("cmpl-"))
+        self.assertEqual(c.object, "text_completion")
+        self.assertEqual(c.model, self.model)
+        self.assertEqual(len(c.choices), 1)
+        self.assertEqual(c.choices[0].finish_reason, "length")
+        self.assertTrue(c.choices[0].text)
+        self.assertEqual(c.usage.completion_tokens, 8)
+        self.assertGreater(c.usage.prompt_tokens, 0)
+        self.assertEqual(c.usage.total_tokens,
+                         c.usage.prompt_tokens + c.usage.completion_tokens)
+        self.assertIsNotNone(c.usage.prompt_tokens_details)
+        self.assertGreaterEqual(c.usage.prompt_tokens_details.cached_tokens, 0)
+        self.assertEqual(self.greedy_completion().choices[0].text,
+                         c.choices[0].text)
+
+    def test_completion_token_ids_and_logprobs(self):
+        c = self.client.completions.create(
+            model=self.model, prompt=[1, 504, 3575, 282], temperature=0,
+            max_tokens=4, logprobs=2, extra_body={"ignore_eos": True})
+        lp = c.choices[0].logprobs
+        self.assertEqual(len(lp.tokens), 4)
+        self.assertEqual(len(lp.token_logprobs), 4)
+        self.assertTrue(all(x <= 0 for x in lp.token_logprobs))
+        self.assertTrue(all(len(t) == 2 for t in lp.top_logprobs))
+        self.assertEqual(c.usage.prompt_tokens, 4)
+
+    def test_streaming_completion_matches(self):
+        text = self.greedy_completion().choices[0].text
+        chunks = list(self.greedy_completion(
+            stream=True, stream_options={"include_usage": True}))
+        streamed = "".join(ch.choices[0].text for ch in chunks if ch.choices)
+        self.assertEqual(streamed, text)
+        finals = [ch.choices[0].finish_reason for ch in chunks if ch.choices]
+        self.assertEqual(finals[-1], "length")
+        self.assertEqual(chunks[-1].usage.completion_tokens, 8)
+
+    def test_stream_done_terminator(self):
+        status, raw = self.server.request("POST", "/v1/completions", {
+            "prompt": PROMPT, "max_tokens": 4, "temperature": 0,
+            "stream": True})
+        self.assertEqual(status, 200)
+        events = [e for e in raw.split("\n\n") if e]
+        self.assertTrue(all(e.startswith("data: ") for e in events), raw)
+        self.assertEqual(events[-1], "data: [DONE]")
+        self.assertEqual(raw.count("[DONE]"), 1)
+
+    def test_chat(self):
+        messages = [{"role": "system", "content": "Be brief."},
+                    {"role": "user", "content": "Name a color."}]
+        c = self.client.chat.completions.create(
+            model=self.model, messages=messages, temperature=0,
+            max_completion_tokens=8)
+        self.assertTrue(c.id.startswith("chatcmpl-"))
+        self.assertEqual(c.object, "chat.completion")
+        msg = c.choices[0].message
+        self.assertEqual(msg.role, "assistant")
+        self.assertTrue(msg.content)
+        self.assertIn(c.choices[0].finish_reason, ("stop", "length"))
+        self.assertLessEqual(c.usage.completion_tokens, 8)
+        chunks = list(self.client.chat.completions.create(
+            model=self.model, messages=messages, temperature=0, max_tokens=8,
+            stream=True))
+        self.assertEqual(chunks[0].choices[0].delta.role, "assistant")
+        streamed = "".join(ch.choices[0].delta.content or ""
+                           for ch in chunks)
+        self.assertEqual(streamed, msg.content)
+        self.assertEqual(chunks[-1].choices[0].finish_reason,
+                         c.choices[0].finish_reason)
+        self.assertTrue(all(ch.object == "chat.completion.chunk"
+                            for ch in chunks))
+
+    def test_chat_logprobs(self):
+        c = self.client.chat.completions.create(
+            model=self.model, messages=[{"role": "user", "content": "Hi"}],
+            temperature=0, max_tokens=3, logprobs=True, top_logprobs=2)
+        content = c.choices[0].logprobs.content
+        self.assertEqual(len(content), c.usage.completion_tokens)
+        self.assertEqual(len(content[0].top_logprobs), 2)
+
+    def assert_bad_request(self, param, **kw):
+        with self.assertRaises(self.openai.BadRequestError) as ctx:
+            self.client.completions.create(model=self.model, prompt=PROMPT,
+                                           max_tokens=2, **kw)
+        err = ctx.exception
+        self.assertEqual(err.status_code, 400)
+        self.assertIn(param, err.body["message"])
+        self.assertEqual(err.body["param"], param)
+        self.assertEqual(err.body["type"], "invalid_request_error")
+
+    def test_errors_bad_request(self):
+        self.assert_bad_request("temperature", temperature=-1)
+        self.assert_bad_request("top_p", top_p=1.5)
+        self.assert_bad_request("n", n=2)
+        self.assert_bad_request("echo", echo=True)
+        self.assert_bad_request("temperature",
+                                extra_body={"temperature": "hot"})
+        with self.assertRaises(self.openai.BadRequestError) as ctx:
+            self.client.chat.completions.create(
+                model=self.model, max_tokens=2,
+                messages=[{"role": "wizard", "content": "hi"}])
+        self.assertEqual(ctx.exception.body["param"], "messages[0].role")
+
+    def test_errors_not_found(self):
+        with self.assertRaises(self.openai.NotFoundError) as ctx:
+            self.client.completions.create(model="no-such-model",
+                                           prompt=PROMPT, max_tokens=2)
+        self.assertEqual(ctx.exception.body["code"], "model_not_found")
+        status, body = self.server.request("POST", "/v1/nothing", {})
+        self.assertEqual(status, 404)
+        self.assertIn("error", body)
+
+    def test_model_path_alias(self):
+        path = os.path.join(ARGS.source_dir, "weights",
+                            "SmolLM2-135M-Instruct.Q4_1.gguf")
+        c = self.client.completions.create(model=path, prompt=PROMPT,
+                                           max_tokens=1)
+        self.assertEqual(c.model, self.model)
+
+    def cancelled_count(self):
+        _, text = self.server.request("GET", "/metrics")
+        m = re.search(r'^kvserve_requests_finished_total\{reason="cancelled"\} '
+                      r'(\S+)$', text, re.M)
+        return float(m.group(1))
+
+    def test_client_disconnect_aborts(self):
+        before = self.cancelled_count()
+        conn = http.client.HTTPConnection("127.0.0.1", self.server.http_port,
+                                          timeout=30)
+        conn.request("POST", "/v1/completions", body=json.dumps({
+            "prompt": PROMPT, "max_tokens": 480, "ignore_eos": True,
+            "stream": True}), headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        self.assertEqual(resp.status, 200)
+        self.assertEqual(resp.read(6), b"data: ")
+        resp.close()
+        conn.close()
+        deadline = time.monotonic() + 20
+        while self.cancelled_count() == before:
+            self.assertLess(time.monotonic(), deadline, "request not aborted")
+            time.sleep(0.05)  # poll interval, not synchronization
+
+    def test_malformed_json(self):
+        status, body = self.server.request("POST", "/v1/completions",
+                                           b"{not json")
+        self.assertEqual(status, 400)
+        self.assertEqual(body["error"]["type"], "invalid_request_error")
+
+
+class DrainTest(unittest.TestCase):
+    def test_drain_answers_503_and_finishes_streams(self):
+        server = Server("--max-model-len", "512", "--kv-cache-bytes",
+                        "64MiB", "--drain-timeout", "60")
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", server.http_port,
+                                              timeout=60)
+            conn.request("POST", "/v1/completions", body=json.dumps({
+                "prompt": PROMPT, "max_tokens": 300, "ignore_eos": True,
+                "stream": True}), headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            self.assertEqual(resp.read(6), b"data: ")  # running now
+            server.proc.send_signal(signal.SIGTERM)
+            self.assertIsNotNone(server._wait_for(re.compile("draining"), 10))
+            status, body = server.request("POST", "/v1/completions", {
+                "prompt": PROMPT, "max_tokens": 2})
+            self.assertEqual(status, 503, body)
+            self.assertEqual(body["error"]["type"], "service_unavailable")
+            rest = resp.read().decode()
+            self.assertTrue(rest.endswith("data: [DONE]\n\n"), rest[-200:])
+            self.assertIn('"finish_reason":"length"', rest)
+            conn.close()
+            self.assertEqual(server.proc.wait(timeout=60), 0, server.text())
+        finally:
+            server.kill()
+
+
+def main():
+    global ARGS
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--binary", required=True)
+    parser.add_argument("--source-dir", required=True)
+    ARGS, rest = parser.parse_known_args()
+    try:
+        import openai  # noqa: F401
+    except ImportError as e:
+        print(f"SKIP: {e} (pip install openai==3.57.0)")
+        return 77
+    prog = unittest.main(argv=[sys.argv[0], *rest], exit=False, verbosity=2)
+    return 0 if prog.result.wasSuccessful() else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

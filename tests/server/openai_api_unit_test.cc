@@ -1,0 +1,128 @@
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "server/openai_json.h"
+
+namespace kvserve::server {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+constexpr auto kCompletions = OpenAiEndpoint::kCompletions;
+constexpr auto kChat = OpenAiEndpoint::kChatCompletions;
+
+TEST(OpenAiJsonTest, ParsesCompletionFields) {
+  absl::StatusOr<OpenAiRequest> r = ParseOpenAiRequest(
+      R"({"model": "m", "prompt": "hi", "max_tokens": 8, "temperature": 0,
+          "top_p": 0.9, "top_k": 5, "seed": 7, "stop": ["a", "b"],
+          "logprobs": 3, "stream": true,
+          "stream_options": {"include_usage": true}, "ignore_eos": true,
+          "user": "u", "n": 1})",
+      kCompletions);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->model, "m");
+  EXPECT_EQ(r->generate.prompt(), "hi");
+  const v1::SamplingParams& p = r->generate.sampling();
+  EXPECT_EQ(p.max_tokens(), 8);
+  EXPECT_EQ(p.temperature(), 0);
+  EXPECT_FLOAT_EQ(p.top_p(), 0.9f);
+  EXPECT_EQ(p.top_k(), 5);
+  EXPECT_EQ(p.seed(), 7u);
+  ASSERT_EQ(p.stop_size(), 2);
+  EXPECT_EQ(p.logprobs(), 3);
+  EXPECT_TRUE(p.ignore_eos());
+  EXPECT_TRUE(r->stream);
+  EXPECT_TRUE(r->include_usage);
+  EXPECT_TRUE(r->logprobs);
+  EXPECT_EQ(r->top_logprobs, 3);
+}
+
+TEST(OpenAiJsonTest, ParsesTokenPromptAndChat) {
+  absl::StatusOr<OpenAiRequest> r =
+      ParseOpenAiRequest(R"({"prompt": [1, 2, 3]})", kCompletions);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->generate.prompt_token_ids().ids_size(), 3);
+  r = ParseOpenAiRequest(
+      R"({"messages": [{"role": "user", "content": "x"},
+          {"role": "user", "content": [{"type": "text", "text": "y"}]}],
+          "max_completion_tokens": 4, "logprobs": true})",
+      kChat);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->generate.chat().messages_size(), 2);
+  EXPECT_EQ(r->generate.chat().messages(1).content(), "y");
+  EXPECT_EQ(r->generate.sampling().max_tokens(), 4);
+  EXPECT_TRUE(r->logprobs);
+  EXPECT_EQ(r->top_logprobs, 0);
+  EXPECT_EQ(r->generate.sampling().logprobs(), 1);  // engine needs >= 1
+}
+
+void ExpectInvalid(const std::string& body, OpenAiEndpoint endpoint,
+                   const std::string& field) {
+  absl::StatusOr<OpenAiRequest> r = ParseOpenAiRequest(body, endpoint);
+  ASSERT_FALSE(r.ok()) << body;
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()), StartsWith(field + ": "))
+      << body;
+}
+
+TEST(OpenAiJsonTest, RejectsWrongTypesAndUnsupported) {
+  ExpectInvalid("{not json", kCompletions, "body");
+  ExpectInvalid("[1]", kCompletions, "body");
+  ExpectInvalid(R"({"prompt": "x", "temperature": "hot"})", kCompletions,
+                "temperature");
+  ExpectInvalid(R"({"prompt": "x", "max_tokens": 1.5})", kCompletions,
+                "max_tokens");
+  ExpectInvalid(R"({"prompt": "x", "n": 2})", kCompletions, "n");
+  ExpectInvalid(R"({"prompt": "x", "echo": true})", kCompletions, "echo");
+  ExpectInvalid(R"({"prompt": "x", "stop": [1]})", kCompletions, "stop[0]");
+  ExpectInvalid(R"({"prompt": "x", "stream": "yes"})", kCompletions, "stream");
+  ExpectInvalid(R"({"prompt": [1, "a"]})", kCompletions, "prompt[1]");
+  ExpectInvalid(R"({"prompt": 5})", kCompletions, "prompt");
+  ExpectInvalid(R"({"messages": "hi"})", kChat, "messages");
+  ExpectInvalid(R"({"messages": [{"role": 1}]})", kChat, "messages[0].role");
+  ExpectInvalid(R"({"messages": [], "top_logprobs": 2})", kChat,
+                "top_logprobs");
+}
+
+TEST(OpenAiJsonTest, RenamesValidationFields) {
+  auto renamed = [](const char* msg, OpenAiEndpoint e) {
+    return std::string(
+        ToOpenAiFieldNames(absl::InvalidArgumentError(msg), e).message());
+  };
+  EXPECT_EQ(renamed("sampling.top_p: bad", kCompletions), "top_p: bad");
+  EXPECT_EQ(renamed("sampling.logprobs: bad", kCompletions), "logprobs: bad");
+  EXPECT_EQ(renamed("sampling.logprobs: bad", kChat), "top_logprobs: bad");
+  EXPECT_EQ(renamed("chat.messages[0].role: bad", kChat),
+            "messages[0].role: bad");
+  EXPECT_EQ(renamed("prompt_token_ids.ids[2]: bad", kCompletions),
+            "prompt[2]: bad");
+}
+
+TEST(OpenAiJsonTest, MapsStatusToHttp) {
+  HttpError e = ToHttpError(absl::InvalidArgumentError("top_p: bad"));
+  EXPECT_EQ(e.http_status, 400);
+  nlohmann::json j = nlohmann::json::parse(e.body, nullptr, false);
+  ASSERT_FALSE(j.is_discarded());
+  EXPECT_EQ(j["error"]["param"], "top_p");
+  EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(ToHttpError(absl::NotFoundError("model: x")).http_status, 404);
+  EXPECT_THAT(ToHttpError(absl::NotFoundError("model: x")).body,
+              HasSubstr("model_not_found"));
+  EXPECT_EQ(ToHttpError(absl::ResourceExhaustedError("q")).http_status, 429);
+  EXPECT_EQ(ToHttpError(absl::UnavailableError("d")).http_status, 503);
+  EXPECT_EQ(ToHttpError(absl::InternalError("x")).http_status, 500);
+  EXPECT_EQ(ToHttpError(absl::OutOfRangeError("x")).http_status, 400);
+}
+
+TEST(OpenAiJsonTest, ModelsBody) {
+  nlohmann::json j = nlohmann::json::parse(ModelsBody("m", 5), nullptr, false);
+  EXPECT_EQ(j["object"], "list");
+  EXPECT_EQ(j["data"][0]["id"], "m");
+  EXPECT_EQ(j["data"][0]["owned_by"], "kvserve");
+}
+
+}  // namespace
+}  // namespace kvserve::server
