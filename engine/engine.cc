@@ -56,6 +56,9 @@ absl::Status Engine::Impl::Init(
   // the scheduler's bound only backs it up.
   sc.max_queued_requests = std::max(config_.max_queued_requests, 1) * 2 + 64;
   sc.max_model_len = max_model_len_;
+  sc.enable_prefix_caching = config_.enable_prefix_caching;
+  // Cached KV is only valid for the weights that computed it.
+  sc.model_id = model_.path;
   KV_ASSIGN_OR_RETURN(sc.policy,
                       scheduler::ParseSchedulingPolicy(config_.scheduling_policy));
   KV_ASSIGN_OR_RETURN(scheduler_, scheduler::Scheduler::Create(sc));

@@ -37,6 +37,7 @@ struct EngineConfig {
   int32_t max_model_len = 0;      // 0: the model's max context
   double watermark = 0.01;        // fraction of blocks kept free at admission
   std::string scheduling_policy = "fcfs";  // fcfs | priority
+  bool enable_prefix_caching = true;
 };
 
 // Static facts about the loaded model and cache, for GetModelInfo and logs.
@@ -81,6 +82,8 @@ class Engine {
   // Stops admitting (Submit returns UNAVAILABLE), lets in-flight requests
   // finish until `timeout`, cancels the rest. Returns when all are done.
   void Drain(absl::Duration timeout);
+  // Stops admitting at once (Submit returns UNAVAILABLE); Drain waits.
+  void BeginDrain() { draining_.store(true); }
   bool draining() const { return draining_.load(); }
 
   const ModelInfo& model_info() const;

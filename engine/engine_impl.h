@@ -99,6 +99,7 @@ class Engine::Impl {
   absl::flat_hash_map<RequestId, std::unique_ptr<LiveRequest>> live_reqs_;
   std::vector<float> logits_;
   int64_t preemptions_seen_ = 0, preempted_tokens_seen_ = 0;
+  int64_t prefix_queries_seen_ = 0, prefix_hits_seen_ = 0;
 
   mutable absl::Mutex stats_mu_;
   EngineStats stats_ ABSL_GUARDED_BY(stats_mu_);

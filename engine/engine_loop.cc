@@ -195,6 +195,10 @@ void Engine::Impl::Step() {
       if (metrics_) {
         metrics_->ObserveQueueTime(SecondsBetween(r.arrival, t0));
         metrics_->AddPromptTokens(r.spec.prompt_tokens.size());
+        if (config_.enable_prefix_caching) {
+          metrics_->AddUncacheableTokens(r.spec.prompt_tokens.size() %
+                                         config_.block_size);
+        }
       }
     }
   }
@@ -288,10 +292,15 @@ void Engine::Impl::PublishStats(double step_seconds, int64_t tokens) {
     metrics_->AddPreemptions(s.num_preemptions_total - preemptions_seen_);
     metrics_->AddRecomputedTokens(s.num_preempted_tokens_total -
                                   preempted_tokens_seen_);
+    metrics_->AddPrefixCache(
+        s.prefix_cache_queries_tokens - prefix_queries_seen_,
+        s.prefix_cache_hit_tokens - prefix_hits_seen_);
     if (tokens > 0) metrics_->ObserveStep(step_seconds, tokens);
   }
   preemptions_seen_ = s.num_preemptions_total;
   preempted_tokens_seen_ = s.num_preempted_tokens_total;
+  prefix_queries_seen_ = s.prefix_cache_queries_tokens;
+  prefix_hits_seen_ = s.prefix_cache_hit_tokens;
   absl::MutexLock lock(&stats_mu_);
   stats_.running = s.num_running;
   stats_.waiting = s.num_waiting;

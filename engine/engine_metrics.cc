@@ -85,6 +85,23 @@ EngineMetrics::EngineMetrics(prometheus::Registry& r,
                          "long, draining)")
                    .Register(r)
                    .Add({});
+  prefix_queries_ = &BuildCounter()
+                         .Name("kvserve_prefix_cache_queries_tokens_total")
+                         .Help("Prompt tokens looked up in the prefix cache")
+                         .Register(r)
+                         .Add({});
+  prefix_hits_ = &BuildCounter()
+                      .Name("kvserve_prefix_cache_hits_tokens_total")
+                      .Help("Prompt tokens served from the prefix cache")
+                      .Register(r)
+                      .Add({});
+  prefix_uncacheable_ =
+      &BuildCounter()
+           .Name("kvserve_prefix_cache_uncacheable_tokens_total")
+           .Help("Prompt tokens in a partial last block, which cannot be "
+                 "cached")
+           .Register(r)
+           .Add({});
   auto& fin = BuildCounter()
                   .Name("kvserve_requests_finished_total")
                   .Help("Finished requests by reason")

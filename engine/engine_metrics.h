@@ -40,12 +40,18 @@ class EngineMetrics {
   void ObserveQueueTime(double s) { queue_->Observe(s); }
   void Finished(FinishReason reason, double e2e_seconds);
   void Rejected() { rejected_->Increment(); }
+  void AddPrefixCache(int64_t queried, int64_t hits) {
+    prefix_queries_->Increment(queried);
+    prefix_hits_->Increment(hits);
+  }
+  void AddUncacheableTokens(int64_t n) { prefix_uncacheable_->Increment(n); }
 
  private:
   prometheus::Gauge *blocks_active_, *blocks_cached_, *blocks_free_,
       *blocks_total_, *usage_, *unwritten_, *running_, *waiting_;
   prometheus::Counter *preempt_recompute_, *preempt_swap_, *recomputed_tokens_,
-      *prompt_tokens_, *generation_tokens_, *steps_, *rejected_;
+      *prompt_tokens_, *generation_tokens_, *steps_, *rejected_,
+      *prefix_queries_, *prefix_hits_, *prefix_uncacheable_;
   prometheus::Counter* finished_[6];
   prometheus::Histogram *ttft_, *itl_, *e2e_, *queue_, *step_time_,
       *step_tokens_;

@@ -72,6 +72,9 @@ void RegisterFlags(ServeFlags* f, CliArgs* args) {
             0, 1 << 24);
   args->String("scheduling-policy", &o.engine.scheduling_policy,
                "fcfs or priority (default fcfs)");
+  args->Bool("prefix-caching", &o.engine.enable_prefix_caching,
+             "share KV blocks of common prompt prefixes (default on; "
+             "--no-prefix-caching turns it off)");
   args->Float("drain-timeout", &f->drain_timeout,
               "seconds in-flight requests may finish after SIGTERM/SIGINT "
               "(default 30)",

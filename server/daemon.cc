@@ -103,6 +103,8 @@ void Daemon::Shutdown(absl::Duration drain_timeout) {
   if (shut_down_) return;
   shut_down_ = true;
   ready_.store(false);
+  // Refuse new work before anything is logged or waited for.
+  if (engine_ != nullptr) engine_->BeginDrain();
   const absl::Time t0 = absl::Now();
   if (grpc_server_ != nullptr) {
     // Every service NOT_SERVING, and it stays so.

@@ -261,6 +261,12 @@ absl::StatusOr<engine::RequestSpec> ToRequestSpec(
                                                  request.request_id().size()));
   }
   KV_RETURN_IF_ERROR(CheckUtf8("request_id", request.request_id()));
+  if (static_cast<int64_t>(request.cache_salt().size()) >
+      limits.max_request_id_bytes) {
+    return Invalid("cache_salt", absl::StrFormat("at most %d bytes, got %d",
+                                                 limits.max_request_id_bytes,
+                                                 request.cache_salt().size()));
+  }
   const v1::SamplingParams& p = request.sampling();
   KV_RETURN_IF_ERROR(CheckSampling(p, limits));
   KV_RETURN_IF_ERROR(CheckStops(p, model.tokenizer->vocab_size(), limits));
@@ -279,6 +285,7 @@ absl::StatusOr<engine::RequestSpec> ToRequestSpec(
                              p.stop_token_ids().end());
   spec.ignore_eos = p.ignore_eos();
   spec.priority = request.priority();
+  spec.cache_salt = request.cache_salt();
   return spec;
 }
 
