@@ -25,9 +25,16 @@ absl::StatusOr<int64_t> ParseBytes(absl::string_view text) {
   absl::AsciiStrToLower(&unit);
   if (unit.size() > 1 && unit.back() == 'b') unit.pop_back();
   static constexpr std::pair<const char*, double> kUnits[] = {
-      {"", 1.0},    {"b", 1.0},      {"k", 1e3},           {"m", 1e6},
-      {"g", 1e9},   {"t", 1e12},     {"ki", 1024.0},       {"mi", 1048576.0},
-      {"gi", 1073741824.0},          {"ti", 1099511627776.0}};
+      {"", 1.0},
+      {"b", 1.0},
+      {"k", 1e3},
+      {"m", 1e6},
+      {"g", 1e9},
+      {"t", 1e12},
+      {"ki", 1024.0},
+      {"mi", 1048576.0},
+      {"gi", 1073741824.0},
+      {"ti", 1099511627776.0}};
   if (split > 0 && absl::SimpleAtod(t.substr(0, split), &number)) {
     for (const auto& [name, scale] : kUnits) {
       if (unit != name) continue;
@@ -42,23 +49,21 @@ absl::StatusOr<int64_t> ParseBytes(absl::string_view text) {
 
 void CliArgs::String(const std::string& name, std::string* dst,
                      const std::string& help) {
-  flags_.push_back({name, help, "STRING", false, false,
-                    [dst](const std::string& v) {
-                      *dst = v;
-                      return absl::OkStatus();
-                    }});
+  flags_.push_back(
+      {name, help, "STRING", false, false, [dst](const std::string& v) {
+         *dst = v;
+         return absl::OkStatus();
+       }});
 }
 
 void CliArgs::Int(const std::string& name, int64_t* dst,
                   const std::string& help, int64_t min, int64_t max) {
   flags_.push_back(
-      {name, help, "N", false, false,
-       [=](const std::string& v) {
+      {name, help, "N", false, false, [=](const std::string& v) {
          int64_t x;
          if (!absl::SimpleAtoi(v, &x) || x < min || x > max) {
            return absl::InvalidArgumentError(absl::StrFormat(
-               "--%s: '%s' must be an integer in [%d, %d]", name, v, min,
-               max));
+               "--%s: '%s' must be an integer in [%d, %d]", name, v, min, max));
          }
          *dst = x;
          return absl::OkStatus();
@@ -68,8 +73,7 @@ void CliArgs::Int(const std::string& name, int64_t* dst,
 void CliArgs::Float(const std::string& name, double* dst,
                     const std::string& help, double min, double max) {
   flags_.push_back(
-      {name, help, "X", false, false,
-       [=](const std::string& v) {
+      {name, help, "X", false, false, [=](const std::string& v) {
          double x;
          if (!absl::SimpleAtod(v, &x) || !(x >= min && x <= max)) {
            return absl::InvalidArgumentError(absl::StrFormat(
@@ -82,8 +86,7 @@ void CliArgs::Float(const std::string& name, double* dst,
 
 void CliArgs::Bool(const std::string& name, bool* dst,
                    const std::string& help) {
-  flags_.push_back({name, help, "", true, false,
-                    [=](const std::string& v) {
+  flags_.push_back({name, help, "", true, false, [=](const std::string& v) {
                       if (v == "true" || v == "1" || v.empty()) {
                         *dst = true;
                       } else if (v == "false" || v == "0") {
@@ -98,16 +101,16 @@ void CliArgs::Bool(const std::string& name, bool* dst,
 
 void CliArgs::Bytes(const std::string& name, int64_t* dst,
                     const std::string& help) {
-  flags_.push_back({name, help, "BYTES", false, false,
-                    [=](const std::string& v) {
-                      absl::StatusOr<int64_t> b = ParseBytes(v);
-                      if (!b.ok()) {
-                        return absl::InvalidArgumentError(absl::StrCat(
-                            "--", name, ": ", b.status().message()));
-                      }
-                      *dst = *b;
-                      return absl::OkStatus();
-                    }});
+  flags_.push_back(
+      {name, help, "BYTES", false, false, [=](const std::string& v) {
+         absl::StatusOr<int64_t> b = ParseBytes(v);
+         if (!b.ok()) {
+           return absl::InvalidArgumentError(
+               absl::StrCat("--", name, ": ", b.status().message()));
+         }
+         *dst = *b;
+         return absl::OkStatus();
+       }});
 }
 
 CliArgs::Flag* CliArgs::Find(const std::string& name) {
@@ -153,8 +156,7 @@ absl::Status CliArgs::Parse(int argc, const char* const* argv, int first) {
     if (!has_value && !f->is_bool) {
       if (i + 1 >= argc) {
         return absl::InvalidArgumentError(absl::StrFormat(
-            "%s: flag --%s needs a value (%s)", command_, name,
-            f->value_hint));
+            "%s: flag --%s needs a value (%s)", command_, name, f->value_hint));
       }
       value = argv[++i];
     }

@@ -31,11 +31,14 @@ absl::StatusOr<std::unique_ptr<KvCacheStorage>> KvCacheStorage::Create(
   if (blocks > INT32_MAX) blocks = INT32_MAX;
   auto s = std::unique_ptr<KvCacheStorage>(new KvCacheStorage());
   s->bytes_per_block_ = per_block;
-  s->view_ = {static_cast<int32_t>(blocks), c.block_size, c.num_kv_heads,
-              c.head_dim, {}, {}};
+  s->view_ = {static_cast<int32_t>(blocks),
+              c.block_size,
+              c.num_kv_heads,
+              c.head_dim,
+              {},
+              {}};
   const int64_t floats =
-      blocks * c.block_size * static_cast<int64_t>(c.num_kv_heads) *
-      c.head_dim;
+      blocks * c.block_size * static_cast<int64_t>(c.num_kv_heads) * c.head_dim;
   for (int l = 0; l < 2 * c.num_layers; ++l) {
     // Zero-filled so that a block never written reads as zeros, not garbage.
     std::unique_ptr<float[]> buf(new (std::nothrow) float[floats]());

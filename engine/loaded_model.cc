@@ -16,8 +16,8 @@ absl::StatusOr<LoadedModel> LoadModel(std::string_view name_or_path) {
   out.config = files.config;
   models::TokenizerData tok_data = std::move(files.tokenizer);
   if (!files.tokenizer_json_path.empty()) {
-    KV_ASSIGN_OR_RETURN(tok_data, models::ReadTokenizerJson(
-                                      files.tokenizer_json_path));
+    KV_ASSIGN_OR_RETURN(tok_data,
+                        models::ReadTokenizerJson(files.tokenizer_json_path));
   }
   out.chat_template = tok_data.chat_template;
   out.chat_format = models::DetectChatFormat(tok_data.chat_template, tok_data);

@@ -19,9 +19,9 @@ OutputProcessor::Step OutputProcessor::Accept(int32_t token) {
   Step step;
   if (stopped_) return step;
   const bool eos = !spec_.ignore_eos && tokenizer_->IsEog(token);
-  const bool stop_id = std::find(spec_.stop_token_ids.begin(),
-                                 spec_.stop_token_ids.end(),
-                                 token) != spec_.stop_token_ids.end();
+  const bool stop_id =
+      std::find(spec_.stop_token_ids.begin(), spec_.stop_token_ids.end(),
+                token) != spec_.stop_token_ids.end();
   if (eos || stop_id) {
     // The stop token itself adds no text.
     stopped_ = true;

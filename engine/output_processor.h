@@ -20,8 +20,8 @@ class OutputProcessor {
 
   // Result of accepting one sampled token.
   struct Step {
-    std::string text;        // text now safe to emit
-    bool stop = false;       // a stop condition matched (finish kStop)
+    std::string text;   // text now safe to emit
+    bool stop = false;  // a stop condition matched (finish kStop)
   };
   // Accepts `token` (already appended to the request's output).
   Step Accept(int32_t token);

@@ -29,7 +29,14 @@ struct RequestSpec {
   std::string cache_salt;
 };
 
-enum class FinishReason { kNone, kStop, kLength, kCancelled, kDeadline, kError };
+enum class FinishReason {
+  kNone,
+  kStop,
+  kLength,
+  kCancelled,
+  kDeadline,
+  kError
+};
 const char* FinishReasonName(FinishReason r);
 
 struct Usage {
@@ -39,9 +46,9 @@ struct Usage {
 };
 
 struct Timings {
-  double queue_seconds = 0;          // arrival -> first scheduled
-  double time_to_first_token = 0;    // arrival -> first token
-  double total_seconds = 0;          // arrival -> finish
+  double queue_seconds = 0;        // arrival -> first scheduled
+  double time_to_first_token = 0;  // arrival -> first token
+  double total_seconds = 0;        // arrival -> finish
 };
 
 struct TokenLogprobs {

@@ -56,8 +56,8 @@ void FillLogprobs(absl::Span<const float> raw, int32_t chosen, int32_t n,
 }
 
 int32_t Argmax(absl::Span<const float> logits) {
-  return static_cast<int32_t>(
-      std::max_element(logits.begin(), logits.end()) - logits.begin());
+  return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) -
+                              logits.begin());
 }
 
 }  // namespace

@@ -15,10 +15,10 @@
 namespace kvserve::engine {
 
 struct SamplingParams {
-  float temperature = 1.0f;  // 0 = greedy
-  int32_t top_k = 0;         // 0 = off
-  float top_p = 1.0f;        // 1 = off
-  float min_p = 0.0f;        // 0 = off
+  float temperature = 1.0f;         // 0 = greedy
+  int32_t top_k = 0;                // 0 = off
+  float top_p = 1.0f;               // 1 = off
+  float min_p = 0.0f;               // 0 = off
   float repetition_penalty = 1.0f;  // over prompt + output, HF semantics
   float presence_penalty = 0.0f;    // over output, OpenAI semantics
   float frequency_penalty = 0.0f;   // over output, OpenAI semantics
@@ -33,8 +33,8 @@ struct TokenLogprob {
 
 struct SampleResult {
   int32_t token = -1;
-  float logprob = 0.0f;              // of the chosen token (raw model dist)
-  std::vector<TokenLogprob> top;     // top-n by raw logprob, if requested
+  float logprob = 0.0f;           // of the chosen token (raw model dist)
+  std::vector<TokenLogprob> top;  // top-n by raw logprob, if requested
 };
 
 // Per-request sampling state: the random stream and output token counts.

@@ -43,8 +43,8 @@ absl::StatusOr<absl::Span<const float>> SequenceRunner::Append(
     batch_.seq_starts = {0, n};
     batch_.context_lens = {new_len};
     batch_.max_blocks_per_seq = (new_len + bs - 1) / bs;
-    batch_.block_tables.assign(block_table_.begin(),
-                               block_table_.begin() + batch_.max_blocks_per_seq);
+    batch_.block_tables.assign(
+        block_table_.begin(), block_table_.begin() + batch_.max_blocks_per_seq);
     batch_.logits_rows = {n - 1};
     KV_RETURN_IF_ERROR(model_->Forward(batch_, storage_->view(), &logits_));
     length_ = new_len;

@@ -6,12 +6,18 @@ namespace kvserve::engine {
 
 const char* FinishReasonName(FinishReason r) {
   switch (r) {
-    case FinishReason::kNone: return "none";
-    case FinishReason::kStop: return "stop";
-    case FinishReason::kLength: return "length";
-    case FinishReason::kCancelled: return "cancelled";
-    case FinishReason::kDeadline: return "deadline";
-    case FinishReason::kError: return "error";
+    case FinishReason::kNone:
+      return "none";
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kCancelled:
+      return "cancelled";
+    case FinishReason::kDeadline:
+      return "deadline";
+    case FinishReason::kError:
+      return "error";
   }
   return "unknown";
 }

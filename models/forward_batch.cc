@@ -12,15 +12,17 @@ absl::Status ForwardBatch::Validate(int32_t num_blocks, int32_t block_size,
     return absl::InvalidArgumentError(absl::StrFormat(args...));
   };
   if (positions.size() != t || slot_mapping.size() != t) {
-    return bad("forward batch: positions (%d) and slot_mapping (%d) must "
-               "have one entry per token (%d)",
-               positions.size(), slot_mapping.size(), t);
+    return bad(
+        "forward batch: positions (%d) and slot_mapping (%d) must "
+        "have one entry per token (%d)",
+        positions.size(), slot_mapping.size(), t);
   }
   if (s <= 0 || seq_starts.front() != 0 || seq_starts.back() != t ||
       context_lens.size() != s) {
-    return bad("forward batch: seq_starts must run from 0 to %d with one "
-               "context_len per sequence",
-               t);
+    return bad(
+        "forward batch: seq_starts must run from 0 to %d with one "
+        "context_len per sequence",
+        t);
   }
   if (max_blocks_per_seq <= 0 || block_tables.size() < s * max_blocks_per_seq) {
     return bad("forward batch: block_tables has %d entries, need %d x %d",
@@ -30,17 +32,19 @@ absl::Status ForwardBatch::Validate(int32_t num_blocks, int32_t block_size,
     const int32_t n = seq_starts[q + 1] - seq_starts[q];
     if (n <= 0 || context_lens[q] < n ||
         context_lens[q] > max_blocks_per_seq * block_size) {
-      return bad("forward batch: sequence %d has %d new tokens and "
-                 "context_len %d (capacity %d)",
-                 q, n, context_lens[q], max_blocks_per_seq * block_size);
+      return bad(
+          "forward batch: sequence %d has %d new tokens and "
+          "context_len %d (capacity %d)",
+          q, n, context_lens[q], max_blocks_per_seq * block_size);
     }
     const int32_t nblocks = (context_lens[q] + block_size - 1) / block_size;
     for (int32_t b = 0; b < nblocks; ++b) {
       const int32_t id = block_tables[q * max_blocks_per_seq + b];
       if (id < 0 || id >= num_blocks) {
-        return bad("forward batch: sequence %d block_tables[%d] = %d outside "
-                   "[0, %d)",
-                   q, b, id, num_blocks);
+        return bad(
+            "forward batch: sequence %d block_tables[%d] = %d outside "
+            "[0, %d)",
+            q, b, id, num_blocks);
       }
     }
     for (int32_t i = seq_starts[q]; i < seq_starts[q + 1]; ++i) {
@@ -49,9 +53,9 @@ absl::Status ForwardBatch::Validate(int32_t num_blocks, int32_t block_size,
         return bad("forward batch: token %d position %d, expected %d", i,
                    positions[i], pos);
       }
-      const int32_t want = block_tables[q * max_blocks_per_seq +
-                                        pos / block_size] * block_size +
-                           pos % block_size;
+      const int32_t want =
+          block_tables[q * max_blocks_per_seq + pos / block_size] * block_size +
+          pos % block_size;
       if (slot_mapping[i] != want) {
         return bad("forward batch: token %d slot %d, block table says %d", i,
                    slot_mapping[i], want);

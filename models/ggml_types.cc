@@ -6,26 +6,46 @@ namespace kvserve::models {
 
 GgmlTypeTraits TypeTraits(GgmlType t) {
   switch (t) {
-    case GgmlType::kF32: return {"F32", 1, 4, true};
-    case GgmlType::kF16: return {"F16", 1, 2, true};
-    case GgmlType::kBF16: return {"BF16", 1, 2, true};
-    case GgmlType::kQ4_0: return {"Q4_0", 32, 18, true};
-    case GgmlType::kQ4_1: return {"Q4_1", 32, 20, true};
-    case GgmlType::kQ5_0: return {"Q5_0", 32, 22, false};
-    case GgmlType::kQ5_1: return {"Q5_1", 32, 24, false};
-    case GgmlType::kQ8_0: return {"Q8_0", 32, 34, true};
-    case GgmlType::kQ8_1: return {"Q8_1", 32, 36, false};
-    case GgmlType::kQ2_K: return {"Q2_K", 256, 84, false};
-    case GgmlType::kQ3_K: return {"Q3_K", 256, 110, false};
-    case GgmlType::kQ4_K: return {"Q4_K", 256, 144, false};
-    case GgmlType::kQ5_K: return {"Q5_K", 256, 176, false};
-    case GgmlType::kQ6_K: return {"Q6_K", 256, 210, false};
-    case GgmlType::kQ8_K: return {"Q8_K", 256, 292, false};
-    case GgmlType::kI8: return {"I8", 1, 1, false};
-    case GgmlType::kI16: return {"I16", 1, 2, false};
-    case GgmlType::kI32: return {"I32", 1, 4, false};
-    case GgmlType::kI64: return {"I64", 1, 8, false};
-    case GgmlType::kF64: return {"F64", 1, 8, false};
+    case GgmlType::kF32:
+      return {"F32", 1, 4, true};
+    case GgmlType::kF16:
+      return {"F16", 1, 2, true};
+    case GgmlType::kBF16:
+      return {"BF16", 1, 2, true};
+    case GgmlType::kQ4_0:
+      return {"Q4_0", 32, 18, true};
+    case GgmlType::kQ4_1:
+      return {"Q4_1", 32, 20, true};
+    case GgmlType::kQ5_0:
+      return {"Q5_0", 32, 22, false};
+    case GgmlType::kQ5_1:
+      return {"Q5_1", 32, 24, false};
+    case GgmlType::kQ8_0:
+      return {"Q8_0", 32, 34, true};
+    case GgmlType::kQ8_1:
+      return {"Q8_1", 32, 36, false};
+    case GgmlType::kQ2_K:
+      return {"Q2_K", 256, 84, false};
+    case GgmlType::kQ3_K:
+      return {"Q3_K", 256, 110, false};
+    case GgmlType::kQ4_K:
+      return {"Q4_K", 256, 144, false};
+    case GgmlType::kQ5_K:
+      return {"Q5_K", 256, 176, false};
+    case GgmlType::kQ6_K:
+      return {"Q6_K", 256, 210, false};
+    case GgmlType::kQ8_K:
+      return {"Q8_K", 256, 292, false};
+    case GgmlType::kI8:
+      return {"I8", 1, 1, false};
+    case GgmlType::kI16:
+      return {"I16", 1, 2, false};
+    case GgmlType::kI32:
+      return {"I32", 1, 4, false};
+    case GgmlType::kI64:
+      return {"I64", 1, 8, false};
+    case GgmlType::kF64:
+      return {"F64", 1, 8, false};
   }
   return {"unknown", 0, 0, false};
 }

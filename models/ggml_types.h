@@ -38,12 +38,12 @@ inline constexpr int kQK8_0 = 32;
 
 // Stored as IEEE half (fp16) bit patterns, as in ggml.
 struct BlockQ4_0 {
-  uint16_t d;            // scale (fp16)
+  uint16_t d;              // scale (fp16)
   uint8_t qs[kQK4_0 / 2];  // nibbles: low nibble = element j, high = j + 16
 };
 struct BlockQ4_1 {
-  uint16_t d;            // scale (fp16)
-  uint16_t m;            // min (fp16)
+  uint16_t d;  // scale (fp16)
+  uint16_t m;  // min (fp16)
   uint8_t qs[kQK4_1 / 2];
 };
 struct BlockQ8_0 {
@@ -56,9 +56,9 @@ static_assert(sizeof(BlockQ8_0) == 34);
 
 struct GgmlTypeTraits {
   std::string_view name;
-  int block_size;     // elements per block (1 for plain types); 0 = unknown
-  size_t type_size;   // bytes per block
-  bool supported;     // kvserve can dequantize / compute with it
+  int block_size;    // elements per block (1 for plain types); 0 = unknown
+  size_t type_size;  // bytes per block
+  bool supported;    // kvserve can dequantize / compute with it
 };
 
 // Traits of `t`; `block_size == 0` for ids kvserve does not know.
@@ -68,8 +68,9 @@ inline std::string_view TypeName(GgmlType t) { return TypeTraits(t).name; }
 // Bytes of a row of `n` elements; n must be a multiple of the block size.
 inline size_t RowBytes(GgmlType t, int64_t n) {
   const GgmlTypeTraits tr = TypeTraits(t);
-  return tr.block_size == 0 ? 0 : static_cast<size_t>(n / tr.block_size) *
-                                      tr.type_size;
+  return tr.block_size == 0
+             ? 0
+             : static_cast<size_t>(n / tr.block_size) * tr.type_size;
 }
 
 // Half-precision conversions (IEEE fp16 and bfloat16), bit exact.

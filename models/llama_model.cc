@@ -31,8 +31,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(
     const ModelConfig& config, std::unique_ptr<WeightSource> weights) {
   KV_RETURN_IF_ERROR(config.Validate());
   KV_RETURN_IF_ERROR(CheckWeights(config, *weights));
-  std::unique_ptr<LlamaModel> model(
-      new LlamaModel(config, std::move(weights)));
+  std::unique_ptr<LlamaModel> model(new LlamaModel(config, std::move(weights)));
   KV_RETURN_IF_ERROR(model->LoadWeights());
   return model;
 }
@@ -67,8 +66,11 @@ absl::StatusOr<std::unique_ptr<cpu::PackedMatrix>> LlamaModel::PackFused(
         dst += f.size() * sizeof(float);
       }
     }
-    fused = RawTensor{absl::StrCat(names[0], "+fused"), type, {cols, rows},
-                      buf.get(), row_bytes * rows};
+    fused = RawTensor{absl::StrCat(names[0], "+fused"),
+                      type,
+                      {cols, rows},
+                      buf.get(),
+                      row_bytes * rows};
     owned_.push_back(std::move(buf));
   }
   // NOTE: one kernel family for every batch size (no separate prefill
@@ -85,10 +87,11 @@ absl::StatusOr<std::unique_ptr<cpu::PackedMatrix>> LlamaModel::PackFused(
 absl::Status LlamaModel::LoadWeights() {
   const ModelConfig& c = config_;
   KV_ASSIGN_OR_RETURN(token_embd_, weights_->Get("token_embd.weight"));
-  KV_ASSIGN_OR_RETURN(output_norm_, LoadVector(*weights_, "output_norm.weight"));
-  KV_ASSIGN_OR_RETURN(output_, PackFused({c.tied_embeddings
-                                              ? "token_embd.weight"
-                                              : "output.weight"}));
+  KV_ASSIGN_OR_RETURN(output_norm_,
+                      LoadVector(*weights_, "output_norm.weight"));
+  KV_ASSIGN_OR_RETURN(
+      output_,
+      PackFused({c.tied_embeddings ? "token_embd.weight" : "output.weight"}));
   layers_.resize(c.num_layers);
   for (int l = 0; l < c.num_layers; ++l) {
     Layer& layer = layers_[l];
@@ -98,16 +101,19 @@ absl::Status LlamaModel::LoadWeights() {
     KV_ASSIGN_OR_RETURN(layer.ffn_norm,
                         LoadVector(*weights_, p + "ffn_norm.weight"));
     if (c.qkv_bias) {
-      KV_ASSIGN_OR_RETURN(layer.q_bias, LoadVector(*weights_, p + "attn_q.bias"));
-      KV_ASSIGN_OR_RETURN(layer.k_bias, LoadVector(*weights_, p + "attn_k.bias"));
-      KV_ASSIGN_OR_RETURN(layer.v_bias, LoadVector(*weights_, p + "attn_v.bias"));
+      KV_ASSIGN_OR_RETURN(layer.q_bias,
+                          LoadVector(*weights_, p + "attn_q.bias"));
+      KV_ASSIGN_OR_RETURN(layer.k_bias,
+                          LoadVector(*weights_, p + "attn_k.bias"));
+      KV_ASSIGN_OR_RETURN(layer.v_bias,
+                          LoadVector(*weights_, p + "attn_v.bias"));
     }
-    KV_ASSIGN_OR_RETURN(layer.qkv, PackFused({p + "attn_q.weight",
-                                              p + "attn_k.weight",
-                                              p + "attn_v.weight"}));
+    KV_ASSIGN_OR_RETURN(layer.qkv,
+                        PackFused({p + "attn_q.weight", p + "attn_k.weight",
+                                   p + "attn_v.weight"}));
     KV_ASSIGN_OR_RETURN(layer.wo, PackFused({p + "attn_output.weight"}));
-    KV_ASSIGN_OR_RETURN(layer.gate_up, PackFused({p + "ffn_gate.weight",
-                                                  p + "ffn_up.weight"}));
+    KV_ASSIGN_OR_RETURN(
+        layer.gate_up, PackFused({p + "ffn_gate.weight", p + "ffn_up.weight"}));
     KV_ASSIGN_OR_RETURN(layer.down, PackFused({p + "ffn_down.weight"}));
   }
   return absl::OkStatus();
@@ -213,8 +219,8 @@ absl::Status LlamaModel::Forward(const ForwardBatch& batch,
         "KV cache view does not match the model's layers, KV heads or "
         "head_dim");
   }
-  KV_RETURN_IF_ERROR(batch.Validate(kv.num_blocks, kv.block_size,
-                                    c.vocab_size));
+  KV_RETURN_IF_ERROR(
+      batch.Validate(kv.num_blocks, kv.block_size, c.vocab_size));
   const int64_t n = batch.num_tokens();
   const int64_t hidden = c.hidden_size, d = c.head_dim;
   const int64_t qkv_dim = (c.num_heads + 2 * c.num_kv_heads) * d;
@@ -237,9 +243,8 @@ absl::Status LlamaModel::Forward(const ForwardBatch& batch,
   // Final norm only for the rows whose logits are wanted.
   const int64_t rows = static_cast<int64_t>(batch.logits_rows.size());
   for (int64_t r = 0; r < rows; ++r) {
-    cpu::RmsNorm(x_.data() + batch.logits_rows[r] * hidden,
-                 output_norm_.data(), hidden, c.rms_norm_eps,
-                 h_.data() + r * hidden);
+    cpu::RmsNorm(x_.data() + batch.logits_rows[r] * hidden, output_norm_.data(),
+                 hidden, c.rms_norm_eps, h_.data() + r * hidden);
   }
   logits->resize(rows * c.vocab_size);
   cpu::MatMul(h_.data(), rows, *output_, logits->data());

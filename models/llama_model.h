@@ -41,10 +41,11 @@ class LlamaModel {
   struct Layer {
     std::vector<float> attn_norm, ffn_norm;
     std::vector<float> q_bias, k_bias, v_bias;  // empty without qkv bias
-    std::unique_ptr<cpu::PackedMatrix> qkv;  // rows: q (H*D), k (Hkv*D), v (Hkv*D)
-    std::unique_ptr<cpu::PackedMatrix> wo;  // hidden x H*D
+    std::unique_ptr<cpu::PackedMatrix>
+        qkv;  // rows: q (H*D), k (Hkv*D), v (Hkv*D)
+    std::unique_ptr<cpu::PackedMatrix> wo;       // hidden x H*D
     std::unique_ptr<cpu::PackedMatrix> gate_up;  // rows: gate (I), up (I)
-    std::unique_ptr<cpu::PackedMatrix> down;  // hidden x I
+    std::unique_ptr<cpu::PackedMatrix> down;     // hidden x I
   };
 
   LlamaModel(const ModelConfig& config, std::unique_ptr<WeightSource> weights)

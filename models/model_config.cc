@@ -12,14 +12,13 @@ absl::Status ModelConfig::Validate() const {
     }
     return absl::OkStatus();
   };
-  for (auto [field, v] :
-       {std::pair<const char*, int>{"num_layers", num_layers},
-        {"hidden_size", hidden_size},
-        {"num_heads", num_heads},
-        {"num_kv_heads", num_kv_heads},
-        {"head_dim", head_dim},
-        {"intermediate_size", intermediate_size},
-        {"vocab_size", vocab_size}}) {
+  for (auto [field, v] : {std::pair<const char*, int>{"num_layers", num_layers},
+                          {"hidden_size", hidden_size},
+                          {"num_heads", num_heads},
+                          {"num_kv_heads", num_kv_heads},
+                          {"head_dim", head_dim},
+                          {"intermediate_size", intermediate_size},
+                          {"vocab_size", vocab_size}}) {
     absl::Status s = positive(field, v);
     if (!s.ok()) return s;
   }

@@ -19,9 +19,8 @@ struct TokenRef {
 // Attention of one token for the query heads of one KV head group.
 void AttendGroup(const AttentionParams& p, const ForwardBatch& batch,
                  TokenRef tok, int kv_head, const float* q_row,
-                 const float* k_cache, const float* v_cache,
-                 int32_t block_size, float* out_row,
-                 std::vector<float>& scores) {
+                 const float* k_cache, const float* v_cache, int32_t block_size,
+                 float* out_row, std::vector<float>& scores) {
   const int group = p.num_heads / p.num_kv_heads;
   const int d = p.head_dim;
   const int64_t slot_stride = static_cast<int64_t>(p.num_kv_heads) * d;
@@ -84,8 +83,8 @@ void PagedAttention(const AttentionParams& p, const ForwardBatch& batch,
     const int64_t it = items - 1 - rev;
     const int64_t i = it / p.num_kv_heads;
     const int kv_head = static_cast<int>(it % p.num_kv_heads);
-    AttendGroup(p, batch, refs[i], kv_head, q + i * q_stride, k_cache,
-                v_cache, block_size, out + i * out_stride, scores);
+    AttendGroup(p, batch, refs[i], kv_head, q + i * q_stride, k_cache, v_cache,
+                block_size, out + i * out_stride, scores);
   });
 }
 

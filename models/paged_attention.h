@@ -11,7 +11,7 @@
 namespace kvserve::models {
 
 struct AttentionParams {
-  int num_heads = 0;       // query heads
+  int num_heads = 0;  // query heads
   int num_kv_heads = 0;
   int head_dim = 0;
   float scale = 1.0f;      // usually 1 / sqrt(head_dim)

@@ -40,8 +40,8 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
-absl::StatusOr<std::vector<int32_t>> PromptTokens(
-    const engine::LoadedModel& m, const GenerateFlags& f) {
+absl::StatusOr<std::vector<int32_t>> PromptTokens(const engine::LoadedModel& m,
+                                                  const GenerateFlags& f) {
   std::string text = f.prompt;
   const bool chat = f.chat && m.chat_format != models::ChatFormat::kNone;
   if (chat) {
@@ -72,15 +72,15 @@ absl::Status Generate(const GenerateFlags& f) {
         prompt.size(), f.max_tokens, m.config.max_position));
   }
   KV_ASSIGN_OR_RETURN(
-      auto kv, engine::KvCacheStorage::Create(
-                   {m.config.num_layers, m.config.num_kv_heads,
-                    m.config.head_dim, static_cast<int32_t>(f.block_size),
-                    static_cast<int32_t>((total + f.block_size - 1) /
-                                         f.block_size),
-                    0}));
+      auto kv,
+      engine::KvCacheStorage::Create(
+          {m.config.num_layers, m.config.num_kv_heads, m.config.head_dim,
+           static_cast<int32_t>(f.block_size),
+           static_cast<int32_t>((total + f.block_size - 1) / f.block_size),
+           0}));
   std::fprintf(stderr, "model: %s (%s) loaded in %.2f s, %d threads\n",
-               m.path.c_str(), m.format.c_str(),
-               Seconds(t_load, Clock::now()), NumThreads());
+               m.path.c_str(), m.format.c_str(), Seconds(t_load, Clock::now()),
+               NumThreads());
 
   engine::SamplingParams sp;
   sp.temperature = static_cast<float>(f.temperature);
@@ -88,7 +88,8 @@ absl::Status Generate(const GenerateFlags& f) {
   sp.top_p = static_cast<float>(f.top_p);
   sp.min_p = static_cast<float>(f.min_p);
   sp.repetition_penalty = static_cast<float>(f.repetition_penalty);
-  sp.seed = f.seed >= 0 ? static_cast<uint64_t>(f.seed) : std::random_device{}();
+  sp.seed =
+      f.seed >= 0 ? static_cast<uint64_t>(f.seed) : std::random_device{}();
   engine::SamplerState state(sp.seed);
   engine::SequenceRunner runner(m.model.get(), kv.get());
   models::Detokenizer detok(m.tokenizer.get());
@@ -119,9 +120,9 @@ absl::Status Generate(const GenerateFlags& f) {
   std::fprintf(stderr,
                "prefill: %zu tokens in %.3f s (%.1f tokens/s)\n"
                "decode: %lld tokens in %.3f s (%.1f tokens/s), seed %llu\n",
-               prompt.size(), Seconds(t0, t1),
-               prompt.size() / Seconds(t0, t1), (long long)generated,
-               Seconds(t1, t2), generated / std::max(Seconds(t1, t2), 1e-9),
+               prompt.size(), Seconds(t0, t1), prompt.size() / Seconds(t0, t1),
+               (long long)generated, Seconds(t1, t2),
+               generated / std::max(Seconds(t1, t2), 1e-9),
                (unsigned long long)sp.seed);
   return absl::OkStatus();
 }

@@ -26,8 +26,8 @@ absl::Status ParseInto(Flags& f, std::vector<const char*> argv) {
 
 TEST(CliArgsTest, ParsesBothFormsAndNegation) {
   Flags f;
-  ASSERT_TRUE(ParseInto(f, {"--model", "x", "--n=7", "--t", "1.5",
-                            "--no-chat", "--kv", "2MiB"})
+  ASSERT_TRUE(ParseInto(f, {"--model", "x", "--n=7", "--t", "1.5", "--no-chat",
+                            "--kv", "2MiB"})
                   .ok());
   EXPECT_EQ(f.model, "x");
   EXPECT_EQ(f.n, 7);

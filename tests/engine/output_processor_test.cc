@@ -9,8 +9,8 @@ namespace kvserve::engine {
 namespace {
 
 std::unique_ptr<models::Tokenizer> LoadTokenizer() {
-  auto file = models::GgufFile::Open(KVSERVE_SOURCE_DIR
-                                     "/weights/SmolLM2-135M-Instruct.Q4_1.gguf");
+  auto file = models::GgufFile::Open(
+      KVSERVE_SOURCE_DIR "/weights/SmolLM2-135M-Instruct.Q4_1.gguf");
   EXPECT_TRUE(file.ok()) << file.status();
   auto data = models::TokenizerDataFromGguf(**file);
   EXPECT_TRUE(data.ok()) << data.status();
@@ -21,8 +21,8 @@ std::unique_ptr<models::Tokenizer> LoadTokenizer() {
 
 // Feeds `text`'s tokens; returns the emitted text and whether it stopped.
 std::pair<std::string, bool> Feed(const models::Tokenizer& tok,
-                                 const RequestSpec& spec,
-                                 const std::string& text) {
+                                  const RequestSpec& spec,
+                                  const std::string& text) {
   OutputProcessor out(spec, &tok);
   std::string emitted;
   for (int32_t id : tok.Encode(text, false, false)) {

@@ -119,9 +119,9 @@ TEST_P(PagedForwardTest, MixedBatchesMatchDenseReference) {
   std::vector<std::vector<std::vector<double>>> want;
   for (const auto& s : seqs) want.push_back(ref.Logits(s));
 
-  auto kv = engine::KvCacheStorage::Create(
-      {c.num_layers, c.num_kv_heads, c.head_dim, p.block_size,
-       /*num_blocks=*/200, 0});
+  auto kv = engine::KvCacheStorage::Create({c.num_layers, c.num_kv_heads,
+                                            c.head_dim, p.block_size,
+                                            /*num_blocks=*/200, 0});
   ASSERT_TRUE(kv.ok()) << kv.status();
   MultiSeqDriver drv(model->get(), kv->get(), seqs, 99);
   // Prefill chunks and decode tokens mixed; every sequence reaches its end.
@@ -156,8 +156,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{8, 2, 16, false, RopeStyle::kInterleaved, 8}),
     [](const auto& info) {
       const Case& c = info.param;
-      return absl::StrCat("H", c.heads, "_Hkv", c.kv_heads, "_B",
-                          c.block_size, c.bias ? "_bias" : "",
+      return absl::StrCat("H", c.heads, "_Hkv", c.kv_heads, "_B", c.block_size,
+                          c.bias ? "_bias" : "",
                           c.style == RopeStyle::kHalfSplit ? "_neox" : "",
                           c.window ? "_window" : "");
     });
@@ -187,7 +187,8 @@ TEST(PagedForwardBatchInvariance, AloneEqualsInBatchOfEight) {
     const int n = step == 0 ? 10 : 1;
     alone.Step({{0, n}}, &la);
     std::vector<std::pair<int, int>> plan;
-    for (int s = 0; s < 8; ++s) plan.push_back({s, step == 0 ? 10 + (s % 2) : 1});
+    for (int s = 0; s < 8; ++s)
+      plan.push_back({s, step == 0 ? 10 + (s % 2) : 1});
     plan[3].second = n;
     batch.Step(plan, &lb);
     double num = 0, den = 0;

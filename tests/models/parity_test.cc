@@ -44,14 +44,12 @@ std::string ReadFile(const std::string& path) {
 }
 
 int32_t Argmax(absl::Span<const float> v) {
-  return static_cast<int32_t>(std::max_element(v.begin(), v.end()) -
-                              v.begin());
+  return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
 }
 
 TEST(LlamaCppParity, DefaultModelMatchesGolden) {
-  auto golden = nlohmann::json::parse(ReadFile(std::string(kGolden) +
-                                               "parity.json"),
-                                      nullptr, false);
+  auto golden = nlohmann::json::parse(
+      ReadFile(std::string(kGolden) + "parity.json"), nullptr, false);
   ASSERT_FALSE(golden.is_discarded()) << "missing or bad parity.json";
   const std::string logits_blob =
       ReadFile(std::string(kGolden) + "parity_logits.f32");

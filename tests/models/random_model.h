@@ -160,8 +160,8 @@ class DenseReference {
       for (int i = 0; i < half; ++i) {
         const double a = static_cast<double>(pos) * rope_.inv_freq()[i];
         const int i0 = c_.rope_style == RopeStyle::kInterleaved ? 2 * i : i;
-        const int i1 = c_.rope_style == RopeStyle::kInterleaved ? 2 * i + 1
-                                                                : i + half;
+        const int i1 =
+            c_.rope_style == RopeStyle::kInterleaved ? 2 * i + 1 : i + half;
         const double x0 = p[i0], x1 = p[i1];
         p[i0] = x0 * std::cos(a) - x1 * std::sin(a);
         p[i1] = x0 * std::sin(a) + x1 * std::cos(a);
@@ -189,14 +189,15 @@ class DenseReference {
       std::vector<double> att(qd, 0.0);
       for (int hh = 0; hh < c_.num_heads; ++hh) {
         const int kvh = hh / group;
-        const int64_t lo =
-            c_.sliding_window > 0 ? std::max<int64_t>(0, i - c_.sliding_window + 1)
-                                  : 0;
+        const int64_t lo = c_.sliding_window > 0
+                               ? std::max<int64_t>(0, i - c_.sliding_window + 1)
+                               : 0;
         std::vector<double> s;
         double mx = -1e300;
         for (int64_t t = lo; t <= i; ++t) {
           double dot = 0;
-          for (int j = 0; j < d; ++j) dot += q[i][hh * d + j] * k[t][kvh * d + j];
+          for (int j = 0; j < d; ++j)
+            dot += q[i][hh * d + j] * k[t][kvh * d + j];
           s.push_back(dot / std::sqrt(static_cast<double>(d)));
           mx = std::max(mx, s.back());
         }
