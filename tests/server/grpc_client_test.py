@@ -15,21 +15,21 @@ Exits 77 (ctest: skipped) when grpcio or grpcio-tools is missing.
 
 import argparse
 import os
-import re
 import signal
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 import unittest
+
 import urllib.error
 import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kvserve_process import KvserveProcess  # noqa: E402
 
 ARGS = None
 PB = None  # kvserve_pb2
 PB_GRPC = None  # kvserve_pb2_grpc
-LISTENING = re.compile(r"kvserve: listening grpc=(\S+):(\d+) http=(\S+):(\d+)")
 
 
 def compile_proto(proto_dir, out_dir):
@@ -50,53 +50,11 @@ def compile_proto(proto_dir, out_dir):
     return kvserve_pb2, kvserve_pb2_grpc
 
 
-class Server:
-    """A kvserve process on free ports; output collected by a thread."""
+class Server(KvserveProcess):
+    """The default model on free ports (see kvserve_process.py)."""
 
     def __init__(self, *extra):
-        model = os.path.join(ARGS.source_dir, "weights",
-                             "SmolLM2-135M-Instruct.Q4_1.gguf")
-        if not os.path.exists(model):
-            raise RuntimeError(f"{model} missing (run deploy/setup.sh)")
-        cmd = [ARGS.binary, "--model", model, "--port", "0",
-               "--metrics-port", "0", *extra]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT)
-        self.output = []
-        self.cond = threading.Condition()
-        self.eof = False
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-        match = self.wait_for(LISTENING, timeout=120)
-        if match is None:
-            self.kill()
-            raise RuntimeError("kvserve did not start:\n" + self.text())
-        self.grpc_port = int(match.group(2))
-        self.http_port = int(match.group(4))
-
-    def _read(self):
-        for line in iter(self.proc.stdout.readline, b""):
-            with self.cond:
-                self.output.append(line.decode("utf-8", "replace"))
-                self.cond.notify_all()
-        with self.cond:
-            self.eof = True
-            self.cond.notify_all()
-
-    def text(self):
-        with self.cond:
-            return "".join(self.output)
-
-    def wait_for(self, pattern, timeout):
-        """The first match of `pattern` in the output, waiting up to timeout."""
-        deadline = time.monotonic() + timeout
-        with self.cond:
-            while True:
-                match = pattern.search("".join(self.output))
-                left = deadline - time.monotonic()
-                if match or self.eof or left <= 0:
-                    return match
-                self.cond.wait(left)
+        super().__init__(ARGS.binary, ARGS.source_dir, *extra)
 
     def channel(self):
         import grpc
@@ -129,12 +87,6 @@ class Server:
                 return m
             time.sleep(0.02)  # poll interval, not synchronization
 
-    def kill(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-        self.reader.join(timeout=10)  # EOF follows the exit
-        self.proc.stdout.close()
 
 
 def greedy(prompt, max_tokens):

@@ -18,62 +18,22 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
-import threading
 import time
 import unittest
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kvserve_process import KvserveProcess  # noqa: E402
+
 ARGS = None
-LISTENING = re.compile(r"kvserve: listening grpc=(\S+):(\d+) http=(\S+):(\d+)")
 PROMPT = "The capital of France is"
 
 
-class Server:
-    """A kvserve process on free ports; output collected by a thread."""
+class Server(KvserveProcess):
+    """The default model on free ports (see kvserve_process.py)."""
 
     def __init__(self, *extra):
-        model = os.path.join(ARGS.source_dir, "weights",
-                             "SmolLM2-135M-Instruct.Q4_1.gguf")
-        if not os.path.exists(model):
-            raise RuntimeError(f"{model} missing (run deploy/setup.sh)")
-        cmd = [ARGS.binary, "--model", model, "--port", "0",
-               "--http-port", "0", *extra]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT)
-        self.output = []
-        self.cond = threading.Condition()
-        self.eof = False
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-        match = self._wait_for(LISTENING, timeout=60)
-        if match is None:
-            self.kill()
-            raise RuntimeError("kvserve did not start:\n" + self.text())
-        self.http_port = int(match.group(4))
-
-    def _read(self):
-        for line in iter(self.proc.stdout.readline, b""):
-            with self.cond:
-                self.output.append(line.decode("utf-8", "replace"))
-                self.cond.notify_all()
-        with self.cond:
-            self.eof = True
-            self.cond.notify_all()
-
-    def text(self):
-        with self.cond:
-            return "".join(self.output)
-
-    def _wait_for(self, pattern, timeout):
-        deadline = time.monotonic() + timeout
-        with self.cond:
-            while True:
-                match = pattern.search("".join(self.output))
-                left = deadline - time.monotonic()
-                if match or self.eof or left <= 0:
-                    return match
-                self.cond.wait(left)
+        super().__init__(ARGS.binary, ARGS.source_dir, *extra)
 
     def request(self, method, path, body=None):
         """(status, parsed JSON or raw text) over plain http.client."""
@@ -93,12 +53,6 @@ class Server:
         finally:
             conn.close()
 
-    def kill(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-        self.reader.join(timeout=10)
-        self.proc.stdout.close()
 
 
 class OpenAiApiTest(unittest.TestCase):
@@ -295,7 +249,7 @@ class DrainTest(unittest.TestCase):
             resp = conn.getresponse()
             self.assertEqual(resp.read(6), b"data: ")  # running now
             server.proc.send_signal(signal.SIGTERM)
-            self.assertIsNotNone(server._wait_for(re.compile("draining"), 10))
+            self.assertIsNotNone(server.wait_for(re.compile("draining"), 10))
             status, body = server.request("POST", "/v1/completions", {
                 "prompt": PROMPT, "max_tokens": 2})
             self.assertEqual(status, 503, body)
