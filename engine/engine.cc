@@ -61,6 +61,8 @@ absl::Status Engine::Impl::Init(
   sc.model_id = model_.path;
   KV_ASSIGN_OR_RETURN(sc.policy,
                       scheduler::ParseSchedulingPolicy(config_.scheduling_policy));
+  KV_ASSIGN_OR_RETURN(sc.kv_reservation,
+                      scheduler::ParseKvReservation(config_.kv_reservation));
   KV_ASSIGN_OR_RETURN(scheduler_, scheduler::Scheduler::Create(sc));
 
   info_ = ModelInfo{c.name, model_.path, model_.format, c.architecture,

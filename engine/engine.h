@@ -38,6 +38,9 @@ struct EngineConfig {
   double watermark = 0.01;        // fraction of blocks kept free at admission
   std::string scheduling_policy = "fcfs";  // fcfs | priority
   bool enable_prefix_caching = true;
+  // paged | max-length (each request holds a max_model_len slab: the
+  // contiguous-allocation baseline of the paging experiment).
+  std::string kv_reservation = "paged";
 };
 
 // Static facts about the loaded model and cache, for GetModelInfo and logs.
@@ -56,6 +59,7 @@ struct EngineStats {
   int32_t running = 0, waiting = 0;
   int32_t blocks_total = 0, blocks_free = 0, blocks_active = 0,
           blocks_cached = 0;
+  int64_t reserved_slots = 0;  // token slots in running requests' blocks
   int64_t reserved_unwritten_slots = 0;  // allocated but not yet written
   int64_t steps = 0;
   absl::Time last_step_end = absl::InfinitePast();

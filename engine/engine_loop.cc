@@ -274,10 +274,12 @@ void Engine::Impl::FinishRequest(RequestId id, FinishReason reason,
 
 void Engine::Impl::PublishStats(double step_seconds, int64_t tokens) {
   const scheduler::SchedulerStats s = scheduler_->stats();
+  int64_t reserved = 0;
   int64_t unwritten = 0;
   for (RequestId id : scheduler_->RunningIds()) {
     const scheduler::Request* r = scheduler_->GetRequest(id);
     const int64_t blocks = scheduler_->kv_cache().GetBlockTable(id).size();
+    reserved += blocks * config_.block_size;
     unwritten += blocks * config_.block_size - r->num_computed_tokens();
   }
   {
@@ -288,7 +290,7 @@ void Engine::Impl::PublishStats(double step_seconds, int64_t tokens) {
     metrics_->SetKvBlocks(s.kv.active_blocks, s.kv.cached_evictable_blocks,
                           s.kv.free_blocks - s.kv.cached_evictable_blocks);
     metrics_->SetQueues(s.num_running, s.num_waiting);
-    metrics_->SetReservedUnwrittenSlots(unwritten);
+    metrics_->SetReservedSlots(reserved, unwritten);
     metrics_->AddPreemptions(s.num_preemptions_total - preemptions_seen_);
     metrics_->AddRecomputedTokens(s.num_preempted_tokens_total -
                                   preempted_tokens_seen_);
@@ -308,6 +310,7 @@ void Engine::Impl::PublishStats(double step_seconds, int64_t tokens) {
   stats_.blocks_free = s.kv.free_blocks - s.kv.cached_evictable_blocks;
   stats_.blocks_cached = s.kv.cached_evictable_blocks;
   stats_.blocks_active = s.kv.active_blocks;
+  stats_.reserved_slots = reserved;
   stats_.reserved_unwritten_slots = unwritten;
   stats_.steps = s.num_steps;
   stats_.last_step_end = absl::Now();

@@ -40,6 +40,12 @@ EngineMetrics::EngineMetrics(prometheus::Registry& r,
                 .Help("Fraction of KV blocks held by requests (0..1)")
                 .Register(r)
                 .Add({});
+  reserved_ = &BuildGauge()
+                   .Name("kvserve_kv_reserved_slots")
+                   .Help("Token slots in the blocks allocated to running "
+                         "requests")
+                   .Register(r)
+                   .Add({});
   unwritten_ = &BuildGauge()
                     .Name("kvserve_kv_reserved_unwritten_slots")
                     .Help("Token slots in allocated blocks not yet written "

@@ -25,7 +25,12 @@ class EngineMetrics {
   EngineMetrics(prometheus::Registry& registry, const CacheConfigInfo& info);
 
   void SetKvBlocks(int64_t active, int64_t cached, int64_t free);
-  void SetReservedUnwrittenSlots(int64_t slots) { unwritten_->Set(slots); }
+  // Token slots in the blocks of running requests, and those not yet
+  // written: unwritten / reserved is the fraction of reserved KV wasted.
+  void SetReservedSlots(int64_t reserved, int64_t unwritten) {
+    reserved_->Set(reserved);
+    unwritten_->Set(unwritten);
+  }
   void SetQueues(int64_t running, int64_t waiting) {
     running_->Set(running);
     waiting_->Set(waiting);
@@ -48,7 +53,7 @@ class EngineMetrics {
 
  private:
   prometheus::Gauge *blocks_active_, *blocks_cached_, *blocks_free_,
-      *blocks_total_, *usage_, *unwritten_, *running_, *waiting_;
+      *blocks_total_, *usage_, *reserved_, *unwritten_, *running_, *waiting_;
   prometheus::Counter *preempt_recompute_, *preempt_swap_, *recomputed_tokens_,
       *prompt_tokens_, *generation_tokens_, *steps_, *rejected_,
       *prefix_queries_, *prefix_hits_, *prefix_uncacheable_;

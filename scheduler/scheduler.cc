@@ -92,7 +92,10 @@ absl::Status Scheduler::CheckRequest(const Request& r) const {
                      " tokens) + max_tokens (", r.max_tokens(), ") = ", total,
                      " tokens exceeds max_model_len ", config_.max_model_len));
   }
-  const int64_t blocks = kvcache::BlocksForTokens(total, config_.block_size);
+  const int64_t blocks =
+      config_.kv_reservation == KvReservation::kMaxLength
+          ? config_.slab_blocks()
+          : kvcache::BlocksForTokens(total, config_.block_size);
   const int64_t usable = config_.num_blocks - watermark_blocks_;
   if (blocks > usable) {
     return absl::OutOfRangeError(
@@ -256,7 +259,7 @@ void Scheduler::AdmitWaiting(StepPlan& plan) {
     Request* r = head->second;
     const int32_t n = NumNewTokens(*r, match.num_tokens, plan.budget);
     const auto fresh =
-        kv_.AllocateWithPrefix(r->id(), match, int64_t{match.num_tokens} + n);
+        kv_.AllocateWithPrefix(r->id(), match, AdmissionTokens(match, n));
     KV_CHECK(fresh.has_value(), "admission passed but Allocate failed");
     r->num_computed_tokens_ = match.num_tokens;
     if (r->num_preemptions_ == 0) r->num_cached_tokens_ = match.num_tokens;
@@ -285,9 +288,11 @@ AdmissionStop Scheduler::NextAdmission(const StepPlan& plan,
   // NOTE: strict queue order: a head that does not fit blocks the rest, so
   // large requests are not starved by small ones behind them.
   const Request& head = *waiting_.begin()->second;
-  *match = config_.enable_prefix_caching
-               ? kv_.FindCachedPrefix(head.tokens(), head.cache_ns_)
-               : kvcache::PrefixMatch();
+  // NOTE: contiguous slabs share nothing: kMaxLength matches no prefix.
+  const bool match_prefix = config_.enable_prefix_caching &&
+                            config_.kv_reservation == KvReservation::kPaged;
+  *match = match_prefix ? kv_.FindCachedPrefix(head.tokens(), head.cache_ns_)
+                        : kvcache::PrefixMatch();
   const int32_t n = NumNewTokens(head, match->num_tokens, plan.budget);
   return CanAdmit(head, *match, n, reserved_blocks) ? AdmissionStop::kNone
                                                     : AdmissionStop::kKvBlocks;
@@ -300,10 +305,20 @@ int64_t Scheduler::FutureBlocks(const Request& r) const {
          static_cast<int64_t>(kv_.GetBlockTable(r.id()).size());
 }
 
+int64_t Scheduler::AdmissionTokens(const kvcache::PrefixMatch& match,
+                                   int32_t n) const {
+  if (config_.kv_reservation == KvReservation::kMaxLength) {
+    return config_.slab_blocks() * config_.block_size;
+  }
+  return int64_t{match.num_tokens} + n;
+}
+
 bool Scheduler::CanAdmit(const Request& r, const kvcache::PrefixMatch& match,
                          int32_t n, int64_t* reserved_blocks) const {
-  const int64_t tokens = int64_t{match.num_tokens} + n;
-  if (config_.admission == AdmissionPolicy::kMaxUtilization) {
+  const int64_t tokens = AdmissionTokens(match, n);
+  // A slab is all a request ever needs: nothing more to reserve.
+  if (config_.admission == AdmissionPolicy::kMaxUtilization ||
+      config_.kv_reservation == KvReservation::kMaxLength) {
     return kv_.CanAllocateWithPrefix(match, tokens, watermark_blocks_);
   }
   if (*reserved_blocks < 0) {
@@ -470,8 +485,12 @@ absl::Status Scheduler::CheckInvariants() const {
         r->num_output_tokens() > r->max_tokens()) {
       return fail(*r, "token counts out of range");
     }
-    if (blocks != kvcache::BlocksForTokens(r->num_computed_tokens(),
-                                           config_.block_size)) {
+    const int64_t expected =
+        config_.kv_reservation == KvReservation::kMaxLength
+            ? config_.slab_blocks()
+            : kvcache::BlocksForTokens(r->num_computed_tokens(),
+                                       config_.block_size);
+    if (blocks != expected) {
       return fail(*r, absl::StrCat("holds ", blocks, " blocks"));
     }
   }

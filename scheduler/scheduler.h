@@ -25,8 +25,13 @@
 // token; UpdateFromOutput appends it, registers the request's newly computed
 // full blocks in the prefix cache, and finishes requests at max_tokens.
 //
+// KvReservation::kMaxLength instead gives each admitted request a whole
+// max-length slab (ceil(max_model_len / block_size) blocks) at admission, so
+// it never allocates again and is never preempted for KV.
+//
 // Invariants (CheckInvariants verifies them): every live request is either
-// running (holding ceil(num_computed_tokens / block_size) blocks) or waiting
+// running (holding ceil(num_computed_tokens / block_size) blocks; kMaxLength:
+// a slab) or waiting
 // (holding none, num_computed_tokens == 0); running count <= max_num_seqs;
 // the KV manager's invariants hold.
 //
@@ -231,6 +236,10 @@ class Scheduler {
                               const kvcache::PrefixMatch& match, int32_t n,
                               int64_t* reserved_blocks) const;
   [[nodiscard]] int64_t FutureBlocks(const Request& request) const;
+  // Tokens the admitted head's table must cover after admission: its
+  // matched prefix + `n` (kPaged) or a whole max-length slab (kMaxLength).
+  [[nodiscard]] int64_t AdmissionTokens(const kvcache::PrefixMatch& match,
+                                        int32_t n) const;
   // Tokens `request` computes this step when it has `computed` already.
   [[nodiscard]] int32_t NumNewTokens(const Request& request, int32_t computed,
                                      int32_t budget) const;

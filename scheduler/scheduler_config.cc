@@ -42,6 +42,17 @@ int32_t SchedulerConfig::watermark_blocks() const {
   return static_cast<int32_t>(std::floor(watermark * num_blocks));
 }
 
+int64_t SchedulerConfig::slab_blocks() const {
+  return (int64_t{max_model_len} + block_size - 1) / block_size;
+}
+
+absl::StatusOr<KvReservation> ParseKvReservation(absl::string_view name) {
+  if (name == "paged") return KvReservation::kPaged;
+  if (name == "max-length") return KvReservation::kMaxLength;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "KV reservation '", name, "' unknown; use paged or max-length"));
+}
+
 absl::StatusOr<SchedulingPolicy> ParseSchedulingPolicy(absl::string_view name) {
   if (name == "fcfs") return SchedulingPolicy::kFcfs;
   if (name == "priority") return SchedulingPolicy::kPriority;

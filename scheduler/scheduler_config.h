@@ -32,6 +32,16 @@ enum class AdmissionPolicy {
   kGuaranteedNoEvict,
 };
 
+// How much KV a running request holds.
+enum class KvReservation {
+  // Paging: blocks are allocated as tokens are computed.
+  kPaged,
+  // Emulates contiguous max-length slabs: at admission a request takes
+  // ceil(max_model_len / block_size) blocks and holds them until it finishes
+  // (no prefix sharing); admission waits until a whole slab is free.
+  kMaxLength,
+};
+
 struct SchedulerConfig {
   // Most requests running (holding blocks) at once.
   int32_t max_num_seqs = 256;
@@ -53,6 +63,7 @@ struct SchedulerConfig {
   int32_t max_model_len = 4096;
   SchedulingPolicy policy = SchedulingPolicy::kFcfs;
   AdmissionPolicy admission = AdmissionPolicy::kMaxUtilization;
+  KvReservation kv_reservation = KvReservation::kPaged;
   // Reuse the KV blocks of cached prompt prefixes (full blocks only; the
   // last prompt token is always recomputed).
   bool enable_prefix_caching = true;
@@ -63,10 +74,16 @@ struct SchedulerConfig {
   [[nodiscard]] absl::Status Validate() const;
   // floor(watermark * num_blocks).
   [[nodiscard]] int32_t watermark_blocks() const;
+  // ceil(max_model_len / block_size): the blocks of one kMaxLength slab.
+  [[nodiscard]] int64_t slab_blocks() const;
 };
 
 // "fcfs" | "priority"; InvalidArgument otherwise.
 [[nodiscard]] absl::StatusOr<SchedulingPolicy> ParseSchedulingPolicy(
+    absl::string_view name);
+
+// "paged" | "max-length"; InvalidArgument otherwise.
+[[nodiscard]] absl::StatusOr<KvReservation> ParseKvReservation(
     absl::string_view name);
 
 }  // namespace kvserve::scheduler

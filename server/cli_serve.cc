@@ -72,6 +72,10 @@ void RegisterFlags(ServeFlags* f, CliArgs* args) {
             0, 1 << 24);
   args->String("scheduling-policy", &o.engine.scheduling_policy,
                "fcfs or priority (default fcfs)");
+  args->String("kv-reservation", &o.engine.kv_reservation,
+               "paged (allocate KV blocks as tokens arrive) or max-length "
+               "(each request holds a max-model-len slab from admission: "
+               "the contiguous baseline) (default paged)");
   args->Bool("prefix-caching", &o.engine.enable_prefix_caching,
              "share KV blocks of common prompt prefixes (default on; "
              "--no-prefix-caching turns it off)");
@@ -104,6 +108,11 @@ absl::Status FinishFlags(ServeFlags* f) {
     return absl::InvalidArgumentError(
         absl::StrFormat("--scheduling-policy: '%s' must be fcfs or priority",
                         e.scheduling_policy));
+  }
+  if (e.kv_reservation != "paged" && e.kv_reservation != "max-length") {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--kv-reservation: '%s' must be paged or max-length",
+                        e.kv_reservation));
   }
   static constexpr const char* kLevels[] = {"trace", "debug",    "info", "warn",
                                             "error", "critical", "off"};

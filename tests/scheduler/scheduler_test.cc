@@ -553,6 +553,73 @@ TEST(SchedulerTest, GuaranteedNoEvictReservesAndNeverPreempts) {
   EXPECT_EQ(h.sched().stats().num_preemptions_total, 0);
 }
 
+// max_model_len 18 at block size 4: a slab is ceil(18 / 4) = 5 blocks, so a
+// 6-block pool holds one slab.
+SchedulerConfig MaxLengthConfig() {
+  SchedulerConfig c = SmallConfig();
+  c.max_model_len = 18;
+  c.kv_reservation = KvReservation::kMaxLength;
+  return c;
+}
+
+int64_t Blocks(const Scheduler& sched, RequestId id) {
+  return static_cast<int64_t>(sched.kv_cache().GetBlockTable(id).size());
+}
+
+TEST(SchedulerTest, MaxLengthHoldsAWholeSlabFromAdmission) {
+  const SchedulerConfig c = MaxLengthConfig();
+  EXPECT_EQ(c.slab_blocks(), 5);
+  Harness h(c);
+  h.Add(1, 3, 3);  // 6 tokens: 2 blocks when paged
+  h.ExpectSteps({{0, {1}, {3}}});
+  EXPECT_EQ(Blocks(h.sched(), 1), 5);
+  EXPECT_EQ(h.sched().kv_usage().free_blocks, 1);
+  h.ExpectSteps({{1, {1}, {1}}});  // decoding allocates nothing more
+  EXPECT_EQ(Blocks(h.sched(), 1), 5);
+  h.ExpectSteps({{2, {1}, {1}}});
+  EXPECT_THAT(FinishedIds(h.finished()), ElementsAre(1));
+  EXPECT_EQ(h.sched().kv_usage().free_blocks, 6);
+}
+
+TEST(SchedulerTest, MaxLengthWaitsForAFreeSlab) {
+  Harness h(MaxLengthConfig());
+  h.Add(1, 3, 2);
+  h.Add(2, 3, 2);
+  // Two small requests need 2 blocks each, but a slab is 5 of 6 blocks.
+  h.ExpectSteps({{0, {1}, {3}}});
+  EXPECT_EQ(h.sched().stats().last_admission_stop, AdmissionStop::kKvBlocks);
+  EXPECT_THAT(h.sched().WaitingIds(), ElementsAre(2));
+  h.ExpectSteps({{1, {1}, {1}}});  // 1 finishes and frees its slab
+  h.ExpectSteps({{2, {2}, {3}}});
+  EXPECT_EQ(Blocks(h.sched(), 2), 5);
+  h.RunToCompletion();
+  EXPECT_EQ(h.sched().stats().num_preemptions_total, 0);
+}
+
+TEST(SchedulerTest, PagedAdmitsWhatMaxLengthMakesWait) {
+  SchedulerConfig c = MaxLengthConfig();
+  c.kv_reservation = KvReservation::kPaged;
+  Harness h(c);
+  h.Add(1, 3, 2);
+  h.Add(2, 3, 2);
+  h.ExpectSteps({{0, {1, 2}, {3, 3}}});
+  EXPECT_EQ(Blocks(h.sched(), 1), 1);
+  EXPECT_EQ(Blocks(h.sched(), 2), 1);
+  h.RunToCompletion();
+}
+
+TEST(SchedulerTest, MaxLengthSlabMustFitThePool) {
+  SchedulerConfig c = MaxLengthConfig();
+  c.max_model_len = 28;  // 7 blocks > 6
+  Scheduler sched(c);
+  const absl::Status s = sched.AddRequest(MakeRequest(1, 3, 2));
+  EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange) << s;
+  EXPECT_EQ(ParseKvReservation("max-length").value(),
+            KvReservation::kMaxLength);
+  EXPECT_EQ(ParseKvReservation("paged").value(), KvReservation::kPaged);
+  EXPECT_FALSE(ParseKvReservation("slab").ok());
+}
+
 TEST(SchedulerTest, EmptyScheduleWithoutWork) {
   Scheduler sched(SmallConfig());
   const SchedulerOutput out = sched.Schedule();

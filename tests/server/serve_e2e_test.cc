@@ -441,6 +441,7 @@ TEST_F(ServeE2eTest, MetricsHealthAndReady) {
   ASSERT_EQ(code, 200);
   for (const char* name :
        {"kvserve_kv_blocks{", "kvserve_kv_cache_usage_ratio",
+        "kvserve_kv_reserved_slots", "kvserve_kv_reserved_unwritten_slots",
         "kvserve_preemptions_total", "kvserve_prompt_tokens_total",
         "kvserve_generation_tokens_total",
         "kvserve_time_to_first_token_seconds_bucket",
