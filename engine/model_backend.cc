@@ -1,0 +1,41 @@
+#include "engine/model_backend.h"
+
+#include "absl/strings/str_cat.h"
+#include "engine/cpu_backend.h"
+#ifdef KVSERVE_CUDA
+#include "engine/cuda_backend.h"
+#endif
+
+namespace kvserve::engine {
+
+std::string ResolveDevice(std::string_view requested) {
+  if (requested != "auto") return std::string(requested);
+#ifdef KVSERVE_CUDA
+  if (CudaDeviceCount() > 0) return "cuda";
+#endif
+  return "cpu";
+}
+
+absl::StatusOr<std::unique_ptr<ModelBackend>> CreateBackend(
+    const BackendConfig& config, LoadedModel* model) {
+  const std::string device = ResolveDevice(config.device);
+  if (device == "cpu") return CreateCpuBackend(config, model);
+  if (device == "cuda") {
+#ifdef KVSERVE_CUDA
+    if (CudaDeviceCount() <= 0) {
+      return absl::FailedPreconditionError(
+          "--device=cuda: no CUDA device is visible (check the driver and "
+          "CUDA_VISIBLE_DEVICES), or use --device=cpu");
+    }
+    return CreateCudaBackend(config, model);
+#else
+    return absl::FailedPreconditionError(
+        "--device=cuda: this build has no CUDA support (configure with "
+        "-DKVSERVE_CUDA=ON and nvcc on PATH), or use --device=cpu");
+#endif
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--device: must be cpu, cuda, or auto, got \"", device, "\""));
+}
+
+}  // namespace kvserve::engine

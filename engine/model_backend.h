@@ -1,0 +1,88 @@
+// The seam between the engine and the device the model runs on. A backend
+// owns the model weights in their device form, the KV block storage (device
+// memory on a GPU, host memory on the CPU), and the host swap space. The
+// engine thread alone calls it; block bookkeeping (which block belongs to
+// whom, which swap slot holds what) stays in kvcache/ and scheduler/, which
+// know nothing about devices.
+//
+// Per step the engine calls, in this order: SwapOut, SwapIn, CopyBlocks (as
+// the scheduler planned them), then Forward.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "models/forward_batch.h"
+
+namespace kvserve::engine {
+
+struct LoadedModel;
+
+// One block move: `src` and `dst` are KV block ids, or swap slot ids for the
+// host side of SwapOut (dst) and SwapIn (src).
+struct BlockMove {
+  int32_t src = 0;
+  int32_t dst = 0;
+};
+
+struct BackendConfig {
+  std::string device = "cpu";  // cpu | cuda | auto (resolved by the factory)
+  int32_t block_size = 16;
+  // KV budget in bytes; 0 means: CPU, kv_cache_fraction of physical memory;
+  // CUDA, gpu_memory_fraction of device memory minus weights and
+  // activations measured by a profiling forward.
+  int64_t kv_cache_bytes = 0;
+  double kv_cache_fraction = 0.25;
+  double gpu_memory_fraction = 0.9;
+  int32_t max_num_batched_tokens = 512;  // profiling forward size (CUDA)
+  int32_t max_num_seqs = 64;
+  int64_t swap_space_bytes = 0;  // host swap space; 0 disables swapping
+};
+
+class ModelBackend {
+ public:
+  virtual ~ModelBackend() = default;
+
+  virtual std::string_view device_name() const = 0;  // "cpu", "cuda:0"
+  virtual std::string_view kv_dtype() const = 0;     // "f32", "bf16"
+  virtual int32_t num_blocks() const = 0;
+  virtual int32_t block_size() const = 0;
+  // Bytes one block holds across all layers, K and V.
+  virtual int64_t bytes_per_block() const = 0;
+  virtual int32_t num_swap_slots() const = 0;  // host swap blocks
+  // Measured or estimated cost model inputs for preemption mode choice:
+  // seconds to recompute one token (prefill rate) and bytes/s host<->KV.
+  virtual double seconds_per_prefill_token() const = 0;
+  virtual double swap_bytes_per_second() const = 0;
+
+  // Runs one step: writes the batch's K/V at slot_mapping and returns host
+  // fp32 logits [batch.logits_rows.size(), vocab] row-major.
+  [[nodiscard]] virtual absl::Status Forward(const models::ForwardBatch& batch,
+                                             std::vector<float>* logits) = 0;
+  // Whole-block copies (copy-on-write): KV block src -> KV block dst.
+  [[nodiscard]] virtual absl::Status CopyBlocks(
+      absl::Span<const BlockMove> moves) = 0;
+  // KV block src -> swap slot dst.
+  [[nodiscard]] virtual absl::Status SwapOut(
+      absl::Span<const BlockMove> moves) = 0;
+  // Swap slot src -> KV block dst.
+  [[nodiscard]] virtual absl::Status SwapIn(
+      absl::Span<const BlockMove> moves) = 0;
+};
+
+// Builds the backend for `config.device` ("auto": CUDA when the build has it
+// and a device is present, else CPU). Takes what it needs from `model`
+// (the packed CPU model, or the weights for a GPU upload). Errors name the
+// flag: e.g. "--device=cuda: this build has no CUDA support".
+[[nodiscard]] absl::StatusOr<std::unique_ptr<ModelBackend>> CreateBackend(
+    const BackendConfig& config, LoadedModel* model);
+
+// The device `auto` resolves to on this machine: "cuda" or "cpu".
+std::string ResolveDevice(std::string_view requested);
+
+}  // namespace kvserve::engine
