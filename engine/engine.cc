@@ -1,7 +1,5 @@
 #include "engine/engine.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <deque>
 
@@ -11,7 +9,8 @@
 #include "common/status_macros.h"
 #include "engine/engine_impl.h"
 #include "engine/engine_metrics.h"
-#include "engine/kv_cache_storage.h"
+#include "engine/model_backend.h"
+#include "engine/scheduler_compat.h"
 #include "engine/output_processor.h"
 #include "kvcache/kv_sizing.h"
 #include "models/forward_batch.h"
@@ -19,38 +18,14 @@
 #include "spdlog/spdlog.h"
 
 namespace kvserve::engine {
-namespace {
 
-int64_t PhysicalMemoryBytes() {
-  const long pages = sysconf(_SC_PHYS_PAGES);
-  const long page = sysconf(_SC_PAGE_SIZE);
-  return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
-}
-
-}  // namespace
-
-absl::Status Engine::Impl::Init(
-    std::shared_ptr<prometheus::Registry> registry) {
-  const models::ModelConfig& c = model_.config;
-  max_model_len_ = config_.max_model_len > 0
-                       ? std::min(config_.max_model_len, c.max_position)
-                       : c.max_position;
-  const kvcache::KvShape shape{c.num_layers, c.num_kv_heads, c.head_dim};
-  const int64_t per_token =
-      kvcache::KvBytesPerToken(shape, kvcache::KvDtype::kF32);
-  int64_t budget = config_.kv_cache_bytes;
-  if (budget <= 0) {
-    budget = static_cast<int64_t>(PhysicalMemoryBytes() *
-                                  config_.kv_cache_fraction);
-  }
-  KV_ASSIGN_OR_RETURN(kv_, KvCacheStorage::Create(
-                               {c.num_layers, c.num_kv_heads, c.head_dim,
-                                config_.block_size, 0, budget}));
+absl::StatusOr<scheduler::SchedulerConfig> Engine::Impl::SchedulerConfigFor()
+    const {
   scheduler::SchedulerConfig sc;
   sc.max_num_seqs = config_.max_num_seqs;
   sc.max_num_batched_tokens = config_.max_num_batched_tokens;
   sc.block_size = config_.block_size;
-  sc.num_blocks = kv_->num_blocks();
+  sc.num_blocks = backend_->num_blocks();
   sc.watermark = config_.watermark;
   // The engine bounds the queue itself (Submit answers without the loop);
   // the scheduler's bound only backs it up.
@@ -59,32 +34,83 @@ absl::Status Engine::Impl::Init(
   sc.enable_prefix_caching = config_.enable_prefix_caching;
   // Cached KV is only valid for the weights that computed it.
   sc.model_id = model_.path;
-  KV_ASSIGN_OR_RETURN(sc.policy,
-                      scheduler::ParseSchedulingPolicy(config_.scheduling_policy));
+  KV_ASSIGN_OR_RETURN(sc.policy, scheduler::ParseSchedulingPolicy(
+                                     config_.scheduling_policy));
   KV_ASSIGN_OR_RETURN(sc.kv_reservation,
                       scheduler::ParseKvReservation(config_.kv_reservation));
+  // Preemption cost model: recompute = tokens x seconds per prefill token;
+  // swap = block bytes / copy bandwidth, one way (the scheduler counts
+  // out and back in).
+  const double swap_block_seconds =
+      backend_->bytes_per_block() /
+      std::max(backend_->swap_bytes_per_second(), 1.0);
+  KV_RETURN_IF_ERROR(compat::SetPreemptionConfig(
+      sc, backend_->num_swap_slots(), config_.preemption_mode,
+      backend_->seconds_per_prefill_token(), swap_block_seconds,
+      config_.thrash_preemption_limit, config_.admission_high_watermark));
+  return sc;
+}
+
+absl::Status Engine::Impl::Init(
+    const std::shared_ptr<prometheus::Registry>& registry) {
+  const models::ModelConfig& c = model_.config;
+  max_model_len_ = config_.max_model_len > 0
+                       ? std::min(config_.max_model_len, c.max_position)
+                       : c.max_position;
+  BackendConfig bc;
+  bc.device = config_.device;
+  bc.block_size = config_.block_size;
+  bc.kv_cache_bytes = config_.kv_cache_bytes;
+  bc.kv_cache_fraction = config_.kv_cache_fraction;
+  bc.gpu_memory_fraction = config_.gpu_memory_fraction;
+  bc.max_num_batched_tokens = config_.max_num_batched_tokens;
+  bc.max_num_seqs = config_.max_num_seqs;
+  bc.swap_space_bytes = config_.swap_space_bytes;
+  KV_ASSIGN_OR_RETURN(backend_, CreateBackend(bc, &model_));
+  const int32_t num_blocks = backend_->num_blocks();
+  const int64_t per_token = backend_->bytes_per_block() / config_.block_size;
+  KV_ASSIGN_OR_RETURN(scheduler::SchedulerConfig sc, SchedulerConfigFor());
   KV_ASSIGN_OR_RETURN(scheduler_, scheduler::Scheduler::Create(sc));
 
-  info_ = ModelInfo{c.name, model_.path, model_.format, c.architecture,
-                    c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads,
-                    c.head_dim, c.intermediate_size, c.vocab_size,
-                    max_model_len_, per_token, config_.block_size,
-                    kv_->num_blocks(), "f32"};
-  const int64_t tokens = static_cast<int64_t>(kv_->num_blocks()) *
-                         config_.block_size;
+  info_.name = c.name;
+  info_.path = model_.path;
+  info_.format = model_.format;
+  info_.architecture = c.architecture;
+  info_.num_layers = c.num_layers;
+  info_.hidden_size = c.hidden_size;
+  info_.num_heads = c.num_heads;
+  info_.num_kv_heads = c.num_kv_heads;
+  info_.head_dim = c.head_dim;
+  info_.intermediate_size = c.intermediate_size;
+  info_.vocab_size = c.vocab_size;
+  info_.max_context = max_model_len_;
+  info_.kv_bytes_per_token = per_token;
+  info_.block_size = config_.block_size;
+  info_.num_blocks = num_blocks;
+  info_.kv_dtype = std::string(backend_->kv_dtype());
+  info_.device = std::string(backend_->device_name());
+  info_.num_swap_slots = backend_->num_swap_slots();
+  const int64_t tokens = static_cast<int64_t>(num_blocks) * config_.block_size;
   spdlog::info(
-      "kv cache: {} bytes/token (f32), {} blocks of {} tokens = {} tokens, "
-      "{:.1f} MiB; holds {} sequences at max context {}",
-      per_token, kv_->num_blocks(), config_.block_size, tokens,
-      kv_->total_bytes() / 1048576.0,
+      "kv cache on {}: {} bytes/token ({}), {} blocks of {} tokens = {} "
+      "tokens, {:.1f} MiB; holds {} sequences at max context {}; swap space "
+      "{} blocks ({:.1f} MiB); cost model: {:.3g} ms/prefill token, {:.3g} "
+      "GB/s swap",
+      info_.device, per_token, info_.kv_dtype, num_blocks, config_.block_size,
+      tokens, num_blocks * backend_->bytes_per_block() / 1048576.0,
       tokens / std::max<int64_t>(
                    1, (max_model_len_ + config_.block_size - 1) /
                           config_.block_size * config_.block_size),
-      max_model_len_);
+      max_model_len_, info_.num_swap_slots,
+      info_.num_swap_slots * backend_->bytes_per_block() / 1048576.0,
+      backend_->seconds_per_prefill_token() * 1e3,
+      backend_->swap_bytes_per_second() / 1e9);
   if (registry) {
     metrics_ = std::make_unique<EngineMetrics>(
-        *registry, CacheConfigInfo{config_.block_size, kv_->num_blocks(),
-                                   per_token, "f32"});
+        *registry, CacheConfigInfo{config_.block_size, num_blocks, per_token,
+                                   info_.kv_dtype,
+                                   backend_->num_swap_slots(),
+                                   backend_->bytes_per_block()});
   }
   PublishStats(0, 0);
   return absl::OkStatus();
@@ -104,6 +130,10 @@ absl::Status Engine::Impl::CheckSpec(const RequestSpec& spec) const {
   if (prompt == 0) {
     return absl::InvalidArgumentError("prompt: must not be empty");
   }
+  if (spec.n < 1 || spec.n > kMaxCompletions) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "n: must be in [1, %d], got %d", kMaxCompletions, spec.n));
+  }
   if (spec.max_tokens < 1) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "max_tokens: must be >= 1, got %d", spec.max_tokens));
@@ -122,7 +152,7 @@ absl::Status Engine::Impl::CheckSpec(const RequestSpec& spec) const {
         prompt, spec.max_tokens, max_model_len_));
   }
   const int64_t pool_tokens =
-      static_cast<int64_t>(kv_->num_blocks() -
+      static_cast<int64_t>(backend_->num_blocks() -
                            scheduler_->config().watermark_blocks()) *
       config_.block_size;
   if (prompt + spec.max_tokens > pool_tokens) {
@@ -143,7 +173,7 @@ absl::StatusOr<std::shared_ptr<StreamState>> Engine::Impl::Submit(
   auto r = std::make_unique<LiveRequest>();
   r->id = next_id_.fetch_add(1);
   r->arrival = absl::Now();
-  r->stream = std::make_shared<StreamState>(r->id);
+  r->stream = std::make_shared<StreamState>(r->id, s.ok() ? spec.n : 1);
   auto stream = r->stream;
   if (s.ok()) {
     absl::MutexLock lock(&mu_);
@@ -199,7 +229,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
   std::unique_ptr<Engine> engine(new Engine(nullptr));
   engine->impl_ =
       std::make_unique<Impl>(config, std::move(model), &engine->draining_);
-  KV_RETURN_IF_ERROR(engine->impl_->Init(std::move(registry)));
+  KV_RETURN_IF_ERROR(engine->impl_->Init(registry));
   engine->impl_->Start();
   return engine;
 }

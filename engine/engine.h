@@ -27,6 +27,9 @@ class Registry;
 
 namespace kvserve::engine {
 
+// Most completions one request may ask for (RequestSpec::n).
+inline constexpr int32_t kMaxCompletions = 16;
+
 struct EngineConfig {
   int32_t block_size = 16;
   int64_t kv_cache_bytes = 0;     // 0: derive from kv_cache_fraction
@@ -41,6 +44,18 @@ struct EngineConfig {
   // paged | max-length (each request holds a max_model_len slab: the
   // contiguous-allocation baseline of the paging experiment).
   std::string kv_reservation = "paged";
+  // The backend (engine/model_backend.h): cpu | cuda | auto.
+  std::string device = "cpu";
+  double gpu_memory_fraction = 0.9;
+  // Host swap space for preemption by swap; 0 disables swapping.
+  int64_t swap_space_bytes = 0;
+  std::string preemption_mode = "auto";  // auto | recompute | swap
+  // A request preempted this many times in a row is readmitted only when
+  // its whole remaining prefill fits (0: the scheduler's default).
+  int32_t thrash_preemption_limit = 0;
+  // Stop admitting new work above this fraction of KV blocks in use
+  // (0: the scheduler's default).
+  double admission_high_watermark = 0;
 };
 
 // Static facts about the loaded model and cache, for GetModelInfo and logs.
@@ -52,6 +67,8 @@ struct ModelInfo {
   int64_t kv_bytes_per_token = 0;
   int32_t block_size = 0, num_blocks = 0;
   std::string kv_dtype;
+  std::string device;  // the backend's device name ("cpu", "cuda:0")
+  int32_t num_swap_slots = 0;
 };
 
 // A consistent snapshot for metrics and readiness.
@@ -92,6 +109,8 @@ class Engine {
 
   const ModelInfo& model_info() const;
   const models::Tokenizer& tokenizer() const;
+  // The loaded model's metadata and tokenizer; its `model` (the packed
+  // weights) has moved into the backend and is null here.
   const LoadedModel& model() const;
   EngineStats Stats() const;
 

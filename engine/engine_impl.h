@@ -11,7 +11,7 @@
 #include "absl/synchronization/mutex.h"
 #include "engine/engine.h"
 #include "engine/engine_metrics.h"
-#include "engine/kv_cache_storage.h"
+#include "engine/model_backend.h"
 #include "engine/output_processor.h"
 #include "models/forward_batch.h"
 #include "scheduler/scheduler.h"
@@ -30,6 +30,11 @@ struct LiveRequest {
   int32_t completion_tokens = 0;
   // Prompt tokens served from the prefix cache (read when first scheduled).
   int32_t cached_prompt_tokens = 0;
+  // Completion index in the shared stream (n > 1), and children this
+  // request (index 0) still has to fork once its prompt is computed.
+  int32_t index = 0;
+  int32_t pending_forks = 0;
+  int32_t num_preemptions = 0;  // as of its latest scheduling
 };
 
 class Engine::Impl {
@@ -39,7 +44,7 @@ class Engine::Impl {
       : config_(config), model_(std::move(model)), draining_(draining) {}
   ~Impl() { Stop(); }
 
-  absl::Status Init(std::shared_ptr<prometheus::Registry> registry);
+  absl::Status Init(const std::shared_ptr<prometheus::Registry>& registry);
   void Start() { thread_ = std::thread([this] { Loop(); }); }
   void Stop();
 
@@ -60,6 +65,7 @@ class Engine::Impl {
     std::vector<RequestId> aborts;
   };
 
+  absl::StatusOr<scheduler::SchedulerConfig> SchedulerConfigFor() const;
   absl::Status CheckSpec(const RequestSpec& spec) const;
   void Loop();
   bool TakeInbox(Inbox* inbox);
@@ -69,6 +75,14 @@ class Engine::Impl {
                                   std::vector<int32_t>* logits_owner);
   std::vector<SampleResult> SampleAll(const scheduler::SchedulerOutput& out,
                                       const std::vector<int32_t>& producers);
+  // Emits one sampled token of `r`; finishes it on a stop or at max_tokens.
+  void EmitToken(LiveRequest& r, SampleResult& res, absl::Time now);
+  // n > 1: samples each child's first token from the parent's prompt
+  // logits (fork_logits_) and forks it off the parent in the scheduler.
+  void ForkChildren(RequestId parent);
+  // n > 1 without scheduler forks: n independent requests (seed + i).
+  void AdmitSiblings(const LiveRequest& parent);
+  void FirstScheduled(const scheduler::ScheduledRequest& s, absl::Time t0);
   void EmitTokens(const scheduler::SchedulerOutput& out,
                   const std::vector<int32_t>& producers,
                   std::vector<SampleResult>& sampled);
@@ -82,7 +96,7 @@ class Engine::Impl {
   LoadedModel model_;
   std::atomic<bool>* draining_;
   ModelInfo info_;
-  std::unique_ptr<KvCacheStorage> kv_;
+  std::unique_ptr<ModelBackend> backend_;
   std::unique_ptr<scheduler::Scheduler> scheduler_;
   std::unique_ptr<EngineMetrics> metrics_;
   int32_t max_model_len_ = 0;
@@ -100,6 +114,12 @@ class Engine::Impl {
   std::vector<float> logits_;
   int64_t preemptions_seen_ = 0, preempted_tokens_seen_ = 0;
   int64_t prefix_queries_seen_ = 0, prefix_hits_seen_ = 0;
+  int64_t preempt_recompute_seen_ = 0, preempt_swap_seen_ = 0;
+  int64_t uncacheable_seen_ = 0;
+  int64_t swapped_out_blocks_ = 0, swapped_in_blocks_ = 0;
+  int64_t swapped_out_seen_ = 0, swapped_in_seen_ = 0;
+  // Raw prompt logits of parents about to fork (n > 1), by parent id.
+  absl::flat_hash_map<RequestId, std::vector<float>> fork_logits_;
 
   mutable absl::Mutex stats_mu_;
   EngineStats stats_ ABSL_GUARDED_BY(stats_mu_);

@@ -2,10 +2,12 @@
 // samples, streams output, retires finished requests. Everything here runs
 // on that one thread except where a comment says otherwise.
 #include <algorithm>
+#include <cstdlib>
 
 #include "absl/strings/str_format.h"
 #include "common/check.h"
 #include "engine/engine_impl.h"
+#include "engine/scheduler_compat.h"
 #include "spdlog/spdlog.h"
 
 namespace kvserve::engine {
@@ -17,6 +19,21 @@ double SecondsBetween(absl::Time a, absl::Time b) {
 
 // Idle wait for new work; bounded so deadlines are checked while idle.
 constexpr absl::Duration kIdleWait = absl::Milliseconds(50);
+
+// Test-only fault injection: KVSERVE_FAULT_STEP_DELAY_MS=N makes every
+// engine step N ms slower (a stalled device, for the readiness tests).
+absl::Duration FaultStepDelay() {
+  static const absl::Duration delay = [] {
+    const char* v = std::getenv("KVSERVE_FAULT_STEP_DELAY_MS");
+    const int ms = v != nullptr ? std::max(std::atoi(v), 0) : 0;
+    if (ms > 0) {
+      spdlog::warn("fault injection: every engine step sleeps {} ms "
+                   "(KVSERVE_FAULT_STEP_DELAY_MS; for tests only)", ms);
+    }
+    return absl::Milliseconds(ms);
+  }();
+  return delay;
+}
 
 }  // namespace
 
@@ -40,6 +57,13 @@ void Engine::Impl::Admit(std::unique_ptr<LiveRequest> r) {
       absl::ToUnixNanos(r->arrival));
   req->set_cache_salt(r->spec.cache_salt);
   const RequestId id = r->id;
+  if (r->spec.n > 1) {
+    if (compat::kCanFork<>) {
+      r->pending_forks = r->spec.n - 1;
+    } else {
+      AdmitSiblings(*r);
+    }
+  }
   live_reqs_[id] = std::move(r);
   absl::Status s = scheduler_->AddRequest(std::move(req));
   if (!s.ok()) FinishRequest(id, FinishReason::kError, std::string(s.message()));
@@ -47,13 +71,21 @@ void Engine::Impl::Admit(std::unique_ptr<LiveRequest> r) {
 
 void Engine::Impl::Loop() {
   Inbox inbox;
+  (void)FaultStepDelay();  // logs the warning at start-up
   while (TakeInbox(&inbox)) {
     for (auto& r : inbox.adds) Admit(std::move(r));
+    // Before the aborts: gRPC also cancels a call whose deadline passed,
+    // and that is a deadline, not a client cancel.
+    ExpireDeadlines();
     for (RequestId id : inbox.aborts) {
-      if (live_reqs_.contains(id)) FinishRequest(id, FinishReason::kCancelled);
+      // `id` names a stream: its n > 1 completions all end.
+      std::vector<RequestId> group;
+      for (const auto& [rid, r] : live_reqs_) {
+        if (r->stream->id() == id) group.push_back(rid);
+      }
+      for (RequestId rid : group) FinishRequest(rid, FinishReason::kCancelled);
     }
     inbox = Inbox{};
-    ExpireDeadlines();
     if (scheduler_->has_work()) {
       Step();
     } else {
@@ -80,7 +112,17 @@ void Engine::Impl::ExpireDeadlines() {
       expired.push_back(id);
     }
   }
-  for (RequestId id : expired) FinishRequest(id, FinishReason::kDeadline);
+  for (RequestId id : expired) {
+    auto it = live_reqs_.find(id);
+    if (it == live_reqs_.end()) continue;  // ended with a sibling
+    // "running" once scheduled (it consumed prefill), even if preempted
+    // since; "queued" requests never reached the model.
+    if (metrics_) {
+      metrics_->DeadlineExceeded(it->second->first_scheduled !=
+                                 absl::InfinitePast());
+    }
+    FinishRequest(id, FinishReason::kDeadline);
+  }
 }
 
 models::ForwardBatch Engine::Impl::BuildBatch(
@@ -124,6 +166,9 @@ std::vector<SampleResult> Engine::Impl::SampleAll(
     const auto& s = out.scheduled[producers[k]];
     LiveRequest& r = *live_reqs_.at(s.id);
     absl::Span<float> logits(logits_.data() + k * vocab, vocab);
+    if (r.pending_forks > 0 && r.completion_tokens == 0) {
+      fork_logits_[s.id].assign(logits.begin(), logits.end());
+    }
     context.clear();
     if (r.spec.sampling.repetition_penalty != 1.0f) {
       const scheduler::Request* req = scheduler_->GetRequest(s.id);
@@ -136,37 +181,38 @@ std::vector<SampleResult> Engine::Impl::SampleAll(
   return sampled;
 }
 
+void Engine::Impl::EmitToken(LiveRequest& r, SampleResult& res,
+                             absl::Time now) {
+  if (r.first_token == absl::InfinitePast()) {
+    r.first_token = now;
+    if (metrics_) metrics_->ObserveTtft(SecondsBetween(r.arrival, now));
+  } else if (metrics_) {
+    metrics_->ObserveInterToken(SecondsBetween(r.last_token, now));
+  }
+  r.last_token = now;
+  ++r.completion_tokens;
+  OutputProcessor::Step step = r.output->Accept(res.token);
+  std::vector<TokenLogprobs> lp;
+  if (r.spec.sampling.logprobs > 0) {
+    lp.push_back({res.token, res.logprob, std::move(res.top)});
+  }
+  r.stream->Push(r.index, {res.token}, step.text, std::move(lp));
+  const scheduler::Request* req = scheduler_->GetRequest(r.id);
+  if (step.stop) {
+    FinishRequest(r.id, FinishReason::kStop);
+  } else if (req == nullptr || r.completion_tokens >= r.spec.max_tokens) {
+    FinishRequest(r.id, FinishReason::kLength);
+  }
+}
+
 void Engine::Impl::EmitTokens(const scheduler::SchedulerOutput& out,
                               const std::vector<int32_t>& producers,
                               std::vector<SampleResult>& sampled) {
   const absl::Time now = absl::Now();
   for (size_t k = 0; k < producers.size(); ++k) {
-    const RequestId id = out.scheduled[producers[k]].id;
-    auto it = live_reqs_.find(id);
+    auto it = live_reqs_.find(out.scheduled[producers[k]].id);
     if (it == live_reqs_.end()) continue;
-    LiveRequest& r = *it->second;
-    if (r.first_token == absl::InfinitePast()) {
-      r.first_token = now;
-      if (metrics_) metrics_->ObserveTtft(SecondsBetween(r.arrival, now));
-    } else if (metrics_) {
-      metrics_->ObserveInterToken(SecondsBetween(r.last_token, now));
-    }
-    r.last_token = now;
-    ++r.completion_tokens;
-    SampleResult& res = sampled[k];
-    OutputProcessor::Step step = r.output->Accept(res.token);
-    std::vector<TokenLogprobs> lp;
-    if (r.spec.sampling.logprobs > 0) {
-      lp.push_back({res.token, res.logprob, std::move(res.top)});
-    }
-    r.stream->Push({res.token}, step.text, std::move(lp));
-    const scheduler::Request* req = scheduler_->GetRequest(id);
-    if (step.stop) {
-      FinishRequest(id, FinishReason::kStop);
-    } else if (req == nullptr ||
-               req->num_output_tokens() >= r.spec.max_tokens) {
-      FinishRequest(id, FinishReason::kLength);
-    }
+    EmitToken(*it->second, sampled[k], now);
   }
   if (metrics_) metrics_->AddGenerationTokens(producers.size());
 }
@@ -183,28 +229,23 @@ void Engine::Impl::Step() {
     mu_.AwaitWithTimeout(absl::Condition(&has_input), absl::Milliseconds(1));
     return;
   }
-  for (const auto& s : out.scheduled) {
-    LiveRequest& r = *live_reqs_.at(s.id);
-    if (r.first_scheduled == absl::InfinitePast()) {
-      r.first_scheduled = t0;
-      // Read now: a request finished by length is gone from the scheduler
-      // by the time FinishRequest runs.
-      if (const scheduler::Request* req = scheduler_->GetRequest(s.id)) {
-        r.cached_prompt_tokens = req->num_cached_tokens();
-      }
-      if (metrics_) {
-        metrics_->ObserveQueueTime(SecondsBetween(r.arrival, t0));
-        metrics_->AddPromptTokens(r.spec.prompt_tokens.size());
-        if (config_.enable_prefix_caching) {
-          metrics_->AddUncacheableTokens(r.spec.prompt_tokens.size() %
-                                         config_.block_size);
-        }
-      }
-    }
+  for (const auto& s : out.scheduled) FirstScheduled(s, t0);
+  // Swap out, swap in, copy-on-write: before the forward reads the blocks.
+  if (absl::Status mv = compat::RunBlockMoves(out, *backend_,
+                                              &swapped_out_blocks_,
+                                              &swapped_in_blocks_);
+      !mv.ok()) {
+    spdlog::error("block moves failed at step {}: {}", out.step,
+                  mv.ToString());
   }
   std::vector<int32_t> producers;
   models::ForwardBatch batch = BuildBatch(out, &producers);
-  absl::Status st = model_.model->Forward(batch, kv_->view(), &logits_);
+  if (FaultStepDelay() > absl::ZeroDuration()) absl::SleepFor(FaultStepDelay());
+  const absl::Time fwd0 = absl::Now();
+  absl::Status st = backend_->Forward(batch, &logits_);
+  if (metrics_) {
+    metrics_->AddForwardSeconds(SecondsBetween(fwd0, absl::Now()));
+  }
   std::vector<SampleResult> sampled;
   std::vector<int32_t> tokens(producers.size(), 0);
   if (st.ok()) {
@@ -225,6 +266,13 @@ void Engine::Impl::Step() {
   }
   std::vector<scheduler::FinishedRequest> finished =
       scheduler_->UpdateFromOutput(out, tokens);
+  // Forks first: the parent may finish on its first token below.
+  if (st.ok() && !fork_logits_.empty()) {
+    std::vector<RequestId> parents;
+    for (const auto& [id, logits] : fork_logits_) parents.push_back(id);
+    for (RequestId id : parents) ForkChildren(id);
+  }
+  fork_logits_.clear();
   if (st.ok()) EmitTokens(out, producers, sampled);
   for (const auto& f : finished) {
     if (live_reqs_.contains(f.id)) FinishRequest(f.id, FinishReason::kLength);
@@ -244,6 +292,9 @@ void Engine::Impl::FinishRequest(RequestId id, FinishReason reason,
   auto it = live_reqs_.find(id);
   if (it == live_reqs_.end()) return;
   LiveRequest& r = *it->second;
+  if (const scheduler::Request* req = scheduler_->GetRequest(id)) {
+    r.num_preemptions = req->num_preemptions();
+  }
   // Frees the blocks now (the scheduler may have retired it already).
   if (scheduler_->GetRequest(id) != nullptr) {
     (void)scheduler_->Finish(id, reason == FinishReason::kStop
@@ -265,8 +316,19 @@ void Engine::Impl::FinishRequest(RequestId id, FinishReason reason,
     t.time_to_first_token = SecondsBetween(r.arrival, r.first_token);
   }
   t.total_seconds = SecondsBetween(r.arrival, now);
-  r.stream->Finish(reason, usage, t, error);
-  if (metrics_) metrics_->Finished(reason, t.total_seconds);
+  r.stream->Finish(r.index, reason, usage, t, error);
+  // Children never forked (the parent ended before its first token) end
+  // with it, so that the stream completes.
+  for (int32_t i = 1; i <= r.pending_forks; ++i) {
+    r.stream->Finish(i, reason, Usage{usage.prompt_tokens, 0,
+                                      usage.cached_prompt_tokens},
+                     t, error);
+  }
+  r.pending_forks = 0;
+  if (metrics_) {
+    metrics_->Finished(reason, t.total_seconds);
+    metrics_->ObserveRequestPreemptions(r.num_preemptions);
+  }
   live_reqs_.erase(it);
   absl::MutexLock lock(&mu_);
   --live_;
@@ -274,6 +336,10 @@ void Engine::Impl::FinishRequest(RequestId id, FinishReason reason,
 
 void Engine::Impl::PublishStats(double step_seconds, int64_t tokens) {
   const scheduler::SchedulerStats s = scheduler_->stats();
+  const compat::ExtraStats extra = compat::ReadExtraStats(s);
+  const int64_t recomputed = extra.recomputed_tokens >= 0
+                                 ? extra.recomputed_tokens
+                                 : s.num_preempted_tokens_total;
   int64_t reserved = 0;
   int64_t unwritten = 0;
   for (RequestId id : scheduler_->RunningIds()) {
@@ -291,16 +357,34 @@ void Engine::Impl::PublishStats(double step_seconds, int64_t tokens) {
                           s.kv.free_blocks - s.kv.cached_evictable_blocks);
     metrics_->SetQueues(s.num_running, s.num_waiting);
     metrics_->SetReservedSlots(reserved, unwritten);
-    metrics_->AddPreemptions(s.num_preemptions_total - preemptions_seen_);
-    metrics_->AddRecomputedTokens(s.num_preempted_tokens_total -
-                                  preempted_tokens_seen_);
+    if (extra.preemptions_recompute >= 0) {
+      metrics_->AddPreemptions(
+          extra.preemptions_recompute - preempt_recompute_seen_,
+          extra.preemptions_swap - preempt_swap_seen_);
+    } else {
+      metrics_->AddPreemptions(s.num_preemptions_total - preemptions_seen_);
+    }
+    metrics_->AddRecomputedTokens(recomputed - preempted_tokens_seen_);
+    metrics_->AddSwapBlocks(swapped_out_blocks_ - swapped_out_seen_,
+                            swapped_in_blocks_ - swapped_in_seen_);
+    metrics_->SetSwapBlocks(extra.swap_slots_used,
+                            backend_->num_swap_slots());
+    if (extra.uncacheable_tokens >= 0) {
+      metrics_->AddUncacheableTokens(extra.uncacheable_tokens -
+                                     uncacheable_seen_);
+    }
     metrics_->AddPrefixCache(
         s.prefix_cache_queries_tokens - prefix_queries_seen_,
         s.prefix_cache_hit_tokens - prefix_hits_seen_);
     if (tokens > 0) metrics_->ObserveStep(step_seconds, tokens);
   }
   preemptions_seen_ = s.num_preemptions_total;
-  preempted_tokens_seen_ = s.num_preempted_tokens_total;
+  preempted_tokens_seen_ = recomputed;
+  preempt_recompute_seen_ = std::max<int64_t>(extra.preemptions_recompute, 0);
+  preempt_swap_seen_ = extra.preemptions_swap;
+  uncacheable_seen_ = std::max<int64_t>(extra.uncacheable_tokens, 0);
+  swapped_out_seen_ = swapped_out_blocks_;
+  swapped_in_seen_ = swapped_in_blocks_;
   prefix_queries_seen_ = s.prefix_cache_queries_tokens;
   prefix_hits_seen_ = s.prefix_cache_hit_tokens;
   absl::MutexLock lock(&stats_mu_);

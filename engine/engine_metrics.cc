@@ -108,6 +108,53 @@ EngineMetrics::EngineMetrics(prometheus::Registry& r,
                  "cached")
            .Register(r)
            .Add({});
+  forward_seconds_ = &BuildCounter()
+                         .Name("kvserve_engine_forward_seconds_total")
+                         .Help("Wall time spent in the model forward pass")
+                         .Register(r)
+                         .Add({});
+  auto& deadline = BuildCounter()
+                       .Name("kvserve_deadline_exceeded_total")
+                       .Help("Requests stopped by their deadline, by phase: "
+                             "queued (never scheduled) or running")
+                       .Register(r);
+  deadline_queued_ = &deadline.Add({{"phase", "queued"}});
+  deadline_running_ = &deadline.Add({{"phase", "running"}});
+  bytes_per_block_ = info.bytes_per_block;
+  auto& swap = BuildGauge()
+                   .Name("kvserve_swap_blocks")
+                   .Help("Host swap space in KV blocks: used (holding a "
+                         "preempted request's blocks) and total")
+                   .Register(r);
+  swap_used_ = &swap.Add({{"state", "used"}});
+  swap_total_ = &swap.Add({{"state", "total"}});
+  swap_total_->Set(info.num_swap_slots);
+  auto& swap_bytes = BuildCounter()
+                         .Name("kvserve_swap_bytes_total")
+                         .Help("KV bytes copied to (out) and from (in) the "
+                               "host swap space")
+                         .Register(r);
+  swap_out_bytes_ = &swap_bytes.Add({{"direction", "out"}});
+  swap_in_bytes_ = &swap_bytes.Add({{"direction", "in"}});
+  prompt_computed_ = &BuildCounter()
+                          .Name("kvserve_prompt_tokens_computed_total")
+                          .Help("Prompt tokens the model computed (prefill, "
+                                "including recompute after preemption; "
+                                "prefix-cache hits excluded)")
+                          .Register(r)
+                          .Add({});
+  blocks_active_peak_ = &BuildGauge()
+                             .Name("kvserve_kv_blocks_active_peak")
+                             .Help("Most KV blocks held by requests at once "
+                                   "since start-up")
+                             .Register(r)
+                             .Add({});
+  request_preemptions_ =
+      &BuildHistogram()
+           .Name("kvserve_request_preemptions")
+           .Help("Times each finished request was preempted")
+           .Register(r)
+           .Add({}, Histogram::BucketBoundaries{0, 1, 2, 4, 8, 16, 32});
   auto& fin = BuildCounter()
                   .Name("kvserve_requests_finished_total")
                   .Help("Finished requests by reason")
@@ -117,7 +164,7 @@ EngineMetrics::EngineMetrics(prometheus::Registry& r,
         {{"reason", FinishReasonName(static_cast<FinishReason>(i))}});
   }
   auto hist = [&](const char* name, const char* help,
-                  Histogram::BucketBoundaries b) {
+                  const Histogram::BucketBoundaries& b) {
     return &BuildHistogram().Name(name).Help(help).Register(r).Add({}, b);
   };
   ttft_ = hist("kvserve_time_to_first_token_seconds",
@@ -147,6 +194,7 @@ void EngineMetrics::SetKvBlocks(int64_t active, int64_t cached, int64_t free) {
   blocks_active_->Set(active);
   blocks_cached_->Set(cached);
   blocks_free_->Set(free);
+  if (active > blocks_active_peak_->Value()) blocks_active_peak_->Set(active);
   const double total = active + cached + free;
   usage_->Set(total > 0 ? active / total : 0.0);
 }

@@ -18,6 +18,8 @@ struct CacheConfigInfo {
   int32_t num_blocks = 0;
   int64_t bytes_per_token = 0;
   std::string kv_dtype;
+  int32_t num_swap_slots = 0;
+  int64_t bytes_per_block = 0;
 };
 
 class EngineMetrics {
@@ -36,15 +38,40 @@ class EngineMetrics {
     waiting_->Set(waiting);
   }
   void AddPreemptions(int64_t n) { preempt_recompute_->Increment(n); }
+  void AddPreemptions(int64_t recompute, int64_t swap) {
+    preempt_recompute_->Increment(recompute);
+    preempt_swap_->Increment(swap);
+  }
+  // Swap traffic in blocks (exported in bytes).
+  void AddSwapBlocks(int64_t out, int64_t in) {
+    swap_out_bytes_->Increment(static_cast<double>(out) * bytes_per_block_);
+    swap_in_bytes_->Increment(static_cast<double>(in) * bytes_per_block_);
+  }
+  void SetSwapBlocks(int64_t used, int64_t total) {
+    swap_used_->Set(used);
+    swap_total_->Set(total);
+  }
+  // Prompt positions the model computed (prefill, including recompute
+  // after preemption); prefix-cache hits are not computed.
+  void AddPromptTokensComputed(int64_t n) { prompt_computed_->Increment(n); }
+  void ObserveRequestPreemptions(int32_t n) { request_preemptions_->Observe(n); }
   void AddRecomputedTokens(int64_t n) { recomputed_tokens_->Increment(n); }
   void AddPromptTokens(int64_t n) { prompt_tokens_->Increment(n); }
   void AddGenerationTokens(int64_t n) { generation_tokens_->Increment(n); }
   void ObserveStep(double seconds, int64_t tokens);
+  // Wall time inside the model forward pass; with the step histogram's sum
+  // it gives the engine's overhead outside the forward.
+  void AddForwardSeconds(double s) { forward_seconds_->Increment(s); }
   void ObserveTtft(double s) { ttft_->Observe(s); }
   void ObserveInterToken(double s) { itl_->Observe(s); }
   void ObserveQueueTime(double s) { queue_->Observe(s); }
   void Finished(FinishReason reason, double e2e_seconds);
   void Rejected() { rejected_->Increment(); }
+  // A request whose deadline passed: `running` if it had been scheduled
+  // (consumed prefill), else it expired in the queue.
+  void DeadlineExceeded(bool running) {
+    (running ? deadline_running_ : deadline_queued_)->Increment();
+  }
   void AddPrefixCache(int64_t queried, int64_t hits) {
     prefix_queries_->Increment(queried);
     prefix_hits_->Increment(hits);
@@ -56,8 +83,14 @@ class EngineMetrics {
       *blocks_total_, *usage_, *reserved_, *unwritten_, *running_, *waiting_;
   prometheus::Counter *preempt_recompute_, *preempt_swap_, *recomputed_tokens_,
       *prompt_tokens_, *generation_tokens_, *steps_, *rejected_,
-      *prefix_queries_, *prefix_hits_, *prefix_uncacheable_;
+      *prefix_queries_, *prefix_hits_, *prefix_uncacheable_,
+      *forward_seconds_;
   prometheus::Counter* finished_[6];
+  prometheus::Gauge *swap_used_, *swap_total_, *blocks_active_peak_;
+  prometheus::Counter *swap_out_bytes_, *swap_in_bytes_, *prompt_computed_;
+  prometheus::Histogram* request_preemptions_;
+  int64_t bytes_per_block_ = 0;
+  prometheus::Counter *deadline_queued_, *deadline_running_;
   prometheus::Histogram *ttft_, *itl_, *e2e_, *queue_, *step_time_,
       *step_tokens_;
 };

@@ -1,13 +1,15 @@
 #include "engine/loaded_model.h"
 
 #include "common/status_macros.h"
+#include "engine/model_backend.h"
 #include "models/model_files.h"
 #include "models/model_resolver.h"
 #include "models/tokenizer_json.h"
 
 namespace kvserve::engine {
 
-absl::StatusOr<LoadedModel> LoadModel(std::string_view name_or_path) {
+absl::StatusOr<LoadedModel> LoadModel(std::string_view name_or_path,
+                                      std::string_view device) {
   LoadedModel out;
   KV_ASSIGN_OR_RETURN(out.path, models::ResolveModelPath(name_or_path));
   KV_ASSIGN_OR_RETURN(models::ModelFiles files,
@@ -23,6 +25,11 @@ absl::StatusOr<LoadedModel> LoadModel(std::string_view name_or_path) {
   out.chat_format = models::DetectChatFormat(tok_data.chat_template, tok_data);
   KV_ASSIGN_OR_RETURN(out.tokenizer,
                       models::Tokenizer::Create(std::move(tok_data)));
+  if (ResolveDevice(device) == "cuda") {
+    KV_RETURN_IF_ERROR(models::CheckWeights(out.config, *files.weights));
+    out.weights = std::move(files.weights);
+    return out;
+  }
   KV_ASSIGN_OR_RETURN(out.model, models::LlamaModel::Create(
                                      out.config, std::move(files.weights)));
   return out;

@@ -22,13 +22,18 @@ struct LoadedModel {
   std::unique_ptr<models::Tokenizer> tokenizer;
   models::ChatFormat chat_format = models::ChatFormat::kNone;
   std::string chat_template;  // the model's own template text, if any
-  std::unique_ptr<models::LlamaModel> model;
+  std::unique_ptr<models::LlamaModel> model;  // CPU: the packed model
+  // GPU loads: the raw weights, kept for the backend's upload instead of
+  // packing a CPU model (model stays null); the backend releases them.
+  std::unique_ptr<models::WeightSource> weights;
 };
 
 // Resolves `name_or_path` (preset name, .gguf file, or HF directory), loads
 // and packs the weights. Errors name the file and what is wrong; a preset
-// whose weights are absent names every place that was searched.
+// whose weights are absent names every place that was searched. `device`
+// (cpu | cuda | auto, as --device): when it resolves to "cuda" the weights
+// are checked and kept in `weights` for the GPU upload, not packed.
 [[nodiscard]] absl::StatusOr<LoadedModel> LoadModel(
-    std::string_view name_or_path);
+    std::string_view name_or_path, std::string_view device = "cpu");
 
 }  // namespace kvserve::engine

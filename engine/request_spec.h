@@ -27,6 +27,9 @@ struct RequestSpec {
   // Prefix-cache scope: requests share cached KV blocks only under equal
   // salts (empty: the shared default scope).
   std::string cache_salt;
+  // Completions sharing the prompt (1..16). Completion i samples with seed
+  // sampling.seed + i, so it equals an n = 1 request with that seed.
+  int32_t n = 1;
 };
 
 enum class FinishReason {
@@ -57,11 +60,18 @@ struct TokenLogprobs {
   std::vector<TokenLogprob> top;
 };
 
-// A coalesced chunk of one request's output stream.
+// A coalesced chunk of one completion (`index`) of a request's output
+// stream. With n = 1, index is 0 and index_finished == finished.
 struct StreamDelta {
+  int32_t index = 0;
+  // Completion `index` ended with this delta: finish_reason, error and
+  // timings are its own; usage too unless `finished`.
+  bool index_finished = false;
   std::vector<int32_t> token_ids;
   std::string text;
   std::vector<TokenLogprobs> logprobs;  // one per token when requested
+  // The stream's last delta (every completion ended). Its usage covers the
+  // whole request: prompt tokens once, completion tokens of all completions.
   bool finished = false;
   FinishReason finish_reason = FinishReason::kNone;
   std::string error;  // for kError

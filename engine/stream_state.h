@@ -10,6 +10,8 @@
 
 #include <functional>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -21,14 +23,25 @@ class StreamState {
  public:
   using Sink = std::function<void(StreamDelta)>;
 
-  explicit StreamState(RequestId id) : id_(id) {}
+  // `n` completions share the stream (deltas carry their index).
+  explicit StreamState(RequestId id, int32_t n = 1)
+      : id_(id), slots_(n < 1 ? 1 : n) {}
   RequestId id() const { return id_; }
+  int32_t n() const { return static_cast<int32_t>(slots_.size()); }
 
-  // Producer (engine thread).
+  // Producer (engine thread). The overloads without an index are index 0.
+  void Push(int32_t index, const std::vector<int32_t>& tokens,
+            const std::string& text, std::vector<TokenLogprobs> logprobs);
   void Push(const std::vector<int32_t>& tokens, const std::string& text,
-            std::vector<TokenLogprobs> logprobs);
+            std::vector<TokenLogprobs> logprobs) {
+    Push(0, tokens, text, std::move(logprobs));
+  }
+  void Finish(int32_t index, FinishReason reason, const Usage& usage,
+              const Timings& timings, std::string error = "");
   void Finish(FinishReason reason, const Usage& usage, const Timings& timings,
-              std::string error = "");
+              std::string error = "") {
+    Finish(0, reason, usage, timings, std::move(error));
+  }
 
   // Consumer. Attach once; the sink then receives every delta in order.
   void Attach(Sink sink);
@@ -44,11 +57,20 @@ class StreamState {
   bool TakeLocked(StreamDelta* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Deliver();
 
+  // One completion's coalesced, not yet delivered output.
+  struct Slot {
+    StreamDelta pending;
+    bool has_pending = false;
+    bool finished = false;  // Finish was called for it
+  };
+
   const RequestId id_;
   mutable absl::Mutex mu_;
   Sink sink_ ABSL_GUARDED_BY(mu_);
-  StreamDelta pending_ ABSL_GUARDED_BY(mu_);
-  bool has_pending_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);
+  int32_t num_finished_ ABSL_GUARDED_BY(mu_) = 0;
+  int32_t next_ ABSL_GUARDED_BY(mu_) = 0;  // round-robin start
+  Usage total_usage_ ABSL_GUARDED_BY(mu_);
   bool in_flight_ ABSL_GUARDED_BY(mu_) = false;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
 };

@@ -48,6 +48,16 @@ using BlockHash = absl::uint128;
 
 inline constexpr BlockId kNoBlock = -1;
 
+// One whole-block copy the engine performs before a step's forward (see
+// scheduler::SchedulerOutput): KV block -> swap slot (swap out), swap slot ->
+// KV block (swap in), or KV block -> KV block (copy-on-write). `src` and
+// `dst` are KV block ids or swap slot ids accordingly.
+struct BlockMove {
+  int32_t src = 0;
+  int32_t dst = 0;
+  bool operator==(const BlockMove&) const = default;
+};
+
 class BlockPool {
  public:
   // All blocks start free, queued in id order (block 0 at the head).

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
+#include "common/status_macros.h"
 #include "kvcache/kv_sizing.h"
 
 namespace kvserve::kvcache {
@@ -32,8 +33,11 @@ void TokenSequence::Copy(int32_t begin, int32_t n, int32_t* out) const {
 }
 
 KvCacheManager::KvCacheManager(int32_t num_blocks, int32_t block_size,
-                               BlockHashFn hash_fn)
-    : pool_(num_blocks), block_size_(block_size), hash_fn_(hash_fn) {
+                               BlockHashFn hash_fn, int32_t num_swap_slots)
+    : pool_(num_blocks),
+      swap_(num_swap_slots),
+      block_size_(block_size),
+      hash_fn_(hash_fn) {
   KV_CHECK(block_size >= 1, "block_size=", block_size);
   KV_CHECK(hash_fn != nullptr, "null hash_fn");
   content_.resize(num_blocks);
@@ -64,6 +68,93 @@ std::optional<std::vector<BlockId>> KvCacheManager::Allocate(
   std::vector<BlockId>& table = tables_[request].blocks;
   table.insert(table.end(), fresh.begin(), fresh.end());
   return fresh;
+}
+
+int32_t KvCacheManager::NumBlocksForWrite(RequestId request,
+                                          int32_t num_computed_tokens,
+                                          int64_t total_tokens) const {
+  const std::vector<BlockId>& table = GetBlockTable(request);
+  const int64_t want = BlocksForTokens(total_tokens, block_size_);
+  const auto have = static_cast<int64_t>(table.size());
+  const size_t idx = static_cast<size_t>(num_computed_tokens / block_size_);
+  const bool cow = idx < table.size() && pool_.ref_count(table[idx]) > 1;
+  return static_cast<int32_t>(
+      std::clamp<int64_t>(want - have, 0, INT32_MAX - 1) + (cow ? 1 : 0));
+}
+
+bool KvCacheManager::AllocateForWrite(RequestId request,
+                                      int32_t num_computed_tokens,
+                                      int64_t total_tokens,
+                                      std::vector<BlockMove>* copies) {
+  auto it = tables_.find(request);
+  const int64_t have =
+      it == tables_.end() ? 0 : static_cast<int64_t>(it->second.blocks.size());
+  const int64_t fresh =
+      std::max<int64_t>(0, BlocksForTokens(total_tokens, block_size_) - have);
+  const int64_t idx = num_computed_tokens / block_size_;
+  const bool cow =
+      idx < have && pool_.ref_count(it->second.blocks[idx]) > 1;
+  if (fresh + (cow ? 1 : 0) > pool_.num_free()) return false;
+  if (fresh == 0 && !cow) return true;
+  KV_CHECK(swapped_.find(request) == swapped_.end(), "request ", request,
+           " writes while swapped out");
+  Table& table = it == tables_.end() ? tables_[request] : it->second;
+  if (cow) {
+    // Only a block not yet full of computed tokens is ever written, and
+    // such a block is never hashed.
+    KV_DCHECK(idx >= table.num_hashed);
+    BlockId& entry = table.blocks[idx];
+    const BlockId old = entry;
+    entry = pool_.Allocate(1).front();  // free -> active
+    copies->push_back({old, entry});
+    pool_.Free(absl::MakeConstSpan(&old, 1));  // active (ref - 1), intact
+  }
+  if (fresh > 0) {
+    const std::vector<BlockId> blocks =
+        pool_.Allocate(static_cast<int32_t>(fresh));
+    table.blocks.insert(table.blocks.end(), blocks.begin(), blocks.end());
+  }
+  return true;
+}
+
+bool KvCacheManager::CanSwapOut(RequestId request, int32_t num_blocks) const {
+  return num_blocks >= 0 && swap_.num_free() >= num_blocks &&
+         static_cast<int64_t>(GetBlockTable(request).size()) >= num_blocks &&
+         !swapped_.contains(request);
+}
+
+void KvCacheManager::SwapOut(RequestId request, int32_t num_blocks,
+                             std::vector<BlockMove>* moves) {
+  KV_CHECK(CanSwapOut(request, num_blocks), "request ", request,
+           " cannot swap out ", num_blocks, " blocks (free slots ",
+           swap_.num_free(), ")");
+  const std::vector<BlockId>& table = GetBlockTable(request);
+  std::vector<SwapSlot> slots = swap_.Allocate(num_blocks);
+  for (int32_t i = 0; i < num_blocks; ++i) {
+    moves->push_back({table[i], slots[i]});
+  }
+  Free(request);  // active -> cached | free; contents intact until reused
+  if (!slots.empty()) swapped_.emplace(request, std::move(slots));
+}
+
+bool KvCacheManager::SwapIn(RequestId request, std::vector<BlockMove>* moves) {
+  auto it = swapped_.find(request);
+  KV_CHECK(it != swapped_.end(), "request ", request, " is not swapped out");
+  KV_CHECK(!tables_.contains(request), "request ", request, " has blocks");
+  const std::vector<SwapSlot>& slots = it->second;
+  const auto n = static_cast<int32_t>(slots.size());
+  if (n > pool_.num_free()) return false;
+  Table& table = tables_[request];
+  table.blocks = pool_.Allocate(n);  // free -> active
+  for (int32_t i = 0; i < n; ++i) moves->push_back({slots[i], table.blocks[i]});
+  swap_.Free(slots);
+  swapped_.erase(it);
+  return true;
+}
+
+int32_t KvCacheManager::num_swapped_blocks(RequestId request) const {
+  auto it = swapped_.find(request);
+  return it == swapped_.end() ? 0 : static_cast<int32_t>(it->second.size());
 }
 
 PrefixMatch KvCacheManager::FindCachedPrefix(const TokenSequence& tokens,
@@ -165,6 +256,12 @@ void KvCacheManager::CacheComputedBlocks(RequestId request,
 }
 
 int32_t KvCacheManager::Free(RequestId request) {
+  if (!swapped_.empty()) {
+    if (auto sw = swapped_.find(request); sw != swapped_.end()) {
+      swap_.Free(sw->second);
+      swapped_.erase(sw);
+    }
+  }
   auto it = tables_.find(request);
   if (it == tables_.end()) return 0;
   std::vector<BlockId>& table = it->second.blocks;
@@ -175,12 +272,23 @@ int32_t KvCacheManager::Free(RequestId request) {
   return n;
 }
 
-void KvCacheManager::Fork(RequestId parent, RequestId child) {
+void KvCacheManager::Fork(RequestId parent, RequestId child,
+                          int32_t num_blocks) {
   KV_CHECK(parent != child, "fork onto itself: ", parent);
   auto it = tables_.find(parent);
   KV_CHECK(it != tables_.end(), "fork of request ", parent, " without blocks");
-  KV_CHECK(!tables_.contains(child), "fork child ", child, " has blocks");
+  KV_CHECK(!tables_.contains(child) && !swapped_.contains(child), "fork child ",
+           child, " has blocks or swap slots");
   Table copy = it->second;  // `it` dies on insertion
+  if (num_blocks >= 0) {
+    KV_CHECK(num_blocks >= 1 &&
+                 num_blocks <= static_cast<int32_t>(copy.blocks.size()),
+             "fork of ", num_blocks, " blocks of ", copy.blocks.size());
+    // Hashed blocks hold computed tokens, which a fork always shares.
+    KV_CHECK(num_blocks >= copy.num_hashed, "fork of ", num_blocks,
+             " blocks drops hashed ones (", copy.num_hashed, ")");
+    copy.blocks.resize(num_blocks);
+  }
   pool_.Touch(copy.blocks);
   tables_.emplace(child, std::move(copy));
 }
@@ -198,6 +306,8 @@ KvUsage KvCacheManager::Usage() const {
   u.cached_evictable_blocks = pool_.num_cached_evictable();
   u.active_blocks = pool_.num_active();
   u.usage = static_cast<double>(u.active_blocks) / u.total_blocks;
+  u.swap_slots_total = swap_.num_slots();
+  u.swap_slots_used = swap_.num_used();
   return u;
 }
 
@@ -220,6 +330,29 @@ absl::Status KvCacheManager::CheckInvariants() const {
       }
       ++holders[b];
     }
+  }
+  KV_RETURN_IF_ERROR(swap_.CheckInvariants());
+  std::vector<bool> slot_held(swap_.num_slots(), false);
+  int32_t slots_held = 0;
+  for (const auto& [id, slots] : swapped_) {
+    if (slots.empty() || tables_.contains(id)) {
+      return absl::InternalError(absl::StrCat(
+          "swapped request ", id, " holds ", slots.size(), " slots",
+          tables_.contains(id) ? " and a block table" : ""));
+    }
+    for (const SwapSlot s : slots) {
+      if (s < 0 || s >= swap_.num_slots() || swap_.is_free(s) ||
+          slot_held[s]) {
+        return absl::InternalError(
+            absl::StrCat("request ", id, " holds bad swap slot ", s));
+      }
+      slot_held[s] = true;
+      ++slots_held;
+    }
+  }
+  if (slots_held != swap_.num_used()) {
+    return absl::InternalError(absl::StrCat(slots_held, " swap slots held, ",
+                                            swap_.num_used(), " used"));
   }
   for (BlockId b = 0; b < pool_.num_blocks(); ++b) {
     if (holders[b] != pool_.ref_count(b)) {

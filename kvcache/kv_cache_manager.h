@@ -16,12 +16,30 @@
 // and Free releases tail-first: active -> cached (hashed) | free, so that
 // evictable blocks are reclaimed LRU, tails before heads.
 //
+// Copy-on-write: Fork shares every block of the parent (ref + 1), including
+// a partially filled last block. AllocateForWrite, before a request writes
+// its next tokens, replaces a shared block it is about to write (ref > 1)
+// with a fresh one and reports the {old, new} copy; the old one loses a
+// reference and stays intact for its other holders. Full blocks that will
+// not be written are never copied.
+//
+// Swap: SwapOut moves a request's first blocks to host swap slots (it
+// reports the {block, slot} copies and frees the blocks at once: the engine
+// performs swap-outs first in a step, before anything can overwrite them);
+// SwapIn gives it fresh blocks for its slots and reports {slot, block}. A
+// request holds a block table or swap slots, never both. Shared blocks are
+// swapped like any other: reading a shared block disturbs no other holder,
+// and the swapped request only drops its reference (it gets private copies
+// back on swap-in).
+//
 // Invariants (CheckInvariants verifies them):
 //   - the pool's invariants hold;
 //   - every block's ref count equals the number of block tables holding it
 //     (tables are the only owners of references);
 //   - no table is empty (a request with no blocks has no table);
-//   - a table's hashed blocks are a prefix of it.
+//   - a table's hashed blocks are a prefix of it;
+//   - the swap space's invariants hold; every used slot belongs to exactly
+//     one swapped request, and no request holds both slots and a table.
 //
 // Thread safety: none. Engine thread only.
 #pragma once
@@ -35,6 +53,7 @@
 #include "absl/types/span.h"
 #include "kvcache/block_hash.h"
 #include "kvcache/block_pool.h"
+#include "kvcache/swap_space.h"
 
 namespace kvserve::kvcache {
 
@@ -49,6 +68,9 @@ struct KvUsage {
   int32_t active_blocks = 0;
   // active_blocks / total_blocks, in [0, 1].
   double usage = 0.0;
+  // Host swap slots (one block each): total and held by swapped requests.
+  int32_t swap_slots_total = 0;
+  int32_t swap_slots_used = 0;
 };
 
 // A request's token ids by position, prompt then output, without copying.
@@ -77,8 +99,10 @@ class KvCacheManager {
  public:
   // Preconditions: num_blocks >= 1, block_size >= 1 (KV_CHECKed).
   // `hash_fn` replaces HashBlockTokens (tests force collisions with it).
+  // `num_swap_slots` >= 0 host swap slots (0: no swapping).
   KvCacheManager(int32_t num_blocks, int32_t block_size,
-                 BlockHashFn hash_fn = &HashBlockTokens);
+                 BlockHashFn hash_fn = &HashBlockTokens,
+                 int32_t num_swap_slots = 0);
 
   KvCacheManager(const KvCacheManager&) = delete;
   KvCacheManager& operator=(const KvCacheManager&) = delete;
@@ -106,6 +130,52 @@ class KvCacheManager {
   //   Returns {9}; the table is [7 3 9]. Existing entries never change.
   [[nodiscard]] std::optional<std::vector<BlockId>> Allocate(
       RequestId request, int64_t total_tokens);
+
+  // Blocks AllocateForWrite(request, num_computed_tokens, total_tokens)
+  // takes: NumBlocksNeeded plus 1 when the block holding position
+  // `num_computed_tokens` is shared (ref > 1) and must be copied.
+  [[nodiscard]] int32_t NumBlocksForWrite(RequestId request,
+                                          int32_t num_computed_tokens,
+                                          int64_t total_tokens) const;
+
+  // Prepares `request` to write positions [num_computed_tokens,
+  // total_tokens): copy-on-write of a shared block at num_computed_tokens
+  // (a fresh block replaces it in the table, {old, new} is appended to
+  // *copies, the old one loses this reference), then Allocate. Returns false,
+  // changing nothing, when the pool lacks the blocks.
+  //
+  //   block_size 4, child forked at 6 computed tokens, writes position 6:
+  //   parent [7 3]  child [7 3] (3 shared, ref 2, half full)
+  //   -> child [7 9], copies += {3, 9}; 3 keeps ref 1 (parent), 7 ref 2.
+  [[nodiscard]] bool AllocateForWrite(RequestId request,
+                                      int32_t num_computed_tokens,
+                                      int64_t total_tokens,
+                                      std::vector<BlockMove>* copies);
+
+  // Whether SwapOut(request, num_blocks) may run: the request holds a table
+  // of >= num_blocks blocks and the swap space has num_blocks free slots.
+  [[nodiscard]] bool CanSwapOut(RequestId request, int32_t num_blocks) const;
+
+  // Copies the first `num_blocks` blocks of `request`'s table to fresh swap
+  // slots (appends {block, slot} to *moves, in table order), then frees its
+  // whole table tail-first like Free. Precondition: CanSwapOut (KV_CHECKed).
+  void SwapOut(RequestId request, int32_t num_blocks,
+               std::vector<BlockMove>* moves);
+
+  // Gives swapped-out `request` a table of fresh blocks, one per slot in
+  // order, appends {slot, block} to *moves and frees the slots. Returns
+  // false, changing nothing, when the pool lacks the blocks. The new blocks
+  // carry no hash; CacheComputedBlocks registers them again (as duplicates
+  // when their old copies are still cached). Precondition: `request` is
+  // swapped out (KV_CHECKed).
+  [[nodiscard]] bool SwapIn(RequestId request, std::vector<BlockMove>* moves);
+
+  // Swap slots `request` holds (0 when it is not swapped out).
+  [[nodiscard]] int32_t num_swapped_blocks(RequestId request) const;
+  [[nodiscard]] int32_t num_swapped_requests() const {
+    return static_cast<int32_t>(swapped_.size());
+  }
+  [[nodiscard]] const SwapSpace& swap_space() const { return swap_; }
 
   // Side-effect free: the longest cached prefix of `tokens` under namespace
   // `ns`, in full blocks, leaving at least the last token uncached (its
@@ -141,15 +211,18 @@ class KvCacheManager {
                            int32_t num_computed_tokens, BlockHash ns);
 
   // Releases every block of `request`, tail-first (so its tail is evicted
-  // before its head), and forgets its table. Returns the number of blocks
-  // in the table (0 for a request without one; that is not an error).
+  // before its head), and forgets its table; frees its swap slots if it is
+  // swapped out. Returns the number of blocks in the table (0 for a request
+  // without one; that is not an error).
   int32_t Free(RequestId request);
 
-  // Makes `child` share all of `parent`'s blocks (ref count +1 each).
-  // NOTE: a partially filled last block is shared too; writers must
-  // copy-on-write it before appending (not handled here yet).
-  // Preconditions: `parent` has a table, `child` has none (KV_CHECKed).
-  void Fork(RequestId parent, RequestId child);
+  // Makes `child` share the first `num_blocks` of `parent`'s blocks (ref
+  // count +1 each; -1: all of them). A partially filled last block is shared
+  // too: AllocateForWrite copies it before the first write.
+  // Preconditions: `parent` has a table of >= num_blocks >= 1 blocks (and
+  // num_blocks covers its hashed blocks),
+  // `child` has neither a table nor swap slots (KV_CHECKed).
+  void Fork(RequestId parent, RequestId child, int32_t num_blocks = -1);
 
   // `request`'s table; empty when it has none. The reference is valid until
   // the next mutating call.
@@ -187,9 +260,12 @@ class KvCacheManager {
                                     absl::Span<const int32_t> tokens) const;
 
   BlockPool pool_;
+  SwapSpace swap_;
   int32_t block_size_;
   BlockHashFn hash_fn_;
   absl::flat_hash_map<RequestId, Table> tables_;
+  // Swapped-out requests: their slots, in table order.
+  absl::flat_hash_map<RequestId, std::vector<SwapSlot>> swapped_;
   // Per block: its content while it carries a hash (stale otherwise).
   std::vector<BlockContent> content_;
   std::vector<int32_t> content_tokens_;  // [num_blocks][block_size]

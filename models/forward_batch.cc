@@ -8,8 +8,12 @@ absl::Status ForwardBatch::Validate(int32_t num_blocks, int32_t block_size,
                                     int32_t vocab_size) const {
   const int32_t t = num_tokens();
   const int32_t s = num_seqs();
-  auto bad = [](auto&&... args) {
-    return absl::InvalidArgumentError(absl::StrFormat(args...));
+  // Untyped: clang requires a constexpr format for absl::StrFormat.
+  auto bad = [](absl::string_view format, const auto&... args) {
+    std::string message;
+    (void)absl::FormatUntyped(&message, absl::UntypedFormatSpec(format),
+                              {absl::FormatArg(args)...});
+    return absl::InvalidArgumentError(message);
   };
   if (positions.size() != t || slot_mapping.size() != t) {
     return bad(

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/status_macros.h"
 #include "models/presets.h"
 
 namespace kvserve::models {
@@ -171,6 +172,11 @@ bool IsPlainRepoId(std::string_view s) {
 absl::StatusOr<std::string> ResolveExplicitPath(std::string_view path,
                                                 const ResolverOptions& opts) {
   const std::string p(path);
+  if (opts.confine_to_dirs && fs::path(p).is_relative()) {
+    for (const std::string& dir : opts.models_dirs) {
+      if (Exists(fs::path(dir) / p)) return (fs::path(dir) / p).string();
+    }
+  }
   if (Exists(p)) return p;
   if (const ModelPreset* preset = FindPreset(path);
       preset != nullptr && IsPlainRepoId(path)) {
@@ -196,6 +202,91 @@ absl::StatusOr<std::string> ResolveExplicitPath(std::string_view path,
   }
   absl::StrAppend(&msg, HowToProvideWeights(nullptr));
   return absl::NotFoundError(msg);
+}
+
+// The allowed roots, canonical (roots that do not exist are skipped).
+std::vector<fs::path> AllowedRoots(const ResolverOptions& opts) {
+  std::vector<std::string> dirs = opts.models_dirs;
+  if (!opts.hf_cache_dir.empty()) dirs.push_back(opts.hf_cache_dir);
+  std::vector<fs::path> roots;
+  for (const std::string& d : dirs) {
+    std::error_code ec;
+    fs::path c = fs::canonical(d, ec);
+    if (!ec) roots.push_back(std::move(c));
+  }
+  return roots;
+}
+
+// True if canonical `p` is `root` or below it (whole components).
+bool IsUnder(const fs::path& p, const fs::path& root) {
+  auto pi = p.begin();
+  for (auto ri = root.begin(); ri != root.end(); ++ri, ++pi) {
+    if (pi == p.end() || *pi != *ri) return false;
+  }
+  return true;
+}
+
+absl::Status OutsideError(const std::string& asked, const std::string& real,
+                          const ResolverOptions& opts) {
+  std::vector<std::string> dirs = opts.models_dirs;
+  if (!opts.hf_cache_dir.empty()) dirs.push_back(opts.hf_cache_dir);
+  return absl::PermissionDeniedError(absl::StrCat(
+      "model path '", asked, "' resolves to '", real,
+      "', outside the allowed model directories (", absl::StrJoin(dirs, ", "),
+      "); only models inside them load (--model-dirs)"));
+}
+
+// `resolved` (and, for a directory, each entry in it) inside the roots.
+absl::Status CheckConfined(const std::string& resolved,
+                           const ResolverOptions& opts) {
+  const std::vector<fs::path> roots = AllowedRoots(opts);
+  auto inside = [&](const fs::path& p, fs::path* real) {
+    std::error_code ec;
+    *real = fs::canonical(p, ec);
+    if (ec) return false;
+    return std::any_of(roots.begin(), roots.end(),
+                       [&](const fs::path& r) { return IsUnder(*real, r); });
+  };
+  fs::path real;
+  if (!inside(resolved, &real)) {
+    return OutsideError(resolved, real.empty() ? resolved : real.string(),
+                        opts);
+  }
+  if (!IsDir(real)) return absl::OkStatus();
+  std::error_code ec;
+  for (fs::directory_iterator it(real, ec), end; !ec && it != end;
+       it.increment(ec)) {
+    fs::path entry_real;
+    if (!inside(it->path(), &entry_real)) {
+      return OutsideError(
+          it->path().string(),
+          entry_real.empty() ? it->path().string() : entry_real.string(), opts);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ResolveUnconfined(std::string_view name_or_path,
+                                              const ResolverOptions& opts) {
+  if (name_or_path.find('/') != std::string_view::npos ||
+      EndsWithGguf(name_or_path)) {
+    return ResolveExplicitPath(name_or_path, opts);
+  }
+  if (name_or_path == "." || name_or_path == "..") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model name '", std::string(name_or_path),
+        "' is a path component, not a model name; to load a directory pass "
+        "it as a path, e.g. --model ./my-model"));
+  }
+  if (const ModelPreset* preset = FindPreset(name_or_path)) {
+    return ResolvePreset(*preset, name_or_path, opts);
+  }
+  return absl::NotFoundError(absl::StrCat(
+      "unknown model '", std::string(name_or_path),
+      "': not a preset and not a path. Presets: ", PresetNames(),
+      ". To load weights from disk pass a path: --model /path/to/file.gguf "
+      "or an HF directory (a bare directory name needs ./, e.g. ./",
+      std::string(name_or_path), ")."));
 }
 
 }  // namespace
@@ -235,25 +326,11 @@ absl::StatusOr<std::string> ResolveModelPath(std::string_view name_or_path,
         absl::StrCat("model name is empty; pass a preset name (", PresetNames(),
                      ") or a path"));
   }
-  if (name_or_path.find('/') != std::string_view::npos ||
-      EndsWithGguf(name_or_path)) {
-    return ResolveExplicitPath(name_or_path, opts);
+  KV_ASSIGN_OR_RETURN(std::string path, ResolveUnconfined(name_or_path, opts));
+  if (opts.confine_to_dirs) {
+    KV_RETURN_IF_ERROR(CheckConfined(path, opts));
   }
-  if (name_or_path == "." || name_or_path == "..") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model name '", std::string(name_or_path),
-        "' is a path component, not a model name; to load a directory pass "
-        "it as a path, e.g. --model ./my-model"));
-  }
-  if (const ModelPreset* preset = FindPreset(name_or_path)) {
-    return ResolvePreset(*preset, name_or_path, opts);
-  }
-  return absl::NotFoundError(absl::StrCat(
-      "unknown model '", std::string(name_or_path),
-      "': not a preset and not a path. Presets: ", PresetNames(),
-      ". To load weights from disk pass a path: --model /path/to/file.gguf "
-      "or an HF directory (a bare directory name needs ./, e.g. ./",
-      std::string(name_or_path), ")."));
+  return path;
 }
 
 }  // namespace kvserve::models

@@ -24,6 +24,13 @@ struct ResolverOptions {
   // empty = skip. refs/main picks the snapshot when present, else the first
   // snapshot (by name) holding config.json.
   std::string hf_cache_dir;
+  // Confinement (kvserve serve --model-dirs): the resolved path, after ".."
+  // and symlinks are resolved, must lie inside one of models_dirs or
+  // hf_cache_dir, and so must every file directly inside a resolved
+  // directory; relative paths are looked up inside the directories first.
+  // Anything else is PermissionDenied. Off by default: the command line is
+  // trusted and `--model /any/file.gguf` loads.
+  bool confine_to_dirs = false;
 };
 
 // Reads the environment at call time. models_dirs: every entry of
@@ -46,7 +53,9 @@ struct ResolverOptions {
 // naming the preset, every place looked (full paths) and how to provide
 // weights for a preset; NotFound listing the presets for an unknown name;
 // InvalidArgument for an empty name or a bare "." / ".." (names never escape
-// the configured directories).
+// the configured directories); PermissionDenied naming the path and the
+// allowed directories when opts.confine_to_dirs and the result (or a symlink
+// in it) leads outside them.
 [[nodiscard]] absl::StatusOr<std::string> ResolveModelPath(
     std::string_view name_or_path,
     const ResolverOptions& opts = DefaultResolverOptions());

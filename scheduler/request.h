@@ -28,7 +28,9 @@ using RequestId = kvcache::RequestId;
 enum class RequestStatus {
   kWaiting,    // queued, never admitted
   kRunning,    // admitted: holds blocks, scheduled each step while budget lasts
-  kPreempted,  // back in the waiting queue after losing its blocks
+  kPreempted,  // back in the waiting queue after losing its blocks (by
+               // recompute: computed tokens reset to 0; by swap: it keeps
+               // them and holds swap slots)
   kFinishedStopped,  // engine saw a stop condition (EOS, stop string)
   kFinishedLength,   // reached max_tokens
   kFinishedAborted,  // client cancel, deadline, or shutdown
@@ -58,6 +60,11 @@ class Request {
   }
   [[nodiscard]] const std::vector<int32_t>& output_token_ids() const {
     return output_;
+  }
+  // Replaces the output tokens: for a fork child (Scheduler::Fork), its own
+  // first sampled token(s). Only before AddRequest / Fork.
+  void set_output_token_ids(std::vector<int32_t> tokens) {
+    output_ = std::move(tokens);
   }
   [[nodiscard]] int32_t num_prompt_tokens() const {
     return static_cast<int32_t>(prompt_.size());
@@ -98,7 +105,12 @@ class Request {
   [[nodiscard]] int64_t arrival_seq() const { return arrival_seq_; }
   [[nodiscard]] RequestStatus status() const { return status_; }
   [[nodiscard]] bool is_finished() const;
+  // Preemptions over its whole life (recompute and swap).
   [[nodiscard]] int32_t num_preemptions() const { return num_preemptions_; }
+  // Preemptions since it last caught up to its last token (thrash guard).
+  [[nodiscard]] int32_t num_consecutive_preemptions() const {
+    return consecutive_preemptions_;
+  }
 
  private:
   friend class Scheduler;
@@ -121,6 +133,7 @@ class Request {
   int32_t num_computed_tokens_ = 0;
   int32_t num_cached_tokens_ = 0;
   int32_t num_preemptions_ = 0;
+  int32_t consecutive_preemptions_ = 0;
   std::string cache_salt_;
   kvcache::BlockHash cache_ns_ = 0;  // NamespaceHash(model id, salt)
   RequestStatus status_ = RequestStatus::kWaiting;

@@ -39,6 +39,10 @@ absl::string_view AdmissionStopName(AdmissionStop stop) {
       return "kv_blocks";
     case AdmissionStop::kPreempted:
       return "preempted";
+    case AdmissionStop::kHighWatermark:
+      return "high_watermark";
+    case AdmissionStop::kThrashGuard:
+      return "thrash_guard";
   }
   return "unknown";
 }
@@ -52,7 +56,8 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(
 Scheduler::Scheduler(const SchedulerConfig& config)
     : config_(ValidConfig(config)),
       watermark_blocks_(config.watermark_blocks()),
-      kv_(config.num_blocks, config.block_size) {}
+      kv_(config.num_blocks, config.block_size, &kvcache::HashBlockTokens,
+          config.num_swap_slots) {}
 
 absl::Status Scheduler::AddRequest(std::unique_ptr<Request> request) {
   if (request == nullptr) return absl::InvalidArgumentError("null request");
@@ -127,7 +132,7 @@ absl::Status Scheduler::Finish(RequestId id, FinishReason reason) {
 }
 
 void Scheduler::Retire(Request* r, FinishReason reason) {
-  kv_.Free(r->id());
+  kv_.Free(r->id());  // blocks, or swap slots of a swapped-out request
   switch (reason) {
     case FinishReason::kStop:
       r->status_ = RequestStatus::kFinishedStopped;
@@ -150,6 +155,9 @@ void Scheduler::Enqueue(Request* r, bool at_head) {
     // NOTE: a preempted request keeps its arrival key: among its priority it
     // precedes every later arrival, which is the head for it.
     r->queue_key_ = {r->priority(), r->arrival_seq(), r->id()};
+  } else if (config_.policy == SchedulingPolicy::kCacheAware) {
+    r->queue_key_ = {r->priority(),
+                     at_head ? next_head_order_-- : r->arrival_seq(), r->id()};
   } else {
     r->queue_key_ = {0, at_head ? next_head_order_-- : r->arrival_seq(),
                      r->id()};
@@ -198,143 +206,6 @@ void Scheduler::ScheduleRunning(StepPlan& plan) {
   }
 }
 
-bool Scheduler::AllocateOrPreempt(size_t* index, int32_t n, StepPlan& plan) {
-  Request* r = running_[*index];
-  while (!kv_.Allocate(r->id(), int64_t{r->num_computed_tokens()} + n)) {
-    const size_t victim = PickVictim();
-    const bool self = running_[victim] == r;
-    Preempt(victim, plan);
-    if (self) return false;
-    if (victim < *index) --*index;
-  }
-  return true;
-}
-
-size_t Scheduler::PickVictim() const {
-  KV_CHECK(!running_.empty());
-  if (config_.policy == SchedulingPolicy::kFcfs) return running_.size() - 1;
-  size_t best = 0;
-  for (size_t i = 1; i < running_.size(); ++i) {
-    const Request& a = *running_[i];
-    const Request& b = *running_[best];
-    if (std::pair(a.priority(), a.admit_seq_) >
-        std::pair(b.priority(), b.admit_seq_)) {
-      best = i;
-    }
-  }
-  return best;
-}
-
-void Scheduler::Preempt(size_t index, StepPlan& plan) {
-  Request* r = running_[index];
-  running_.erase(running_.begin() + index);
-  // A victim already planned this step (priority policy) gives its tokens
-  // back to the budget.
-  auto planned = std::find_if(plan.scheduled.begin(), plan.scheduled.end(),
-                              [r](const auto& p) { return p.first == r; });
-  if (planned != plan.scheduled.end()) {
-    plan.budget += planned->second;
-    plan.scheduled.erase(planned);
-  }
-  kv_.Free(r->id());
-  num_preempted_tokens_total_ += r->num_computed_tokens_;
-  ++num_preemptions_total_;
-  ++r->num_preemptions_;
-  r->num_computed_tokens_ = 0;  // recompute prompt + output on readmission
-  r->status_ = RequestStatus::kPreempted;
-  Enqueue(r, /*at_head=*/true);
-  plan.preempted.push_back(r->id());
-}
-
-void Scheduler::AdmitWaiting(StepPlan& plan) {
-  int64_t reserved_blocks = -1;  // kGuaranteedNoEvict: computed lazily
-  kvcache::PrefixMatch match;
-  while (true) {
-    const AdmissionStop stop = NextAdmission(plan, &reserved_blocks, &match);
-    if (stop != AdmissionStop::kNone) {
-      last_admission_stop_ = stop;
-      return;
-    }
-    auto head = waiting_.begin();
-    Request* r = head->second;
-    const int32_t n = NumNewTokens(*r, match.num_tokens, plan.budget);
-    const auto fresh =
-        kv_.AllocateWithPrefix(r->id(), match, AdmissionTokens(match, n));
-    KV_CHECK(fresh.has_value(), "admission passed but Allocate failed");
-    r->num_computed_tokens_ = match.num_tokens;
-    if (r->num_preemptions_ == 0) r->num_cached_tokens_ = match.num_tokens;
-    if (config_.enable_prefix_caching) {
-      prefix_cache_queries_tokens_ += r->num_tokens();
-      prefix_cache_hit_tokens_ += match.num_tokens;
-    }
-    waiting_.erase(head);
-    r->status_ = RequestStatus::kRunning;
-    r->admit_seq_ = next_admit_seq_++;
-    running_.push_back(r);
-    plan.scheduled.emplace_back(r, n);
-    plan.budget -= n;
-    if (reserved_blocks >= 0) reserved_blocks += FutureBlocks(*r);
-  }
-}
-
-AdmissionStop Scheduler::NextAdmission(const StepPlan& plan,
-                                       int64_t* reserved_blocks,
-                                       kvcache::PrefixMatch* match) const {
-  if (waiting_.empty()) return AdmissionStop::kQueueEmpty;
-  if (static_cast<int32_t>(running_.size()) >= config_.max_num_seqs) {
-    return AdmissionStop::kMaxNumSeqs;
-  }
-  if (plan.budget <= 0) return AdmissionStop::kTokenBudget;
-  // NOTE: strict queue order: a head that does not fit blocks the rest, so
-  // large requests are not starved by small ones behind them.
-  const Request& head = *waiting_.begin()->second;
-  // NOTE: contiguous slabs share nothing: kMaxLength matches no prefix.
-  const bool match_prefix = config_.enable_prefix_caching &&
-                            config_.kv_reservation == KvReservation::kPaged;
-  *match = match_prefix ? kv_.FindCachedPrefix(head.tokens(), head.cache_ns_)
-                        : kvcache::PrefixMatch();
-  const int32_t n = NumNewTokens(head, match->num_tokens, plan.budget);
-  return CanAdmit(head, *match, n, reserved_blocks) ? AdmissionStop::kNone
-                                                    : AdmissionStop::kKvBlocks;
-}
-
-// Blocks `r` may still allocate before it reaches prompt + max_tokens.
-int64_t Scheduler::FutureBlocks(const Request& r) const {
-  const int64_t total = int64_t{r.num_prompt_tokens()} + r.max_tokens();
-  return kvcache::BlocksForTokens(total, config_.block_size) -
-         static_cast<int64_t>(kv_.GetBlockTable(r.id()).size());
-}
-
-int64_t Scheduler::AdmissionTokens(const kvcache::PrefixMatch& match,
-                                   int32_t n) const {
-  if (config_.kv_reservation == KvReservation::kMaxLength) {
-    return config_.slab_blocks() * config_.block_size;
-  }
-  return int64_t{match.num_tokens} + n;
-}
-
-bool Scheduler::CanAdmit(const Request& r, const kvcache::PrefixMatch& match,
-                         int32_t n, int64_t* reserved_blocks) const {
-  const int64_t tokens = AdmissionTokens(match, n);
-  // A slab is all a request ever needs: nothing more to reserve.
-  if (config_.admission == AdmissionPolicy::kMaxUtilization ||
-      config_.kv_reservation == KvReservation::kMaxLength) {
-    return kv_.CanAllocateWithPrefix(match, tokens, watermark_blocks_);
-  }
-  if (*reserved_blocks < 0) {
-    *reserved_blocks = 0;
-    for (const Request* running : running_) {
-      *reserved_blocks += FutureBlocks(*running);
-    }
-  }
-  // Matched blocks other requests hold cost no free block; evictable ones do.
-  const int64_t shared =
-      static_cast<int64_t>(match.blocks.size()) - match.num_evictable;
-  return int64_t{kv_.num_free_blocks()} - *reserved_blocks -
-             (FutureBlocks(r) - shared) >=
-         watermark_blocks_;
-}
-
 SchedulerOutput Scheduler::BuildOutput(StepPlan& plan) {
   SchedulerOutput out;
   out.step = num_steps_;
@@ -357,6 +228,9 @@ SchedulerOutput Scheduler::BuildOutput(StepPlan& plan) {
   }
   out.total_num_tokens = static_cast<int32_t>(out.token_ids.size());
   out.preempted = std::move(plan.preempted);
+  out.blocks_to_swap_out = std::move(plan.swap_out);
+  out.blocks_to_swap_in = std::move(plan.swap_in);
+  out.blocks_to_copy = std::move(plan.copies);
   num_scheduled_tokens_total_ += out.total_num_tokens;
   // Next step's tables are about as long: reserve a little more.
   block_ids_hint_ = out.block_ids.size() + out.block_ids.size() / 8 + 64;
@@ -400,10 +274,12 @@ std::vector<FinishedRequest> Scheduler::UpdateFromOutput(
     // Its KV of this step is written now: register its full blocks.
     CacheComputedBlocks(*r);
     if (!s.produces_token) continue;
+    r->consecutive_preemptions_ = 0;  // it caught up: not thrashing
     r->output_.push_back(token);
     if (r->num_output_tokens() >= r->max_tokens()) {
       r->status_ = RequestStatus::kFinishedLength;
-      finished.push_back({r->id(), FinishReason::kLength});
+      finished.push_back(
+          {r->id(), FinishReason::kLength, r->num_preemptions_});
     }
   }
   KV_CHECK(k == sampled.size(), "sampled has ", sampled.size(),
@@ -448,7 +324,17 @@ SchedulerStats Scheduler::stats() const {
   s.kv = kv_.Usage();
   s.num_steps = num_steps_;
   s.num_preemptions_total = num_preemptions_total_;
+  s.num_preemptions_swap_total = num_preemptions_swap_total_;
+  s.num_preemptions_recompute_total =
+      num_preemptions_total_ - num_preemptions_swap_total_;
   s.num_preempted_tokens_total = num_preempted_tokens_total_;
+  s.num_recomputed_tokens_total = num_preempted_tokens_total_;
+  s.num_swapped_out_blocks_total = num_swapped_out_blocks_total_;
+  s.num_swapped_in_blocks_total = num_swapped_in_blocks_total_;
+  s.swap_slots_used = s.kv.swap_slots_used;
+  s.swap_slots_total = s.kv.swap_slots_total;
+  s.num_copied_blocks_total = num_copied_blocks_total_;
+  s.prefix_cache_uncacheable_tokens = prefix_cache_uncacheable_tokens_;
   s.num_scheduled_tokens_total = num_scheduled_tokens_total_;
   s.num_finished_total = num_finished_total_;
   s.num_aborted_total = num_aborted_total_;
@@ -465,15 +351,13 @@ absl::Status Scheduler::CheckInvariants() const {
         "request ", r.id(), " (", RequestStatusName(r.status()), ", computed ",
         r.num_computed_tokens(), "/", r.num_tokens(), "): ", what));
   };
-  if (static_cast<int32_t>(running_.size()) > config_.max_num_seqs) {
-    return absl::InternalError(absl::StrCat(running_.size(), " running"));
-  }
   if (requests_.size() != running_.size() + waiting_.size() ||
       kv_.num_requests() != static_cast<int32_t>(running_.size())) {
     return absl::InternalError(absl::StrCat(
         requests_.size(), " live, ", running_.size(), " running, ",
         waiting_.size(), " waiting, ", kv_.num_requests(), " with blocks"));
   }
+  int32_t swapped = 0;
   absl::flat_hash_set<RequestId> seen;
   for (const Request* r : running_) {
     const int64_t blocks =
@@ -503,9 +387,21 @@ absl::Status Scheduler::CheckInvariants() const {
     if (GetRequest(r->id()) != r || !(key == r->queue_key_)) {
       return fail(*r, "bad queue entry");
     }
-    if (r->num_computed_tokens() != 0 || !kv_.GetBlockTable(r->id()).empty()) {
-      return fail(*r, "waiting with KV");
+    if (!kv_.GetBlockTable(r->id()).empty()) {
+      return fail(*r, "waiting with KV blocks");
     }
+    const int32_t slots = kv_.num_swapped_blocks(r->id());
+    if (slots > 0) ++swapped;
+    const int64_t expected =
+        kvcache::BlocksForTokens(r->num_computed_tokens(), config_.block_size);
+    if (slots != expected ||
+        (slots > 0 && r->status() != RequestStatus::kPreempted)) {
+      return fail(*r, absl::StrCat("waiting with ", slots, " swap slots"));
+    }
+  }
+  if (swapped != kv_.num_swapped_requests()) {
+    return absl::InternalError(absl::StrCat(
+        kv_.num_swapped_requests(), " swapped in KV, ", swapped, " waiting"));
   }
   return absl::OkStatus();
 }

@@ -10,9 +10,14 @@
 //      for a decode, the next chunk for a prefill) within the budget. When one
 //      cannot get its blocks, the victim (FCFS: most recently admitted;
 //      priority: largest priority value, then most recently admitted; maybe
-//      itself) is preempted by recompute: its blocks are freed, its computed
-//      tokens reset to 0 (its output tokens are kept and recomputed) and it
-//      returns to the head of the waiting queue.
+//      itself) is preempted and returns to the head of the waiting queue,
+//      by recompute (its blocks are freed, its computed tokens reset to 0;
+//      its output tokens are kept and recomputed) or by swap (its computed
+//      blocks are copied to host swap slots, blocks_to_swap_out, then freed;
+//      it keeps its computed tokens). The mode: see PreemptionMode.
+//      A request about to write into a shared block (ref > 1: a partially
+//      filled last block after a Fork) first gets a private copy
+//      (blocks_to_copy; copy-on-write).
 //   2. Only if nothing was preempted: admit waiting requests in queue order
 //      while max_num_seqs, the budget and KV (above the watermark) allow; a
 //      long prompt gets a chunk of what the budget has left. With prefix
@@ -20,6 +25,11 @@
 //      blocks, never its last token; a preempted request matches again): it
 //      starts with num_computed_tokens = the matched tokens and only the rest
 //      is scheduled; matched evictable blocks count against free blocks.
+//      A swapped-out head gets fresh blocks for its slots (blocks_to_swap_in)
+//      and continues where it stopped, without a prefix lookup. Admission
+//      also stops above admission_high_watermark, and a thrashing head (see
+//      thrash_preemption_limit) waits until its whole remaining prefill fits.
+//      kCacheAware picks the head by longest cached prefix (bounded window).
 //   3. Build the output; advance num_computed_tokens of what was scheduled.
 // A request whose computed tokens reach num_tokens() in a step produces a
 // token; UpdateFromOutput appends it, registers the request's newly computed
@@ -29,11 +39,22 @@
 // max-length slab (ceil(max_model_len / block_size) blocks) at admission, so
 // it never allocates again and is never preempted for KV.
 //
+// Block moves of one step: the engine performs blocks_to_swap_out, then
+// blocks_to_swap_in, then blocks_to_copy (each in list order), then the
+// forward. Blocks freed by a swap-out may be handed to another request in
+// the same step (that is why it was preempted): that is safe because every
+// write of a step (swap-in, copy, forward) comes after every swap-out. No
+// step both swaps out and swaps in (admission stops in a step that
+// preempts), so a swap slot is never freed and reused within a step.
+//
 // Invariants (CheckInvariants verifies them): every live request is either
 // running (holding ceil(num_computed_tokens / block_size) blocks; kMaxLength:
-// a slab) or waiting
-// (holding none, num_computed_tokens == 0); running count <= max_num_seqs;
-// the KV manager's invariants hold.
+// a slab) or waiting: recompute-preempted or never admitted (holding
+// nothing, num_computed_tokens == 0) or swapped out (preempted, holding
+// ceil(num_computed_tokens / block_size) swap slots and no block); the KV
+// manager's invariants (ref counts = table holders, swap slot ownership)
+// hold. Admission never raises the running count above max_num_seqs; forks
+// may (see Fork).
 //
 // Thread safety: none. Engine thread only; Schedule and UpdateFromOutput
 // alternate (UpdateFromOutput of a step before the next Schedule).
@@ -93,8 +114,17 @@ struct SchedulerOutput {
   std::vector<int32_t> token_ids;
   // Every scheduled request's block table, request after request.
   std::vector<kvcache::BlockId> block_ids;
-  // Requests preempted in this step (their KV is gone; none is scheduled).
+  // Requests preempted in this step (their KV blocks are gone; none is
+  // scheduled).
   std::vector<RequestId> preempted;
+  // Block moves to perform before this step's forward, in this order:
+  // KV block src -> swap slot dst (preemption by swap; src's contents are
+  // still those of the end of the previous step);
+  std::vector<kvcache::BlockMove> blocks_to_swap_out;
+  // swap slot src -> KV block dst (readmission of a swapped request);
+  std::vector<kvcache::BlockMove> blocks_to_swap_in;
+  // KV block src -> KV block dst (copy-on-write of a shared block).
+  std::vector<kvcache::BlockMove> blocks_to_copy;
   int32_t total_num_tokens = 0;
 
   [[nodiscard]] bool empty() const { return scheduled.empty(); }
@@ -115,6 +145,8 @@ struct SchedulerOutput {
 struct FinishedRequest {
   RequestId id = 0;
   FinishReason reason = FinishReason::kLength;
+  // Request::num_preemptions() at its end.
+  int32_t num_preemptions = 0;
 };
 
 // Why admission stopped in a step: the typed result of the admission check
@@ -127,6 +159,8 @@ enum class AdmissionStop {
   kKvBlocks,     // the head's next chunk does not fit above the watermark
                  // (kGuaranteedNoEvict: its whole reservation does not)
   kPreempted,    // the step preempted, so it admitted nothing
+  kHighWatermark,  // active blocks exceed admission_high_watermark
+  kThrashGuard,    // the thrashing head's remaining prefill does not fit
 };
 [[nodiscard]] absl::string_view AdmissionStopName(AdmissionStop stop);
 
@@ -135,9 +169,20 @@ struct SchedulerStats {
   int32_t num_waiting = 0;  // includes preempted requests
   kvcache::KvUsage kv;
   int64_t num_steps = 0;
-  int64_t num_preemptions_total = 0;
-  // Computed tokens discarded by preemptions (the work they cost).
+  int64_t num_preemptions_total = 0;  // recompute + swap
+  int64_t num_preemptions_recompute_total = 0;
+  int64_t num_preemptions_swap_total = 0;
+  // Computed tokens discarded by preemptions (the work they cost; only
+  // recompute discards any).
   int64_t num_preempted_tokens_total = 0;
+  // The same count, named for the recompute mode.
+  int64_t num_recomputed_tokens_total = 0;
+  int64_t num_swapped_out_blocks_total = 0;
+  int64_t num_swapped_in_blocks_total = 0;
+  int32_t swap_slots_used = 0;
+  int32_t swap_slots_total = 0;
+  // Blocks copied by copy-on-write.
+  int64_t num_copied_blocks_total = 0;
   int64_t num_scheduled_tokens_total = 0;
   int64_t num_finished_total = 0;  // every reason, aborts included
   int64_t num_aborted_total = 0;
@@ -145,6 +190,10 @@ struct SchedulerStats {
   // (prompt + output of the admitted request) and tokens found cached.
   int64_t prefix_cache_queries_tokens = 0;
   int64_t prefix_cache_hit_tokens = 0;
+  // Prompt tokens in a partial last block (num_prompt_tokens % block_size),
+  // which no block hash can cover, counted at each request's first
+  // admission with prefix caching on.
+  int64_t prefix_cache_uncacheable_tokens = 0;
   // Why the latest step stopped admitting (kQueueEmpty before any step).
   AdmissionStop last_admission_stop = AdmissionStop::kQueueEmpty;
 };
@@ -175,6 +224,25 @@ class Scheduler {
   // between Schedule and UpdateFromOutput is skipped by the latter.
   absl::Status Finish(RequestId id, FinishReason reason);
   absl::Status Abort(RequestId id) { return Finish(id, FinishReason::kAbort); }
+
+  // Starts `child` (n > 1 completions) as a copy of running `parent` that
+  // shares all of the parent's blocks by ref count, the partially filled
+  // last block included (copy-on-write before the child's or the parent's
+  // next write into it). The child runs at once with num_computed_tokens =
+  // the parent's, the parent's cache_salt and cached-token count, and is
+  // scheduled from the next step on; its tokens [0, computed) must equal the
+  // parent's and it must have at least one more (typically the prompt plus
+  // its own first sampled token).
+  // NOTE: a child joins running_ even when max_num_seqs requests run (it
+  // may raise num_running above max_num_seqs by n - 1); admission of new
+  // requests stays blocked until the count is below max_num_seqs again.
+  // Errors: FailedPrecondition (parent not live or not running, or called
+  // between Schedule and UpdateFromOutput), InvalidArgument (null child,
+  // tokens differ, nothing left to compute, output already at max_tokens),
+  // AddRequest's errors for the child, ResourceExhausted (kMaxLength: no
+  // free slab).
+  [[nodiscard]] absl::Status Fork(RequestId parent,
+                                  std::unique_ptr<Request> child);
 
   // Plans one step (see the header comment). Precondition: the previous
   // non-empty output went through UpdateFromOutput (KV_CHECKed).
@@ -217,6 +285,8 @@ class Scheduler {
     int32_t budget = 0;
     std::vector<std::pair<Request*, int32_t>> scheduled;  // (request, tokens)
     std::vector<RequestId> preempted;
+    std::vector<kvcache::BlockMove> swap_out, swap_in, copies;
+    std::vector<const Request*> copy_owners;  // parallel to copies
   };
 
   void ScheduleRunning(StepPlan& plan);
@@ -226,20 +296,36 @@ class Scheduler {
   bool AllocateOrPreempt(size_t* index, int32_t n, StepPlan& plan);
   [[nodiscard]] size_t PickVictim() const;
   void Preempt(size_t index, StepPlan& plan);
+  // Whether to preempt `r` (holding `blocks` computed blocks) by swap.
+  [[nodiscard]] bool ChooseSwap(const Request& r, int32_t blocks) const;
   void AdmitWaiting(StepPlan& plan);
-  // Whether the waiting head can be admitted now (kNone) or why not.
-  // Fills *match with the head's cached prefix (empty with caching off).
+  // Moves waiting `r` to running with its first `n` tokens planned.
+  void Admit(Request* r, const kvcache::PrefixMatch& match, int32_t n,
+             StepPlan& plan);
+  // Whether the next waiting request can be admitted now (kNone) or why
+  // not. Sets *next to it (the head, or kCacheAware's pick) and fills *match
+  // with its cached prefix (empty with caching off or when it is swapped).
   [[nodiscard]] AdmissionStop NextAdmission(const StepPlan& plan,
                                             int64_t* reserved_blocks,
+                                            Request** next,
                                             kvcache::PrefixMatch* match) const;
+  // kCacheAware: the waiting request to admit next and its match.
+  [[nodiscard]] Request* PickCacheAware(kvcache::PrefixMatch* match) const;
+  [[nodiscard]] kvcache::PrefixMatch MatchPrefix(const Request& r) const;
+  // Thrash guard: whether thrashing `r`'s whole remaining prefill from
+  // `start` fits now (`n`: what this step would compute).
+  [[nodiscard]] bool RemainingPrefillFits(const Request& r,
+                                          const kvcache::PrefixMatch& match,
+                                          int32_t start, int32_t n,
+                                          const StepPlan& plan) const;
   [[nodiscard]] bool CanAdmit(const Request& request,
-                              const kvcache::PrefixMatch& match, int32_t n,
-                              int64_t* reserved_blocks) const;
+                              const kvcache::PrefixMatch& match, int32_t start,
+                              int32_t n, int64_t* reserved_blocks) const;
   [[nodiscard]] int64_t FutureBlocks(const Request& request) const;
   // Tokens the admitted head's table must cover after admission: its
-  // matched prefix + `n` (kPaged) or a whole max-length slab (kMaxLength).
-  [[nodiscard]] int64_t AdmissionTokens(const kvcache::PrefixMatch& match,
-                                        int32_t n) const;
+  // start (matched prefix, or swapped computed tokens) + `n` (kPaged) or a
+  // whole max-length slab (kMaxLength).
+  [[nodiscard]] int64_t AdmissionTokens(int32_t start, int32_t n) const;
   // Tokens `request` computes this step when it has `computed` already.
   [[nodiscard]] int32_t NumNewTokens(const Request& request, int32_t computed,
                                      int32_t budget) const;
@@ -275,7 +361,12 @@ class Scheduler {
 
   int64_t num_steps_ = 0;
   int64_t num_preemptions_total_ = 0;
+  int64_t num_preemptions_swap_total_ = 0;
   int64_t num_preempted_tokens_total_ = 0;
+  int64_t num_swapped_out_blocks_total_ = 0;
+  int64_t num_swapped_in_blocks_total_ = 0;
+  int64_t num_copied_blocks_total_ = 0;
+  int64_t prefix_cache_uncacheable_tokens_ = 0;
   int64_t num_scheduled_tokens_total_ = 0;
   int64_t num_finished_total_ = 0;
   int64_t num_aborted_total_ = 0;

@@ -26,10 +26,30 @@ absl::Status SchedulerConfig::Validate() const {
        }) {
     if (absl::Status s = AtLeast(field, value, 1); !s.ok()) return s;
   }
-  if (absl::Status s = AtLeast("long_prefill_token_threshold",
-                               long_prefill_token_threshold, 0);
-      !s.ok()) {
-    return s;
+  for (const auto& [field, value] : {
+           std::pair<absl::string_view, int64_t>{"long_prefill_token_threshold",
+                                                 long_prefill_token_threshold},
+           {"num_swap_slots", num_swap_slots},
+           {"thrash_preemption_limit", thrash_preemption_limit},
+       }) {
+    if (absl::Status s = AtLeast(field, value, 0); !s.ok()) return s;
+  }
+  for (const auto& [field, value] : {
+           std::pair<absl::string_view, double>{"recompute_seconds_per_token",
+                                                recompute_seconds_per_token},
+           {"swap_seconds_per_block", swap_seconds_per_block},
+       }) {
+    if (!(value >= 0.0 && std::isfinite(value))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("scheduler config: ", field,
+                       " must be a finite number >= 0, got ", value));
+    }
+  }
+  if (!(admission_high_watermark > 0.0 && admission_high_watermark <= 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("scheduler config: admission_high_watermark must be in "
+                     "(0, 1], got ",
+                     admission_high_watermark));
   }
   if (!(watermark >= 0.0 && watermark < 1.0)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -50,14 +70,50 @@ absl::StatusOr<KvReservation> ParseKvReservation(absl::string_view name) {
   if (name == "paged") return KvReservation::kPaged;
   if (name == "max-length") return KvReservation::kMaxLength;
   return absl::InvalidArgumentError(absl::StrCat(
-      "KV reservation '", name, "' unknown; use paged or max-length"));
+      "--kv-reservation: KV reservation '", name,
+      "' unknown; use paged or max-length"));
 }
 
 absl::StatusOr<SchedulingPolicy> ParseSchedulingPolicy(absl::string_view name) {
   if (name == "fcfs") return SchedulingPolicy::kFcfs;
   if (name == "priority") return SchedulingPolicy::kPriority;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "scheduling policy '", name, "' unknown; use fcfs or priority"));
+  if (name == "cache-aware") return SchedulingPolicy::kCacheAware;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--scheduling-policy: scheduling policy '", name,
+                   "' unknown; use fcfs, priority or cache-aware"));
+}
+
+absl::string_view SchedulingPolicyName(SchedulingPolicy policy) {
+  switch (policy) {
+    case SchedulingPolicy::kFcfs:
+      return "fcfs";
+    case SchedulingPolicy::kPriority:
+      return "priority";
+    case SchedulingPolicy::kCacheAware:
+      return "cache-aware";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<PreemptionMode> ParsePreemptionMode(absl::string_view name) {
+  if (name == "auto") return PreemptionMode::kAuto;
+  if (name == "recompute") return PreemptionMode::kRecompute;
+  if (name == "swap") return PreemptionMode::kSwap;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--preemption-mode: preemption mode '", name,
+                   "' unknown; use auto, recompute or swap"));
+}
+
+absl::string_view PreemptionModeName(PreemptionMode mode) {
+  switch (mode) {
+    case PreemptionMode::kAuto:
+      return "auto";
+    case PreemptionMode::kRecompute:
+      return "recompute";
+    case PreemptionMode::kSwap:
+      return "swap";
+  }
+  return "unknown";
 }
 
 }  // namespace kvserve::scheduler

@@ -20,6 +20,28 @@ enum class SchedulingPolicy {
   // running request with the largest priority value, most recently admitted
   // among equals.
   kPriority,
+  // (priority, arrival) order like kPriority, but among the first
+  // kCacheAwareWindow never-admitted waiting requests of the head's priority
+  // the one with the longest cached prefix goes first (ties: arrival order).
+  // Preempted requests keep the head, in FCFS order. Victim: as kPriority.
+  kCacheAware,
+};
+
+// How cache-aware admission bounds its per-admission cost: it looks up the
+// cached prefix of at most this many waiting requests.
+inline constexpr int32_t kCacheAwareWindow = 8;
+
+// How a preempted request gives its KV blocks back.
+enum class PreemptionMode {
+  // Per victim, the cheaper of recompute and swap by the cost model
+  // (recompute: computed tokens x recompute_seconds_per_token; swap:
+  // 2 x blocks x swap_seconds_per_block); recompute when slots lack.
+  kAuto,
+  // Drop its KV; recompute prompt + output on readmission.
+  kRecompute,
+  // Copy its blocks to host swap slots and back on readmission; recompute
+  // when the swap space lacks free slots.
+  kSwap,
 };
 
 // How much KV a request must find free to be admitted.
@@ -69,6 +91,22 @@ struct SchedulerConfig {
   bool enable_prefix_caching = true;
   // Part of the prefix-cache namespace with each request's cache_salt.
   std::string model_id;
+  // Host swap slots (one KV block each); 0 disables swapping.
+  int32_t num_swap_slots = 0;
+  PreemptionMode preemption_mode = PreemptionMode::kAuto;
+  // Cost model inputs (the engine fills them from the backend): seconds to
+  // recompute one token, and to copy one block between KV and swap (one
+  // way). Both 0: kAuto recomputes.
+  double recompute_seconds_per_token = 0.0;
+  double swap_seconds_per_block = 0.0;
+  // A request preempted this many times in a row (without catching up to
+  // its last token in between) is readmitted only when its whole remaining
+  // prefill fits at once (KV blocks and, when possible, the step budget).
+  // 0 disables the guard.
+  int32_t thrash_preemption_limit = 3;
+  // No admission while active blocks (neither free nor cached-evictable)
+  // exceed this fraction of the pool. In (0, 1]; 1 disables it.
+  double admission_high_watermark = 0.95;
 
   // InvalidArgument naming the first field out of range.
   [[nodiscard]] absl::Status Validate() const;
@@ -78,12 +116,20 @@ struct SchedulerConfig {
   [[nodiscard]] int64_t slab_blocks() const;
 };
 
-// "fcfs" | "priority"; InvalidArgument otherwise.
+// "fcfs" | "priority" | "cache-aware"; InvalidArgument otherwise (naming
+// --scheduling-policy and the allowed values).
 [[nodiscard]] absl::StatusOr<SchedulingPolicy> ParseSchedulingPolicy(
     absl::string_view name);
 
 // "paged" | "max-length"; InvalidArgument otherwise.
 [[nodiscard]] absl::StatusOr<KvReservation> ParseKvReservation(
     absl::string_view name);
+
+// "auto" | "recompute" | "swap"; InvalidArgument otherwise (naming
+// --preemption-mode and the allowed values).
+[[nodiscard]] absl::StatusOr<PreemptionMode> ParsePreemptionMode(
+    absl::string_view name);
+[[nodiscard]] absl::string_view PreemptionModeName(PreemptionMode mode);
+[[nodiscard]] absl::string_view SchedulingPolicyName(SchedulingPolicy policy);
 
 }  // namespace kvserve::scheduler

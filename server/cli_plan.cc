@@ -70,10 +70,9 @@ std::string DecimalBytes(int64_t bytes) {
     ++unit;
   }
   if (unit == 0) return absl::StrCat(bytes, " B");
-  const char* fmt = std::fabs(v) < 9.995   ? "%.2f %s"
-                    : std::fabs(v) < 99.95 ? "%.1f %s"
-                                           : "%.0f %s";
-  return absl::StrFormat(fmt, v, kUnits[unit]);
+  // A constant format (clang checks StrFormat formats at compile time).
+  const int precision = std::fabs(v) < 9.995 ? 2 : std::fabs(v) < 99.95 ? 1 : 0;
+  return absl::StrFormat("%.*f %s", precision, v, kUnits[unit]);
 }
 
 // One decimal in powers of 1024: "320.0 KiB".

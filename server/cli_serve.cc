@@ -2,7 +2,9 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstring>
@@ -10,6 +12,7 @@
 #include <thread>
 
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "common/cli_args.h"
 #include "common/parallel.h"
@@ -27,9 +30,90 @@ struct ServeFlags {
   int64_t max_num_batched_tokens = 512, max_queued_requests = 1024;
   int64_t max_model_len = 0, threads = 0, http_threads = 32;
   double kv_cache_fraction = 0.25, drain_timeout = 30;
+  double stall_timeout = 30;
   std::string log_level = "info";
+  // Security flags (docs/SECURITY.md).
+  int64_t max_request_bytes = 4 << 20, max_prompt_tokens = 0;
+  int64_t max_tokens_limit = 0, max_concurrent_streams = 0;
+  std::string model_dirs;
+  // KV features (issue 4): -1 = auto (see RegisterKvFlags).
+  int64_t swap_space_bytes = -1, thrash_preemption_limit = 0;
+  double kv_high_watermark = 0, gpu_memory_fraction = 0.9;
   bool help = false;
 };
+
+// Host swap space when --swap-space-bytes is not given: 4 GiB, at most an
+// eighth of physical memory, and none below 4 GiB of memory. The CPU backend
+// allocates it lazily (pages are touched only by swapped-out blocks).
+int64_t DefaultSwapSpaceBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page = sysconf(_SC_PAGE_SIZE);
+  const int64_t mem =
+      pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
+  constexpr int64_t kGiB = int64_t{1} << 30;
+  if (mem < 4 * kGiB) return 0;
+  return std::min<int64_t>(4 * kGiB, mem / 8);
+}
+
+void RegisterKvFlags(ServeFlags* f, CliArgs* args) {
+  engine::EngineConfig& e = f->options.engine;
+  args->Bytes("swap-space-bytes", &f->swap_space_bytes,
+              "host memory for KV blocks of requests preempted by swap, e.g. "
+              "2GiB (default: 4GiB, at most 1/8 of memory, 0 below 4GiB of "
+              "memory; 0 = swapping off)");
+  args->String("preemption-mode", &e.preemption_mode,
+               "auto (per victim, the cheaper of recompute and swap), "
+               "recompute, or swap (default auto)");
+  args->Int("thrash-preemption-limit", &f->thrash_preemption_limit,
+            "a request preempted this many times in a row is readmitted "
+            "only when its whole remaining prefill fits (default 0 = the "
+            "scheduler's default)",
+            0, 1 << 20);
+  args->Float("kv-high-watermark", &f->kv_high_watermark,
+              "stop admitting new requests above this fraction of KV blocks "
+              "in use (default 0 = the scheduler's default)",
+              0, 1);
+  args->String("device", &e.device,
+               "where the model runs: cpu, cuda, or auto (default cpu)");
+  args->Float("gpu-memory-fraction", &f->gpu_memory_fraction,
+              "share of GPU memory for weights, activations and KV with "
+              "--device=cuda (default 0.9)",
+              0.01, 1);
+}
+
+void RegisterSecurityFlags(ServeFlags* f, CliArgs* args) {
+  ServeOptions& o = f->options;
+  args->String("tls-cert", &o.tls.cert_file,
+               "PEM certificate chain: serve gRPC and HTTP over TLS");
+  args->String("tls-key", &o.tls.key_file, "PEM private key of --tls-cert");
+  args->String("tls-client-ca", &o.tls.client_ca_file,
+               "PEM CA bundle: require client certificates signed by it "
+               "(mutual TLS)");
+  args->String("auth-token-file", &o.auth_token_file,
+               "file of bearer tokens, one per line ('#' comments): every "
+               "gRPC call and /v1 request needs 'authorization: Bearer "
+               "<token>'");
+  args->Bool("auth-metrics", &o.auth_metrics,
+             "/metrics needs a token too (default off; /health and /ready "
+             "stay open)");
+  args->Bytes("max-request-bytes", &f->max_request_bytes,
+              "largest gRPC request message and HTTP body (default 4MiB; 0 = "
+              "no limit)");
+  args->Int("max-prompt-tokens", &f->max_prompt_tokens,
+            "longest prompt in tokens (default 0 = the model's context)", 0,
+            1 << 24);
+  args->Int("max-tokens-limit", &f->max_tokens_limit,
+            "largest max_tokens a request may ask for (default 0 = the "
+            "model's context)",
+            0, 1 << 24);
+  args->Int("max-concurrent-streams", &f->max_concurrent_streams,
+            "gRPC streams per client connection; clients queue beyond it "
+            "(default 0 = gRPC's default)",
+            0, 1 << 20);
+  args->String("model-dirs", &f->model_dirs,
+               "':'-separated directories; when set, --model resolves only "
+               "inside them (no path outside, no symlink leading out)");
+}
 
 void RegisterFlags(ServeFlags* f, CliArgs* args) {
   ServeOptions& o = f->options;
@@ -71,7 +155,8 @@ void RegisterFlags(ServeFlags* f, CliArgs* args) {
             "context)",
             0, 1 << 24);
   args->String("scheduling-policy", &o.engine.scheduling_policy,
-               "fcfs or priority (default fcfs)");
+               "fcfs, priority, or cache-aware (longest cached prefix first "
+               "among equal priorities) (default fcfs)");
   args->String("kv-reservation", &o.engine.kv_reservation,
                "paged (allocate KV blocks as tokens arrive) or max-length "
                "(each request holds a max-model-len slab from admission: "
@@ -83,11 +168,18 @@ void RegisterFlags(ServeFlags* f, CliArgs* args) {
               "seconds in-flight requests may finish after SIGTERM/SIGINT "
               "(default 30)",
               0, 86400);
+  args->Float("stall-timeout", &f->stall_timeout,
+              "seconds with requests pending and no engine step completed "
+              "before /ready says 503 and gRPC health NOT_SERVING (default "
+              "30; 0 = never)",
+              0, 86400);
   args->String("log-level", &f->log_level,
                "trace, debug, info, warn, error, critical, off (default "
                "info)");
   args->Int("threads", &f->threads, "CPU compute threads (default 0 = all)", 0,
             1024);
+  RegisterKvFlags(f, args);
+  RegisterSecurityFlags(f, args);
   args->Bool("help", &f->help, "show this help");
 }
 
@@ -96,6 +188,15 @@ absl::Status FinishFlags(ServeFlags* f) {
   o.port = static_cast<int>(f->port);
   o.metrics_port = static_cast<int>(f->metrics_port);
   o.http_threads = static_cast<int>(f->http_threads);
+  o.stall_timeout = absl::Seconds(f->stall_timeout);
+  o.max_request_bytes = f->max_request_bytes;
+  o.max_concurrent_streams = static_cast<int>(f->max_concurrent_streams);
+  o.limits.max_prompt_tokens = static_cast<int32_t>(f->max_prompt_tokens);
+  o.limits.max_tokens = static_cast<int32_t>(f->max_tokens_limit);
+  for (absl::string_view d :
+       absl::StrSplit(f->model_dirs, ':', absl::SkipEmpty())) {
+    o.model_dirs.emplace_back(d);
+  }
   engine::EngineConfig& e = o.engine;
   e.block_size = static_cast<int32_t>(f->block_size);
   e.kv_cache_bytes = f->kv_cache_bytes;
@@ -104,10 +205,26 @@ absl::Status FinishFlags(ServeFlags* f) {
   e.max_num_batched_tokens = static_cast<int32_t>(f->max_num_batched_tokens);
   e.max_queued_requests = static_cast<int32_t>(f->max_queued_requests);
   e.max_model_len = static_cast<int32_t>(f->max_model_len);
-  if (e.scheduling_policy != "fcfs" && e.scheduling_policy != "priority") {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("--scheduling-policy: '%s' must be fcfs or priority",
-                        e.scheduling_policy));
+  if (e.scheduling_policy != "fcfs" && e.scheduling_policy != "priority" &&
+      e.scheduling_policy != "cache-aware") {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--scheduling-policy: '%s' must be fcfs, priority, or cache-aware",
+        e.scheduling_policy));
+  }
+  e.swap_space_bytes = f->swap_space_bytes >= 0 ? f->swap_space_bytes
+                                                : DefaultSwapSpaceBytes();
+  e.thrash_preemption_limit = static_cast<int32_t>(f->thrash_preemption_limit);
+  e.admission_high_watermark = f->kv_high_watermark;
+  e.gpu_memory_fraction = f->gpu_memory_fraction;
+  if (e.preemption_mode != "auto" && e.preemption_mode != "recompute" &&
+      e.preemption_mode != "swap") {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--preemption-mode: '%s' must be auto, recompute, or swap",
+        e.preemption_mode));
+  }
+  if (e.device != "cpu" && e.device != "cuda" && e.device != "auto") {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--device: '%s' must be cpu, cuda, or auto", e.device));
   }
   if (e.kv_reservation != "paged" && e.kv_reservation != "max-length") {
     return absl::InvalidArgumentError(

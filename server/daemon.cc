@@ -1,6 +1,8 @@
 #include "server/daemon.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -9,6 +11,7 @@
 #include "engine/loaded_model.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "models/model_resolver.h"
 #include "spdlog/spdlog.h"
 
 namespace kvserve::server {
@@ -20,6 +23,18 @@ constexpr absl::Duration kGrpcShutdownGrace = absl::Seconds(5);
 
 double SecondsSince(absl::Time t) {
   return absl::ToDoubleSeconds(absl::Now() - t);
+}
+
+HttpServer::Options HttpOptions(const ServeOptions& o, const BearerAuth* auth) {
+  HttpServer::Options h;
+  h.host = o.host;
+  h.port = o.metrics_port;
+  h.threads = o.http_threads;
+  h.tls = o.tls;
+  h.auth = auth;
+  h.auth_metrics = o.auth_metrics;
+  h.max_request_bytes = o.max_request_bytes;
+  return h;
 }
 
 }  // namespace
@@ -36,26 +51,65 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
   d->registry_ = std::make_shared<prometheus::Registry>();
   d->metrics_ = std::make_unique<ServerMetrics>(*d->registry_);
   Daemon* self = d.get();
+  KV_RETURN_IF_ERROR(d->CheckSecurity(options));
   KV_ASSIGN_OR_RETURN(
-      d->http_,
-      HttpServer::Start(
-          {options.host, options.metrics_port, options.http_threads},
-          d->registry_, [self] { return self->ready(); },
-          [self](httplib::Server* server) {
-            OpenAiApi::Mount(server,
-                             [self] { return self->openai_live_.load(); });
-          }));
+      d->http_, HttpServer::Start(
+                    HttpOptions(options, d->auth_.get()), d->registry_,
+                    [self] { return self->ready(); },
+                    [self, threads = options.http_threads](
+                        httplib::Server* server) {
+                      OpenAiApi::Mount(
+                          server, [self] { return self->openai_live_.load(); },
+                          threads);
+                    }));
   KV_RETURN_IF_ERROR(d->StartEngine(options));
   KV_RETURN_IF_ERROR(d->StartGrpc(options));
   d->ready_.store(true);
+  if (options.stall_timeout > absl::ZeroDuration()) {
+    d->watchdog_ = std::make_unique<StallWatchdog>(
+        [self] { return self->engine_->Stats(); }, options.stall_timeout,
+        [self](bool serving) {
+          self->stalled_.store(!serving);
+          grpc::HealthCheckServiceInterface* health =
+              self->grpc_server_->GetHealthCheckService();
+          health->SetServingStatus(serving);
+          health->SetServingStatus(kServiceName, serving);
+        });
+  }
   return d;
+}
+
+// Everything that can refuse the configuration before a port is bound:
+// the TLS files, the token file, and where --model resolves.
+absl::Status Daemon::CheckSecurity(const ServeOptions& options) {
+  KV_RETURN_IF_ERROR(CheckTlsOptions(options.tls));
+  if (!options.auth_token_file.empty()) {
+    KV_ASSIGN_OR_RETURN(BearerAuth auth,
+                        BearerAuth::FromFile(options.auth_token_file));
+    // NOTE: the count only; a token never reaches the log.
+    spdlog::info("bearer-token authentication on ({} tokens)",
+                 auth.num_tokens());
+    auth_ = std::make_unique<BearerAuth>(std::move(auth));
+  } else if (options.auth_metrics) {
+    return absl::InvalidArgumentError(
+        "--auth-metrics: needs --auth-token-file");
+  }
+  models::ResolverOptions resolver = models::DefaultResolverOptions();
+  if (!options.model_dirs.empty()) {
+    resolver.models_dirs = options.model_dirs;
+    resolver.hf_cache_dir.clear();
+    resolver.confine_to_dirs = true;
+  }
+  KV_ASSIGN_OR_RETURN(model_path_,
+                      models::ResolveModelPath(options.model, resolver));
+  return absl::OkStatus();
 }
 
 absl::Status Daemon::StartEngine(const ServeOptions& options) {
   spdlog::info("loading model {}", options.model);
   const absl::Time t0 = absl::Now();
   KV_ASSIGN_OR_RETURN(engine::LoadedModel model,
-                      engine::LoadModel(options.model));
+                      engine::LoadModel(model_path_));
   const models::ModelConfig& c = model.config;
   spdlog::info(
       "model {} ({}) loaded in {:.2f} s: {} layers, hidden {}, {} heads / {} "
@@ -67,7 +121,7 @@ absl::Status Daemon::StartEngine(const ServeOptions& options) {
       engine_,
       engine::Engine::Create(options.engine, std::move(model), registry_));
   service_ = std::make_unique<KvServeService>(engine_.get(), metrics_.get(),
-                                              options.limits);
+                                              options.limits, auth_.get());
   const std::string& name = engine_->model_info().name;
   openai_ = std::make_unique<OpenAiApi>(engine_.get(), options.limits,
                                         name.empty() ? options.model : name,
@@ -81,8 +135,19 @@ absl::Status Daemon::StartGrpc(const ServeOptions& options) {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   const std::string address = HostPort(options.host, options.port);
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(),
-                           &grpc_port_);
+  KV_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                      GrpcServerCredentials(options.tls));
+  builder.AddListeningPort(address, credentials, &grpc_port_);
+  // Larger messages get RESOURCE_EXHAUSTED from gRPC before any parsing.
+  if (options.max_request_bytes > 0) {
+    builder.SetMaxReceiveMessageSize(static_cast<int>(
+        std::min<int64_t>(options.max_request_bytes, INT32_MAX)));
+  }
+  if (options.max_concurrent_streams > 0) {
+    // Per HTTP/2 connection; clients queue streams beyond it.
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                               options.max_concurrent_streams);
+  }
   // NOTE: gRPC sets SO_REUSEPORT by default, which would let a second
   // daemon share the port silently; fail loudly instead.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
@@ -103,6 +168,7 @@ void Daemon::Shutdown(absl::Duration drain_timeout) {
   if (shut_down_) return;
   shut_down_ = true;
   ready_.store(false);
+  watchdog_.reset();  // no health change after this
   // Refuse new work before anything is logged or waited for.
   if (engine_ != nullptr) engine_->BeginDrain();
   const absl::Time t0 = absl::Now();

@@ -9,16 +9,20 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "engine/engine.h"
 #include "grpcpp/grpcpp.h"
 #include "prometheus/registry.h"
+#include "server/auth.h"
 #include "server/grpc_service.h"
 #include "server/http_server.h"
 #include "server/metrics.h"
 #include "server/openai_api.h"
+#include "server/readiness.h"
+#include "server/tls.h"
 
 namespace kvserve::server {
 
@@ -29,7 +33,17 @@ struct ServeOptions {
   int metrics_port = 9090;  // HTTP; 0: pick a free port
   int http_threads = 32;    // HTTP workers (each open stream holds one)
   engine::EngineConfig engine;
+  // Not ready while requests wait and no step completed for this long.
+  absl::Duration stall_timeout = absl::Seconds(30);  // 0: never
   RequestLimits limits;
+  // Security (docs/SECURITY.md).
+  TlsOptions tls;                       // both listeners; empty cert: plaintext
+  std::string auth_token_file;          // non-empty: bearer tokens required
+  bool auth_metrics = false;            // /metrics needs a token too
+  int64_t max_request_bytes = 4 << 20;  // gRPC message / HTTP body
+  int max_concurrent_streams = 0;       // per gRPC connection; 0: gRPC default
+  // Non-empty: --model resolves only inside these (models/model_resolver.h).
+  std::vector<std::string> model_dirs;
 };
 
 class Daemon {
@@ -44,7 +58,7 @@ class Daemon {
 
   int grpc_port() const { return grpc_port_; }
   int http_port() const { return http_->port(); }
-  bool ready() const { return ready_.load(); }
+  bool ready() const { return ready_.load() && !stalled_.load(); }
 
   // The drain: readiness false, health NOT_SERVING, the engine stops
   // admitting (new Generate calls get UNAVAILABLE) and finishes in-flight
@@ -54,12 +68,15 @@ class Daemon {
 
  private:
   Daemon() = default;
+  [[nodiscard]] absl::Status CheckSecurity(const ServeOptions& options);
   [[nodiscard]] absl::Status StartEngine(const ServeOptions& options);
   [[nodiscard]] absl::Status StartGrpc(const ServeOptions& options);
 
   // Declaration order is destruction order reversed: the gRPC server goes
   // first, the engine after every reactor that refers to it.
   std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<BearerAuth> auth_;  // null: authentication off
+  std::string model_path_;            // --model, resolved
   std::unique_ptr<ServerMetrics> metrics_;
   std::unique_ptr<HttpServer> http_;
   std::unique_ptr<engine::Engine> engine_;
@@ -69,6 +86,8 @@ class Daemon {
   std::unique_ptr<grpc::Server> grpc_server_;
   int grpc_port_ = 0;
   std::atomic<bool> ready_{false};
+  std::atomic<bool> stalled_{false};  // set by watchdog_
+  std::unique_ptr<StallWatchdog> watchdog_;  // last: stopped first
   bool shut_down_ = false;
 };
 

@@ -22,6 +22,7 @@ struct GenerateDeps {
   ServerMetrics* metrics;
   const ServedModel* model;
   const RequestLimits* limits;
+  const BearerAuth* auth;
 };
 
 // One Generate call. Lifecycle:
@@ -82,6 +83,7 @@ class GenerateReactor final
  private:
   absl::StatusOr<engine::RequestSpec> BuildSpec(
       grpc::CallbackServerContext* context, const grpc::ByteBuffer& request) {
+    KV_RETURN_IF_ERROR(CheckGrpcAuth(deps_.auth, *context));
     v1::GenerateRequest req;
     KV_RETURN_IF_ERROR(ParseRequest(request, &req));
     request_id_ = req.request_id();
@@ -177,22 +179,24 @@ ServedModel MakeServedModel(const engine::Engine& engine) {
 }  // namespace
 
 KvServeService::KvServeService(engine::Engine* engine, ServerMetrics* metrics,
-                               RequestLimits limits)
+                               RequestLimits limits, const BearerAuth* auth)
     : engine_(engine),
       metrics_(metrics),
       limits_(limits),
-      model_(MakeServedModel(*engine)) {}
+      model_(MakeServedModel(*engine)),
+      auth_(auth) {}
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* KvServeService::Generate(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
   return new GenerateReactor(context, *request,
-                             {engine_, metrics_, &model_, &limits_});
+                             {engine_, metrics_, &model_, &limits_, auth_});
 }
 
 grpc::ServerUnaryReactor* KvServeService::Tokenize(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
     grpc::ByteBuffer* response) {
   auto run = [&]() -> absl::Status {
+    KV_RETURN_IF_ERROR(CheckGrpcAuth(auth_, *context));
     v1::TokenizeRequest req;
     KV_RETURN_IF_ERROR(ParseRequest(*request, &req));
     KV_ASSIGN_OR_RETURN(std::vector<int32_t> ids, TokenizeText(req, model_));
@@ -206,6 +210,9 @@ grpc::ServerUnaryReactor* KvServeService::Tokenize(
 grpc::ServerUnaryReactor* KvServeService::Detokenize(
     grpc::CallbackServerContext* context, const v1::DetokenizeRequest* request,
     v1::DetokenizeResponse* response) {
+  if (absl::Status s = CheckGrpcAuth(auth_, *context); !s.ok()) {
+    return FinishUnary(context, "Detokenize", s);
+  }
   absl::StatusOr<std::string> text = DetokenizeIds(*request, model_);
   if (text.ok()) response->set_text(*std::move(text));
   return FinishUnary(context, "Detokenize", text.status());
@@ -214,6 +221,9 @@ grpc::ServerUnaryReactor* KvServeService::Detokenize(
 grpc::ServerUnaryReactor* KvServeService::GetModelInfo(
     grpc::CallbackServerContext* context,
     const v1::GetModelInfoRequest* /*request*/, v1::ModelInfo* response) {
+  if (absl::Status s = CheckGrpcAuth(auth_, *context); !s.ok()) {
+    return FinishUnary(context, "GetModelInfo", s);
+  }
   ToProto(engine_->model_info(), response);
   return FinishUnary(context, "GetModelInfo", absl::OkStatus());
 }

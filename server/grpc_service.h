@@ -15,6 +15,7 @@
 #include "engine/engine.h"
 #include "grpcpp/grpcpp.h"
 #include "kvserve/v1/kvserve.grpc.pb.h"
+#include "server/auth.h"
 #include "server/metrics.h"
 #include "server/request_validation.h"
 
@@ -28,10 +29,11 @@ using KvServeBase = v1::KvServe::WithRawCallbackMethod_Generate<
 
 class KvServeService final : public KvServeBase {
  public:
-  // `engine` and `metrics` are not owned and must outlive the gRPC server
-  // this service is registered with (shut the server down first).
+  // `engine`, `metrics` and `auth` are not owned and must outlive the gRPC
+  // server this service is registered with (shut the server down first).
+  // With `auth`, every call needs an accepted bearer token (UNAUTHENTICATED).
   KvServeService(engine::Engine* engine, ServerMetrics* metrics,
-                 RequestLimits limits = {});
+                 RequestLimits limits = {}, const BearerAuth* auth = nullptr);
 
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(
       grpc::CallbackServerContext* context,
@@ -56,6 +58,7 @@ class KvServeService final : public KvServeBase {
   ServerMetrics* const metrics_;
   const RequestLimits limits_;
   const ServedModel model_;
+  const BearerAuth* const auth_;
 };
 
 }  // namespace kvserve::server

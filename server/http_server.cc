@@ -1,12 +1,50 @@
 #include "server/http_server.h"
 
+#include <cstdlib>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "httplib.h"
+#include "nlohmann/json.hpp"
 #include "prometheus/text_serializer.h"
+#include "server/openai_json.h"
 
 namespace kvserve::server {
+namespace {
+
+// An error in the OpenAI shape; a body the client may still be sending is
+// left unread, so the connection is closed after the answer.
+void Refuse(const httplib::Request& req, httplib::Response& res, int status,
+            const std::string& body) {
+  res.status = status;
+  res.set_content(body, "application/json");
+  if (req.has_header("Content-Length") || req.has_header("Transfer-Encoding")) {
+    res.set_header("Connection", "close");
+  }
+}
+
+std::string TooLargeBody(int64_t limit, uint64_t got) {
+  const nlohmann::json j = {
+      {"error",
+       {{"message",
+         absl::StrCat("request body: ", got, " bytes, over the limit of ",
+                      limit, " bytes (--max-request-bytes)")},
+        {"type", "invalid_request_error"},
+        {"param", nullptr},
+        {"code", "request_too_large"}}}};
+  return j.dump();
+}
+
+std::unique_ptr<httplib::Server> MakeServer(const TlsOptions& tls,
+                                            std::string* error) {
+  if (!tls.enabled()) return std::make_unique<httplib::Server>();
+  auto server = std::make_unique<httplib::SSLServer>(
+      [&tls, error](SSL_CTX& ctx) { return SetUpSslContext(tls, ctx, error); });
+  if (!server->is_valid()) return nullptr;
+  return server;
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
     const Options& options, std::shared_ptr<prometheus::Registry> registry,
@@ -15,12 +53,19 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
   std::unique_ptr<HttpServer> http(new HttpServer());
   http->registry_ = std::move(registry);
   http->ready_ = std::move(ready);
-  http->server_ = std::make_unique<httplib::Server>();
+  std::string tls_error;
+  http->server_ = MakeServer(options.tls, &tls_error);
+  if (http->server_ == nullptr) {
+    return absl::InvalidArgumentError(
+        tls_error.empty() ? "TLS: cannot set up the HTTPS listener"
+                          : tls_error);
+  }
   const int threads = options.threads;
   http->server_->new_task_queue = [threads] {
     return new httplib::ThreadPool(threads);
   };
   http->Routes();
+  http->Guard(options);
   if (add_routes) add_routes(http->server_.get());
   if (options.port == 0) {
     http->port_ = http->server_->bind_to_any_port(options.host);
@@ -56,6 +101,42 @@ void HttpServer::Routes() {
         const bool ready = ready_();
         res.status = ready ? 200 : 503;
         res.set_content(ready ? "ready\n" : "not ready\n", "text/plain");
+      });
+}
+
+void HttpServer::Guard(const Options& options) {
+  const BearerAuth* auth = options.auth;
+  const bool auth_metrics = options.auth_metrics;
+  const int64_t limit = options.max_request_bytes;
+  if (limit > 0) server_->set_payload_max_length(static_cast<size_t>(limit));
+  if (auth == nullptr && limit <= 0) return;
+  server_->set_pre_routing_handler(
+      [auth, auth_metrics, limit](const httplib::Request& req,
+                                  httplib::Response& res) {
+        using R = httplib::Server::HandlerResponse;
+        // Probes stay open; everything else (the API, unknown routes) needs
+        // the token, so an unauthenticated client learns nothing.
+        const bool open = req.path == "/health" || req.path == "/ready" ||
+                          (req.path == "/metrics" && !auth_metrics);
+        if (auth != nullptr && !open) {
+          const absl::Status s =
+              auth->CheckAuthorization(req.get_header_value("Authorization"),
+                                       req.has_header("Authorization"));
+          if (!s.ok()) {
+            res.set_header("WWW-Authenticate", "Bearer");
+            Refuse(req, res, 401, ToHttpError(s).body);
+            return R::Handled;
+          }
+        }
+        if (limit > 0 && req.has_header("Content-Length")) {
+          const uint64_t len = std::strtoull(
+              req.get_header_value("Content-Length").c_str(), nullptr, 10);
+          if (len > static_cast<uint64_t>(limit)) {
+            Refuse(req, res, 413, TooLargeBody(limit, len));
+            return R::Handled;
+          }
+        }
+        return R::Unhandled;
       });
 }
 

@@ -5,8 +5,18 @@
 //                 server is not draining; 503 otherwise
 // plus the routes the caller adds (the OpenAI-compatible API,
 // openai_api.h).
-// Owns the listening socket and its threads. Does not own the registry's
-// metrics or the readiness decision (the caller passes a predicate).
+// Owns the listening socket and its threads, HTTPS (Options.tls), the
+// bearer-token check of /v1/* (and /metrics when asked; /health and /ready
+// stay open for probes), and the request-size limit. Does not own the
+// registry's metrics or the readiness decision (the caller passes a
+// predicate).
+//
+// Checks run in httplib's pre-routing handler, before the body is read:
+// an unauthenticated client never makes the server read its body, and a
+// Content-Length over the limit is refused without reading it. Each HTTP/1.1
+// connection is served by one worker thread at a time (requests on it are
+// sequential); keep-alive connections are closed after 5 s idle or 5
+// requests (httplib's defaults), so one client cannot hold a worker long.
 #pragma once
 
 #include <atomic>
@@ -17,6 +27,8 @@
 
 #include "absl/status/statusor.h"
 #include "prometheus/registry.h"
+#include "server/auth.h"
+#include "server/tls.h"
 
 namespace httplib {
 class Server;
@@ -30,11 +42,17 @@ class HttpServer {
     std::string host = "127.0.0.1";
     int port = 9090;  // 0: pick a free port
     int threads = 2;
+    TlsOptions tls;                    // enabled(): HTTPS
+    const BearerAuth* auth = nullptr;  // not owned; null: no auth
+    bool auth_metrics = false;         // /metrics needs the token too
+    int64_t max_request_bytes = 0;     // body limit; 0: unlimited
   };
 
   // Binds and starts serving on a background thread. UNAVAILABLE names the
-  // address when it cannot bind. `ready` must be thread-safe. `add_routes`
-  // (may be null) registers more routes before the server listens.
+  // address when it cannot bind; InvalidArgument names the TLS flag whose
+  // file does not load. `options.auth` must outlive the server. `ready` must be
+  // thread-safe. `add_routes` (may be null) registers more routes before the
+  // server listens.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<HttpServer>> Start(
       const Options& options, std::shared_ptr<prometheus::Registry> registry,
       std::function<bool()> ready,
@@ -52,6 +70,7 @@ class HttpServer {
  private:
   HttpServer() = default;
   void Routes();
+  void Guard(const Options& options);
 
   std::unique_ptr<httplib::Server> server_;
   std::shared_ptr<prometheus::Registry> registry_;

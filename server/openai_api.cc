@@ -1,5 +1,7 @@
 #include "server/openai_api.h"
 
+#include <algorithm>
+#include <atomic>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -89,15 +91,40 @@ OpenAiApi::OpenAiApi(engine::Engine* engine, RequestLimits limits,
       model_(MakeServedModel(*engine)) {}
 
 void OpenAiApi::Mount(httplib::Server* server,
-                      std::function<OpenAiApi*()> api) {
-  auto with_api = [api](auto handler) {
-    return [api, handler](const httplib::Request& req, httplib::Response& res) {
+                      std::function<OpenAiApi*()> api, int http_threads) {
+  // A /v1 call holds its worker until its response ends (a stream: when
+  // the response object goes, releasing `slot`).
+  const int reserved = std::clamp(http_threads / 4, 1, 4);
+  const int max_busy =
+      http_threads > 0 ? std::max(1, http_threads - reserved) : 1 << 30;
+  auto busy = std::make_shared<std::atomic<int>>(0);
+  auto with_api = [api, busy, max_busy](auto handler) {
+    return [api, handler, busy, max_busy](const httplib::Request& req,
+                                          httplib::Response& res) {
       OpenAiApi* self = api();
       if (self == nullptr) {
         SendError(absl::UnavailableError("the model is still loading"), res);
         return;
       }
+      if (busy->fetch_add(1) >= max_busy) {
+        busy->fetch_sub(1);
+        SendError(absl::ResourceExhaustedError(absl::StrFormat(
+                      "HTTP server busy: %d API calls in progress, the most "
+                      "--http-threads allows while keeping workers for "
+                      "/health (raise --http-threads)",
+                      max_busy)),
+                  res);
+        return;
+      }
+      std::shared_ptr<void> slot(nullptr, [busy](void*) { busy->fetch_sub(1); });
       handler(self, req, res);
+      if (res.content_provider_) {
+        res.content_provider_resource_releaser_ =
+            [release = std::move(res.content_provider_resource_releaser_),
+             slot](bool success) {
+              if (release) release(success);
+            };
+      }
     };
   };
   server->Post("/v1/completions",
@@ -186,14 +213,16 @@ void OpenAiApi::Respond(const OpenAiCallInfo& call,
                         std::shared_ptr<engine::StreamState> stream,
                         httplib::Response& res) {
   std::shared_ptr<DeltaChannel> channel = AttachChannel(*stream);
-  OpenAiResult result;
+  std::vector<OpenAiResult> results(stream->n());
+  engine::Usage usage;
   for (;;) {
     std::optional<engine::StreamDelta> d = channel->Take(kPollInterval);
     if (!d.has_value()) continue;
+    OpenAiResult& result = results.at(d->index);
     Accumulate(*d, &result);
+    if (d->index_finished) result.finish_reason = d->finish_reason;
     if (d->finished) {
-      result.finish_reason = d->finish_reason;
-      result.usage = d->usage;
+      usage = d->usage;
       if (absl::Status s = FinishStatusOf(*d); !s.ok()) {
         SendError(s, res);
         return;
@@ -202,7 +231,7 @@ void OpenAiApi::Respond(const OpenAiCallInfo& call,
     }
     stream->Ack();
   }
-  res.set_content(CompletionBody(call, result, *model_.tokenizer),
+  res.set_content(CompletionBody(call, results, usage, *model_.tokenizer),
                   "application/json");
 }
 
@@ -214,7 +243,8 @@ void OpenAiApi::StreamResponse(const OpenAiCallInfo& call,
                                std::shared_ptr<engine::StreamState> stream,
                                httplib::Response& res) {
   std::shared_ptr<DeltaChannel> channel = AttachChannel(*stream);
-  auto first = std::make_shared<bool>(true);
+  // Per completion index: no delta written yet (chat's role chunk).
+  auto first = std::make_shared<std::vector<bool>>(stream->n(), true);
   engine::Engine* engine = engine_;
   const models::Tokenizer* tokenizer = model_.tokenizer;
   res.set_header("Cache-Control", "no-cache");
@@ -227,8 +257,8 @@ void OpenAiApi::StreamResponse(const OpenAiCallInfo& call,
         const absl::Status status =
             d->finished ? FinishStatusOf(*d) : absl::OkStatus();
         const std::string events =
-            StreamEvents(call, *d, *first, *tokenizer, status);
-        *first = false;
+            StreamEvents(call, *d, first->at(d->index), *tokenizer, status);
+        first->at(d->index) = false;
         if (!events.empty() && !sink.write(events.data(), events.size())) {
           return false;
         }

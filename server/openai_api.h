@@ -36,8 +36,12 @@ class OpenAiApi {
   OpenAiApi& operator=(const OpenAiApi&) = delete;
 
   // Registers the /v1 routes on `server` (before it listens). `api` returns
-  // the live instance, or null while the model loads (503).
-  static void Mount(httplib::Server* server, std::function<OpenAiApi*()> api);
+  // the live instance, or null while the model loads (503). With
+  // `http_threads` > 0 (the server's worker count), at most all but a few
+  // workers serve /v1 at once; the rest get 429 at once, so /health, /ready
+  // and /metrics always find a free worker under overload.
+  static void Mount(httplib::Server* server, std::function<OpenAiApi*()> api,
+                    int http_threads = 0);
 
   const std::string& model_name() const { return model_name_; }
 

@@ -86,11 +86,7 @@ absl::Status GetString(const json& body, const char* name, std::string* out) {
 
 // Options kvserve does not implement: a clear 400 rather than silence.
 absl::Status CheckUnsupported(const json& body) {
-  std::optional<int64_t> n, best_of;
-  KV_RETURN_IF_ERROR(GetInt(body, "n", &n));
-  if (n.has_value() && *n != 1) {
-    return Invalid("n", absl::StrCat("only n=1 is supported, got ", *n));
-  }
+  std::optional<int64_t> best_of;
   KV_RETURN_IF_ERROR(GetInt(body, "best_of", &best_of));
   if (best_of.has_value() && *best_of != 1) {
     return Invalid("best_of", "only best_of=1 is supported");
@@ -279,12 +275,26 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view body,
   out.endpoint = endpoint;
   KV_RETURN_IF_ERROR(GetString(j, "model", &out.model));
   KV_RETURN_IF_ERROR(CheckUnsupported(j));
+  // n: completions per prompt (range checked by ToRequestSpec; unlike the
+  // proto, 0 is not "unset" here).
+  std::optional<int64_t> n;
+  KV_RETURN_IF_ERROR(GetInt(j, "n", &n));
+  if (n.has_value()) {
+    if (*n < 1 || *n > 16) {
+      return Invalid("n", absl::StrCat("must be in [1, 16], got ", *n));
+    }
+    out.generate.set_n(static_cast<int32_t>(*n));
+  }
   KV_RETURN_IF_ERROR(ParseStreamOptions(j, &out));
   KV_RETURN_IF_ERROR(
       ParseSampling(j, endpoint, out.generate.mutable_sampling()));
   KV_RETURN_IF_ERROR(ParseLogprobs(j, &out));
   std::string user;
   KV_RETURN_IF_ERROR(GetString(j, "user", &user));  // type-checked, unused
+  // vLLM's extension: the prefix-cache namespace (request_validation.h).
+  std::string salt;
+  KV_RETURN_IF_ERROR(GetString(j, "cache_salt", &salt));
+  out.generate.set_cache_salt(std::move(salt));
   if (endpoint == OpenAiEndpoint::kChatCompletions) {
     KV_RETURN_IF_ERROR(ParseMessages(j, &out.generate));
   } else {

@@ -35,7 +35,7 @@ struct OpenAiRequest {
 
 // Parses `body`. INVALID_ARGUMENT names the field (OpenAI's name) in the
 // message prefix "field: ...", for malformed JSON, wrong types, and
-// unsupported options (n != 1, echo, best_of, suffix, logit_bias, tools).
+// unsupported options (echo, best_of, suffix, logit_bias, tools).
 [[nodiscard]] absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(
     absl::string_view body, OpenAiEndpoint endpoint);
 
@@ -80,9 +80,15 @@ struct OpenAiResult {
 [[nodiscard]] std::string CompletionBody(const OpenAiCallInfo& call,
                                          const OpenAiResult& result,
                                          const models::Tokenizer& tokenizer);
+// With n completions: choice i is results[i]; `usage` covers them all.
+[[nodiscard]] std::string CompletionBody(
+    const OpenAiCallInfo& call, const std::vector<OpenAiResult>& results,
+    const engine::Usage& usage, const models::Tokenizer& tokenizer);
 
-// Server-sent events for one stream delta: "data: {json}\n\n" per chunk.
-// `first` adds chat's role chunk; a finished delta adds the finish chunk,
+// Server-sent events for one stream delta: "data: {json}\n\n" per chunk,
+// each choice carrying the delta's completion index. `first` (the index's
+// first delta) adds chat's role chunk; a delta that ends its completion adds
+// its finish chunk; the stream's finished delta adds the finish chunk,
 // the usage chunk when asked for, and "data: [DONE]\n\n". A finished delta
 // whose reason is not stop/length gets an error event (`error`) instead.
 [[nodiscard]] std::string StreamEvents(const OpenAiCallInfo& call,

@@ -125,7 +125,7 @@ json Chunk(const OpenAiCallInfo& call, json choice) {
 
 json DeltaChoice(const OpenAiCallInfo& call, const engine::StreamDelta& d,
                  const models::Tokenizer& tok) {
-  json choice = {{"index", 0},
+  json choice = {{"index", d.index},
                  {"logprobs", LogprobsJson(call, d.logprobs, tok)},
                  {"finish_reason", nullptr}};
   if (IsChat(call)) {
@@ -136,9 +136,11 @@ json DeltaChoice(const OpenAiCallInfo& call, const engine::StreamDelta& d,
   return choice;
 }
 
+// The finish chunk of completion d.index, and when the stream ends the usage
+// chunk (if asked for) and [DONE].
 std::string FinalEvents(const OpenAiCallInfo& call,
                         const engine::StreamDelta& d) {
-  json choice = {{"index", 0},
+  json choice = {{"index", d.index},
                  {"logprobs", nullptr},
                  {"finish_reason", FinishReasonJson(d.finish_reason)}};
   if (IsChat(call)) {
@@ -147,6 +149,7 @@ std::string FinalEvents(const OpenAiCallInfo& call,
     choice["text"] = "";
   }
   std::string out = Event(Chunk(call, std::move(choice)));
+  if (!d.finished) return out;
   if (call.include_usage) {
     json usage = Envelope(call, true);
     usage["choices"] = json::array();
@@ -232,17 +235,31 @@ HttpError ToHttpError(const absl::Status& status) {
 std::string CompletionBody(const OpenAiCallInfo& call,
                            const OpenAiResult& result,
                            const models::Tokenizer& tokenizer) {
-  json choice = {{"index", 0},
-                 {"logprobs", LogprobsJson(call, result.logprobs, tokenizer)},
-                 {"finish_reason", FinishReasonJson(result.finish_reason)}};
-  if (IsChat(call)) {
-    choice["message"] = {{"role", "assistant"}, {"content", result.text}};
-  } else {
-    choice["text"] = result.text;
+  return CompletionBody(call, std::vector<OpenAiResult>{result}, result.usage,
+                        tokenizer);
+}
+
+std::string CompletionBody(const OpenAiCallInfo& call,
+                           const std::vector<OpenAiResult>& results,
+                           const engine::Usage& usage,
+                           const models::Tokenizer& tokenizer) {
+  json choices = json::array();
+  for (size_t i = 0; i < results.size(); ++i) {
+    const OpenAiResult& result = results[i];
+    json choice = {
+        {"index", static_cast<int64_t>(i)},
+        {"logprobs", LogprobsJson(call, result.logprobs, tokenizer)},
+        {"finish_reason", FinishReasonJson(result.finish_reason)}};
+    if (IsChat(call)) {
+      choice["message"] = {{"role", "assistant"}, {"content", result.text}};
+    } else {
+      choice["text"] = result.text;
+    }
+    choices.push_back(std::move(choice));
   }
   json j = Envelope(call, false);
-  j["choices"] = json::array({std::move(choice)});
-  j["usage"] = UsageJson(result.usage);
+  j["choices"] = std::move(choices);
+  j["usage"] = UsageJson(usage);
   return Dump(j);
 }
 
@@ -253,7 +270,7 @@ std::string StreamEvents(const OpenAiCallInfo& call,
   std::string out;
   if (first && IsChat(call)) {
     out =
-        Event(Chunk(call, {{"index", 0},
+        Event(Chunk(call, {{"index", delta.index},
                            {"delta", {{"role", "assistant"}, {"content", ""}}},
                            {"logprobs", nullptr},
                            {"finish_reason", nullptr}}));
@@ -262,8 +279,8 @@ std::string StreamEvents(const OpenAiCallInfo& call,
     absl::StrAppend(&out,
                     Event(Chunk(call, DeltaChoice(call, delta, tokenizer))));
   }
-  if (!delta.finished) return out;
-  if (!error.ok()) {
+  if (!delta.finished && !delta.index_finished) return out;
+  if (delta.finished && !error.ok()) {
     absl::StrAppend(&out, Event(ErrorJson(error)));
     return out;
   }

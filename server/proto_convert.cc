@@ -45,12 +45,15 @@ void ToProto(const engine::StreamDelta& delta,
   for (const engine::TokenLogprobs& lp : delta.logprobs) {
     FillLogprobs(lp, tokenizer, out->add_logprobs());
   }
-  if (!delta.finished) return;
+  out->set_index(delta.index);
+  if (!delta.index_finished && !delta.finished) return;
   out->set_finish_reason(ToProto(delta.finish_reason));
-  v1::Usage* usage = out->mutable_usage();
-  usage->set_prompt_tokens(delta.usage.prompt_tokens);
-  usage->set_completion_tokens(delta.usage.completion_tokens);
-  usage->set_cached_prompt_tokens(delta.usage.cached_prompt_tokens);
+  if (delta.finished) {
+    v1::Usage* usage = out->mutable_usage();
+    usage->set_prompt_tokens(delta.usage.prompt_tokens);
+    usage->set_completion_tokens(delta.usage.completion_tokens);
+    usage->set_cached_prompt_tokens(delta.usage.cached_prompt_tokens);
+  }
   v1::Timings* timings = out->mutable_timings();
   timings->set_queue_seconds(delta.timings.queue_seconds);
   timings->set_time_to_first_token_seconds(delta.timings.time_to_first_token);

@@ -211,6 +211,26 @@ absl::StatusOr<int32_t> MaxTokens(const v1::SamplingParams& p,
   return p.max_tokens();
 }
 
+// The operator's limits on prompt length and max_tokens (RequestLimits).
+absl::Status CheckOperatorLimits(const v1::SamplingParams& p, size_t prompt_len,
+                                 const std::string& input_field,
+                                 const RequestLimits& limits) {
+  if (limits.max_prompt_tokens > 0 &&
+      prompt_len > static_cast<size_t>(limits.max_prompt_tokens)) {
+    return Invalid(input_field,
+                   absl::StrFormat("%d tokens, over the server's limit of %d "
+                                   "prompt tokens",
+                                   prompt_len, limits.max_prompt_tokens));
+  }
+  if (limits.max_tokens > 0 && p.has_max_tokens() &&
+      p.max_tokens() > limits.max_tokens) {
+    return Invalid("sampling.max_tokens",
+                   absl::StrFormat("at most %d (the server's limit), got %d",
+                                   limits.max_tokens, p.max_tokens()));
+  }
+  return absl::OkStatus();
+}
+
 engine::SamplingParams ToEngineSampling(const v1::SamplingParams& p,
                                         uint64_t seed_if_unset) {
   engine::SamplingParams s;  // engine defaults are vLLM's
@@ -267,15 +287,25 @@ absl::StatusOr<engine::RequestSpec> ToRequestSpec(
                                                  limits.max_request_id_bytes,
                                                  request.cache_salt().size()));
   }
+  // n = 0 (unset) means 1.
+  if (request.n() < 0 || request.n() > limits.max_n) {
+    return Invalid("n", absl::StrFormat("must be in [1, %d], got %d",
+                                        limits.max_n, request.n()));
+  }
   const v1::SamplingParams& p = request.sampling();
   KV_RETURN_IF_ERROR(CheckSampling(p, limits));
   KV_RETURN_IF_ERROR(CheckStops(p, model.tokenizer->vocab_size(), limits));
   KV_ASSIGN_OR_RETURN(auto prompt, PromptTokens(request, model, limits));
   auto& [tokens, input_field] = prompt;
   if (tokens.empty()) return Invalid(input_field, "produced no tokens");
-  KV_ASSIGN_OR_RETURN(const int32_t max_tokens,
+  KV_RETURN_IF_ERROR(
+      CheckOperatorLimits(p, tokens.size(), input_field, limits));
+  KV_ASSIGN_OR_RETURN(int32_t max_tokens,
                       MaxTokens(p, static_cast<int32_t>(tokens.size()),
                                 input_field, model.max_context));
+  if (limits.max_tokens > 0) {
+    max_tokens = std::min(max_tokens, limits.max_tokens);
+  }
   engine::RequestSpec spec;
   spec.prompt_tokens = std::move(tokens);
   spec.sampling = ToEngineSampling(p, seed_if_unset);
@@ -286,6 +316,7 @@ absl::StatusOr<engine::RequestSpec> ToRequestSpec(
   spec.ignore_eos = p.ignore_eos();
   spec.priority = request.priority();
   spec.cache_salt = request.cache_salt();
+  spec.n = std::max(request.n(), 1);
   return spec;
 }
 

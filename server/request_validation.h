@@ -33,6 +33,12 @@ struct RequestLimits {
   float max_temperature = 100.0f;
   float max_repetition_penalty = 10.0f;
   float max_abs_presence_frequency_penalty = 2.0f;
+  // Operator limits (kvserve serve --max-prompt-tokens, --max-tokens-limit)
+  // below the model's context; 0: none. An unset max_tokens defaults to at
+  // most max_tokens.
+  int32_t max_prompt_tokens = 0;
+  int32_t max_tokens = 0;
+  int32_t max_n = 16;  // completions per request (engine::kMaxCompletions)
 };
 
 // What validation needs to know about the served model.

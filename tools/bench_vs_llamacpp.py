@@ -8,9 +8,17 @@ llama_eval of the prompt (prefill) and of one token at a time (decode).
 Both use the same thread count. Each measurement repeats --reps times,
 interleaved, and the median is reported.
 
+With --streams N1,N2,... it measures aggregate throughput at N concurrent
+streams instead (tools/bench_batched.py): kvserve through the real server
+(`kvserve serve`, driven by tools/kvserve_bench.py --concurrency N with
+ignore_eos) against llama.cpp's own multi-sequence batched decoding
+(llama_batch with N sequences, n_seq_max = N), same prompts, lengths,
+threads and GGUF.
+
 Usage: tools/bench_vs_llamacpp.py [--binary build/server/kvserve]
        [--model weights/SmolLM2-135M-Instruct.Q4_1.gguf] [--prompt-tokens 256]
        [--decode-tokens 128] [--threads 2] [--reps 3] [--json]
+       [--streams 1,4,16,32 [--input-len 64] [--output-len 128]]
 """
 import argparse
 import json
@@ -67,7 +75,22 @@ def main():
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--streams", default=None, metavar="N1,N2,...",
+                   help="aggregate throughput at these stream counts")
+    p.add_argument("--input-len", type=int, default=64,
+                   help="--streams: prompt tokens per stream")
+    p.add_argument("--output-len", type=int, default=128,
+                   help="--streams: generated tokens per stream")
+    p.add_argument("--kv-unified", action="store_true",
+                   help="--streams: llama.cpp one KV buffer for all sequences "
+                   "(default: one per sequence)")
+    p.add_argument("--flash-attn", choices=("auto", "on", "off"),
+                   default="auto", help="--streams: llama.cpp flash attention")
     args = p.parse_args()
+    if args.streams:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import bench_batched
+        return bench_batched.main(args)
     import llama_cpp
     n_ctx = args.prompt_tokens * 2 + args.decode_tokens + 64
     llm = llama_cpp.Llama(model_path=args.model, n_ctx=n_ctx, n_batch=n_ctx,

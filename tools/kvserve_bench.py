@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""kvserve-bench: a load generator for kvserve's gRPC API.
+"""kvserve-bench: a load generator for kvserve's gRPC API and for any
+OpenAI-compatible HTTP endpoint (--backend openai).
 
 Streams `Generate` calls (grpc.aio) at an open-loop Poisson request rate or
 all at once, capped at --concurrency in flight, bounded by --num-requests and
@@ -46,6 +47,15 @@ ITL is measured per streamed message: the server coalesces tokens when the
 client reads slower than the engine produces, so one message may carry
 several tokens; the gap before such a message counts once. TPOT,
 (E2E - TTFT) / (output tokens - 1), is immune to that.
+
+--backend openai streams POST /v1/completions (stream: true, ignore_eos,
+stream_options.include_usage) to --target HOST:PORT, kvserve's --http-port
+or any OpenAI-compatible server (vLLM, llama.cpp's llama-server, ...).
+Prompts are token-id arrays drawn from [0, --vocab-size); --model defaults
+to the first model GET /v1/models lists. TTFT is the first SSE chunk,
+ITL the gaps between chunks, output tokens the usage chunk's
+completion_tokens (chunk count when the server sends none); /metrics
+defaults to the same HOST:PORT (kvserve serves both on one port).
 
 Targets must be loopback addresses (127.0.0.0/8, ::1, localhost).
 
@@ -129,9 +139,18 @@ def build_parser():
         prog="kvserve_bench.py",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--target", default="127.0.0.1:50051",
-                   help="kvserve gRPC address HOST:PORT, loopback only "
-                   "(default %(default)s)")
+    p.add_argument("--backend", choices=("grpc", "openai"), default="grpc",
+                   help="grpc: kvserve's gRPC API; openai: POST "
+                   "/v1/completions with SSE streaming (default %(default)s)")
+    p.add_argument("--target", default=None,
+                   help="server address HOST:PORT, loopback only (default "
+                   "127.0.0.1:50051 for grpc, 127.0.0.1:9090 for openai)")
+    p.add_argument("--model", default=None,
+                   help="openai: model name sent in requests (default: the "
+                   "first one GET /v1/models lists)")
+    p.add_argument("--vocab-size", type=int, default=None,
+                   help="openai: prompt token ids are drawn from [0, N) "
+                   "(default: the server's, if /v1/models says, else 32000)")
     p.add_argument("--metrics-url", default=None,
                    help="Prometheus endpoint (default http://HOST:9090/metrics "
                    "with HOST from --target); loopback only")
@@ -188,12 +207,16 @@ def build_parser():
 
 
 def validate(args):
+    if args.target is None:
+        args.target = ("127.0.0.1:9090" if args.backend == "openai"
+                       else "127.0.0.1:50051")
     host, port = split_host_port(args.target)
     check_loopback("--target", host)
     args.host, args.port = host, port
     if args.metrics_url is None:
         h = f"[{host}]" if ":" in host else host
-        args.metrics_url = f"http://{h}:9090/metrics"
+        mport = port if args.backend == "openai" else 9090
+        args.metrics_url = f"http://{h}:{mport}/metrics"
     url = urllib.parse.urlparse(args.metrics_url)
     if url.scheme not in ("http", "https") or not url.hostname:
         raise UsageError(f"--metrics-url: expected http://HOST:PORT/PATH, got "
@@ -209,6 +232,8 @@ def validate(args):
                  "prefix_len", "long_input_len"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')}: must be >= 1")
+    if args.vocab_size is not None and args.vocab_size < 1:
+        raise UsageError("--vocab-size: must be >= 1")
     if args.concurrency is not None and args.concurrency < 1:
         raise UsageError("--concurrency: must be >= 1")
     if args.duration is not None and not args.duration > 0:
@@ -418,7 +443,8 @@ async def one_request(stub, pb, grpc, idx, prompt, max_tokens, args, progress):
     return rec
 
 
-async def run_once(args, rate, stub, pb, grpc, work, label=""):
+async def run_once(args, rate, send, work, label=""):
+    """send(idx, prompt, max_tokens, progress) -> record (one request)."""
     import numpy as np
 
     rng = np.random.default_rng(args.seed + 1)  # arrivals, apart from prompts
@@ -450,8 +476,7 @@ async def run_once(args, rate, stub, pb, grpc, work, label=""):
         async with sem:
             if stopped.is_set():
                 return
-            records[i] = await one_request(stub, pb, grpc, i, work[i][0],
-                                           work[i][1], args, progress)
+            records[i] = await send(i, work[i][0], work[i][1], progress)
 
     poll_task = asyncio.create_task(poller.run()) if poller else None
     tasks = [asyncio.create_task(launch(i)) for i in range(n)]
@@ -556,8 +581,12 @@ async def run_all(args, pb, pb_grpc):
         results = []
         for rate in args.rates:
             label = (f"rate {rate:g} " if len(args.rates) > 1 else "")
-            results.append(await run_once(args, rate, stub, pb, grpc, work,
-                                          label))
+
+            async def send(i, prompt, max_tokens, progress):
+                return await one_request(stub, pb, grpc, i, prompt, max_tokens,
+                                         args, progress)
+
+            results.append(await run_once(args, rate, send, work, label))
         return info, results
 
 
@@ -702,16 +731,23 @@ def main(argv=None):
                 raise UsageError(
                     "--plot needs matplotlib (pip install matplotlib)")
         try:
-            import grpc  # noqa: F401
             import numpy  # noqa: F401
-            import grpc_tools  # noqa: F401
+            if args.backend == "grpc":
+                import grpc  # noqa: F401
+                import grpc_tools  # noqa: F401
         except ImportError as e:
             print(f"error: {e} (pip install grpcio==1.85.1 "
                   "grpcio-tools==1.85.1 numpy)", file=sys.stderr)
             return 1
-        with tempfile.TemporaryDirectory() as tmp:
-            pb, pb_grpc = load_proto(args.proto_dir, tmp)
-            info, results = asyncio.run(run_all(args, pb, pb_grpc))
+        if args.backend == "openai":
+            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+            import kvserve_bench_openai
+            info, results = asyncio.run(kvserve_bench_openai.run_all(
+                args, sys.modules[__name__]))
+        else:
+            with tempfile.TemporaryDirectory() as tmp:
+                pb, pb_grpc = load_proto(args.proto_dir, tmp)
+                info, results = asyncio.run(run_all(args, pb, pb_grpc))
         if args.plot:
             plot(results, args.plot)
     except UsageError as e:
@@ -725,7 +761,8 @@ def main(argv=None):
              "max_context": info.max_context, "block_size": info.block_size,
              "num_blocks": info.num_blocks}
     if args.json:
-        obj = {"target": args.target, "model": model, "seed": args.seed,
+        obj = {"backend": args.backend, "target": args.target,
+               "model": model, "seed": args.seed,
                "ignore_eos": args.ignore_eos}
         if args.sweep:
             obj["sweep"] = results

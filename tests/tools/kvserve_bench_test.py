@@ -67,6 +67,7 @@ class BenchTest(unittest.TestCase):
         cls.drain.start()
         cls.target = f"127.0.0.1:{int(match.group(2))}"
         cls.metrics = f"http://127.0.0.1:{int(match.group(4))}/metrics"
+        cls.http = f"127.0.0.1:{int(match.group(4))}"
 
     @classmethod
     def tearDownClass(cls):
@@ -128,6 +129,45 @@ class BenchTest(unittest.TestCase):
                         "http://192.0.2.1:9090/metrics", timeout=30)
         self.assertEqual(res.returncode, 2, res.stderr)
         self.assertIn("--metrics-url", res.stderr)
+
+
+    def test_openai_backend_json(self):
+        # /metrics is read from the --target HTTP port by default.
+        res = run_bench("--backend", "openai", "--target", self.http,
+                        "--vocab-size", "49152", "--num-requests", "4",
+                        "--concurrency", "2", "--input-len", "16",
+                        "--output-len", "6", "--json")
+        self.assertEqual(res.returncode, 0, res.stderr)
+        out = json.loads(res.stdout)
+        self.assertEqual(out["backend"], "openai")
+        self.assertEqual(out["completed"], 4, res.stdout)
+        self.assertEqual(out["errors"], {})
+        self.assertEqual(out["finish_reasons"], {"length": 4})
+        self.assertEqual(out["total_output_tokens"], 24)
+        self.assertEqual(out["total_input_tokens"], 4 * 16)
+        for key in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"):
+            s = out[key]
+            self.assertIsNotNone(s, key)
+            self.assertLessEqual(s["p50"], s["p90"], key)
+            self.assertLessEqual(s["p90"], s["p99"], key)
+        self.assertLessEqual(out["ttft_ms"]["p99"], out["e2e_ms"]["p99"])
+        self.assertIsInstance(out["preemptions"], int)
+        self.assertIsNotNone(out["peak_kv_usage"])
+
+    def test_openai_backend_reports_http_errors(self):
+        res = run_bench("--backend", "openai", "--target", self.http,
+                        "--model", "no-such-model", "--num-requests", "2",
+                        "--output-len", "2", "--no-metrics", "--json")
+        self.assertEqual(res.returncode, 0, res.stderr)
+        out = json.loads(res.stdout)
+        self.assertEqual(out["completed"], 0)
+        self.assertEqual(out["errors"], {"HTTP_404": 2})
+
+    def test_openai_backend_non_loopback_is_refused(self):
+        res = run_bench("--backend", "openai", "--target", "192.0.2.7:8000",
+                        timeout=30)
+        self.assertEqual(res.returncode, 2, res.stderr)
+        self.assertIn("not a loopback address", res.stderr)
 
 
 class WorkloadTest(unittest.TestCase):

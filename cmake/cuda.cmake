@@ -1,0 +1,61 @@
+# CUDA support (option KVSERVE_CUDA, on when nvcc is found). Only models/cuda/
+# (library kvserve_cuda) and engine/ see CUDA; kvcache/ and scheduler/ never
+# do. Included from the top-level CMakeLists.txt before the subdirectories.
+include(CheckLanguage)
+if(NOT CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX}
+   AND EXISTS /usr/local/cuda/bin/nvcc)
+  set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+endif()
+check_language(CUDA)
+set(_kvserve_cuda_default OFF)
+if(CMAKE_CUDA_COMPILER)
+  set(_kvserve_cuda_default ON)
+endif()
+option(KVSERVE_CUDA "Build the CUDA backend (needs nvcc; runs without a GPU)"
+       ${_kvserve_cuda_default})
+
+if(KVSERVE_CUDA)
+  if(NOT CMAKE_CUDA_COMPILER)
+    message(FATAL_ERROR "KVSERVE_CUDA=ON but no CUDA compiler was found: "
+                        "set CMAKE_CUDA_COMPILER or put nvcc on PATH")
+  endif()
+  # 80: A100; 90: H100/H200 (sm_90 machine code, no PTX JIT at start).
+  if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+    set(CMAKE_CUDA_ARCHITECTURES 80 90)
+  endif()
+  if(CCACHE_PROGRAM)
+    set(CMAKE_CUDA_COMPILER_LAUNCHER ${CCACHE_PROGRAM})
+  endif()
+  enable_language(CUDA)
+  set(CMAKE_CUDA_STANDARD 17)  # CMake 3.25 has no CUDA20 flags for nvcc 13
+  set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+  find_package(CUDAToolkit REQUIRED)
+  message(STATUS "kvserve: CUDA backend ON (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, "
+                 "architectures ${CMAKE_CUDA_ARCHITECTURES})")
+else()
+  message(STATUS "kvserve: CUDA backend OFF")
+endif()
+
+# kvserve_cuda_library(): models/cuda/*.cu and *.cc as one static library
+# on top of kvserve_models. Called from models/CMakeLists.txt.
+function(kvserve_cuda_library)
+  file(GLOB srcs CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/cuda/*.cu
+       ${CMAKE_CURRENT_SOURCE_DIR}/cuda/*.cc)
+  add_library(kvserve_cuda STATIC ${srcs})
+  target_include_directories(kvserve_cuda PUBLIC ${CMAKE_SOURCE_DIR})
+  target_link_libraries(kvserve_cuda PUBLIC kvserve_models CUDA::cudart
+                        CUDA::cublas CUDA::cublasLt)
+  target_compile_definitions(kvserve_cuda PUBLIC KVSERVE_CUDA=1)
+  # The directory's host flags (-march=native, -Wextra, sanitizers) are not
+  # nvcc flags: keep them for the .cc files only.
+  get_target_property(dir_opts kvserve_cuda COMPILE_OPTIONS)
+  set_property(TARGET kvserve_cuda PROPERTY COMPILE_OPTIONS "")
+  foreach(opt IN LISTS dir_opts)
+    target_compile_options(kvserve_cuda PRIVATE
+                           $<$<COMPILE_LANGUAGE:CXX>:${opt}>)
+  endforeach()
+  target_compile_options(kvserve_cuda PRIVATE
+    $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -lineinfo>)
+  set_target_properties(kvserve_cuda PROPERTIES
+    CUDA_SEPARABLE_COMPILATION OFF POSITION_INDEPENDENT_CODE ON)
+endfunction()

@@ -1,0 +1,228 @@
+// The CPU backend. Owns the packed LlamaModel (moved out of LoadedModel),
+// the fp32 KV blocks (KvCacheStorage) and a host swap area of whole blocks.
+// A swap slot holds one block of every layer, K then V per layer, laid out
+// contiguously: [layer][K|V][block_size * kv_heads * head_dim] fp32.
+//
+// Cost model inputs, measured once at start-up:
+//   seconds_per_prefill_token: the faster of two timed forwards of
+//     kProbeTokens prompt tokens written into the first blocks of the (still
+//     empty) pool. A short probe
+//     overestimates the per-token cost of long chunks a little (matmuls get
+//     more efficient with more rows), which biases the choice towards swap
+//     when both are close; the blocks are zeroed again afterwards.
+//   swap_bytes_per_second: a timed memcpy of one block (or 8 MiB, whichever
+//     is larger) between two host buffers, after a warm-up copy.
+#include "engine/cpu_backend.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <new>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+#include "engine/kv_cache_storage.h"
+#include "engine/loaded_model.h"
+#include "kvcache/kv_sizing.h"
+#include "models/llama_model.h"
+
+namespace kvserve::engine {
+namespace {
+
+constexpr int32_t kProbeTokens = 32;
+
+int64_t PhysicalMemoryBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
+}
+
+double SecondsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+      .count();
+}
+
+class CpuBackend final : public ModelBackend {
+ public:
+  CpuBackend(std::unique_ptr<models::LlamaModel> model,
+             std::unique_ptr<KvCacheStorage> kv)
+      : model_(std::move(model)), kv_(std::move(kv)) {}
+
+  absl::Status Init(int64_t swap_space_bytes);
+
+  std::string_view device_name() const override { return "cpu"; }
+  std::string_view kv_dtype() const override { return "f32"; }
+  int32_t num_blocks() const override { return kv_->num_blocks(); }
+  int32_t block_size() const override { return kv_->block_size(); }
+  int64_t bytes_per_block() const override { return kv_->bytes_per_block(); }
+  int32_t num_swap_slots() const override { return num_swap_slots_; }
+  double seconds_per_prefill_token() const override {
+    return seconds_per_token_;
+  }
+  double swap_bytes_per_second() const override { return swap_bps_; }
+
+  absl::Status Forward(const models::ForwardBatch& batch,
+                       std::vector<float>* logits) override {
+    return model_->Forward(batch, kv_->view(), logits);
+  }
+  absl::Status CopyBlocks(absl::Span<const BlockMove> moves) override;
+  absl::Status SwapOut(absl::Span<const BlockMove> moves) override;
+  absl::Status SwapIn(absl::Span<const BlockMove> moves) override;
+
+ private:
+  // Floats of one layer's K (or V) in one block.
+  int64_t LayerBlockFloats() const {
+    return static_cast<int64_t>(kv_->block_size()) * kv_->view().SlotStride();
+  }
+  float* Slot(int32_t slot) {
+    return swap_.get() + static_cast<int64_t>(slot) * 2 *
+                             kv_->view().k.size() * LayerBlockFloats();
+  }
+  absl::Status CheckBlock(const char* what, int32_t id, int32_t limit) const;
+  void MeasureCosts();
+
+  std::unique_ptr<models::LlamaModel> model_;
+  std::unique_ptr<KvCacheStorage> kv_;
+  std::unique_ptr<float[]> swap_;
+  int32_t num_swap_slots_ = 0;
+  double seconds_per_token_ = 1e-3;
+  double swap_bps_ = 1e9;
+};
+
+absl::Status CpuBackend::Init(int64_t swap_space_bytes) {
+  const int64_t slots =
+      std::min<int64_t>(std::max<int64_t>(swap_space_bytes, 0) /
+                            kv_->bytes_per_block(),
+                        INT32_MAX / 2);
+  if (slots > 0) {
+    // Not zero-filled: pages are only touched when a block is swapped out.
+    const int64_t floats = slots * kv_->bytes_per_block() / sizeof(float);
+    swap_.reset(new (std::nothrow) float[floats]);
+    if (swap_ == nullptr) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "--swap-space-bytes: cannot allocate %d bytes of host swap space",
+          swap_space_bytes));
+    }
+  }
+  num_swap_slots_ = static_cast<int32_t>(slots);
+  MeasureCosts();
+  return absl::OkStatus();
+}
+
+void CpuBackend::MeasureCosts() {
+  // Prefill probe over the first blocks of the empty pool.
+  const int32_t bs = kv_->block_size();
+  const int32_t tokens = std::min(kProbeTokens, kv_->num_blocks() * bs);
+  models::ForwardBatch b;
+  for (int32_t t = 0; t < tokens; ++t) {
+    b.token_ids.push_back(t % 64 + 1);
+    b.positions.push_back(t);
+    b.slot_mapping.push_back(t);
+  }
+  const int32_t blocks = (tokens + bs - 1) / bs;
+  b.seq_starts = {0, tokens};
+  b.context_lens = {tokens};
+  b.max_blocks_per_seq = blocks;
+  for (int32_t i = 0; i < blocks; ++i) b.block_tables.push_back(i);
+  b.logits_rows = {tokens - 1};
+  std::vector<float> logits;
+  // Twice, keeping the faster: the first call also pays one-time set-up
+  // (scratch buffers, thread pool start).
+  for (int i = 0; i < 2 && tokens > 0; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (!model_->Forward(b, kv_->view(), &logits).ok()) break;
+    const double s = std::max(SecondsSince(t0) / tokens, 1e-7);
+    seconds_per_token_ = i == 0 ? s : std::min(seconds_per_token_, s);
+  }
+  // Leave the probed blocks as a fresh pool has them: zeros.
+  const int64_t n = LayerBlockFloats();
+  for (size_t l = 0; l < kv_->view().k.size(); ++l) {
+    std::memset(kv_->view().k[l], 0, blocks * n * sizeof(float));
+    std::memset(kv_->view().v[l], 0, blocks * n * sizeof(float));
+  }
+  // Host copy bandwidth.
+  const int64_t bytes =
+      std::max<int64_t>(kv_->bytes_per_block(), int64_t{8} << 20);
+  std::vector<char> a(bytes, 1), c(bytes, 0);
+  std::memcpy(c.data(), a.data(), bytes);  // warm-up: fault the pages in
+  const auto t1 = std::chrono::steady_clock::now();
+  std::memcpy(c.data(), a.data(), bytes);
+  const double s = SecondsSince(t1);
+  if (s > 0) swap_bps_ = bytes / s;
+}
+
+absl::Status CpuBackend::CheckBlock(const char* what, int32_t id,
+                                    int32_t limit) const {
+  if (id < 0 || id >= limit) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s %d outside [0, %d)", what, id, limit));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::CopyBlocks(absl::Span<const BlockMove> moves) {
+  for (const BlockMove& m : moves) {
+    KV_RETURN_IF_ERROR(CheckBlock("CopyBlocks: src block", m.src, num_blocks()));
+    KV_RETURN_IF_ERROR(CheckBlock("CopyBlocks: dst block", m.dst, num_blocks()));
+    kv_->CopyBlock(m.src, m.dst);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::SwapOut(absl::Span<const BlockMove> moves) {
+  const int64_t n = LayerBlockFloats();
+  const models::KvCacheView& v = kv_->view();
+  for (const BlockMove& m : moves) {
+    KV_RETURN_IF_ERROR(CheckBlock("SwapOut: src block", m.src, num_blocks()));
+    KV_RETURN_IF_ERROR(CheckBlock("SwapOut: dst slot", m.dst, num_swap_slots_));
+    float* dst = Slot(m.dst);
+    for (size_t l = 0; l < v.k.size(); ++l) {
+      std::memcpy(dst + (2 * l) * n, v.k[l] + m.src * n, n * sizeof(float));
+      std::memcpy(dst + (2 * l + 1) * n, v.v[l] + m.src * n, n * sizeof(float));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::SwapIn(absl::Span<const BlockMove> moves) {
+  const int64_t n = LayerBlockFloats();
+  const models::KvCacheView& v = kv_->view();
+  for (const BlockMove& m : moves) {
+    KV_RETURN_IF_ERROR(CheckBlock("SwapIn: src slot", m.src, num_swap_slots_));
+    KV_RETURN_IF_ERROR(CheckBlock("SwapIn: dst block", m.dst, num_blocks()));
+    const float* src = Slot(m.src);
+    for (size_t l = 0; l < v.k.size(); ++l) {
+      std::memcpy(v.k[l] + m.dst * n, src + (2 * l) * n, n * sizeof(float));
+      std::memcpy(v.v[l] + m.dst * n, src + (2 * l + 1) * n, n * sizeof(float));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ModelBackend>> CreateCpuBackend(
+    const BackendConfig& config, LoadedModel* model) {
+  if (model == nullptr || model->model == nullptr) {
+    return absl::FailedPreconditionError(
+        "--device=cpu: the packed CPU model is not loaded");
+  }
+  const models::ModelConfig& c = model->config;
+  int64_t budget = config.kv_cache_bytes;
+  if (budget <= 0) {
+    budget = static_cast<int64_t>(PhysicalMemoryBytes() *
+                                  config.kv_cache_fraction);
+  }
+  KV_ASSIGN_OR_RETURN(auto kv, KvCacheStorage::Create(
+                                   {c.num_layers, c.num_kv_heads, c.head_dim,
+                                    config.block_size, 0, budget}));
+  auto backend =
+      std::make_unique<CpuBackend>(std::move(model->model), std::move(kv));
+  KV_RETURN_IF_ERROR(backend->Init(config.swap_space_bytes));
+  return backend;
+}
+
+}  // namespace kvserve::engine

@@ -1,0 +1,343 @@
+#include "engine/cuda_backend.h"
+
+#ifdef KVSERVE_CUDA
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "engine/loaded_model.h"
+#include "models/cuda/cuda_llama.h"
+#include "models/cuda/cuda_status.h"
+#include "spdlog/spdlog.h"
+
+namespace kvserve::engine {
+namespace {
+
+namespace mc = ::kvserve::models::cuda;
+
+// A ForwardBatch of one sequence of `n` prompt tokens in blocks 0.. of a
+// cache of `block_size`, asking for the last `rows` logits rows.
+models::ForwardBatch ProfileBatch(int32_t n, int32_t rows, int32_t block_size,
+                                  int32_t vocab) {
+  models::ForwardBatch b;
+  const int32_t blocks = (n + block_size - 1) / block_size;
+  for (int32_t i = 0; i < n; ++i) {
+    b.token_ids.push_back(i % vocab);
+    b.positions.push_back(i);
+    b.slot_mapping.push_back(i);
+  }
+  b.seq_starts = {0, n};
+  b.context_lens = {n};
+  b.max_blocks_per_seq = blocks;
+  for (int32_t i = 0; i < blocks; ++i) b.block_tables.push_back(i);
+  for (int32_t r = std::max(0, n - rows); r < n; ++r) b.logits_rows.push_back(r);
+  return b;
+}
+
+class CudaBackend final : public ModelBackend {
+ public:
+  static absl::StatusOr<std::unique_ptr<ModelBackend>> Create(
+      const BackendConfig& config, LoadedModel* model);
+  ~CudaBackend() override {
+    if (swap_host_ != nullptr) (void)cudaFreeHost(swap_host_);
+    if (pairs_host_ != nullptr) (void)cudaFreeHost(pairs_host_);
+  }
+
+  std::string_view device_name() const override { return device_name_; }
+  std::string_view kv_dtype() const override { return "bf16"; }
+  int32_t num_blocks() const override { return kv_.num_blocks; }
+  int32_t block_size() const override { return kv_.block_size; }
+  int64_t bytes_per_block() const override { return bytes_per_block_; }
+  int32_t num_swap_slots() const override { return num_swap_slots_; }
+  double seconds_per_prefill_token() const override {
+    return seconds_per_prefill_token_;
+  }
+  double swap_bytes_per_second() const override { return swap_bps_; }
+
+  absl::Status Forward(const models::ForwardBatch& batch,
+                       std::vector<float>* logits) override {
+    ++step_;
+    absl::Status st = model_->Forward(batch, kv_, logits);
+    if (!st.ok() && st.code() != absl::StatusCode::kInvalidArgument) {
+      Fatal("Forward", st, &batch);
+    }
+    return st;
+  }
+  absl::Status CopyBlocks(absl::Span<const BlockMove> moves) override;
+  absl::Status SwapOut(absl::Span<const BlockMove> moves) override {
+    return Swap(moves, /*out=*/true);
+  }
+  absl::Status SwapIn(absl::Span<const BlockMove> moves) override {
+    return Swap(moves, /*out=*/false);
+  }
+
+ private:
+  CudaBackend() = default;
+  absl::Status Profile(const BackendConfig& config);
+  absl::Status AllocateKv(const BackendConfig& config);
+  absl::Status AllocateSwap(const BackendConfig& config);
+  absl::Status Swap(absl::Span<const BlockMove> moves, bool out);
+  // A CUDA failure after start-up: the device state is unknown, so log the
+  // step and stop the process (DESIGN.md: fatal with the step plan).
+  [[noreturn]] void Fatal(const char* what, const absl::Status& st,
+                          const models::ForwardBatch* batch) const;
+
+  std::string device_name_ = "cuda:0";
+  std::unique_ptr<mc::CudaLlamaModel> model_;
+  mc::DeviceBuffer kv_buffer_;
+  mc::CudaKvCache kv_;
+  int64_t bytes_per_block_ = 0;  // all layers, K and V
+  int64_t block_bytes_ = 0;      // one plane
+  int32_t num_swap_slots_ = 0;
+  void* swap_host_ = nullptr;
+  double seconds_per_prefill_token_ = 1e-4;
+  double swap_bps_ = 25e9;
+  int64_t step_ = 0;
+  mc::DeviceBuffer pairs_;
+  int32_t* pairs_host_ = nullptr;
+  int64_t pairs_cap_ = 0;
+};
+
+void CudaBackend::Fatal(const char* what, const absl::Status& st,
+                        const models::ForwardBatch* batch) const {
+  std::string plan = "(no batch)";
+  if (batch != nullptr) {
+    plan = absl::StrCat(batch->num_tokens(), " tokens, ", batch->num_seqs(),
+                        " sequences, context_lens [",
+                        absl::StrJoin(batch->context_lens, ","),
+                        "], logits rows ", batch->logits_rows.size());
+  }
+  spdlog::critical("CUDA backend: {} failed at step {}: {}; step plan: {}",
+                   what, step_, st.ToString(), plan);
+  spdlog::default_logger()->flush();
+  std::abort();
+}
+
+absl::Status CudaBackend::Profile(const BackendConfig& config) {
+  const models::ModelConfig& c = model_->config();
+  const int32_t n = std::max(1, config.max_num_batched_tokens);
+  const int32_t rows = std::clamp(config.max_num_seqs, 1, n);
+  KV_RETURN_IF_ERROR(model_->Reserve(std::max(n, config.max_num_seqs), rows));
+  const int32_t blocks = (n + config.block_size - 1) / config.block_size;
+  mc::DeviceBuffer tmp;
+  KV_RETURN_IF_ERROR(tmp.Allocate(2LL * c.num_layers * blocks * block_bytes_,
+                                  "profiling KV"));
+  mc::CudaKvCache kv{blocks, config.block_size, tmp.as<mc::bf16>(),
+                     blocks * block_bytes_ / 2};
+  const models::ForwardBatch b =
+      ProfileBatch(n, rows, config.block_size, c.vocab_size);
+  std::vector<float> logits;
+  KV_RETURN_IF_ERROR(model_->Forward(b, kv, &logits));  // warm-up
+  const auto t0 = std::chrono::steady_clock::now();
+  KV_RETURN_IF_ERROR(model_->Forward(b, kv, &logits));
+  const double secs = std::chrono::duration<double>(
+                          std::chrono::steady_clock::now() - t0)
+                          .count();
+  seconds_per_prefill_token_ = secs / n;
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::AllocateKv(const BackendConfig& config) {
+  size_t free_b = 0, total_b = 0;
+  KV_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_b, &total_b));
+  const int64_t free_bytes = static_cast<int64_t>(free_b);
+  const int64_t total = static_cast<int64_t>(total_b);
+  int64_t budget = 0;
+  if (config.kv_cache_bytes > 0) {
+    budget = config.kv_cache_bytes;
+    if (budget > free_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "--kv-cache-bytes=", budget, ": only ", free_bytes,
+          " bytes of device memory are free after the weights (",
+          model_->weight_bytes(), " bytes)"));
+    }
+  } else {
+    if (config.gpu_memory_fraction <= 0.0 || config.gpu_memory_fraction > 1.0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--gpu-memory-fraction must be in (0, 1], got ",
+                       config.gpu_memory_fraction));
+    }
+    budget = static_cast<int64_t>(config.gpu_memory_fraction *
+                                  static_cast<double>(total)) -
+             (total - free_bytes);
+  }
+  const int64_t blocks = budget / bytes_per_block_;
+  if (blocks < 1) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "--gpu-memory-fraction=", config.gpu_memory_fraction,
+        " leaves no room for one KV block (", bytes_per_block_,
+        " bytes) after the weights (", model_->weight_bytes(),
+        " bytes) and activations: ", free_bytes, " of ", total,
+        " bytes free; raise the fraction or set --kv-cache-bytes"));
+  }
+  const int32_t nb = static_cast<int32_t>(std::min<int64_t>(blocks, 1 << 30));
+  KV_RETURN_IF_ERROR(kv_buffer_.Allocate(nb * bytes_per_block_, "KV blocks"));
+  kv_ = mc::CudaKvCache{nb, config.block_size, kv_buffer_.as<mc::bf16>(),
+                        nb * block_bytes_ / 2};
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::AllocateSwap(const BackendConfig& config) {
+  num_swap_slots_ = static_cast<int32_t>(
+      std::min<int64_t>(config.swap_space_bytes / bytes_per_block_, 1 << 30));
+  if (num_swap_slots_ <= 0) {
+    num_swap_slots_ = 0;
+    return absl::OkStatus();
+  }
+  KV_CUDA_RETURN_IF_ERROR(
+      cudaMallocHost(&swap_host_, num_swap_slots_ * bytes_per_block_));
+  // Measure device -> pinned host bandwidth once (up to 64 MiB).
+  const int64_t bytes = std::min<int64_t>(
+      {64LL << 20, num_swap_slots_ * bytes_per_block_,
+       static_cast<int64_t>(kv_.num_blocks) * bytes_per_block_});
+  const auto t0 = std::chrono::steady_clock::now();
+  KV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(swap_host_, kv_.base, bytes,
+                                          cudaMemcpyDeviceToHost,
+                                          model_->stream()));
+  KV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(model_->stream()));
+  const double secs = std::chrono::duration<double>(
+                          std::chrono::steady_clock::now() - t0)
+                          .count();
+  if (secs > 0) swap_bps_ = static_cast<double>(bytes) / secs;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<ModelBackend>> CudaBackend::Create(
+    const BackendConfig& config, LoadedModel* model) {
+  if (model->weights == nullptr) {
+    return absl::FailedPreconditionError(
+        "--device=cuda: the model was loaded for the CPU (LoadModel with "
+        "device \"cuda\" keeps the weights for the upload)");
+  }
+  if (config.block_size <= 0 || config.block_size > 1024) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--block-size must be in [1, 1024], got ", config.block_size));
+  }
+  KV_CUDA_RETURN_IF_ERROR(cudaSetDevice(0));
+  cudaDeviceProp prop{};
+  KV_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, 0));
+  std::unique_ptr<CudaBackend> b(new CudaBackend());
+  KV_ASSIGN_OR_RETURN(b->model_, mc::CudaLlamaModel::Create(model->config,
+                                                            *model->weights));
+  model->weights.reset();  // the host copy is no longer needed
+  b->block_bytes_ = b->model_->BlockElems(config.block_size) * 2;
+  b->bytes_per_block_ = 2LL * model->config.num_layers * b->block_bytes_;
+  KV_RETURN_IF_ERROR(b->Profile(config));
+  KV_RETURN_IF_ERROR(b->AllocateKv(config));
+  KV_RETURN_IF_ERROR(b->AllocateSwap(config));
+  spdlog::info(
+      "CUDA backend on {} ({} SMs): weights {:.2f} GiB bf16, {} KV blocks of "
+      "{} tokens ({:.2f} GiB bf16), {} swap slots, prefill {:.1f} us/token",
+      prop.name, prop.multiProcessorCount,
+      b->model_->weight_bytes() / 1073741824.0, b->kv_.num_blocks,
+      config.block_size,
+      b->kv_.num_blocks * static_cast<double>(b->bytes_per_block_) /
+          1073741824.0,
+      b->num_swap_slots_, b->seconds_per_prefill_token_ * 1e6);
+  return std::unique_ptr<ModelBackend>(std::move(b));
+}
+
+absl::Status CudaBackend::CopyBlocks(absl::Span<const BlockMove> moves) {
+  if (moves.empty()) return absl::OkStatus();
+  for (const BlockMove& m : moves) {
+    if (m.src < 0 || m.src >= kv_.num_blocks || m.dst < 0 ||
+        m.dst >= kv_.num_blocks) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("CopyBlocks: block ", m.src, " -> ", m.dst,
+                       " outside [0, ", kv_.num_blocks, ")"));
+    }
+  }
+  const int64_t n = static_cast<int64_t>(moves.size());
+  auto run = [&]() -> absl::Status {
+    if (n > pairs_cap_) {
+      if (pairs_host_ != nullptr) (void)cudaFreeHost(pairs_host_);
+      pairs_host_ = nullptr;
+      pairs_cap_ = 0;
+      KV_CUDA_RETURN_IF_ERROR(
+          cudaMallocHost(reinterpret_cast<void**>(&pairs_host_), n * 8));
+      KV_RETURN_IF_ERROR(pairs_.Allocate(n * 8, "block copy pairs"));
+      pairs_cap_ = n;
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      pairs_host_[2 * i] = moves[i].src;
+      pairs_host_[2 * i + 1] = moves[i].dst;
+    }
+    cudaStream_t s = model_->stream();
+    KV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(pairs_.as<int32_t>(), pairs_host_,
+                                            n * 8, cudaMemcpyHostToDevice, s));
+    KV_CUDA_RETURN_IF_ERROR(mc::CopyKvBlocks(
+        kv_.base, kv_.plane_elems, 2 * model_->config().num_layers,
+        block_bytes_ / 2, pairs_.as<int32_t>(), static_cast<int>(n), s));
+    KV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+    return absl::OkStatus();
+  };
+  const absl::Status st = run();
+  if (!st.ok()) Fatal("CopyBlocks", st, nullptr);
+  return st;
+}
+
+absl::Status CudaBackend::Swap(absl::Span<const BlockMove> moves, bool out) {
+  if (moves.empty()) return absl::OkStatus();
+  for (const BlockMove& m : moves) {
+    const int32_t block = out ? m.src : m.dst;
+    const int32_t slot = out ? m.dst : m.src;
+    if (block < 0 || block >= kv_.num_blocks || slot < 0 ||
+        slot >= num_swap_slots_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          out ? "SwapOut" : "SwapIn", ": block ", block, " / swap slot ", slot,
+          " outside [0, ", kv_.num_blocks, ") / [0, ", num_swap_slots_, ")"));
+    }
+  }
+  auto run = [&]() -> absl::Status {
+    cudaStream_t s = model_->stream();
+    const int planes = 2 * model_->config().num_layers;
+    for (const BlockMove& m : moves) {
+      const int32_t block = out ? m.src : m.dst;
+      const int32_t slot = out ? m.dst : m.src;
+      auto* host = static_cast<uint8_t*>(swap_host_) + slot * bytes_per_block_;
+      for (int p = 0; p < planes; ++p) {
+        auto* dev = reinterpret_cast<uint8_t*>(kv_.base + p * kv_.plane_elems) +
+                    block * block_bytes_;
+        uint8_t* h = host + p * block_bytes_;
+        KV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+            out ? static_cast<void*>(h) : static_cast<void*>(dev),
+            out ? static_cast<void*>(dev) : static_cast<void*>(h),
+            block_bytes_,
+            out ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, s));
+      }
+    }
+    KV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+    return absl::OkStatus();
+  };
+  const absl::Status st = run();
+  if (!st.ok()) Fatal(out ? "SwapOut" : "SwapIn", st, nullptr);
+  return st;
+}
+
+}  // namespace
+
+int CudaDeviceCount() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+absl::StatusOr<std::unique_ptr<ModelBackend>> CreateCudaBackend(
+    const BackendConfig& config, LoadedModel* model) {
+  return CudaBackend::Create(config, model);
+}
+
+}  // namespace kvserve::engine
+
+#endif  // KVSERVE_CUDA

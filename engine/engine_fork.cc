@@ -1,0 +1,134 @@
+// The engine thread's side of n > 1 completions and of per-request
+// bookkeeping at first scheduling. Completion i (0 = the parent) samples with
+// seed + i. With scheduler forks, the parent computes the prompt once; after
+// its prefill step each child samples its first token from the parent's raw
+// prompt logits with its own random stream (exactly what an n = 1 request
+// with that seed draws first) and is forked off the parent, sharing its
+// blocks by ref count. Without them, the n completions run as independent
+// requests (which share the prompt through the prefix cache).
+#include <algorithm>
+
+#include "engine/engine_impl.h"
+#include "engine/scheduler_compat.h"
+#include "spdlog/spdlog.h"
+
+namespace kvserve::engine {
+namespace {
+
+std::unique_ptr<LiveRequest> NewChild(const LiveRequest& parent, RequestId id,
+                                      int32_t index) {
+  auto c = std::make_unique<LiveRequest>();
+  c->id = id;
+  c->index = index;
+  c->spec = parent.spec;
+  c->spec.n = 1;
+  c->spec.sampling.seed = parent.spec.sampling.seed + index;
+  c->stream = parent.stream;
+  c->arrival = parent.arrival;
+  return c;
+}
+
+}  // namespace
+
+void Engine::Impl::FirstScheduled(const scheduler::ScheduledRequest& s,
+                                  absl::Time t0) {
+  LiveRequest& r = *live_reqs_.at(s.id);
+  const int32_t prompt = static_cast<int32_t>(r.spec.prompt_tokens.size());
+  if (metrics_ && s.start_position < prompt) {
+    metrics_->AddPromptTokensComputed(
+        std::min(s.start_position + s.num_new_tokens, prompt) -
+        s.start_position);
+  }
+  if (const scheduler::Request* req = scheduler_->GetRequest(s.id)) {
+    r.num_preemptions = req->num_preemptions();
+  }
+  if (r.first_scheduled != absl::InfinitePast()) return;
+  r.first_scheduled = t0;
+  // Read now: a request finished by length is gone from the scheduler by
+  // the time FinishRequest runs.
+  if (const scheduler::Request* req = scheduler_->GetRequest(s.id)) {
+    r.cached_prompt_tokens = req->num_cached_tokens();
+  }
+  if (metrics_) {
+    metrics_->ObserveQueueTime(absl::ToDoubleSeconds(t0 - r.arrival));
+    metrics_->AddPromptTokens(prompt);
+    // The scheduler counts them itself when it can (ReadExtraStats).
+    if (config_.enable_prefix_caching &&
+        compat::ReadExtraStats(scheduler_->stats()).uncacheable_tokens < 0) {
+      metrics_->AddUncacheableTokens(prompt % config_.block_size);
+    }
+  }
+}
+
+void Engine::Impl::AdmitSiblings(const LiveRequest& parent) {
+  for (int32_t i = 1; i < parent.spec.n; ++i) {
+    auto c = NewChild(parent, next_id_.fetch_add(1), i);
+    c->output = std::make_unique<OutputProcessor>(c->spec,
+                                                  model_.tokenizer.get());
+    auto req = std::make_unique<scheduler::Request>(
+        c->id, c->spec.prompt_tokens, c->spec.max_tokens, c->spec.priority,
+        absl::ToUnixNanos(c->arrival));
+    req->set_cache_salt(c->spec.cache_salt);
+    const RequestId id = c->id;
+    {
+      absl::MutexLock lock(&mu_);
+      ++live_;
+    }
+    live_reqs_[id] = std::move(c);
+    absl::Status s = scheduler_->AddRequest(std::move(req));
+    if (!s.ok()) {
+      FinishRequest(id, FinishReason::kError, std::string(s.message()));
+    }
+  }
+}
+
+void Engine::Impl::ForkChildren(RequestId parent_id) {
+  auto pit = live_reqs_.find(parent_id);
+  auto lit = fork_logits_.find(parent_id);
+  if (pit == live_reqs_.end() || lit == fork_logits_.end()) return;
+  LiveRequest& p = *pit->second;
+  const int32_t forks = p.pending_forks;
+  p.pending_forks = 0;
+  const absl::Time now = absl::Now();
+  std::vector<float> logits;
+  for (int32_t i = 1; i <= forks; ++i) {
+    auto c = NewChild(p, next_id_.fetch_add(1), i);
+    c->first_scheduled = p.first_scheduled;
+    c->cached_prompt_tokens = p.cached_prompt_tokens;
+    c->output = std::make_unique<OutputProcessor>(c->spec,
+                                                  model_.tokenizer.get());
+    logits = lit->second;
+    SampleResult res = Sample(absl::MakeSpan(logits), c->spec.sampling,
+                              c->spec.prompt_tokens, c->output->sampler());
+    const RequestId id = c->id;
+    {
+      absl::MutexLock lock(&mu_);
+      ++live_;
+    }
+    LiveRequest& child = *c;
+    live_reqs_[id] = std::move(c);
+    // The child's KV is the parent's: it enters the scheduler only if it
+    // goes on past this first token.
+    auto req = std::make_unique<scheduler::Request>(
+        id, child.spec.prompt_tokens, child.spec.max_tokens,
+        child.spec.priority, absl::ToUnixNanos(child.arrival));
+    req->set_cache_salt(child.spec.cache_salt);
+    const bool appended = compat::AppendOutputToken(*req, res.token);
+    absl::Status st = absl::OkStatus();
+    if (child.spec.max_tokens > 1) {
+      st = appended ? compat::Fork(*scheduler_, parent_id, std::move(req))
+                    : absl::UnimplementedError(
+                          "n > 1: the scheduler's Request cannot take an "
+                          "output token");
+    }
+    if (metrics_) metrics_->AddGenerationTokens(1);
+    if (!st.ok()) {
+      spdlog::error("fork of request {} failed: {}", parent_id, st.ToString());
+      FinishRequest(id, FinishReason::kError, std::string(st.message()));
+      continue;
+    }
+    EmitToken(child, res, now);  // finishes it on a stop or at max_tokens
+  }
+}
+
+}  // namespace kvserve::engine

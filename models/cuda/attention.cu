@@ -1,0 +1,456 @@
+// Paged grouped-query attention on the GPU, one kernel for both phases.
+//
+// A thread block takes one work item (a run of consecutive query tokens of
+// one sequence), one KV head and one split of the item's key range, so each
+// KV head is read once for its whole group of query heads (rows = tokens x
+// group). Keys stream through shared memory in tiles of 64: K and V tiles
+// are loaded with 16-byte loads (the next tile's loads are issued before the
+// current tile is computed), then
+//   scores   thread (key, row group): q . k for its rows, from shared memory
+//   softmax  one warp per row: online (running max / sum, base-2 exponents)
+//   P.V      thread (d pair, row group): acc[row][d] += p[row][key] * v
+// Two instantiations per head dim: 8 rows (decode: split-K along the context
+// like flash-decoding, with a combine kernel) and 64 rows (prefill tiles).
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+
+#include "models/cuda/kernels.h"
+
+namespace kvserve::models::cuda {
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kTileKeys = 64;
+constexpr int kSmallRows = 8;
+constexpr int kTileRows = 64;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr int kMinKeysPerSplit = 256;
+constexpr int kBlocksPerSm = 4;  // split-K target: this many waves' worth
+
+template <int D, int ROWS>
+struct Smem {
+  static constexpr int kPad = D + 8;  // bf16 per K/V row: no bank conflicts
+  static constexpr int kQ = ROWS * D * 4;
+  static constexpr int kKV = kTileKeys * kPad * 2;
+  static constexpr int kPStride = kTileKeys + 1;
+  static constexpr int kP = ROWS * kPStride * 4;
+  static constexpr int kBytes = kQ + 2 * kKV + kP + 3 * ROWS * 4;
+};
+
+__device__ inline void Unpack8(const uint4& raw, float* f) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 v = __bfloat1622float2(h[i]);
+    f[2 * i] = v.x;
+    f[2 * i + 1] = v.y;
+  }
+}
+
+template <int D, int ROWS>
+__global__ void __launch_bounds__(kThreads)
+    PagedAttnKernel(AttnShape s, const AttnWorkItem* __restrict__ items,
+                    int partition, int num_splits, const float* __restrict__ q,
+                    int64_t q_stride, const bf16* __restrict__ kc,
+                    const bf16* __restrict__ vc,
+                    const int32_t* __restrict__ tables,
+                    float* __restrict__ part, bf16* __restrict__ out) {
+  using S = Smem<D, ROWS>;
+  constexpr int kCh = D / 8;                         // 16-byte chunks per row
+  constexpr int kLpt = kTileKeys * kCh / kThreads;   // chunk loads per thread
+  constexpr int kQkGroups = kThreads / kTileKeys;    // row groups for scores
+  constexpr int kQkRpt = ROWS / kQkGroups;
+  constexpr int kPvThreads = D / 2;                  // one d pair each
+  constexpr int kPvGroups = kThreads / kPvThreads;   // row groups for P.V
+  constexpr int kPvRpt = ROWS / kPvGroups;
+  static_assert(kLpt * kThreads == kTileKeys * kCh);
+  static_assert(kPvRpt * kPvGroups == ROWS && kQkRpt * kQkGroups == ROWS);
+
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* q_s = reinterpret_cast<float*>(smem);
+  bf16* k_s = reinterpret_cast<bf16*>(smem + S::kQ);
+  bf16* v_s = reinterpret_cast<bf16*>(smem + S::kQ + S::kKV);
+  float* p_s = reinterpret_cast<float*>(smem + S::kQ + 2 * S::kKV);
+  float* m_s = p_s + ROWS * S::kPStride;
+  float* l_s = m_s + ROWS;
+  float* a_s = l_s + ROWS;
+
+  const AttnWorkItem it = items[blockIdx.z];
+  const int kvh = blockIdx.y;
+  const int split = blockIdx.x;
+  const int group = s.num_heads / s.num_kv_heads;
+  const int nrows = it.num_tokens * group;
+  const int tid = threadIdx.x;
+  const int key_end = it.pos0 + it.num_tokens;  // exclusive
+  const int key_begin =
+      s.sliding_window > 0 ? max(0, it.pos0 - s.sliding_window + 1) : 0;
+  const int s_begin = key_begin + split * partition;
+  const int s_end = min(key_end, s_begin + partition);
+  const bool partial = num_splits > 1;
+  const int64_t total_rows =
+      static_cast<int64_t>(gridDim.x) * gridDim.y * gridDim.z * ROWS;
+  const int64_t part_row0 =
+      ((static_cast<int64_t>(blockIdx.z) * s.num_kv_heads + kvh) * num_splits +
+       split) *
+      ROWS;
+  float* part_ml = part + total_rows * D;
+
+  if (s_begin >= s_end) {  // a split past this item's keys: empty partial
+    if (partial && tid < ROWS) {
+      part_ml[(part_row0 + tid) * 2] = -INFINITY;
+      part_ml[(part_row0 + tid) * 2 + 1] = 0.0f;
+    }
+    return;
+  }
+
+  const float qscale = s.scale * kLog2e;
+  for (int i = tid; i < ROWS * D; i += kThreads) {
+    const int r = i / D, d = i % D;
+    float v = 0.0f;
+    if (r < nrows) {
+      const int64_t tok = it.token + r / group;
+      const int h = kvh * group + r % group;
+      v = q[tok * q_stride + h * D + d] * qscale;
+    }
+    q_s[i] = v;
+  }
+  if (tid < ROWS) {
+    m_s[tid] = -INFINITY;
+    l_s[tid] = 0.0f;
+    a_s[tid] = 1.0f;
+  }
+
+  const int32_t* table =
+      tables + static_cast<int64_t>(it.seq) * s.max_blocks_per_seq;
+  const int64_t slot_stride = static_cast<int64_t>(s.num_kv_heads) * D;
+  uint4 kr[kLpt], vr[kLpt];
+  auto load = [&](int t0) {
+    const int nk = min(kTileKeys, s_end - t0);
+#pragma unroll
+    for (int i = 0; i < kLpt; ++i) {
+      const int c = tid + i * kThreads;
+      const int key = c / kCh, ch = c % kCh;
+      if (key < nk) {
+        const int t = t0 + key;
+        const int64_t slot =
+            static_cast<int64_t>(table[t / s.block_size]) * s.block_size +
+            t % s.block_size;
+        const int64_t off = slot * slot_stride + kvh * D + ch * 8;
+        kr[i] = __ldg(reinterpret_cast<const uint4*>(kc + off));
+        vr[i] = __ldg(reinterpret_cast<const uint4*>(vc + off));
+      } else {
+        kr[i] = make_uint4(0, 0, 0, 0);
+        vr[i] = make_uint4(0, 0, 0, 0);
+      }
+    }
+  };
+
+  float acc[kPvRpt][2];
+#pragma unroll
+  for (int j = 0; j < kPvRpt; ++j) acc[j][0] = acc[j][1] = 0.0f;
+  const int kk = tid % kTileKeys, qg = tid / kTileKeys;
+  const int dp = tid % kPvThreads, rg = tid / kPvThreads;
+  const int warp = tid / 32, lane = tid % 32;
+
+  load(s_begin);
+  for (int t0 = s_begin; t0 < s_end; t0 += kTileKeys) {
+    __syncthreads();  // previous tile's P.V is done with k_s, v_s, p_s
+#pragma unroll
+    for (int i = 0; i < kLpt; ++i) {
+      const int c = tid + i * kThreads;
+      const int key = c / kCh, ch = c % kCh;
+      *reinterpret_cast<uint4*>(k_s + key * S::kPad + ch * 8) = kr[i];
+      *reinterpret_cast<uint4*>(v_s + key * S::kPad + ch * 8) = vr[i];
+    }
+    __syncthreads();
+    if (t0 + kTileKeys < s_end) load(t0 + kTileKeys);  // in flight meanwhile
+
+    // Scores: key kk against rows qg, qg + kQkGroups, ...
+    float sc[kQkRpt];
+#pragma unroll
+    for (int j = 0; j < kQkRpt; ++j) sc[j] = 0.0f;
+    const bf16* krow = k_s + kk * S::kPad;
+#pragma unroll 2
+    for (int ch = 0; ch < kCh; ++ch) {
+      float kf[8];
+      Unpack8(*reinterpret_cast<const uint4*>(krow + ch * 8), kf);
+#pragma unroll
+      for (int j = 0; j < kQkRpt; ++j) {
+        const int r = qg + kQkGroups * j;
+        if (r < nrows) {  // warp-uniform
+          const float4 a = *reinterpret_cast<const float4*>(q_s + r * D + ch * 8);
+          const float4 b =
+              *reinterpret_cast<const float4*>(q_s + r * D + ch * 8 + 4);
+          sc[j] += a.x * kf[0] + a.y * kf[1] + a.z * kf[2] + a.w * kf[3] +
+                   b.x * kf[4] + b.y * kf[5] + b.z * kf[6] + b.w * kf[7];
+        }
+      }
+    }
+    const int t = t0 + kk;
+#pragma unroll
+    for (int j = 0; j < kQkRpt; ++j) {
+      const int r = qg + kQkGroups * j;
+      float v = -INFINITY;
+      if (r < nrows && t < s_end) {
+        const int pos = it.pos0 + r / group;
+        if (t <= pos &&
+            (s.sliding_window <= 0 || t > pos - s.sliding_window)) {
+          v = sc[j];
+        }
+      }
+      p_s[r * S::kPStride + kk] = v;
+    }
+    __syncthreads();
+
+    // Online softmax, one warp per row.
+    for (int r = warp; r < nrows; r += kThreads / 32) {
+      float* pr = p_s + r * S::kPStride;
+      const float v0 = pr[lane], v1 = pr[lane + 32];
+      float mx = fmaxf(v0, v1);
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      }
+      const float m_old = m_s[r];
+      const float m_new = fmaxf(m_old, mx);
+      float e0 = 0.0f, e1 = 0.0f, alpha = 1.0f;
+      if (m_new != -INFINITY) {
+        e0 = exp2f(v0 - m_new);
+        e1 = exp2f(v1 - m_new);
+        alpha = exp2f(m_old - m_new);
+      }
+      pr[lane] = e0;
+      pr[lane + 32] = e1;
+      float sum = e0 + e1;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      }
+      if (lane == 0) {
+        l_s[r] = l_s[r] * alpha + sum;
+        m_s[r] = m_new;
+        a_s[r] = alpha;
+      }
+    }
+    __syncthreads();
+
+    // P.V: d pair dp of rows rg, rg + kPvGroups, ...
+#pragma unroll
+    for (int j = 0; j < kPvRpt; ++j) {
+      const int r = rg + kPvGroups * j;
+      if (r < nrows) {
+        const float a = a_s[r];
+        acc[j][0] *= a;
+        acc[j][1] *= a;
+      }
+    }
+#pragma unroll 8
+    for (int key = 0; key < kTileKeys; ++key) {
+      const float2 v = __bfloat1622float2(
+          *reinterpret_cast<const __nv_bfloat162*>(v_s + key * S::kPad +
+                                                   2 * dp));
+#pragma unroll
+      for (int j = 0; j < kPvRpt; ++j) {
+        const int r = rg + kPvGroups * j;
+        if (r < nrows) {
+          const float p = p_s[r * S::kPStride + key];
+          acc[j][0] += p * v.x;
+          acc[j][1] += p * v.y;
+        }
+      }
+    }
+  }
+
+#pragma unroll
+  for (int j = 0; j < kPvRpt; ++j) {
+    const int r = rg + kPvGroups * j;
+    if (r >= nrows) continue;
+    if (!partial) {
+      const float l = l_s[r];
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      const int64_t tok = it.token + r / group;
+      const int h = kvh * group + r % group;
+      *reinterpret_cast<__nv_bfloat162*>(
+          out + tok * (static_cast<int64_t>(s.num_heads) * D) + h * D +
+          2 * dp) = __floats2bfloat162_rn(acc[j][0] * inv, acc[j][1] * inv);
+    } else {
+      *reinterpret_cast<float2*>(part + (part_row0 + r) * D + 2 * dp) =
+          make_float2(acc[j][0], acc[j][1]);
+      if (dp == 0) {
+        part_ml[(part_row0 + r) * 2] = m_s[r];
+        part_ml[(part_row0 + r) * 2 + 1] = l_s[r];
+      }
+    }
+  }
+}
+
+// Merges the splits of each (item, KV head): out = sum_s 2^(m_s - M) acc_s /
+// sum_s 2^(m_s - M) l_s. Splits with no keys (m = -inf) are skipped.
+template <int D, int ROWS>
+__global__ void CombineKernel(AttnShape s, const AttnWorkItem* __restrict__ items,
+                              int num_items, int num_splits,
+                              const float* __restrict__ part,
+                              bf16* __restrict__ out) {
+  const AttnWorkItem it = items[blockIdx.y];
+  const int kvh = blockIdx.x;
+  const int group = s.num_heads / s.num_kv_heads;
+  const int nrows = it.num_tokens * group;
+  const int64_t total_rows =
+      static_cast<int64_t>(num_items) * s.num_kv_heads * num_splits * ROWS;
+  const float* ml = part + total_rows * D;
+  const int64_t row0 =
+      (static_cast<int64_t>(blockIdx.y) * s.num_kv_heads + kvh) * num_splits *
+      ROWS;
+  for (int r = 0; r < nrows; ++r) {
+    float mx = -INFINITY;
+    for (int sp = 0; sp < num_splits; ++sp) {
+      mx = fmaxf(mx, ml[(row0 + sp * ROWS + r) * 2]);
+    }
+    float l = 0.0f;
+    for (int sp = 0; sp < num_splits; ++sp) {
+      const float m = ml[(row0 + sp * ROWS + r) * 2];
+      if (m != -INFINITY) l += exp2f(m - mx) * ml[(row0 + sp * ROWS + r) * 2 + 1];
+    }
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    const int64_t tok = it.token + r / group;
+    const int h = kvh * group + r % group;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+      float o = 0.0f;
+      for (int sp = 0; sp < num_splits; ++sp) {
+        const int64_t row = row0 + sp * ROWS + r;
+        const float m = ml[row * 2];
+        if (m != -INFINITY) o += exp2f(m - mx) * part[row * D + d];
+      }
+      out[tok * (static_cast<int64_t>(s.num_heads) * D) + h * D + d] =
+          __float2bfloat16(o * inv);
+    }
+  }
+}
+
+template <int D, int ROWS>
+cudaError_t Launch(const AttnShape& s, int num_items, int splits,
+                   int partition, const AttnWorkItem* items, const float* q,
+                   int64_t q_stride, const bf16* kc, const bf16* vc,
+                   const int32_t* tables, float* scratch, bf16* out,
+                   cudaStream_t stream) {
+  if (num_items == 0) return cudaSuccess;
+  constexpr int kBytes = Smem<D, ROWS>::kBytes;
+  static const cudaError_t attr = cudaFuncSetAttribute(
+      PagedAttnKernel<D, ROWS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+      kBytes);
+  if (attr != cudaSuccess) return attr;
+  const dim3 grid(splits, s.num_kv_heads, num_items);
+  PagedAttnKernel<D, ROWS><<<grid, kThreads, kBytes, stream>>>(
+      s, items, partition, splits, q, q_stride, kc, vc, tables, scratch, out);
+  if (splits > 1) {
+    CombineKernel<D, ROWS><<<dim3(s.num_kv_heads, num_items), kThreads, 0,
+                             stream>>>(s, items, num_items, splits, scratch,
+                                       out);
+  }
+  return cudaGetLastError();
+}
+
+// Splits the key range so that the launch has about kBlocksPerSm blocks per
+// multiprocessor, each split at least kMinKeysPerSplit keys (a multiple of the
+// key tile). Guarantees items * kv_heads * splits < 2 * kBlocksPerSm * SMs
+// whenever splits > 1 (the scratch bound).
+void ChooseSplits(const AttnShape& s, const std::vector<AttnWorkItem>& items,
+                  int num_sms, int32_t* splits, int32_t* partition) {
+  *splits = 1;
+  *partition = 1 << 30;
+  if (items.empty()) return;
+  int64_t max_len = 1;
+  for (const AttnWorkItem& it : items) {
+    const int begin =
+        s.sliding_window > 0 ? std::max(0, it.pos0 - s.sliding_window + 1) : 0;
+    max_len = std::max<int64_t>(max_len, it.pos0 + it.num_tokens - begin);
+  }
+  const int64_t base = static_cast<int64_t>(items.size()) * s.num_kv_heads;
+  const int64_t target = static_cast<int64_t>(kBlocksPerSm) * num_sms;
+  if (base >= target) return;
+  int64_t want = (target + base - 1) / base;
+  want = std::min<int64_t>(want, (max_len + kMinKeysPerSplit - 1) /
+                                     kMinKeysPerSplit);
+  if (want <= 1) return;
+  int64_t part = (max_len + want - 1) / want;
+  part = (part + kTileKeys - 1) / kTileKeys * kTileKeys;
+  *partition = static_cast<int32_t>(part);
+  *splits = static_cast<int32_t>((max_len + part - 1) / part);
+  if (*splits <= 1) {
+    *splits = 1;
+    *partition = 1 << 30;
+  }
+}
+
+}  // namespace
+
+int64_t AttnScratchFloats(const AttnShape& shape, int num_sms) {
+  const int64_t max_blocks = 2LL * kBlocksPerSm * std::max(num_sms, 1);
+  return max_blocks * kTileRows * (shape.head_dim + 2);
+}
+
+AttnPlan PlanAttention(const AttnShape& shape, const int32_t* seq_starts,
+                       const int32_t* context_lens, int32_t num_seqs,
+                       int num_sms) {
+  AttnPlan plan;
+  const int group = shape.num_heads / shape.num_kv_heads;
+  const int per_tile = std::max(1, kTileRows / group);
+  for (int32_t s = 0; s < num_seqs; ++s) {
+    const int32_t n = seq_starts[s + 1] - seq_starts[s];
+    const int32_t pos0 = context_lens[s] - n;
+    if (n * group <= kSmallRows) {
+      plan.small.push_back({s, seq_starts[s], n, pos0});
+      continue;
+    }
+    for (int32_t i = 0; i < n; i += per_tile) {
+      plan.tiles.push_back(
+          {s, seq_starts[s] + i, std::min(per_tile, n - i), pos0 + i});
+    }
+  }
+  ChooseSplits(shape, plan.small, num_sms, &plan.small_splits,
+               &plan.small_partition);
+  ChooseSplits(shape, plan.tiles, num_sms, &plan.tile_splits,
+               &plan.tile_partition);
+  return plan;
+}
+
+cudaError_t PagedAttention(const AttnShape& shape, const AttnPlan& plan,
+                           const AttnWorkItem* items_small,
+                           const AttnWorkItem* items_tiles, const float* q,
+                           int64_t q_stride, const bf16* k_cache,
+                           const bf16* v_cache, const int32_t* block_tables,
+                           float* scratch, bf16* out, cudaStream_t stream) {
+  const int group = shape.num_heads / shape.num_kv_heads;
+  if (shape.num_kv_heads <= 0 || group * shape.num_kv_heads != shape.num_heads ||
+      group > kTileRows ||
+      (shape.head_dim != 64 && shape.head_dim != 128)) {
+    return cudaErrorInvalidValue;
+  }
+  const int ns = static_cast<int>(plan.small.size());
+  const int nt = static_cast<int>(plan.tiles.size());
+  cudaError_t err;
+  if (shape.head_dim == 128) {
+    err = Launch<128, kSmallRows>(shape, ns, plan.small_splits,
+                                  plan.small_partition, items_small, q,
+                                  q_stride, k_cache, v_cache, block_tables,
+                                  scratch, out, stream);
+    if (err != cudaSuccess) return err;
+    return Launch<128, kTileRows>(shape, nt, plan.tile_splits,
+                                  plan.tile_partition, items_tiles, q, q_stride,
+                                  k_cache, v_cache, block_tables, scratch, out,
+                                  stream);
+  }
+  err = Launch<64, kSmallRows>(shape, ns, plan.small_splits,
+                               plan.small_partition, items_small, q, q_stride,
+                               k_cache, v_cache, block_tables, scratch, out,
+                               stream);
+  if (err != cudaSuccess) return err;
+  return Launch<64, kTileRows>(shape, nt, plan.tile_splits, plan.tile_partition,
+                               items_tiles, q, q_stride, k_cache, v_cache,
+                               block_tables, scratch, out, stream);
+}
+
+}  // namespace kvserve::models::cuda

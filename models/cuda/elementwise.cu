@@ -1,0 +1,279 @@
+// Per-token and element-wise kernels of the CUDA Llama forward: fused
+// bias + RoPE + reshape-and-cache, RMSNorm with fused residual add, SiLU-mul,
+// embedding gather, KV block copy, and conversions. Each mirrors the CPU
+// reference in models/cpu/ops.cc and models/rope.cc (same formulas, fp32).
+#include <cuda_bf16.h>
+
+#include <algorithm>
+
+#include "models/cuda/kernels.h"
+
+namespace kvserve::models::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+int GridFor(int64_t n, int threads = kThreads) {
+  return static_cast<int>(
+      std::min<int64_t>((n + threads - 1) / threads, 65535 * 8));
+}
+
+__global__ void QkvRopeCacheKernel(float* qkv, int64_t qkv_stride, int nh,
+                                   int nkv, int d, bool interleaved,
+                                   const float* __restrict__ inv_freq,
+                                   const float* __restrict__ bias,
+                                   const int32_t* __restrict__ positions,
+                                   const int32_t* __restrict__ slots,
+                                   bf16* __restrict__ kc,
+                                   bf16* __restrict__ vc) {
+  extern __shared__ float cs[];  // cos [d/2], sin [d/2]
+  const int64_t t = blockIdx.x;
+  const int half = d / 2;
+  float* row = qkv + t * qkv_stride;
+  const double pos = positions[t];
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    // Angle in double like the CPU tables: large positions lose precision in
+    // float.
+    const double a = pos * static_cast<double>(inv_freq[i]);
+    cs[i] = static_cast<float>(cos(a));
+    cs[half + i] = static_cast<float>(sin(a));
+  }
+  __syncthreads();
+  const int64_t q_dim = static_cast<int64_t>(nh) * d;
+  const int64_t kv_dim = static_cast<int64_t>(nkv) * d;
+  const int64_t slot = slots[t];
+  for (int idx = threadIdx.x; idx < (nh + nkv) * half; idx += blockDim.x) {
+    const int h = idx / half, i = idx % half;
+    const int ia = interleaved ? 2 * i : i;
+    const int ib = interleaved ? 2 * i + 1 : i + half;
+    float* v = row + static_cast<int64_t>(h) * d;
+    float a = v[ia], b = v[ib];
+    if (bias != nullptr) {
+      a += bias[static_cast<int64_t>(h) * d + ia];
+      b += bias[static_cast<int64_t>(h) * d + ib];
+    }
+    const float c = cs[i], s = cs[half + i];
+    const float ra = a * c - b * s;
+    const float rb = a * s + b * c;
+    if (h < nh) {
+      v[ia] = ra;
+      v[ib] = rb;
+    } else {
+      bf16* k = kc + slot * kv_dim + static_cast<int64_t>(h - nh) * d;
+      k[ia] = __float2bfloat16(ra);
+      k[ib] = __float2bfloat16(rb);
+    }
+  }
+  for (int64_t idx = threadIdx.x; idx < kv_dim; idx += blockDim.x) {
+    float x = row[q_dim + kv_dim + idx];
+    if (bias != nullptr) x += bias[q_dim + kv_dim + idx];
+    vc[slot * kv_dim + idx] = __float2bfloat16(x);
+  }
+}
+
+__device__ inline float BlockSum(float v, float* red) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < static_cast<int>(blockDim.x / 32) ? red[lane] : 0.0f;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (lane == 0) red[0] = v;
+  }
+  __syncthreads();
+  return red[0];
+}
+
+__device__ inline void Store(float* p, float v) { *p = v; }
+__device__ inline void Store(bf16* p, float v) { *p = __float2bfloat16(v); }
+
+template <typename Out>
+__global__ void AddRmsNormKernel(float* __restrict__ x,
+                                 const float* __restrict__ delta,
+                                 const float* __restrict__ w, int64_t hidden,
+                                 float eps, const int32_t* __restrict__ rows,
+                                 Out* __restrict__ out) {
+  __shared__ float red[32];
+  const int64_t i = blockIdx.x;
+  const int64_t src = rows != nullptr ? rows[i] : i;
+  float* xr = x + src * hidden;
+  const float* dr = delta != nullptr ? delta + src * hidden : nullptr;
+  const bool store_back = rows == nullptr && dr != nullptr;
+  float ss = 0.0f;
+  for (int64_t j = threadIdx.x; j < hidden; j += blockDim.x) {
+    float v = xr[j];
+    if (dr != nullptr) v += dr[j];
+    if (store_back) xr[j] = v;
+    ss += v * v;
+  }
+  ss = BlockSum(ss, red);
+  const float scale = 1.0f / sqrtf(ss / static_cast<float>(hidden) + eps);
+  Out* o = out + i * hidden;
+  for (int64_t j = threadIdx.x; j < hidden; j += blockDim.x) {
+    float v = xr[j];
+    if (dr != nullptr && !store_back) v += dr[j];
+    Store(o + j, v * scale * w[j]);
+  }
+}
+
+__global__ void SiluMulKernel(const float* __restrict__ gu, int64_t rows,
+                              int64_t inter, bf16* __restrict__ out) {
+  const int64_t n = rows * inter;
+  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+       k < n; k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t i = k / inter, j = k % inter;
+    const float g = gu[i * 2 * inter + j];
+    const float u = gu[i * 2 * inter + inter + j];
+    out[k] = __float2bfloat16(g / (1.0f + expf(-g)) * u);
+  }
+}
+
+__global__ void EmbeddingKernel(const bf16* __restrict__ table,
+                                const int32_t* __restrict__ ids,
+                                int64_t hidden, float* __restrict__ x) {
+  const int64_t t = blockIdx.x;
+  const bf16* src = table + static_cast<int64_t>(ids[t]) * hidden;
+  for (int64_t j = threadIdx.x; j < hidden; j += blockDim.x) {
+    x[t * hidden + j] = __bfloat162float(src[j]);
+  }
+}
+
+__global__ void CopyBlocksKernel(bf16* base, int64_t plane_elems,
+                                 int64_t block_elems,
+                                 const int32_t* __restrict__ pairs) {
+  const int32_t src = pairs[2 * blockIdx.x], dst = pairs[2 * blockIdx.x + 1];
+  bf16* plane = base + blockIdx.y * plane_elems;
+  const uint4* s = reinterpret_cast<const uint4*>(plane + src * block_elems);
+  uint4* d = reinterpret_cast<uint4*>(plane + dst * block_elems);
+  const int64_t n = block_elems / 8;
+  for (int64_t k = threadIdx.x; k < n; k += blockDim.x) d[k] = s[k];
+}
+
+__global__ void F32ToBf16Kernel(const float* in, int64_t n, bf16* out) {
+  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+       k < n; k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    out[k] = __float2bfloat16(in[k]);
+  }
+}
+
+__global__ void Bf16ToF32Kernel(const bf16* in, int64_t n, float* out) {
+  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+       k < n; k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    out[k] = __bfloat162float(in[k]);
+  }
+}
+
+__device__ inline uint64_t SplitMix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+__global__ void FillRandomKernel(bf16* out, int64_t n, uint64_t seed,
+                                 float scale) {
+  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+       k < n; k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const uint64_t r = SplitMix64(seed * 0x100000001b3ull + k);
+    const float u = static_cast<float>(r >> 40) * (1.0f / 16777216.0f);
+    out[k] = __float2bfloat16((2.0f * u - 1.0f) * scale);
+  }
+}
+
+__global__ void FillF32Kernel(float* out, int64_t n, float value) {
+  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+       k < n; k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    out[k] = value;
+  }
+}
+
+}  // namespace
+
+cudaError_t QkvRopeCache(float* qkv, int64_t num_tokens, int64_t qkv_stride,
+                         int num_heads, int num_kv_heads, int head_dim,
+                         bool interleaved, const float* inv_freq,
+                         const float* bias, const int32_t* positions,
+                         const int32_t* slot_mapping, bf16* k_cache,
+                         bf16* v_cache, cudaStream_t stream) {
+  if (num_tokens == 0) return cudaSuccess;
+  QkvRopeCacheKernel<<<num_tokens, 128, head_dim * sizeof(float), stream>>>(
+      qkv, qkv_stride, num_heads, num_kv_heads, head_dim, interleaved,
+      inv_freq, bias, positions, slot_mapping, k_cache, v_cache);
+  return cudaGetLastError();
+}
+
+cudaError_t AddRmsNorm(float* x, const float* delta, const float* w,
+                       int64_t num_rows, int64_t hidden, float eps,
+                       const int32_t* rows, bf16* out, cudaStream_t stream) {
+  if (num_rows == 0) return cudaSuccess;
+  AddRmsNormKernel<bf16>
+      <<<num_rows, kThreads, 0, stream>>>(x, delta, w, hidden, eps, rows, out);
+  return cudaGetLastError();
+}
+
+cudaError_t AddRmsNorm(float* x, const float* delta, const float* w,
+                       int64_t num_rows, int64_t hidden, float eps,
+                       const int32_t* rows, float* out, cudaStream_t stream) {
+  if (num_rows == 0) return cudaSuccess;
+  AddRmsNormKernel<float>
+      <<<num_rows, kThreads, 0, stream>>>(x, delta, w, hidden, eps, rows, out);
+  return cudaGetLastError();
+}
+
+cudaError_t SiluMul(const float* gu, int64_t num_rows, int64_t inter,
+                    bf16* out, cudaStream_t stream) {
+  if (num_rows == 0) return cudaSuccess;
+  SiluMulKernel<<<GridFor(num_rows * inter), kThreads, 0, stream>>>(
+      gu, num_rows, inter, out);
+  return cudaGetLastError();
+}
+
+cudaError_t EmbeddingGather(const bf16* table, const int32_t* ids,
+                            int64_t num_tokens, int64_t hidden, float* x,
+                            cudaStream_t stream) {
+  if (num_tokens == 0) return cudaSuccess;
+  EmbeddingKernel<<<num_tokens, kThreads, 0, stream>>>(table, ids, hidden, x);
+  return cudaGetLastError();
+}
+
+cudaError_t CopyKvBlocks(bf16* base, int64_t plane_elems, int num_planes,
+                         int64_t block_elems, const int32_t* pairs,
+                         int num_pairs, cudaStream_t stream) {
+  if (num_pairs == 0) return cudaSuccess;
+  if (block_elems % 8 != 0) return cudaErrorInvalidValue;
+  CopyBlocksKernel<<<dim3(num_pairs, num_planes), kThreads, 0, stream>>>(
+      base, plane_elems, block_elems, pairs);
+  return cudaGetLastError();
+}
+
+cudaError_t F32ToBf16(const float* in, int64_t n, bf16* out,
+                      cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  F32ToBf16Kernel<<<GridFor(n), kThreads, 0, stream>>>(in, n, out);
+  return cudaGetLastError();
+}
+
+cudaError_t Bf16ToF32(const bf16* in, int64_t n, float* out,
+                      cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  Bf16ToF32Kernel<<<GridFor(n), kThreads, 0, stream>>>(in, n, out);
+  return cudaGetLastError();
+}
+
+cudaError_t FillRandomBf16(bf16* out, int64_t n, uint64_t seed, float scale,
+                           cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  FillRandomKernel<<<GridFor(n), kThreads, 0, stream>>>(out, n, seed, scale);
+  return cudaGetLastError();
+}
+
+cudaError_t FillF32(float* out, int64_t n, float value, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  FillF32Kernel<<<GridFor(n), kThreads, 0, stream>>>(out, n, value);
+  return cudaGetLastError();
+}
+
+}  // namespace kvserve::models::cuda

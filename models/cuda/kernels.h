@@ -1,0 +1,131 @@
+// Host entry points of the CUDA kernels of the Llama forward (models/cuda/
+// *.cu). Plain C++ (no abseil, no device code), so that tests, benchmarks
+// and the forward call them from .cc files; each launches on `stream` and
+// returns the launch's cudaError_t (cudaGetLastError), never synchronizes.
+//
+// KV cache layout, per layer, K and V separately, bf16:
+//   [num_blocks][block_size][num_kv_heads][head_dim]
+// Token t of a sequence lives at slot block_table[t / B] * B + t % B; one
+// slot holds num_kv_heads * head_dim values (the "slot stride").
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace kvserve::models::cuda {
+
+using bf16 = __nv_bfloat16;
+
+// ---- attention -------------------------------------------------------------
+
+// One unit of attention work: `num_tokens` consecutive tokens of one
+// sequence (rows token..token+num_tokens-1 of q and out) at consecutive
+// positions pos0.. . Keys: the sequence's positions [begin, pos] per token
+// (begin = pos - window + 1 with a sliding window, else 0).
+struct AttnWorkItem {
+  int32_t seq = 0;
+  int32_t token = 0;
+  int32_t num_tokens = 0;
+  int32_t pos0 = 0;
+};
+
+struct AttnShape {
+  int32_t num_heads = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;  // 64 or 128
+  int32_t block_size = 0;
+  int32_t max_blocks_per_seq = 0;
+  int32_t sliding_window = 0;  // 0: whole prefix
+  float scale = 1.0f;          // applied to q . k
+};
+
+// Host-side plan of one step's attention: the small-group items (up to 8 query
+// rows, with split-K along the context: flash-decoding) and the tile items
+// (up to 64 query rows: prefill chunks, and decode when the group exceeds 8).
+struct AttnPlan {
+  std::vector<AttnWorkItem> small;  // rows = num_tokens * group <= 8
+  std::vector<AttnWorkItem> tiles;  // rows = num_tokens * group <= 64
+  int32_t small_splits = 1, small_partition = 0;  // keys per split
+  int32_t tile_splits = 1, tile_partition = 0;
+};
+
+// Bytes of the float scratch PagedAttention needs for split-K partials with
+// `num_sms` multiprocessors (independent of the batch).
+int64_t AttnScratchFloats(const AttnShape& shape, int num_sms);
+
+// Groups a step's tokens into work items and picks the split counts.
+// seq_starts [S+1], context_lens [S] as in ForwardBatch. group must be <= 64.
+AttnPlan PlanAttention(const AttnShape& shape, const int32_t* seq_starts,
+                       const int32_t* context_lens, int32_t num_seqs,
+                       int num_sms);
+
+// out[t, h*D + d] (bf16, rows of num_heads * head_dim) for every token of the
+// plan: causal softmax attention of query head h (q fp32 rows, stride
+// q_stride floats, query heads first) over the paged K/V of its sequence.
+// `items_small` / `items_tiles` are device copies of plan.small / tiles;
+// `scratch` holds AttnScratchFloats floats.
+cudaError_t PagedAttention(const AttnShape& shape, const AttnPlan& plan,
+                           const AttnWorkItem* items_small,
+                           const AttnWorkItem* items_tiles, const float* q,
+                           int64_t q_stride, const bf16* k_cache,
+                           const bf16* v_cache, const int32_t* block_tables,
+                           float* scratch, bf16* out, cudaStream_t stream);
+
+// ---- per-token kernels -----------------------------------------------------
+
+// For each token: adds the q/k/v biases (may be null), rotates the first
+// num_heads + num_kv_heads head vectors of its qkv row (fp32, stride
+// qkv_stride) by RoPE at positions[t] (angles pos * inv_freq[i] in double;
+// interleaved pairs (2i, 2i+1) or half-split pairs (i, i + D/2)), keeps the
+// rotated q in place and writes rotated k and v as bf16 into the caches at
+// slot_mapping[t] (reshape-and-cache). inv_freq and bias are device arrays.
+cudaError_t QkvRopeCache(float* qkv, int64_t num_tokens, int64_t qkv_stride,
+                         int num_heads, int num_kv_heads, int head_dim,
+                         bool interleaved, const float* inv_freq,
+                         const float* bias, const int32_t* positions,
+                         const int32_t* slot_mapping, bf16* k_cache,
+                         bf16* v_cache, cudaStream_t stream);
+
+// Row i of `out` = RmsNorm(x[r] (+ delta[r])) * w, r = rows ? rows[i] : i.
+// Without `rows`, x[r] += delta[r] is also stored back (fused residual add).
+// eps as in the CPU path: x / sqrt(mean(x^2) + eps).
+cudaError_t AddRmsNorm(float* x, const float* delta, const float* w,
+                       int64_t num_rows, int64_t hidden, float eps,
+                       const int32_t* rows, bf16* out, cudaStream_t stream);
+cudaError_t AddRmsNorm(float* x, const float* delta, const float* w,
+                       int64_t num_rows, int64_t hidden, float eps,
+                       const int32_t* rows, float* out, cudaStream_t stream);
+
+// out[i, j] = silu(gu[i, j]) * gu[i, inter + j]; gu rows are 2 * inter fp32.
+cudaError_t SiluMul(const float* gu, int64_t num_rows, int64_t inter,
+                    bf16* out, cudaStream_t stream);
+
+// x[t, :] = fp32(table[ids[t], :]).
+cudaError_t EmbeddingGather(const bf16* table, const int32_t* ids,
+                            int64_t num_tokens, int64_t hidden, float* x,
+                            cudaStream_t stream);
+
+// Whole-block copies in every layer: for each pair (src, dst) of `pairs`
+// (device, 2 * num_pairs ints) and each of `num_planes` planes (K and V of
+// every layer, plane p at base + p * plane_elems), block src -> block dst of
+// block_elems values each.
+cudaError_t CopyKvBlocks(bf16* base, int64_t plane_elems, int num_planes,
+                         int64_t block_elems, const int32_t* pairs,
+                         int num_pairs, cudaStream_t stream);
+
+// ---- conversions -----------------------------------------------------------
+
+cudaError_t F32ToBf16(const float* in, int64_t n, bf16* out,
+                      cudaStream_t stream);
+cudaError_t Bf16ToF32(const bf16* in, int64_t n, float* out,
+                      cudaStream_t stream);
+// Fills `out` with deterministic pseudo-random values uniform in
+// [-scale, scale) from `seed` (benchmarks with random weights).
+cudaError_t FillRandomBf16(bf16* out, int64_t n, uint64_t seed, float scale,
+                           cudaStream_t stream);
+cudaError_t FillF32(float* out, int64_t n, float value, cudaStream_t stream);
+
+}  // namespace kvserve::models::cuda

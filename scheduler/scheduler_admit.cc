@@ -1,0 +1,193 @@
+// Scheduler: admission of waiting requests (new, recompute-preempted and
+// swapped out), cache-aware ordering, the high watermark and the thrash
+// guard. See scheduler.h for the step's contract.
+#include <algorithm>
+
+#include "common/check.h"
+#include "kvcache/kv_sizing.h"
+#include "scheduler/scheduler.h"
+
+namespace kvserve::scheduler {
+
+void Scheduler::AdmitWaiting(StepPlan& plan) {
+  int64_t reserved_blocks = -1;  // kGuaranteedNoEvict: computed lazily
+  kvcache::PrefixMatch match;
+  while (true) {
+    Request* r = nullptr;
+    const AdmissionStop stop =
+        NextAdmission(plan, &reserved_blocks, &r, &match);
+    if (stop != AdmissionStop::kNone) {
+      last_admission_stop_ = stop;
+      return;
+    }
+    const int32_t start = std::max(match.num_tokens, r->num_computed_tokens_);
+    Admit(r, match, NumNewTokens(*r, start, plan.budget), plan);
+    if (reserved_blocks >= 0) reserved_blocks += FutureBlocks(*r);
+  }
+}
+
+void Scheduler::Admit(Request* r, const kvcache::PrefixMatch& match, int32_t n,
+                      StepPlan& plan) {
+  const int32_t swapped = kv_.num_swapped_blocks(r->id());
+  if (swapped > 0) {
+    // Readmission after a swap: its KV comes back; it keeps its computed
+    // tokens and does no prefix lookup.
+    KV_CHECK(kv_.SwapIn(r->id(), &plan.swap_in), "swap-in failed");
+    num_swapped_in_blocks_total_ += swapped;
+    KV_CHECK(kv_.Allocate(r->id(), AdmissionTokens(r->num_computed_tokens_, n))
+                 .has_value(),
+             "admission passed but Allocate failed");
+  } else {
+    const auto fresh = kv_.AllocateWithPrefix(
+        r->id(), match, AdmissionTokens(match.num_tokens, n));
+    KV_CHECK(fresh.has_value(), "admission passed but Allocate failed");
+    const bool first = r->num_preemptions_ == 0;
+    r->num_computed_tokens_ = match.num_tokens;
+    if (first) r->num_cached_tokens_ = match.num_tokens;
+    if (config_.enable_prefix_caching) {
+      prefix_cache_queries_tokens_ += r->num_tokens();
+      prefix_cache_hit_tokens_ += match.num_tokens;
+      if (first) {
+        prefix_cache_uncacheable_tokens_ +=
+            r->num_prompt_tokens() % config_.block_size;
+      }
+    }
+  }
+  KV_CHECK(waiting_.erase(r->queue_key_) == 1, "admitted request ", r->id(),
+           " was not queued");
+  r->status_ = RequestStatus::kRunning;
+  r->admit_seq_ = next_admit_seq_++;
+  running_.push_back(r);
+  plan.scheduled.emplace_back(r, n);
+  plan.budget -= n;
+}
+
+kvcache::PrefixMatch Scheduler::MatchPrefix(const Request& r) const {
+  // NOTE: contiguous slabs share nothing: kMaxLength matches no prefix. A
+  // swapped-out request brings its own KV back.
+  if (!config_.enable_prefix_caching ||
+      config_.kv_reservation != KvReservation::kPaged ||
+      r.num_computed_tokens_ > 0) {
+    return kvcache::PrefixMatch();
+  }
+  return kv_.FindCachedPrefix(r.tokens(), r.cache_ns_);
+}
+
+Request* Scheduler::PickCacheAware(kvcache::PrefixMatch* match) const {
+  Request* best = waiting_.begin()->second;
+  *match = MatchPrefix(*best);
+  // Preempted requests keep the head (they are in FCFS order before every
+  // never-admitted one); with caching off there is nothing to rank by.
+  if (best->status_ != RequestStatus::kWaiting ||
+      !config_.enable_prefix_caching ||
+      config_.kv_reservation != KvReservation::kPaged) {
+    return best;
+  }
+  int32_t looked = 1;
+  for (auto it = std::next(waiting_.begin());
+       it != waiting_.end() && looked < kCacheAwareWindow; ++it, ++looked) {
+    Request* r = it->second;
+    if (r->priority() != best->priority()) break;
+    kvcache::PrefixMatch m = MatchPrefix(*r);
+    if (m.num_tokens > match->num_tokens) {
+      best = r;
+      *match = std::move(m);
+    }
+  }
+  return best;
+}
+
+AdmissionStop Scheduler::NextAdmission(const StepPlan& plan,
+                                       int64_t* reserved_blocks, Request** next,
+                                       kvcache::PrefixMatch* match) const {
+  if (waiting_.empty()) return AdmissionStop::kQueueEmpty;
+  if (static_cast<int32_t>(running_.size()) >= config_.max_num_seqs) {
+    return AdmissionStop::kMaxNumSeqs;
+  }
+  if (plan.budget <= 0) return AdmissionStop::kTokenBudget;
+  if (kv_.pool().num_active() >
+      config_.admission_high_watermark * kv_.num_blocks()) {
+    return AdmissionStop::kHighWatermark;
+  }
+  // NOTE: strict queue order: a head that does not fit blocks the rest, so
+  // large requests are not starved by small ones behind them.
+  Request* head = nullptr;
+  if (config_.policy == SchedulingPolicy::kCacheAware) {
+    head = PickCacheAware(match);
+  } else {
+    head = waiting_.begin()->second;
+    *match = MatchPrefix(*head);
+  }
+  *next = head;
+  const int32_t start = std::max(match->num_tokens, head->num_computed_tokens_);
+  const int32_t n = NumNewTokens(*head, start, plan.budget);
+  if (config_.thrash_preemption_limit > 0 &&
+      head->consecutive_preemptions_ >= config_.thrash_preemption_limit &&
+      !RemainingPrefillFits(*head, *match, start, n, plan)) {
+    return AdmissionStop::kThrashGuard;
+  }
+  return CanAdmit(*head, *match, start, n, reserved_blocks)
+             ? AdmissionStop::kNone
+             : AdmissionStop::kKvBlocks;
+}
+
+bool Scheduler::RemainingPrefillFits(const Request& r,
+                                     const kvcache::PrefixMatch& match,
+                                     int32_t start, int32_t n,
+                                     const StepPlan& plan) const {
+  const int32_t remaining = r.num_tokens() - start;
+  // The step budget: all of it this step, unless no step could take it all
+  // (then only KV decides, or it would wait forever).
+  int32_t step_max = config_.max_num_batched_tokens;
+  if (config_.long_prefill_token_threshold > 0) {
+    step_max = std::min(step_max, config_.long_prefill_token_threshold);
+  }
+  if (n < remaining && remaining <= step_max) return false;
+  // KV: blocks for every remaining token at once.
+  const int64_t tokens = AdmissionTokens(start, remaining);
+  if (kv_.num_swapped_blocks(r.id()) > 0) {
+    return kvcache::BlocksForTokens(tokens, config_.block_size) <=
+           int64_t{kv_.num_free_blocks()} - watermark_blocks_;
+  }
+  return kv_.CanAllocateWithPrefix(match, tokens, watermark_blocks_);
+}
+
+// Blocks `r` may still allocate before it reaches prompt + max_tokens.
+int64_t Scheduler::FutureBlocks(const Request& r) const {
+  const int64_t total = int64_t{r.num_prompt_tokens()} + r.max_tokens();
+  return kvcache::BlocksForTokens(total, config_.block_size) -
+         static_cast<int64_t>(kv_.GetBlockTable(r.id()).size());
+}
+
+int64_t Scheduler::AdmissionTokens(int32_t start, int32_t n) const {
+  if (config_.kv_reservation == KvReservation::kMaxLength) {
+    return config_.slab_blocks() * config_.block_size;
+  }
+  return int64_t{start} + n;
+}
+
+bool Scheduler::CanAdmit(const Request& r, const kvcache::PrefixMatch& match,
+                         int32_t start, int32_t n,
+                         int64_t* reserved_blocks) const {
+  // A swapped-out request has an empty match: all its blocks are fresh.
+  const int64_t tokens = AdmissionTokens(start, n);
+  // A slab is all a request ever needs: nothing more to reserve.
+  if (config_.admission == AdmissionPolicy::kMaxUtilization ||
+      config_.kv_reservation == KvReservation::kMaxLength) {
+    return kv_.CanAllocateWithPrefix(match, tokens, watermark_blocks_);
+  }
+  if (*reserved_blocks < 0) {
+    *reserved_blocks = 0;
+    for (const Request* running : running_) {
+      *reserved_blocks += FutureBlocks(*running);
+    }
+  }
+  // Matched blocks other requests hold cost no free block; evictable ones do.
+  const int64_t shared =
+      static_cast<int64_t>(match.blocks.size()) - match.num_evictable;
+  return int64_t{kv_.num_free_blocks()} - *reserved_blocks -
+             (FutureBlocks(r) - shared) >=
+         watermark_blocks_;
+}
+
+}  // namespace kvserve::scheduler

@@ -1,0 +1,166 @@
+// Scheduler: KV growth of running requests, copy-on-write, preemption
+// (recompute or swap) and forks. See scheduler.h for the step's contract.
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/check.h"
+#include "common/status_macros.h"
+#include "kvcache/kv_sizing.h"
+#include "scheduler/scheduler.h"
+
+namespace kvserve::scheduler {
+
+bool Scheduler::AllocateOrPreempt(size_t* index, int32_t n, StepPlan& plan) {
+  Request* r = running_[*index];
+  const int32_t computed = r->num_computed_tokens();
+  const size_t copies_before = plan.copies.size();
+  while (!kv_.AllocateForWrite(r->id(), computed, int64_t{computed} + n,
+                               &plan.copies)) {
+    const size_t victim = PickVictim();
+    const bool self = running_[victim] == r;
+    Preempt(victim, plan);
+    if (self) return false;
+    if (victim < *index) --*index;
+  }
+  for (size_t i = copies_before; i < plan.copies.size(); ++i) {
+    plan.copy_owners.push_back(r);
+    ++num_copied_blocks_total_;
+  }
+  return true;
+}
+
+size_t Scheduler::PickVictim() const {
+  KV_CHECK(!running_.empty());
+  if (config_.policy == SchedulingPolicy::kFcfs) return running_.size() - 1;
+  size_t best = 0;
+  for (size_t i = 1; i < running_.size(); ++i) {
+    const Request& a = *running_[i];
+    const Request& b = *running_[best];
+    if (std::pair(a.priority(), a.admit_seq_) >
+        std::pair(b.priority(), b.admit_seq_)) {
+      best = i;
+    }
+  }
+  return best;
+}
+
+bool Scheduler::ChooseSwap(const Request& r, int32_t blocks) const {
+  // NOTE: a slab (kMaxLength) is never preempted for KV; nothing computed
+  // means nothing to save.
+  if (blocks == 0 || config_.kv_reservation != KvReservation::kPaged ||
+      config_.preemption_mode == PreemptionMode::kRecompute) {
+    return false;
+  }
+  // Shared blocks are swapped like private ones (kvcache reads them, the
+  // other holders keep them); only free slots matter. Otherwise: recompute.
+  if (!kv_.CanSwapOut(r.id(), blocks)) return false;
+  if (config_.preemption_mode == PreemptionMode::kSwap) return true;
+  const double recompute =
+      r.num_computed_tokens() * config_.recompute_seconds_per_token;
+  const double swap = 2.0 * blocks * config_.swap_seconds_per_block;
+  return swap < recompute;
+}
+
+void Scheduler::Preempt(size_t index, StepPlan& plan) {
+  Request* r = running_[index];
+  running_.erase(running_.begin() + index);
+  // A victim already planned this step (priority policy) gives its tokens
+  // back to the budget.
+  auto planned = std::find_if(plan.scheduled.begin(), plan.scheduled.end(),
+                              [r](const auto& p) { return p.first == r; });
+  if (planned != plan.scheduled.end()) {
+    plan.budget += planned->second;
+    plan.scheduled.erase(planned);
+  }
+  // Its copy-on-write of this step is void (the copy runs after swap-outs,
+  // so its new block holds nothing yet: such a victim recomputes).
+  bool copied = false;
+  for (size_t i = plan.copy_owners.size(); i-- > 0;) {
+    if (plan.copy_owners[i] != r) continue;
+    plan.copies.erase(plan.copies.begin() + static_cast<ptrdiff_t>(i));
+    plan.copy_owners.erase(plan.copy_owners.begin() +
+                           static_cast<ptrdiff_t>(i));
+    --num_copied_blocks_total_;
+    copied = true;
+  }
+  const int32_t computed = r->num_computed_tokens_;
+  const auto blocks = static_cast<int32_t>(
+      kvcache::BlocksForTokens(computed, config_.block_size));
+  if (!copied && ChooseSwap(*r, blocks)) {
+    // Blocks covering its computed tokens go to swap slots; blocks
+    // allocated this step for planned tokens hold nothing and are dropped.
+    kv_.SwapOut(r->id(), blocks, &plan.swap_out);
+    num_swapped_out_blocks_total_ += blocks;
+    ++num_preemptions_swap_total_;
+  } else {
+    kv_.Free(r->id());
+    num_preempted_tokens_total_ += computed;
+    r->num_computed_tokens_ = 0;  // recompute prompt + output on readmission
+  }
+  ++num_preemptions_total_;
+  ++r->num_preemptions_;
+  ++r->consecutive_preemptions_;
+  r->status_ = RequestStatus::kPreempted;
+  Enqueue(r, /*at_head=*/true);
+  plan.preempted.push_back(r->id());
+}
+
+absl::Status Scheduler::Fork(RequestId parent_id,
+                             std::unique_ptr<Request> child) {
+  if (child == nullptr) return absl::InvalidArgumentError("fork: null child");
+  auto it = requests_.find(parent_id);
+  if (it == requests_.end() ||
+      it->second->status_ != RequestStatus::kRunning) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "fork: parent request ", parent_id, " is not running (",
+        it == requests_.end() ? "not live"
+                              : RequestStatusName(it->second->status_),
+        ")"));
+  }
+  if (pending_update_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "fork of request ", parent_id, " between Schedule and "
+        "UpdateFromOutput of step ", num_steps_ - 1));
+  }
+  Request* parent = it->second.get();
+  KV_RETURN_IF_ERROR(CheckRequest(*child));
+  const int32_t computed = parent->num_computed_tokens_;
+  Request* c = child.get();
+  if (c->num_tokens() <= computed ||
+      c->num_output_tokens() >= c->max_tokens()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "fork child ", c->id(), ": needs a token beyond the parent's ",
+        computed, " computed ones and fewer than max_tokens (", c->max_tokens(),
+        ") outputs; it has ", c->num_tokens(), " tokens, ",
+        c->num_output_tokens(), " outputs"));
+  }
+  for (int32_t i = 0; i < computed; ++i) {
+    if (c->token(i) != parent->token(i)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "fork child ", c->id(), ": token ", i, " is ", c->token(i),
+          ", parent ", parent_id, " has ", parent->token(i)));
+    }
+  }
+  const auto shared = static_cast<int32_t>(
+      kvcache::BlocksForTokens(computed, config_.block_size));
+  if (shared > 0) kv_.Fork(parent_id, c->id(), shared);
+  if (config_.kv_reservation == KvReservation::kMaxLength &&
+      !kv_.Allocate(c->id(), config_.slab_blocks() * config_.block_size)) {
+    kv_.Free(c->id());
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "fork child ", c->id(), ": no free max-length slab of ",
+        config_.slab_blocks(), " blocks"));
+  }
+  c->arrival_seq_ = next_arrival_seq_++;
+  c->cache_salt_ = parent->cache_salt_;
+  c->cache_ns_ = parent->cache_ns_;
+  c->num_computed_tokens_ = computed;
+  c->num_cached_tokens_ = parent->num_cached_tokens_;
+  c->status_ = RequestStatus::kRunning;
+  c->admit_seq_ = next_admit_seq_++;
+  running_.push_back(c);
+  requests_.emplace(c->id(), std::move(child));
+  return absl::OkStatus();
+}
+
+}  // namespace kvserve::scheduler

@@ -1,0 +1,2 @@
+
+héllo <|im_start|>

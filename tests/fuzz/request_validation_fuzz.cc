@@ -1,0 +1,91 @@
+// Fuzzes request validation with random protobuf messages: the first input
+// byte picks GenerateRequest / TokenizeRequest / DetokenizeRequest, the rest
+// is parsed as that message's wire format (bytes that do not parse are
+// skipped; libFuzzer's comparison tracing finds the field tags quickly). A
+// request either fails with INVALID_ARGUMENT naming a field, or yields a
+// spec within the model's limits.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "models/chat_template.h"
+#include "server/request_validation.h"
+#include "tests/fuzz/fuzz_util.h"
+
+namespace kvserve::server {
+namespace {
+
+constexpr int32_t kContext = 256;
+
+const ServedModel& Model() {
+  static const ServedModel* model = [] {
+    const models::Tokenizer& tok = fuzz::DefaultTokenizer();
+    auto* m = new ServedModel;
+    m->tokenizer = &tok;
+    m->chat_template = tok.data().chat_template;
+    m->chat_format = models::DetectChatFormat(m->chat_template, tok.data());
+    m->max_context = kContext;
+    return m;
+  }();
+  return *model;
+}
+
+void CheckRejection(const absl::Status& status) {
+  if (status.ok()) return;
+  // Validation rejects with INVALID_ARGUMENT (OUT_OF_RANGE for a prompt
+  // that does not fit the context); never a crash or another code.
+  if (status.code() != absl::StatusCode::kInvalidArgument &&
+      status.code() != absl::StatusCode::kOutOfRange) {
+    __builtin_trap();
+  }
+  if (status.message().empty()) __builtin_trap();
+}
+
+void FuzzGenerate(const uint8_t* data, size_t size) {
+  v1::GenerateRequest request;
+  if (!request.ParseFromArray(data, static_cast<int>(size))) return;
+  auto spec = ToRequestSpec(request, Model(), /*seed_if_unset=*/7);
+  if (!spec.ok()) return CheckRejection(spec.status());
+  const int32_t vocab = Model().tokenizer->vocab_size();
+  if (spec->prompt_tokens.empty() || spec->max_tokens < 1) __builtin_trap();
+  if (static_cast<int64_t>(spec->prompt_tokens.size()) > kContext) {
+    __builtin_trap();
+  }
+  for (int32_t id : spec->prompt_tokens) {
+    if (id < 0 || id >= vocab) __builtin_trap();
+  }
+}
+
+void FuzzTokenize(const uint8_t* data, size_t size) {
+  v1::TokenizeRequest request;
+  if (!request.ParseFromArray(data, static_cast<int>(size))) return;
+  auto ids = TokenizeText(request, Model());
+  if (!ids.ok()) CheckRejection(ids.status());
+}
+
+void FuzzDetokenize(const uint8_t* data, size_t size) {
+  v1::DetokenizeRequest request;
+  if (!request.ParseFromArray(data, static_cast<int>(size))) return;
+  auto text = DetokenizeIds(request, Model());
+  if (!text.ok()) CheckRejection(text.status());
+}
+
+}  // namespace
+}  // namespace kvserve::server
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size == 0) return 0;
+  switch (data[0] % 3) {
+    case 0:
+      kvserve::server::FuzzGenerate(data + 1, size - 1);
+      break;
+    case 1:
+      kvserve::server::FuzzTokenize(data + 1, size - 1);
+      break;
+    default:
+      kvserve::server::FuzzDetokenize(data + 1, size - 1);
+      break;
+  }
+  return 0;
+}

@@ -1,0 +1,473 @@
+// Each CUDA kernel of models/cuda/ against the CPU reference on fresh random
+// inputs (RMSNorm + residual, SiLU-mul, embedding, bias + RoPE + cache write
+// in both RoPE styles, paged attention for decode / prefill / mixed batches
+// with shuffled block tables, split-K, sliding windows, KV block copy).
+// Outputs are poisoned with NaN first so unwritten elements fail. bf16
+// results within 1e-2 relative, fp32 within 1e-4. Skipped without a device.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+#ifdef KVSERVE_CUDA
+#include <cuda_runtime.h>
+
+#include "models/cpu/ops.h"
+#include "models/cuda/kernels.h"
+#include "models/forward_batch.h"
+#include "models/model_config.h"
+#include "models/paged_attention.h"
+#include "models/rope.h"
+
+namespace kvserve::models::cuda {
+namespace {
+
+bool HaveGpu() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return n > 0;
+}
+
+#define SKIP_WITHOUT_GPU() \
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device visible"
+#define CK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
+
+uint16_t ToBf16Bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+float FromBf16Bits(uint16_t h) {
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// A device array that is freed on scope exit; Poison() fills it with NaN.
+template <typename T>
+class Dev {
+ public:
+  explicit Dev(size_t n) : n_(std::max<size_t>(n, 1)) {
+    EXPECT_EQ(cudaMalloc(&p_, n_ * sizeof(T)), cudaSuccess);
+  }
+  ~Dev() { (void)cudaFree(p_); }
+  T* get() const { return p_; }
+  void Poison() { EXPECT_EQ(cudaMemset(p_, 0xff, n_ * sizeof(T)), cudaSuccess); }
+  void Up(const std::vector<T>& v) {
+    EXPECT_EQ(cudaMemcpy(p_, v.data(), v.size() * sizeof(T),
+                         cudaMemcpyHostToDevice),
+              cudaSuccess);
+  }
+  std::vector<T> Down(size_t n) const {
+    std::vector<T> v(n);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(
+        cudaMemcpy(v.data(), p_, n * sizeof(T), cudaMemcpyDeviceToHost),
+        cudaSuccess);
+    return v;
+  }
+
+ private:
+  T* p_ = nullptr;
+  size_t n_;
+};
+
+std::vector<float> Random(size_t n, std::mt19937& rng, float lo = -1.0f,
+                          float hi = 1.0f) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+std::vector<float> ToFloat(const std::vector<uint16_t>& h) {
+  std::vector<float> f(h.size());
+  for (size_t i = 0; i < h.size(); ++i) f[i] = FromBf16Bits(h[i]);
+  return f;
+}
+
+// ||got - want|| / ||want|| over [off, off + n); NaN compares as failure.
+double RelErr(const float* got, const float* want, size_t n) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (!std::isfinite(got[i])) return INFINITY;
+    num += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
+    den += double(want[i]) * want[i];
+  }
+  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
+}
+
+int NumSms() {
+  int dev = 0, sms = 1;
+  (void)cudaGetDevice(&dev);
+  (void)cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  return sms;
+}
+
+TEST(CudaKernels, AddRmsNormMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(1);
+  for (int64_t hidden : {64, 576, 4096}) {
+    for (int64_t rows : {1, 7, 33}) {
+      const std::vector<float> x = Random(rows * hidden, rng);
+      const std::vector<float> delta = Random(rows * hidden, rng);
+      const std::vector<float> w = Random(hidden, rng, 0.5f, 1.5f);
+      std::vector<float> sum(rows * hidden), ref(rows * hidden);
+      for (size_t i = 0; i < sum.size(); ++i) sum[i] = x[i] + delta[i];
+      for (int64_t r = 0; r < rows; ++r) {
+        cpu::RmsNorm(sum.data() + r * hidden, w.data(), hidden, 1e-5f,
+                     ref.data() + r * hidden);
+      }
+      Dev<float> dx(x.size()), dd(delta.size()), dw(w.size()),
+          out(x.size());
+      dx.Up(x);
+      dd.Up(delta);
+      dw.Up(w);
+      out.Poison();
+      CK(AddRmsNorm(dx.get(), dd.get(), dw.get(), rows, hidden, 1e-5f,
+                    nullptr, out.get(), nullptr));
+      const std::vector<float> got = out.Down(x.size());
+      EXPECT_LT(RelErr(got.data(), ref.data(), got.size()), 1e-4)
+          << "hidden " << hidden << " rows " << rows;
+      EXPECT_EQ(dx.Down(x.size()), sum) << "residual add stored back";
+      // bf16 output, gathered rows (reverse order), no store-back.
+      Dev<bf16> outh(x.size());
+      outh.Poison();
+      std::vector<int32_t> idx(rows);
+      std::iota(idx.rbegin(), idx.rend(), 0);
+      Dev<int32_t> didx(rows);
+      didx.Up(idx);
+      dx.Up(x);
+      CK(AddRmsNorm(dx.get(), dd.get(), dw.get(), rows, hidden, 1e-5f,
+                    didx.get(), outh.get(), nullptr));
+      std::vector<uint16_t> raw(x.size());
+      CK(cudaDeviceSynchronize());
+      CK(cudaMemcpy(raw.data(), outh.get(), raw.size() * 2,
+                    cudaMemcpyDeviceToHost));
+      const std::vector<float> goth = ToFloat(raw);
+      for (int64_t i = 0; i < rows; ++i) {
+        EXPECT_LT(RelErr(goth.data() + i * hidden,
+                         ref.data() + idx[i] * hidden, hidden),
+                  1e-2);
+      }
+      EXPECT_EQ(dx.Down(x.size()), x) << "gathered rows must not store back";
+    }
+  }
+}
+
+TEST(CudaKernels, SiluMulAndEmbeddingMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(2);
+  for (int64_t inter : {1536, 14336}) {
+    const int64_t rows = 5;
+    const std::vector<float> gu = Random(rows * 2 * inter, rng, -6.0f, 6.0f);
+    std::vector<float> ref(rows * inter);
+    for (int64_t r = 0; r < rows; ++r) {
+      cpu::SiluMul(gu.data() + r * 2 * inter, gu.data() + r * 2 * inter + inter,
+                   inter, ref.data() + r * inter);
+    }
+    Dev<float> dgu(gu.size());
+    Dev<bf16> out(ref.size());
+    dgu.Up(gu);
+    out.Poison();
+    CK(SiluMul(dgu.get(), rows, inter, out.get(), nullptr));
+    std::vector<uint16_t> raw(ref.size());
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(raw.data(), out.get(), raw.size() * 2,
+                  cudaMemcpyDeviceToHost));
+    EXPECT_LT(RelErr(ToFloat(raw).data(), ref.data(), ref.size()), 1e-2);
+  }
+  // Embedding gather is exact (bf16 -> fp32).
+  const int64_t vocab = 1000, hidden = 576;
+  std::vector<uint16_t> table(vocab * hidden);
+  for (uint16_t& h : table) h = ToBf16Bits(std::uniform_real_distribution<float>(-1, 1)(rng));
+  const std::vector<int32_t> ids = {5, 999, 0, 5, 123};
+  Dev<uint16_t> dt(table.size());
+  Dev<int32_t> dids(ids.size());
+  Dev<float> x(ids.size() * hidden);
+  dt.Up(table);
+  dids.Up(ids);
+  x.Poison();
+  CK(EmbeddingGather(reinterpret_cast<const bf16*>(dt.get()), dids.get(),
+                     ids.size(), hidden, x.get(), nullptr));
+  const std::vector<float> got = x.Down(ids.size() * hidden);
+  for (size_t t = 0; t < ids.size(); ++t) {
+    for (int64_t j = 0; j < hidden; ++j) {
+      ASSERT_EQ(got[t * hidden + j], FromBf16Bits(table[ids[t] * hidden + j]));
+    }
+  }
+}
+
+// Bias + RoPE (both styles) + reshape-and-cache for several head shapes.
+TEST(CudaKernels, QkvRopeCacheMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(3);
+  struct Case {
+    int h, hkv, d;
+  };
+  for (const Case& c : {Case{9, 3, 64}, Case{32, 8, 128}, Case{64, 8, 128},
+                        Case{8, 8, 64}}) {
+    for (RopeStyle style : {RopeStyle::kInterleaved, RopeStyle::kHalfSplit}) {
+      for (bool with_bias : {false, true}) {
+        ModelConfig mc;
+        mc.head_dim = c.d;
+        mc.rope_theta = 500000.0f;
+        mc.rope_style = style;
+        const Rope rope(mc);
+        const int64_t n = 13, q_dim = c.h * c.d, kv_dim = c.hkv * c.d;
+        const int64_t stride = q_dim + 2 * kv_dim;
+        const int32_t num_slots = 64;
+        std::vector<float> qkv = Random(n * stride, rng);
+        const std::vector<float> bias = Random(stride, rng);
+        std::vector<int32_t> pos(n), slots(num_slots);
+        std::iota(slots.begin(), slots.end(), 0);
+        std::shuffle(slots.begin(), slots.end(), rng);
+        slots.resize(n);
+        for (int64_t i = 0; i < n; ++i) pos[i] = rng() % 32768;
+        // CPU reference.
+        std::vector<float> ref = qkv;
+        std::vector<float> cs(n * c.d / 2), sn(n * c.d / 2);
+        rope.Tables(pos.data(), n, cs.data(), sn.data());
+        for (int64_t i = 0; i < n; ++i) {
+          float* row = ref.data() + i * stride;
+          if (with_bias) {
+            for (int64_t j = 0; j < stride; ++j) row[j] += bias[j];
+          }
+          rope.Apply(row, c.h + c.hkv, cs.data() + i * c.d / 2,
+                     sn.data() + i * c.d / 2);
+        }
+        Dev<float> dqkv(qkv.size()), dbias(bias.size()), dinv(c.d / 2);
+        Dev<int32_t> dpos(n), dslots(n);
+        Dev<uint16_t> kc(num_slots * kv_dim), vc(num_slots * kv_dim);
+        dqkv.Up(qkv);
+        dbias.Up(bias);
+        dinv.Up(rope.inv_freq());
+        dpos.Up(pos);
+        dslots.Up(slots);
+        kc.Poison();
+        vc.Poison();
+        CK(QkvRopeCache(dqkv.get(), n, stride, c.h, c.hkv, c.d,
+                        style == RopeStyle::kInterleaved, dinv.get(),
+                        with_bias ? dbias.get() : nullptr, dpos.get(),
+                        dslots.get(), reinterpret_cast<bf16*>(kc.get()),
+                        reinterpret_cast<bf16*>(vc.get()), nullptr));
+        const std::vector<float> got = dqkv.Down(qkv.size());
+        const std::vector<float> k = ToFloat(kc.Down(num_slots * kv_dim));
+        const std::vector<float> v = ToFloat(vc.Down(num_slots * kv_dim));
+        for (int64_t i = 0; i < n; ++i) {
+          const float* want = ref.data() + i * stride;
+          EXPECT_LT(RelErr(got.data() + i * stride, want, q_dim), 1e-4)
+              << "q, token " << i << " heads " << c.h;
+          EXPECT_LT(RelErr(k.data() + slots[i] * kv_dim, want + q_dim, kv_dim),
+                    1e-2)
+              << "k, token " << i;
+          EXPECT_LT(RelErr(v.data() + slots[i] * kv_dim, want + q_dim + kv_dim,
+                           kv_dim),
+                    1e-2)
+              << "v, token " << i;
+        }
+      }
+    }
+  }
+}
+
+struct AttnCase {
+  int h, hkv, d, block_size, window;
+  // (new tokens, context length) per sequence.
+  std::vector<std::pair<int, int>> seqs;
+  int num_sms;  // 0: the device's (a large value forces split-K)
+};
+
+void RunAttention(const AttnCase& c, std::mt19937& rng) {
+  SCOPED_TRACE(::testing::Message()
+               << "H " << c.h << " Hkv " << c.hkv << " D " << c.d << " B "
+               << c.block_size << " window " << c.window << " seqs "
+               << c.seqs.size() << " first ctx " << c.seqs[0].second);
+  const int bs = c.block_size;
+  ForwardBatch b;
+  int max_blocks = 0, total_blocks = 0;
+  for (auto [n, ctx] : c.seqs) {
+    max_blocks = std::max(max_blocks, (ctx + bs - 1) / bs);
+    total_blocks += (ctx + bs - 1) / bs;
+  }
+  const int num_blocks = total_blocks + 3;
+  std::vector<int32_t> pool(num_blocks);
+  std::iota(pool.begin(), pool.end(), 0);
+  std::shuffle(pool.begin(), pool.end(), rng);
+  b.max_blocks_per_seq = max_blocks;
+  b.seq_starts = {0};
+  int next = 0;
+  for (auto [n, ctx] : c.seqs) {
+    const int nb = (ctx + bs - 1) / bs;
+    std::vector<int32_t> row(max_blocks, 0);
+    std::copy(pool.begin() + next, pool.begin() + next + nb, row.begin());
+    next += nb;
+    for (int j = 0; j < n; ++j) {
+      const int pos = ctx - n + j;
+      b.token_ids.push_back(0);
+      b.positions.push_back(pos);
+      b.slot_mapping.push_back(row[pos / bs] * bs + pos % bs);
+    }
+    b.seq_starts.push_back(b.token_ids.size());
+    b.context_lens.push_back(ctx);
+    b.block_tables.insert(b.block_tables.end(), row.begin(), row.end());
+  }
+  ASSERT_TRUE(b.Validate(num_blocks, bs, 1).ok());
+  const int64_t t = b.num_tokens();
+  const int64_t slot_elems = static_cast<int64_t>(c.hkv) * c.d;
+  const int64_t cache_elems = static_cast<int64_t>(num_blocks) * bs * slot_elems;
+  std::vector<float> kf = Random(cache_elems, rng), vf = Random(cache_elems, rng);
+  std::vector<uint16_t> kh(cache_elems), vh(cache_elems);
+  for (int64_t i = 0; i < cache_elems; ++i) {
+    kh[i] = ToBf16Bits(kf[i]);
+    kf[i] = FromBf16Bits(kh[i]);
+    vh[i] = ToBf16Bits(vf[i]);
+    vf[i] = FromBf16Bits(vh[i]);
+  }
+  const int64_t q_stride = (c.h + 2 * c.hkv) * c.d;
+  // Scaled so that softmax is neither flat nor one-hot.
+  const std::vector<float> q = Random(t * q_stride, rng, -2.0f, 2.0f);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.d));
+  std::vector<float> ref(t * c.h * c.d);
+  PagedAttention(AttentionParams{c.h, c.hkv, c.d, scale, c.window}, b,
+                 q.data(), q_stride, kf.data(), vf.data(), bs, ref.data());
+
+  const AttnShape shape{c.h, c.hkv, c.d, bs, max_blocks, c.window, scale};
+  const int sms = c.num_sms > 0 ? c.num_sms : NumSms();
+  const AttnPlan plan = PlanAttention(shape, b.seq_starts.data(),
+                                      b.context_lens.data(), b.num_seqs(), sms);
+  Dev<AttnWorkItem> small(plan.small.size()), tiles(plan.tiles.size());
+  small.Up(plan.small);
+  tiles.Up(plan.tiles);
+  Dev<float> dq(q.size()), scratch(AttnScratchFloats(shape, sms));
+  Dev<uint16_t> dk(cache_elems), dv(cache_elems), out(ref.size());
+  Dev<int32_t> tables(b.block_tables.size());
+  dq.Up(q);
+  dk.Up(kh);
+  dv.Up(vh);
+  tables.Up(b.block_tables);
+  out.Poison();
+  scratch.Poison();
+  CK(PagedAttention(shape, plan, small.get(), tiles.get(), dq.get(), q_stride,
+                    reinterpret_cast<const bf16*>(dk.get()),
+                    reinterpret_cast<const bf16*>(dv.get()), tables.get(),
+                    scratch.get(), reinterpret_cast<bf16*>(out.get()),
+                    nullptr));
+  CK(cudaDeviceSynchronize());
+  const std::vector<float> got = ToFloat(out.Down(ref.size()));
+  int bad = 0;
+  for (int64_t i = 0; i < t && bad < 5; ++i) {
+    for (int h = 0; h < c.h && bad < 5; ++h) {
+      const int64_t off = (i * c.h + h) * c.d;
+      const double err = RelErr(got.data() + off, ref.data() + off, c.d);
+      if (!(err < 1e-2)) {
+        ADD_FAILURE() << "token " << i << " head " << h << " rel err " << err
+                      << " (splits small " << plan.small_splits << ", tiles "
+                      << plan.tile_splits << ")";
+        ++bad;
+      }
+    }
+  }
+}
+
+TEST(CudaKernels, PagedAttentionDecodeManyShapes) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(4);
+  for (int d : {64, 128}) {
+    for (int ratio : {1, 4, 8}) {
+      for (int bs : {16, 32}) {
+        std::vector<std::pair<int, int>> seqs;
+        for (int ctx : {1, 2, 17, 64, 65, 333, 1024}) seqs.push_back({1, ctx});
+        seqs.push_back({1, 500 + static_cast<int>(rng() % 4000)});
+        RunAttention({8 * ratio, 8, d, bs, 0, seqs, 0}, rng);
+        RunAttention({4 * ratio, 4, d, bs, 0, seqs, 1000}, rng);  // splits
+      }
+    }
+  }
+}
+
+TEST(CudaKernels, PagedAttentionLongContexts) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(5);
+  for (int ctx : {4096, 8191, 32768}) {
+    RunAttention({32, 8, 128, 16, 0, {{1, ctx}}, 0}, rng);
+    RunAttention({64, 8, 128, 16, 0, {{1, ctx}, {1, ctx / 3}}, 0}, rng);
+  }
+  // Long cached prefix with a new prefill chunk (tiles with split-K).
+  RunAttention({32, 8, 128, 16, 0, {{40, 20000}}, 0}, rng);
+  RunAttention({8, 8, 64, 32, 0, {{100, 12000}, {1, 30000}}, 0}, rng);
+}
+
+TEST(CudaKernels, PagedAttentionPrefillAndMixed) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(6);
+  for (int d : {64, 128}) {
+    for (int ratio : {1, 3, 4, 8}) {
+      for (int bs : {16, 32}) {
+        // Fresh prompts, prompts after a cached prefix, and decode tokens in
+        // one batch.
+        const std::vector<std::pair<int, int>> seqs = {
+            {1, 1}, {37, 37}, {130, 130}, {5, 900}, {1, 77}, {64, 64 + 31}};
+        RunAttention({2 * ratio, 2, d, bs, 0, seqs, 0}, rng);
+        RunAttention({2 * ratio, 2, d, bs, 0, seqs, 500}, rng);
+      }
+    }
+  }
+}
+
+TEST(CudaKernels, PagedAttentionSlidingWindow) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(7);
+  const std::vector<std::pair<int, int>> seqs = {
+      {1, 5000}, {70, 300}, {1, 40}, {200, 4200}};
+  for (int window : {32, 100, 4096}) {
+    RunAttention({32, 8, 128, 16, window, seqs, 0}, rng);
+    RunAttention({8, 8, 64, 32, window, seqs, 1000}, rng);
+  }
+}
+
+TEST(CudaKernels, CopyKvBlocksCopiesEveryPlane) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(8);
+  const int planes = 6, blocks = 20;
+  const int64_t block_elems = 16 * 8 * 64;
+  const int64_t plane_elems = blocks * block_elems;
+  std::vector<uint16_t> data(planes * plane_elems);
+  for (uint16_t& h : data) h = static_cast<uint16_t>(rng());
+  const std::vector<int32_t> pairs = {3, 7, 0, 19, 12, 1};
+  Dev<uint16_t> d(data.size());
+  Dev<int32_t> dp(pairs.size());
+  d.Up(data);
+  dp.Up(pairs);
+  CK(CopyKvBlocks(reinterpret_cast<bf16*>(d.get()), plane_elems, planes,
+                  block_elems, dp.get(), 3, nullptr));
+  std::vector<uint16_t> want = data;
+  for (int p = 0; p < planes; ++p) {
+    for (int i = 0; i < 3; ++i) {
+      std::copy_n(data.begin() + p * plane_elems + pairs[2 * i] * block_elems,
+                  block_elems,
+                  want.begin() + p * plane_elems + pairs[2 * i + 1] * block_elems);
+    }
+  }
+  EXPECT_EQ(d.Down(data.size()), want);
+}
+
+}  // namespace
+}  // namespace kvserve::models::cuda
+
+#else  // !KVSERVE_CUDA
+
+TEST(CudaKernels, NotBuilt) {
+  GTEST_SKIP() << "built without CUDA (KVSERVE_CUDA=OFF)";
+}
+
+#endif  // KVSERVE_CUDA

@@ -1,0 +1,226 @@
+#!/usr/bin/env python3
+"""End-to-end tests of KV sharing through the real kvserve binary (issue 4):
+prefix caching saves prefill and keeps greedy outputs, cache_salt isolates
+tenants, preemption by swap and by recompute keeps greedy outputs, and n > 1
+completions equal separate requests with derived seeds while holding fewer
+KV blocks.
+
+    kv_features_e2e_test.py --binary build/server/kvserve --source-dir .
+
+Exits 77 (ctest: skipped) when grpcio or grpcio-tools is missing.
+"""
+
+import argparse
+import os
+import sys
+import tempfile
+import threading
+import unittest
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kvserve_process import KvserveProcess  # noqa: E402
+
+ARGS = None
+PB = None
+PB_GRPC = None
+BLOCK = 16
+# SmolLM2-135M: 30 layers x 3 KV heads x 64 x (K, V) x fp32 per token.
+BLOCK_BYTES = 30 * 3 * 64 * 2 * 4 * BLOCK
+
+
+def compile_proto(proto_dir, out_dir):
+    import grpc_tools
+    from grpc_tools import protoc
+
+    well_known = os.path.join(os.path.dirname(grpc_tools.__file__), "_proto")
+    rc = protoc.main([
+        "grpc_tools.protoc", f"-I{proto_dir}", f"-I{well_known}",
+        f"--python_out={out_dir}", f"--grpc_python_out={out_dir}",
+        os.path.join(proto_dir, "kvserve/v1/kvserve.proto"),
+    ])
+    if rc != 0:
+        raise RuntimeError(f"grpc_tools.protoc failed with {rc}")
+    sys.path.insert(0, out_dir)
+    from kvserve.v1 import kvserve_pb2, kvserve_pb2_grpc  # noqa: E402
+    return kvserve_pb2, kvserve_pb2_grpc
+
+
+class Server(KvserveProcess):
+    def __init__(self, *extra, kv_bytes="256MiB"):
+        super().__init__(ARGS.binary, ARGS.source_dir, "--threads", "2",
+                         "--kv-cache-bytes", kv_bytes, "--max-model-len",
+                         "2048", *extra)
+        import grpc
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.grpc_port}")
+        self.stub = PB_GRPC.KvServeStub(self.channel)
+
+    def close(self):
+        self.channel.close()
+        self.kill()
+
+    def metrics(self):
+        url = f"http://127.0.0.1:{self.http_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            body = resp.read().decode()
+        out = {}
+        for line in body.splitlines():
+            if line and not line.startswith("#"):
+                key, value = line.rsplit(" ", 1)
+                out[key] = float(value)
+        return out
+
+    def generate(self, ids, max_tokens, salt="", n=0, seed=None, temp=0.0):
+        """Per completion index: (tokens, finish_reason); and the usage."""
+        sampling = PB.SamplingParams(temperature=temp, max_tokens=max_tokens,
+                                     ignore_eos=True)
+        if seed is not None:
+            sampling.seed = seed
+        req = PB.GenerateRequest(
+            prompt_token_ids=PB.TokenIds(ids=ids), sampling=sampling,
+            cache_salt=salt, n=n)
+        out, usage = {}, None
+        for msg in self.stub.Generate(req, timeout=120):
+            out.setdefault(msg.index, []).extend(msg.token_ids)
+            if msg.HasField("usage"):
+                usage = msg.usage
+        return out, usage
+
+    def generate_all(self, prompts, max_tokens, **kw):
+        """Runs the prompts concurrently; index 0's tokens of each."""
+        results = [None] * len(prompts)
+
+        def run(i):
+            results[i] = self.generate(prompts[i], max_tokens, **kw)[0][0]
+
+        threads = [threading.Thread(target=run, args=(i,))
+                   for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return results
+
+
+def token_ids(seed, n):
+    """A deterministic pseudo-random prompt of ordinary token ids."""
+    x, out = seed * 7919 + 1, []
+    for _ in range(n):
+        x = (x * 1103515245 + 12345) % (1 << 31)
+        out.append(300 + x % 20000)
+    return out
+
+
+def counter(m, name, **labels):
+    key = name
+    if labels:
+        key += "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
+    return m.get(key, 0.0)
+
+
+class KvFeaturesTest(unittest.TestCase):
+    def test_prefix_caching_saves_prefill_and_keeps_outputs(self):
+        system = token_ids(1, 1000)
+        prompts = [system + token_ids(100 + i, 8) for i in range(50)]
+        outputs, computed = {}, {}
+        for caching in (True, False):
+            server = Server(*([] if caching else ["--no-prefix-caching"]))
+            try:
+                # The first request fills the cache; the rest run together.
+                first = server.generate(prompts[0], 2)[0][0]
+                rest = server.generate_all(prompts[1:], 2)
+                outputs[caching] = [first] + rest
+                computed[caching] = counter(
+                    server.metrics(), "kvserve_prompt_tokens_computed_total")
+                if caching:
+                    self.check_salts(server)
+            finally:
+                server.close()
+        self.assertEqual(outputs[True], outputs[False])
+        self.assertGreaterEqual(computed[False], 50 * 1008)
+        self.assertLessEqual(computed[True], 0.1 * computed[False],
+                             f"computed prefill tokens: {computed}")
+
+    def check_salts(self, server):
+        prompt = token_ids(7, 200)
+        hits = lambda: counter(server.metrics(),  # noqa: E731
+                               "kvserve_prefix_cache_hits_tokens_total")
+        _, usage_a = server.generate(prompt, 1, salt="tenant-a")
+        before = hits()
+        _, usage_b = server.generate(prompt, 1, salt="tenant-b")
+        self.assertEqual(usage_b.cached_prompt_tokens, 0)
+        self.assertEqual(hits(), before)
+        _, usage_a2 = server.generate(prompt, 1, salt="tenant-a")
+        self.assertEqual(usage_a2.cached_prompt_tokens, 192)  # 12 blocks
+
+    def test_preemption_by_swap_and_recompute_keeps_greedy_outputs(self):
+        prompts = [token_ids(200 + i, 40) for i in range(8)]
+        ref_server = Server("--no-prefix-caching")
+        try:
+            reference = ref_server.generate_all(prompts, 40)
+        finally:
+            ref_server.close()
+        # 24 blocks; 8 requests of 80 tokens need 40.
+        tiny = ["--no-prefix-caching", "--swap-space-bytes", "64MiB"]
+        for mode in ("swap", "recompute"):
+            server = Server(*tiny, "--preemption-mode", mode,
+                            kv_bytes=str(24 * BLOCK_BYTES))
+            try:
+                got = server.generate_all(prompts, 40)
+                m = server.metrics()
+            finally:
+                server.close()
+            self.assertEqual(got, reference, mode)
+            self.assertGreater(
+                counter(m, "kvserve_preemptions_total", mode=mode), 0, mode)
+            if mode == "swap":
+                self.assertGreater(counter(m, "kvserve_swap_bytes_total",
+                                           direction="out"), 0)
+                self.assertGreater(counter(m, "kvserve_swap_bytes_total",
+                                           direction="in"), 0)
+            else:
+                self.assertGreater(counter(
+                    m, "kvserve_preemption_recomputed_tokens_total"), 0)
+
+    def test_n_completions_equal_separate_requests_and_share_blocks(self):
+        server = Server("--no-prefix-caching")
+        try:
+            prompt, max_tokens, seed = token_ids(9, 200), 8, 1234
+            outs, usage = server.generate(prompt, max_tokens, n=4, seed=seed,
+                                          temp=0.9)
+            peak = counter(server.metrics(), "kvserve_kv_blocks_active_peak")
+            self.assertEqual(sorted(outs), [0, 1, 2, 3])
+            self.assertEqual(usage.prompt_tokens, 200)
+            self.assertEqual(usage.completion_tokens, 4 * max_tokens)
+            for i in range(4):
+                alone, _ = server.generate(prompt, max_tokens, seed=seed + i,
+                                           temp=0.9)
+                self.assertEqual(outs[i], alone[0], f"completion {i}")
+            separate = 4 * -(-(200 + max_tokens) // BLOCK)
+            self.assertLess(peak, separate)
+        finally:
+            server.close()
+
+
+def main():
+    global ARGS, PB, PB_GRPC
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--binary", required=True)
+    parser.add_argument("--source-dir", required=True)
+    ARGS, rest = parser.parse_known_args()
+    try:
+        import grpc  # noqa: F401
+        import grpc_tools  # noqa: F401
+    except ImportError as e:
+        print(f"SKIP: {e} (pip install grpcio==1.85.1 grpcio-tools==1.85.1)")
+        return 77
+    with tempfile.TemporaryDirectory() as out:
+        PB, PB_GRPC = compile_proto(os.path.join(ARGS.source_dir, "proto"),
+                                    out)
+        prog = unittest.main(argv=[sys.argv[0], *rest], exit=False,
+                             verbosity=2)
+        return 0 if prog.result.wasSuccessful() else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# The CUDA backend's device check, one script for one lent GPU (H200: under
+# 5 minutes): builds the CUDA targets (Release, sm_90 only), runs the `gpu`
+# tests, then tools/bench/cuda_gpu_bench.cc (copy bandwidth, decode
+# attention GB/s for Llama-3-8B / 70B head shapes, end-to-end decode
+# tokens/s with random Llama-3-8B weights). Prints markdown tables; writes
+# logs and JSON under $OUT when set (else build-device/out).
+#
+#   tools/device_bench.sh             build (or use .devbench/), test, bench
+#   tools/device_bench.sh --quick     fewer benchmark points
+#   tools/device_bench.sh --prepare   on a machine with the project's build
+#       dependencies: build the same binaries (portable: no -march=native)
+#       into .devbench/ with the shared libraries they need, so that a device
+#       machine without abseil / oneDNN / gRPC can run them: carry
+#       ".devbench" (ignored via .git/info/exclude) with the run.
+#
+# On the device machine the whole command is, e.g.:
+#   tools/device_bench.sh 2>&1 | tee $OUT/device_bench.log
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+BUILD="${BUILD:-$ROOT/build-device}"
+PREBUILT="$ROOT/.devbench"
+TARGETS=(cuda_gpu_bench cuda_kernels_gpu_test cuda_forward_gpu_test)
+MODE=run
+QUICK=()
+for arg in "$@"; do
+  case "$arg" in
+    --prepare) MODE=prepare ;;
+    --quick) QUICK=(--quick) ;;
+    *) echo "device_bench.sh: unknown argument '$arg'" >&2; exit 2 ;;
+  esac
+done
+JOBS="${JOBS:-$(nproc)}"
+
+build() {
+  local t0=$SECONDS
+  cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DKVSERVE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DKVSERVE_NATIVE=OFF \
+    -DKVSERVE_BUILD_TESTS=ON -DKVSERVE_BUILD_BENCHMARKS=ON >"$1/configure.log" 2>&1 \
+    || { tail -30 "$1/configure.log"; return 1; }
+  cmake --build "$BUILD" -j "$JOBS" --target "${TARGETS[@]}" >"$1/build.log" 2>&1 \
+    || { tail -40 "$1/build.log"; return 1; }
+  echo "build: $((SECONDS - t0)) s"
+}
+
+if [ "$MODE" = prepare ]; then
+  mkdir -p "$PREBUILT/lib"
+  build "$PREBUILT" || exit 1
+  for t in "${TARGETS[@]}"; do
+    cp "$(find "$BUILD" -name "$t" -type f -perm -u+x | head -1)" "$PREBUILT/"
+  done
+  # Shared libraries outside glibc, libstdc++ and the CUDA driver / toolkit
+  # (the device image has its own CUDA 13 runtime and cuBLAS).
+  for t in "${TARGETS[@]}"; do ldd "$PREBUILT/$t"; done | awk '/=> \//{print $3}' |
+    sort -u | grep -vE '/(libc|libm|libdl|librt|libpthread|libgcc_s|libstdc\+\+|ld-linux|libcuda|libcudart|libcublas|libcublasLt)[.-]' |
+    while read -r lib; do cp -L "$lib" "$PREBUILT/lib/"; done
+  mkdir -p "$PREBUILT/weights"
+  if [ -f weights/SmolLM2-135M-Instruct.Q4_1.gguf ]; then
+    cp weights/SmolLM2-135M-Instruct.Q4_1.gguf "$PREBUILT/weights/"
+  fi
+  grep -qx '/.devbench/' .git/info/exclude 2>/dev/null || echo '/.devbench/' >>.git/info/exclude
+  du -sh "$PREBUILT"
+  echo "prepared $PREBUILT: carry \".devbench\" with the device run"
+  exit 0
+fi
+
+OUTDIR="${OUT:-$BUILD/out}"
+mkdir -p "$OUTDIR"
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,driver_version \
+  --format=csv 2>&1 | tee "$OUTDIR/nvidia_smi.txt"
+
+BIN="$BUILD"
+if [ -x "$PREBUILT/cuda_gpu_bench" ]; then
+  echo "using prebuilt binaries from $PREBUILT"
+  BIN="$PREBUILT"
+  export LD_LIBRARY_PATH="$PREBUILT/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+  # The end-to-end test reads the model from <source>/weights.
+  if [ -f "$PREBUILT/weights/SmolLM2-135M-Instruct.Q4_1.gguf" ] &&
+     [ ! -e weights/SmolLM2-135M-Instruct.Q4_1.gguf ]; then
+    mkdir -p weights && ln -s "$PREBUILT/weights/SmolLM2-135M-Instruct.Q4_1.gguf" weights/
+  fi
+else
+  build "$OUTDIR" || exit 1
+  BIN="$BUILD"
+fi
+find_bin() { find "$BIN" -name "$1" -type f -perm -u+x | head -1; }
+
+status=0
+for t in cuda_kernels_gpu_test cuda_forward_gpu_test; do
+  echo "== $t"
+  timeout 240 "$(find_bin "$t")" --gtest_brief=1 \
+    --gtest_output="json:$OUTDIR/$t.json" 2>&1 | tail -40 || status=1
+done
+
+echo "== cuda_gpu_bench"
+timeout 240 "$(find_bin cuda_gpu_bench)" "${QUICK[@]}" \
+  --json "$OUTDIR/cuda_bench.json" | tee "$OUTDIR/cuda_bench.md" || status=1
+exit $status

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# CI checks beyond the main suite (tools/test.sh runs this after it):
+#
+#   asan  clang build with AddressSanitizer + UndefinedBehaviorSanitizer and
+#         libFuzzer instrumentation (KVSERVE_FUZZ) in build-asan; runs every
+#         C++ test (ctest -LE 'gpu|python').
+#   fuzz  a short run of each libFuzzer target of that build (FUZZ_SECONDS
+#         each, default 30) from its seed corpus in tests/fuzz/corpus/.
+#   tidy  tools/clang_tidy.sh over the project's sources (.clang-tidy).
+#   tsan  gcc build with ThreadSanitizer (no OpenMP: its runtime is not
+#         instrumented) in build-tsan; runs the engine, scheduler and server
+#         tests.
+#
+#   tools/sanitizers.sh [STAGE...]     default: asan fuzz tidy tsan
+#
+# Sanitizer builds use -O1 -g1 (line tables), no benchmarks, and assertions
+# on. Any sanitizer report fails the stage (halt_on_error / abort). Runtime
+# suppressions for third-party false positives: tools/sanitizers/*.supp.
+# Environment: JOBS (default nproc), FUZZ_SECONDS.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+JOBS="${JOBS:-$(nproc)}"
+FUZZ_SECONDS="${FUZZ_SECONDS:-30}"
+STAGES=("$@")
+if [ ${#STAGES[@]} -eq 0 ]; then STAGES=(asan fuzz tidy tsan); fi
+SUPP="$ROOT/tools/sanitizers"
+SAN_FLAGS=(-G Ninja -DCMAKE_BUILD_TYPE=Debug
+           -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" -DCMAKE_C_FLAGS_DEBUG="-O1 -g1"
+           -DKVSERVE_BUILD_BENCHMARKS=OFF -DKVSERVE_CUDA=OFF)
+
+export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:detect_stack_use_after_return=0"
+export LSAN_OPTIONS="suppressions=$SUPP/lsan.supp"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:suppressions=$SUPP/ubsan.supp"
+export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$SUPP/tsan.supp"
+
+banner() { echo; echo "==================== sanitizers: $* ===================="; }
+
+stage_asan() {
+  CC=clang CXX=clang++ cmake -S . -B build-asan "${SAN_FLAGS[@]}" \
+    -DKVSERVE_FUZZ=ON >/dev/null
+  cmake --build build-asan -j "$JOBS"
+  ctest --test-dir build-asan --output-on-failure -j "$JOBS" -LE 'gpu|python'
+}
+
+# Runs every fuzz target of build-asan for FUZZ_SECONDS, JOBS at a time;
+# fails if any crashed. New inputs go to build-asan/fuzz-corpus/ (not to the
+# checked-in seeds).
+stage_fuzz() {
+  local logs=build-asan/fuzz-logs
+  mkdir -p "$logs"
+  local targets=()
+  for f in tests/fuzz/*_fuzz.cc; do targets+=("$(basename "$f" .cc)"); done
+  printf '%s\n' "${targets[@]}" | xargs -P "$JOBS" -I{} sh -c '
+    mkdir -p build-asan/fuzz-corpus/{} build-asan/fuzz-crashes/{}
+    build-asan/tests/fuzz/{} -max_total_time='"$FUZZ_SECONDS"' -timeout=30 \
+      -rss_limit_mb=4096 -print_final_stats=1 \
+      -artifact_prefix=build-asan/fuzz-crashes/{}/ \
+      build-asan/fuzz-corpus/{} tests/fuzz/corpus/{} \
+      >'"$logs"'/{}.log 2>&1 && echo "fuzz: {} ok" \
+      || { echo "fuzz: {} FAILED"; tail -n 60 '"$logs"'/{}.log; exit 1; }'
+  local t
+  for t in "${targets[@]}"; do
+    echo "fuzz: $t: $(grep -h 'stat::number_of_executed_units' \
+      "$logs/$t.log" | awk '{print $2}') executions in ${FUZZ_SECONDS}s"
+  done
+}
+
+stage_tidy() {
+  tools/clang_tidy.sh build-asan
+}
+
+stage_tsan() {
+  cmake -S . -B build-tsan "${SAN_FLAGS[@]}" -DKVSERVE_SANITIZE=thread \
+    -DKVSERVE_OPENMP=OFF >/dev/null
+  local targets=()
+  for f in tests/engine/*_test.cc tests/scheduler/*_test.cc \
+           tests/server/*_test.cc; do
+    case "$f" in *_gpu_test.cc) continue ;; esac
+    targets+=("$(basename "$f" .cc)")
+  done
+  cmake --build build-tsan -j "$JOBS" --target "${targets[@]}"
+  ctest --test-dir build-tsan --output-on-failure -j "$JOBS" \
+    -L '^(engine|scheduler|server)$' -LE 'gpu|python'
+}
+
+for stage in "${STAGES[@]}"; do
+  case "$stage" in
+    asan|fuzz|tidy|tsan) ;;
+    *) echo "sanitizers.sh: unknown stage '$stage'" >&2; exit 2 ;;
+  esac
+  banner "$stage"
+  start=$SECONDS
+  "stage_$stage"
+  echo "==================== sanitizers: $stage passed in" \
+       "$((SECONDS - start)) s ===================="
+done
