@@ -78,8 +78,8 @@ class CpuBackend final : public ModelBackend {
     return static_cast<int64_t>(kv_->block_size()) * kv_->view().SlotStride();
   }
   float* Slot(int32_t slot) {
-    return swap_.get() + static_cast<int64_t>(slot) * 2 *
-                             kv_->view().k.size() * LayerBlockFloats();
+    return swap_.get() + static_cast<int64_t>(slot) * 2 * kv_->view().k.size() *
+                             LayerBlockFloats();
   }
   absl::Status CheckBlock(const char* what, int32_t id, int32_t limit) const;
   void MeasureCosts();
@@ -93,10 +93,9 @@ class CpuBackend final : public ModelBackend {
 };
 
 absl::Status CpuBackend::Init(int64_t swap_space_bytes) {
-  const int64_t slots =
-      std::min<int64_t>(std::max<int64_t>(swap_space_bytes, 0) /
-                            kv_->bytes_per_block(),
-                        INT32_MAX / 2);
+  const int64_t slots = std::min<int64_t>(
+      std::max<int64_t>(swap_space_bytes, 0) / kv_->bytes_per_block(),
+      INT32_MAX / 2);
   if (slots > 0) {
     // Not zero-filled: pages are only touched when a block is swapped out.
     const int64_t floats = slots * kv_->bytes_per_block() / sizeof(float);
@@ -165,8 +164,10 @@ absl::Status CpuBackend::CheckBlock(const char* what, int32_t id,
 
 absl::Status CpuBackend::CopyBlocks(absl::Span<const BlockMove> moves) {
   for (const BlockMove& m : moves) {
-    KV_RETURN_IF_ERROR(CheckBlock("CopyBlocks: src block", m.src, num_blocks()));
-    KV_RETURN_IF_ERROR(CheckBlock("CopyBlocks: dst block", m.dst, num_blocks()));
+    KV_RETURN_IF_ERROR(
+        CheckBlock("CopyBlocks: src block", m.src, num_blocks()));
+    KV_RETURN_IF_ERROR(
+        CheckBlock("CopyBlocks: dst block", m.dst, num_blocks()));
     kv_->CopyBlock(m.src, m.dst);
   }
   return absl::OkStatus();
@@ -213,12 +214,12 @@ absl::StatusOr<std::unique_ptr<ModelBackend>> CreateCpuBackend(
   const models::ModelConfig& c = model->config;
   int64_t budget = config.kv_cache_bytes;
   if (budget <= 0) {
-    budget = static_cast<int64_t>(PhysicalMemoryBytes() *
-                                  config.kv_cache_fraction);
+    budget =
+        static_cast<int64_t>(PhysicalMemoryBytes() * config.kv_cache_fraction);
   }
-  KV_ASSIGN_OR_RETURN(auto kv, KvCacheStorage::Create(
-                                   {c.num_layers, c.num_kv_heads, c.head_dim,
-                                    config.block_size, 0, budget}));
+  KV_ASSIGN_OR_RETURN(
+      auto kv, KvCacheStorage::Create({c.num_layers, c.num_kv_heads, c.head_dim,
+                                       config.block_size, 0, budget}));
   auto backend =
       std::make_unique<CpuBackend>(std::move(model->model), std::move(kv));
   KV_RETURN_IF_ERROR(backend->Init(config.swap_space_bytes));

@@ -16,6 +16,7 @@
 #include "engine/loaded_model.h"
 #include "models/cuda/cuda_llama.h"
 #include "models/cuda/cuda_status.h"
+#include "models/model_files.h"
 #include "spdlog/spdlog.h"
 
 namespace kvserve::engine {
@@ -38,7 +39,8 @@ models::ForwardBatch ProfileBatch(int32_t n, int32_t rows, int32_t block_size,
   b.context_lens = {n};
   b.max_blocks_per_seq = blocks;
   for (int32_t i = 0; i < blocks; ++i) b.block_tables.push_back(i);
-  for (int32_t r = std::max(0, n - rows); r < n; ++r) b.logits_rows.push_back(r);
+  for (int32_t r = std::max(0, n - rows); r < n; ++r)
+    b.logits_rows.push_back(r);
   return b;
 }
 
@@ -128,8 +130,8 @@ absl::Status CudaBackend::Profile(const BackendConfig& config) {
   KV_RETURN_IF_ERROR(model_->Reserve(std::max(n, config.max_num_seqs), rows));
   const int32_t blocks = (n + config.block_size - 1) / config.block_size;
   mc::DeviceBuffer tmp;
-  KV_RETURN_IF_ERROR(tmp.Allocate(2LL * c.num_layers * blocks * block_bytes_,
-                                  "profiling KV"));
+  KV_RETURN_IF_ERROR(
+      tmp.Allocate(2LL * c.num_layers * blocks * block_bytes_, "profiling KV"));
   mc::CudaKvCache kv{blocks, config.block_size, tmp.as<mc::bf16>(),
                      blocks * block_bytes_ / 2};
   const models::ForwardBatch b =
@@ -138,9 +140,9 @@ absl::Status CudaBackend::Profile(const BackendConfig& config) {
   KV_RETURN_IF_ERROR(model_->Forward(b, kv, &logits));  // warm-up
   const auto t0 = std::chrono::steady_clock::now();
   KV_RETURN_IF_ERROR(model_->Forward(b, kv, &logits));
-  const double secs = std::chrono::duration<double>(
-                          std::chrono::steady_clock::now() - t0)
-                          .count();
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+          .count();
   seconds_per_prefill_token_ = secs / n;
   return absl::OkStatus();
 }
@@ -154,10 +156,10 @@ absl::Status CudaBackend::AllocateKv(const BackendConfig& config) {
   if (config.kv_cache_bytes > 0) {
     budget = config.kv_cache_bytes;
     if (budget > free_bytes) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "--kv-cache-bytes=", budget, ": only ", free_bytes,
-          " bytes of device memory are free after the weights (",
-          model_->weight_bytes(), " bytes)"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("--kv-cache-bytes=", budget, ": only ", free_bytes,
+                       " bytes of device memory are free after the weights (",
+                       model_->weight_bytes(), " bytes)"));
     }
   } else {
     if (config.gpu_memory_fraction <= 0.0 || config.gpu_memory_fraction > 1.0) {
@@ -199,23 +201,26 @@ absl::Status CudaBackend::AllocateSwap(const BackendConfig& config) {
       {64LL << 20, num_swap_slots_ * bytes_per_block_,
        static_cast<int64_t>(kv_.num_blocks) * bytes_per_block_});
   const auto t0 = std::chrono::steady_clock::now();
-  KV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(swap_host_, kv_.base, bytes,
-                                          cudaMemcpyDeviceToHost,
-                                          model_->stream()));
+  KV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+      swap_host_, kv_.base, bytes, cudaMemcpyDeviceToHost, model_->stream()));
   KV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(model_->stream()));
-  const double secs = std::chrono::duration<double>(
-                          std::chrono::steady_clock::now() - t0)
-                          .count();
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+          .count();
   if (secs > 0) swap_bps_ = static_cast<double>(bytes) / secs;
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<ModelBackend>> CudaBackend::Create(
     const BackendConfig& config, LoadedModel* model) {
-  if (model->weights == nullptr) {
-    return absl::FailedPreconditionError(
-        "--device=cuda: the model was loaded for the CPU (LoadModel with "
-        "device \"cuda\" keeps the weights for the upload)");
+  // LoadModel(..., "cuda") keeps the weights; a model loaded for the CPU
+  // is re-opened from its path (the packed CPU copy is then dropped).
+  std::unique_ptr<models::WeightSource> weights = std::move(model->weights);
+  if (weights == nullptr) {
+    KV_ASSIGN_OR_RETURN(models::ModelFiles files,
+                        models::OpenModelFiles(model->path));
+    weights = std::move(files.weights);
+    model->model.reset();
   }
   if (config.block_size <= 0 || config.block_size > 1024) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -225,9 +230,9 @@ absl::StatusOr<std::unique_ptr<ModelBackend>> CudaBackend::Create(
   cudaDeviceProp prop{};
   KV_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, 0));
   std::unique_ptr<CudaBackend> b(new CudaBackend());
-  KV_ASSIGN_OR_RETURN(b->model_, mc::CudaLlamaModel::Create(model->config,
-                                                            *model->weights));
-  model->weights.reset();  // the host copy is no longer needed
+  KV_ASSIGN_OR_RETURN(b->model_,
+                      mc::CudaLlamaModel::Create(model->config, *weights));
+  weights.reset();  // the host copy is no longer needed
   b->block_bytes_ = b->model_->BlockElems(config.block_size) * 2;
   b->bytes_per_block_ = 2LL * model->config.num_layers * b->block_bytes_;
   KV_RETURN_IF_ERROR(b->Profile(config));
@@ -309,8 +314,7 @@ absl::Status CudaBackend::Swap(absl::Span<const BlockMove> moves, bool out) {
         uint8_t* h = host + p * block_bytes_;
         KV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
             out ? static_cast<void*>(h) : static_cast<void*>(dev),
-            out ? static_cast<void*>(dev) : static_cast<void*>(h),
-            block_bytes_,
+            out ? static_cast<void*>(dev) : static_cast<void*>(h), block_bytes_,
             out ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, s));
       }
     }

@@ -15,11 +15,13 @@ namespace kvserve::engine {
 // the runtime reports an error (treated as "CPU only", never a crash).
 int CudaDeviceCount();
 
-// Uploads `model->weights` (LoadModel with device "cuda" keeps them; released
-// after the upload), profiles one forward of config.max_num_batched_tokens
-// tokens, then allocates the KV blocks: config.kv_cache_bytes if set, else
-// gpu_memory_fraction of device memory minus what is in use. Errors name the
-// flag (--gpu-memory-fraction, --kv-cache-bytes) or the CUDA call.
+// Uploads `model->weights` (LoadModel with device "cuda" keeps them; else
+// the weights are re-read from model->path and the packed CPU model is
+// dropped; released after the upload), profiles one forward of
+// config.max_num_batched_tokens tokens, then allocates the KV blocks:
+// config.kv_cache_bytes if set, else gpu_memory_fraction of device memory minus
+// what is in use. Errors name the flag (--gpu-memory-fraction,
+// --kv-cache-bytes) or the CUDA call.
 [[nodiscard]] absl::StatusOr<std::unique_ptr<ModelBackend>> CreateCudaBackend(
     const BackendConfig& config, LoadedModel* model);
 

@@ -63,8 +63,8 @@ void Engine::Impl::FirstScheduled(const scheduler::ScheduledRequest& s,
 void Engine::Impl::AdmitSiblings(const LiveRequest& parent) {
   for (int32_t i = 1; i < parent.spec.n; ++i) {
     auto c = NewChild(parent, next_id_.fetch_add(1), i);
-    c->output = std::make_unique<OutputProcessor>(c->spec,
-                                                  model_.tokenizer.get());
+    c->output =
+        std::make_unique<OutputProcessor>(c->spec, model_.tokenizer.get());
     auto req = std::make_unique<scheduler::Request>(
         c->id, c->spec.prompt_tokens, c->spec.max_tokens, c->spec.priority,
         absl::ToUnixNanos(c->arrival));
@@ -95,8 +95,8 @@ void Engine::Impl::ForkChildren(RequestId parent_id) {
     auto c = NewChild(p, next_id_.fetch_add(1), i);
     c->first_scheduled = p.first_scheduled;
     c->cached_prompt_tokens = p.cached_prompt_tokens;
-    c->output = std::make_unique<OutputProcessor>(c->spec,
-                                                  model_.tokenizer.get());
+    c->output =
+        std::make_unique<OutputProcessor>(c->spec, model_.tokenizer.get());
     logits = lit->second;
     SampleResult res = Sample(absl::MakeSpan(logits), c->spec.sampling,
                               c->spec.prompt_tokens, c->output->sampler());

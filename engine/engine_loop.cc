@@ -27,8 +27,10 @@ absl::Duration FaultStepDelay() {
     const char* v = std::getenv("KVSERVE_FAULT_STEP_DELAY_MS");
     const int ms = v != nullptr ? std::max(std::atoi(v), 0) : 0;
     if (ms > 0) {
-      spdlog::warn("fault injection: every engine step sleeps {} ms "
-                   "(KVSERVE_FAULT_STEP_DELAY_MS; for tests only)", ms);
+      spdlog::warn(
+          "fault injection: every engine step sleeps {} ms "
+          "(KVSERVE_FAULT_STEP_DELAY_MS; for tests only)",
+          ms);
     }
     return absl::Milliseconds(ms);
   }();

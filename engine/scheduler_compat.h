@@ -55,10 +55,9 @@ absl::Status RunBlockMoves(const Out& out, ModelBackend& backend,
 
 // Whether this scheduler can fork (Scheduler::Fork exists).
 template <typename S = scheduler::Scheduler>
-constexpr bool kCanFork =
-    requires(S s, std::unique_ptr<scheduler::Request> c) {
-      s.Fork(RequestId{}, std::move(c));
-    };
+constexpr bool kCanFork = requires(S s, std::unique_ptr<scheduler::Request> c) {
+  s.Fork(RequestId{}, std::move(c));
+};
 
 // Forks `child` (same prompt, one output token) off `parent`.
 template <typename S>
@@ -96,11 +95,11 @@ bool AppendOutputToken(R& r, int32_t token) {
 struct ExtraStats {
   int64_t preemptions_recompute = -1;  // -1: only the combined count exists
   int64_t preemptions_swap = 0;
-  int64_t recomputed_tokens = -1;  // -1: use num_preempted_tokens_total
+  int64_t recomputed_tokens = -1;   // -1: use num_preempted_tokens_total
   int64_t swapped_out_blocks = -1;  // -1: count the engine's moves
   int64_t swapped_in_blocks = -1;
   int64_t swap_slots_used = 0;
-  int64_t swap_slots_total = -1;  // -1: the backend's slot count
+  int64_t swap_slots_total = -1;    // -1: the backend's slot count
   int64_t uncacheable_tokens = -1;  // -1: the engine counts them itself
 };
 
@@ -151,8 +150,7 @@ absl::Status SetPreemptionConfig(C& sc, int32_t num_swap_slots,
                                  const std::string& mode,
                                  double recompute_seconds_per_token,
                                  double swap_seconds_per_block,
-                                 int32_t thrash_limit,
-                                 double high_watermark) {
+                                 int32_t thrash_limit, double high_watermark) {
   if (mode != "auto" && mode != "recompute" && mode != "swap") {
     return absl::InvalidArgumentError(absl::StrCat(
         "--preemption-mode: must be auto, recompute, or swap, got \"", mode,

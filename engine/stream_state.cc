@@ -80,9 +80,8 @@ void StreamState::Push(int32_t index, const std::vector<int32_t>& tokens,
   Deliver();
 }
 
-void StreamState::Finish(int32_t index, FinishReason reason,
-                         const Usage& usage, const Timings& timings,
-                         std::string error) {
+void StreamState::Finish(int32_t index, FinishReason reason, const Usage& usage,
+                         const Timings& timings, std::string error) {
   {
     absl::MutexLock lock(&mu_);
     if (index < 0 || index >= static_cast<int32_t>(slots_.size())) return;
@@ -100,8 +99,8 @@ void StreamState::Finish(int32_t index, FinishReason reason,
     // The prompt is shared: counted once.
     total_usage_.prompt_tokens =
         std::max(total_usage_.prompt_tokens, usage.prompt_tokens);
-    total_usage_.cached_prompt_tokens = std::max(
-        total_usage_.cached_prompt_tokens, usage.cached_prompt_tokens);
+    total_usage_.cached_prompt_tokens =
+        std::max(total_usage_.cached_prompt_tokens, usage.cached_prompt_tokens);
     total_usage_.completion_tokens += usage.completion_tokens;
   }
   Deliver();

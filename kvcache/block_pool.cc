@@ -8,6 +8,7 @@ namespace kvserve::kvcache {
 BlockPool::BlockPool(int32_t num_blocks) {
   KV_CHECK(num_blocks >= 1, "num_blocks=", num_blocks);
   blocks_.resize(num_blocks);
+  hashes_.resize(num_blocks);
   for (BlockId b = 0; b < num_blocks; ++b) PushBack(b);
 }
 
@@ -20,7 +21,7 @@ std::vector<BlockId> BlockPool::Allocate(int32_t n) {
     BlockMeta& m = blocks_[b];
     Unlink(b);
     if (m.has_hash) {  // cached -> free (evict), then as below
-      cached_.erase(m.hash);
+      cached_.erase(hashes_[b]);
       m.has_hash = false;
       --num_cached_evictable_;
     }
@@ -63,7 +64,7 @@ bool BlockPool::CacheBlock(BlockId block, BlockHash hash) {
   // active -> active (hashed; becomes cached when its last owner frees it)
   if (!cached_.emplace(hash, block).second) return false;
   m.has_hash = true;
-  m.hash = hash;
+  hashes_[block] = hash;
   return true;
 }
 
@@ -82,7 +83,7 @@ std::optional<BlockHash> BlockPool::block_hash(BlockId block) const {
   CheckId(block);
   const BlockMeta& m = blocks_[block];
   if (!m.has_hash) return std::nullopt;
-  return m.hash;
+  return hashes_[block];
 }
 
 std::vector<BlockId> BlockPool::FreeQueue() const {
@@ -138,11 +139,12 @@ absl::Status BlockPool::CheckInvariants() const {
     if (!m.has_hash) continue;
     ++hashed;
     if (m.ref_count == 0) ++evictable;
-    auto it = cached_.find(m.hash);
+    const BlockHash hash = hashes_[b];
+    auto it = cached_.find(hash);
     if (it == cached_.end() || it->second != b) {
       return absl::InternalError(absl::StrCat(
-          "block ", b, " hash ", absl::Hex(absl::Uint128High64(m.hash)), ":",
-          absl::Hex(absl::Uint128Low64(m.hash)), " not mapped to it"));
+          "block ", b, " hash ", absl::Hex(absl::Uint128High64(hash)), ":",
+          absl::Hex(absl::Uint128Low64(hash)), " not mapped to it"));
     }
   }
   if (hashed != static_cast<int32_t>(cached_.size())) {

@@ -119,11 +119,12 @@ class BlockPool {
   [[nodiscard]] absl::Status CheckInvariants() const;
 
  private:
+  // 16 bytes: the free-queue walk touches only these. Hashes live apart in
+  // hashes_ (read on eviction and lookups of hashed blocks only).
   struct BlockMeta {
     int32_t ref_count = 0;
     bool has_hash = false;
     bool in_free_queue = false;
-    BlockHash hash = 0;
     BlockId prev = kNoBlock;  // free-queue links
     BlockId next = kNoBlock;
   };
@@ -133,6 +134,7 @@ class BlockPool {
   void CheckId(BlockId block) const;
 
   std::vector<BlockMeta> blocks_;
+  std::vector<BlockHash> hashes_;  // per block; valid while has_hash
   BlockId head_ = kNoBlock;
   BlockId tail_ = kNoBlock;
   int32_t num_free_ = 0;

@@ -174,7 +174,8 @@ absl::StatusOr<std::string> ResolveExplicitPath(std::string_view path,
   const std::string p(path);
   if (opts.confine_to_dirs && fs::path(p).is_relative()) {
     for (const std::string& dir : opts.models_dirs) {
-      if (Exists(fs::path(dir) / p)) return (fs::path(dir) / p).string();
+      const fs::path in_dir = (fs::path(dir) / p).lexically_normal();
+      if (Exists(in_dir)) return in_dir.string();
     }
   }
   if (Exists(p)) return p;

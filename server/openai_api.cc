@@ -90,8 +90,8 @@ OpenAiApi::OpenAiApi(engine::Engine* engine, RequestLimits limits,
       created_(absl::ToUnixSeconds(absl::Now())),
       model_(MakeServedModel(*engine)) {}
 
-void OpenAiApi::Mount(httplib::Server* server,
-                      std::function<OpenAiApi*()> api, int http_threads) {
+void OpenAiApi::Mount(httplib::Server* server, std::function<OpenAiApi*()> api,
+                      int http_threads) {
   // A /v1 call holds its worker until its response ends (a stream: when
   // the response object goes, releasing `slot`).
   const int reserved = std::clamp(http_threads / 4, 1, 4);
@@ -116,7 +116,8 @@ void OpenAiApi::Mount(httplib::Server* server,
                   res);
         return;
       }
-      std::shared_ptr<void> slot(nullptr, [busy](void*) { busy->fetch_sub(1); });
+      std::shared_ptr<void> slot(nullptr,
+                                 [busy](void*) { busy->fetch_sub(1); });
       handler(self, req, res);
       if (res.content_provider_) {
         res.content_provider_resource_releaser_ =

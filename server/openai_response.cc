@@ -246,10 +246,9 @@ std::string CompletionBody(const OpenAiCallInfo& call,
   json choices = json::array();
   for (size_t i = 0; i < results.size(); ++i) {
     const OpenAiResult& result = results[i];
-    json choice = {
-        {"index", static_cast<int64_t>(i)},
-        {"logprobs", LogprobsJson(call, result.logprobs, tokenizer)},
-        {"finish_reason", FinishReasonJson(result.finish_reason)}};
+    json choice = {{"index", static_cast<int64_t>(i)},
+                   {"logprobs", LogprobsJson(call, result.logprobs, tokenizer)},
+                   {"finish_reason", FinishReasonJson(result.finish_reason)}};
     if (IsChat(call)) {
       choice["message"] = {{"role", "assistant"}, {"content", result.text}};
     } else {

@@ -41,7 +41,7 @@ import sse_client  # noqa: E402
 from kvserve_bench import (UsageError, check_loopback,  # noqa: E402
                            split_host_port)
 
-LISTEN = re.compile(r"(?:listening |http=)(\S+):(\d+)")
+LISTEN = re.compile(r"http=(\S+):(\d+)|listening ([^\s=]+):(\d+)")
 
 
 def percentile(values, q):
@@ -141,7 +141,9 @@ def spawn(cmd):
         if m:
             threading.Thread(target=lambda: [None for _ in proc.stdout],
                              daemon=True).start()
-            return proc, f"{m.group(1)}:{m.group(2)}"
+            host, port = (m.group(1), m.group(2)) if m.group(1) else \
+                (m.group(3), m.group(4))
+            return proc, f"{host}:{port}"
         if time.time() > deadline:
             break
     proc.kill()

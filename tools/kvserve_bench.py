@@ -536,7 +536,23 @@ def summarize(args, rate, records, elapsed, before, after, poller,
         b = metric_sum(before, "kvserve_preemptions_total")
         if a is not None and b is not None:
             preemptions = int(round(a - b))
+    # Engine time split (kvserve only): the share of the run's wall time
+    # spent in engine steps and, within them, in the model forward pass.
+    engine = {}
+    for key, name in (("step_s", "kvserve_engine_step_duration_seconds_sum"),
+                      ("forward_s", "kvserve_engine_forward_seconds_total"),
+                      ("steps", "kvserve_engine_step_duration_seconds_count")):
+        if before is not None and after is not None:
+            a, b = metric_sum(after, name), metric_sum(before, name)
+            if a is not None and b is not None:
+                engine[key] = a - b
+    if elapsed > 0 and "forward_s" in engine:
+        engine["forward_fraction_of_wall"] = engine["forward_s"] / elapsed
+    if engine.get("step_s") and "forward_s" in engine:
+        engine["forward_fraction_of_steps"] = (engine["forward_s"] /
+                                               engine["step_s"])
     return {
+        "engine_time": engine or None,
         "request_rate": "inf" if math.isinf(rate) else rate,
         "dataset": args.dataset,
         "num_requests": len(records),

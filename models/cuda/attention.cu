@@ -59,12 +59,12 @@ __global__ void __launch_bounds__(kThreads)
                     const int32_t* __restrict__ tables,
                     float* __restrict__ part, bf16* __restrict__ out) {
   using S = Smem<D, ROWS>;
-  constexpr int kCh = D / 8;                         // 16-byte chunks per row
-  constexpr int kLpt = kTileKeys * kCh / kThreads;   // chunk loads per thread
-  constexpr int kQkGroups = kThreads / kTileKeys;    // row groups for scores
+  constexpr int kCh = D / 8;                        // 16-byte chunks per row
+  constexpr int kLpt = kTileKeys * kCh / kThreads;  // chunk loads per thread
+  constexpr int kQkGroups = kThreads / kTileKeys;   // row groups for scores
   constexpr int kQkRpt = ROWS / kQkGroups;
-  constexpr int kPvThreads = D / 2;                  // one d pair each
-  constexpr int kPvGroups = kThreads / kPvThreads;   // row groups for P.V
+  constexpr int kPvThreads = D / 2;                 // one d pair each
+  constexpr int kPvGroups = kThreads / kPvThreads;  // row groups for P.V
   constexpr int kPvRpt = ROWS / kPvGroups;
   static_assert(kLpt * kThreads == kTileKeys * kCh);
   static_assert(kPvRpt * kPvGroups == ROWS && kQkRpt * kQkGroups == ROWS);
@@ -181,7 +181,8 @@ __global__ void __launch_bounds__(kThreads)
       for (int j = 0; j < kQkRpt; ++j) {
         const int r = qg + kQkGroups * j;
         if (r < nrows) {  // warp-uniform
-          const float4 a = *reinterpret_cast<const float4*>(q_s + r * D + ch * 8);
+          const float4 a =
+              *reinterpret_cast<const float4*>(q_s + r * D + ch * 8);
           const float4 b =
               *reinterpret_cast<const float4*>(q_s + r * D + ch * 8 + 4);
           sc[j] += a.x * kf[0] + a.y * kf[1] + a.z * kf[2] + a.w * kf[3] +
@@ -196,8 +197,7 @@ __global__ void __launch_bounds__(kThreads)
       float v = -INFINITY;
       if (r < nrows && t < s_end) {
         const int pos = it.pos0 + r / group;
-        if (t <= pos &&
-            (s.sliding_window <= 0 || t > pos - s.sliding_window)) {
+        if (t <= pos && (s.sliding_window <= 0 || t > pos - s.sliding_window)) {
           v = sc[j];
         }
       }
@@ -249,9 +249,9 @@ __global__ void __launch_bounds__(kThreads)
     }
 #pragma unroll 8
     for (int key = 0; key < kTileKeys; ++key) {
-      const float2 v = __bfloat1622float2(
-          *reinterpret_cast<const __nv_bfloat162*>(v_s + key * S::kPad +
-                                                   2 * dp));
+      const float2 v =
+          __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(
+              v_s + key * S::kPad + 2 * dp));
 #pragma unroll
       for (int j = 0; j < kPvRpt; ++j) {
         const int r = rg + kPvGroups * j;
@@ -290,7 +290,8 @@ __global__ void __launch_bounds__(kThreads)
 // Merges the splits of each (item, KV head): out = sum_s 2^(m_s - M) acc_s /
 // sum_s 2^(m_s - M) l_s. Splits with no keys (m = -inf) are skipped.
 template <int D, int ROWS>
-__global__ void CombineKernel(AttnShape s, const AttnWorkItem* __restrict__ items,
+__global__ void CombineKernel(AttnShape s,
+                              const AttnWorkItem* __restrict__ items,
                               int num_items, int num_splits,
                               const float* __restrict__ part,
                               bf16* __restrict__ out) {
@@ -312,7 +313,8 @@ __global__ void CombineKernel(AttnShape s, const AttnWorkItem* __restrict__ item
     float l = 0.0f;
     for (int sp = 0; sp < num_splits; ++sp) {
       const float m = ml[(row0 + sp * ROWS + r) * 2];
-      if (m != -INFINITY) l += exp2f(m - mx) * ml[(row0 + sp * ROWS + r) * 2 + 1];
+      if (m != -INFINITY)
+        l += exp2f(m - mx) * ml[(row0 + sp * ROWS + r) * 2 + 1];
     }
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
     const int64_t tok = it.token + r / group;
@@ -331,24 +333,23 @@ __global__ void CombineKernel(AttnShape s, const AttnWorkItem* __restrict__ item
 }
 
 template <int D, int ROWS>
-cudaError_t Launch(const AttnShape& s, int num_items, int splits,
-                   int partition, const AttnWorkItem* items, const float* q,
-                   int64_t q_stride, const bf16* kc, const bf16* vc,
-                   const int32_t* tables, float* scratch, bf16* out,
-                   cudaStream_t stream) {
+cudaError_t Launch(const AttnShape& s, int num_items, int splits, int partition,
+                   const AttnWorkItem* items, const float* q, int64_t q_stride,
+                   const bf16* kc, const bf16* vc, const int32_t* tables,
+                   float* scratch, bf16* out, cudaStream_t stream) {
   if (num_items == 0) return cudaSuccess;
   constexpr int kBytes = Smem<D, ROWS>::kBytes;
-  static const cudaError_t attr = cudaFuncSetAttribute(
-      PagedAttnKernel<D, ROWS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-      kBytes);
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(PagedAttnKernel<D, ROWS>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
   if (attr != cudaSuccess) return attr;
   const dim3 grid(splits, s.num_kv_heads, num_items);
   PagedAttnKernel<D, ROWS><<<grid, kThreads, kBytes, stream>>>(
       s, items, partition, splits, q, q_stride, kc, vc, tables, scratch, out);
   if (splits > 1) {
-    CombineKernel<D, ROWS><<<dim3(s.num_kv_heads, num_items), kThreads, 0,
-                             stream>>>(s, items, num_items, splits, scratch,
-                                       out);
+    CombineKernel<D, ROWS>
+        <<<dim3(s.num_kv_heads, num_items), kThreads, 0, stream>>>(
+            s, items, num_items, splits, scratch, out);
   }
   return cudaGetLastError();
 }
@@ -372,8 +373,8 @@ void ChooseSplits(const AttnShape& s, const std::vector<AttnWorkItem>& items,
   const int64_t target = static_cast<int64_t>(kBlocksPerSm) * num_sms;
   if (base >= target) return;
   int64_t want = (target + base - 1) / base;
-  want = std::min<int64_t>(want, (max_len + kMinKeysPerSplit - 1) /
-                                     kMinKeysPerSplit);
+  want = std::min<int64_t>(want,
+                           (max_len + kMinKeysPerSplit - 1) / kMinKeysPerSplit);
   if (want <= 1) return;
   int64_t part = (max_len + want - 1) / want;
   part = (part + kTileKeys - 1) / kTileKeys * kTileKeys;
@@ -424,8 +425,8 @@ cudaError_t PagedAttention(const AttnShape& shape, const AttnPlan& plan,
                            const bf16* v_cache, const int32_t* block_tables,
                            float* scratch, bf16* out, cudaStream_t stream) {
   const int group = shape.num_heads / shape.num_kv_heads;
-  if (shape.num_kv_heads <= 0 || group * shape.num_kv_heads != shape.num_heads ||
-      group > kTileRows ||
+  if (shape.num_kv_heads <= 0 ||
+      group * shape.num_kv_heads != shape.num_heads || group > kTileRows ||
       (shape.head_dim != 64 && shape.head_dim != 128)) {
     return cudaErrorInvalidValue;
   }
@@ -433,20 +434,17 @@ cudaError_t PagedAttention(const AttnShape& shape, const AttnPlan& plan,
   const int nt = static_cast<int>(plan.tiles.size());
   cudaError_t err;
   if (shape.head_dim == 128) {
-    err = Launch<128, kSmallRows>(shape, ns, plan.small_splits,
-                                  plan.small_partition, items_small, q,
-                                  q_stride, k_cache, v_cache, block_tables,
-                                  scratch, out, stream);
+    err = Launch<128, kSmallRows>(
+        shape, ns, plan.small_splits, plan.small_partition, items_small, q,
+        q_stride, k_cache, v_cache, block_tables, scratch, out, stream);
     if (err != cudaSuccess) return err;
-    return Launch<128, kTileRows>(shape, nt, plan.tile_splits,
-                                  plan.tile_partition, items_tiles, q, q_stride,
-                                  k_cache, v_cache, block_tables, scratch, out,
-                                  stream);
+    return Launch<128, kTileRows>(
+        shape, nt, plan.tile_splits, plan.tile_partition, items_tiles, q,
+        q_stride, k_cache, v_cache, block_tables, scratch, out, stream);
   }
-  err = Launch<64, kSmallRows>(shape, ns, plan.small_splits,
-                               plan.small_partition, items_small, q, q_stride,
-                               k_cache, v_cache, block_tables, scratch, out,
-                               stream);
+  err = Launch<64, kSmallRows>(
+      shape, ns, plan.small_splits, plan.small_partition, items_small, q,
+      q_stride, k_cache, v_cache, block_tables, scratch, out, stream);
   if (err != cudaSuccess) return err;
   return Launch<64, kTileRows>(shape, nt, plan.tile_splits, plan.tile_partition,
                                items_tiles, q, q_stride, k_cache, v_cache,

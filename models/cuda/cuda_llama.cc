@@ -17,7 +17,8 @@ namespace {
 uint16_t ToBf16(float f) {
   uint32_t u;
   std::memcpy(&u, &f, sizeof(u));
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
+  if ((u & 0x7fffffffu) > 0x7f800000u)
+    return static_cast<uint16_t>((u >> 16) | 0x40);
   u += 0x7fffu + ((u >> 16) & 1u);
   return static_cast<uint16_t>(u >> 16);
 }
@@ -53,14 +54,12 @@ absl::Status CudaLlamaModel::Init() {
       cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   KV_CUBLAS_RETURN_IF_ERROR(cublasCreate(&cublas_));
   KV_CUBLAS_RETURN_IF_ERROR(cublasSetStream(cublas_, stream_));
-  KV_CUBLAS_RETURN_IF_ERROR(
-      cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
+  KV_CUBLAS_RETURN_IF_ERROR(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
   Rope rope(c);
   KV_RETURN_IF_ERROR(inv_freq_.Allocate(c.head_dim / 2 * 4, "rope inv_freq"));
-  KV_CUDA_RETURN_IF_ERROR(cudaMemcpy(inv_freq_.as<float>(),
-                                     rope.inv_freq().data(),
-                                     c.head_dim / 2 * sizeof(float),
-                                     cudaMemcpyHostToDevice));
+  KV_CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(inv_freq_.as<float>(), rope.inv_freq().data(),
+                 c.head_dim / 2 * sizeof(float), cudaMemcpyHostToDevice));
   AttnShape shape;
   shape.head_dim = c.head_dim;
   KV_RETURN_IF_ERROR(attn_scratch_.Allocate(
@@ -179,8 +178,8 @@ absl::Status CudaLlamaModel::Randomize(uint64_t seed) {
   const ModelConfig& c = config_;
   const float s_hidden = 1.0f / std::sqrt(static_cast<float>(c.hidden_size));
   auto fill = [&](DeviceBuffer& b, float scale) -> absl::Status {
-    KV_CUDA_RETURN_IF_ERROR(FillRandomBf16(b.as<bf16>(), b.bytes() / 2, seed++,
-                                           scale, stream_));
+    KV_CUDA_RETURN_IF_ERROR(
+        FillRandomBf16(b.as<bf16>(), b.bytes() / 2, seed++, scale, stream_));
     return absl::OkStatus();
   };
   auto ones = [&](DeviceBuffer& b) -> absl::Status {
@@ -263,9 +262,9 @@ absl::Status CudaLlamaModel::UploadMeta(const ForwardBatch& batch,
       static_cast<int64_t>(batch.logits_rows.size()) * 4,
       static_cast<int64_t>(plan.small.size() * sizeof(AttnWorkItem)),
       static_cast<int64_t>(plan.tiles.size() * sizeof(AttnWorkItem))};
-  const void* srcs[] = {batch.token_ids.data(),   batch.positions.data(),
+  const void* srcs[] = {batch.token_ids.data(),    batch.positions.data(),
                         batch.slot_mapping.data(), batch.block_tables.data(),
-                        batch.logits_rows.data(), plan.small.data(),
+                        batch.logits_rows.data(),  plan.small.data(),
                         plan.tiles.data()};
   int64_t offsets[7];
   int64_t total = 0;
@@ -338,7 +337,8 @@ absl::Status CudaLlamaModel::RunLayers(const ForwardBatch& batch,
     KV_CUDA_RETURN_IF_ERROR(AddRmsNorm(x, delta, L.ffn_norm.as<float>(), n,
                                        hidden, c.rms_norm_eps, nullptr, h,
                                        stream_));
-    KV_RETURN_IF_ERROR(Gemm(L.gate_up, 2 * inter, hidden, h, n, gu_.as<float>()));
+    KV_RETURN_IF_ERROR(
+        Gemm(L.gate_up, 2 * inter, hidden, h, n, gu_.as<float>()));
     KV_CUDA_RETURN_IF_ERROR(
         SiluMul(gu_.as<float>(), n, inter, act_.as<bf16>(), stream_));
     KV_RETURN_IF_ERROR(Gemm(L.down, hidden, inter, act_.as<bf16>(), n, delta));
@@ -358,15 +358,16 @@ absl::Status CudaLlamaModel::Forward(const ForwardBatch& batch,
                                      const CudaKvCache& kv,
                                      std::vector<float>* logits) {
   const ModelConfig& c = config_;
-  KV_RETURN_IF_ERROR(batch.Validate(kv.num_blocks, kv.block_size, c.vocab_size));
+  KV_RETURN_IF_ERROR(
+      batch.Validate(kv.num_blocks, kv.block_size, c.vocab_size));
   if (batch.num_tokens() > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "forward batch: ", batch.num_tokens(),
-        " tokens exceed the CUDA step limit of 65535"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("forward batch: ", batch.num_tokens(),
+                     " tokens exceed the CUDA step limit of 65535"));
   }
-  const AttnShape shape{c.num_heads,      c.num_kv_heads,
-                        c.head_dim,       kv.block_size,
-                        batch.max_blocks_per_seq, c.sliding_window};
+  const AttnShape shape{
+      c.num_heads,   c.num_kv_heads,           c.head_dim,
+      kv.block_size, batch.max_blocks_per_seq, c.sliding_window};
   const AttnPlan plan =
       PlanAttention(shape, batch.seq_starts.data(), batch.context_lens.data(),
                     batch.num_seqs(), num_sms_);
@@ -376,9 +377,9 @@ absl::Status CudaLlamaModel::Forward(const ForwardBatch& batch,
   KV_RETURN_IF_ERROR(RunLayers(batch, kv, plan));
   logits->resize(rows * c.vocab_size);
   if (rows > 0) {
-    KV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
-        logits->data(), logits_.as<float>(), rows * c.vocab_size * 4,
-        cudaMemcpyDeviceToHost, stream_));
+    KV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(logits->data(), logits_.as<float>(),
+                                            rows * c.vocab_size * 4,
+                                            cudaMemcpyDeviceToHost, stream_));
   }
   KV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   return absl::OkStatus();

@@ -19,35 +19,35 @@ inline absl::Status CudaStatus(cudaError_t err, const char* what) {
   const absl::StatusCode code = err == cudaErrorMemoryAllocation
                                     ? absl::StatusCode::kResourceExhausted
                                     : absl::StatusCode::kInternal;
-  return absl::Status(code, absl::StrCat("CUDA error in ", what, ": ",
-                                         cudaGetErrorName(err), " (",
-                                         cudaGetErrorString(err), ")"));
+  return absl::Status(
+      code, absl::StrCat("CUDA error in ", what, ": ", cudaGetErrorName(err),
+                         " (", cudaGetErrorString(err), ")"));
 }
 
 inline absl::Status CublasStatus(cublasStatus_t st, const char* what) {
   if (st == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat("cuBLAS error in ", what, ": ",
-                                          cublasGetStatusString(st)));
+  return absl::InternalError(
+      absl::StrCat("cuBLAS error in ", what, ": ", cublasGetStatusString(st)));
 }
 
 }  // namespace kvserve::models::cuda
 
 // Returns an absl::Status naming `expr` from the enclosing function when the
 // CUDA runtime call fails.
-#define KV_CUDA_RETURN_IF_ERROR(expr)                                        \
-  do {                                                                       \
-    const cudaError_t kv_cuda_err_ = (expr);                                 \
-    if (kv_cuda_err_ != cudaSuccess) {                                       \
-      return ::kvserve::models::cuda::CudaStatus(kv_cuda_err_, #expr);       \
-    }                                                                        \
+#define KV_CUDA_RETURN_IF_ERROR(expr)                                  \
+  do {                                                                 \
+    const cudaError_t kv_cuda_err_ = (expr);                           \
+    if (kv_cuda_err_ != cudaSuccess) {                                 \
+      return ::kvserve::models::cuda::CudaStatus(kv_cuda_err_, #expr); \
+    }                                                                  \
   } while (0)
 
-#define KV_CUBLAS_RETURN_IF_ERROR(expr)                                      \
-  do {                                                                       \
-    const cublasStatus_t kv_cublas_st_ = (expr);                             \
-    if (kv_cublas_st_ != CUBLAS_STATUS_SUCCESS) {                            \
-      return ::kvserve::models::cuda::CublasStatus(kv_cublas_st_, #expr);    \
-    }                                                                        \
+#define KV_CUBLAS_RETURN_IF_ERROR(expr)                                   \
+  do {                                                                    \
+    const cublasStatus_t kv_cublas_st_ = (expr);                          \
+    if (kv_cublas_st_ != CUBLAS_STATUS_SUCCESS) {                         \
+      return ::kvserve::models::cuda::CublasStatus(kv_cublas_st_, #expr); \
+    }                                                                     \
   } while (0)
 
 namespace kvserve::models::cuda {
@@ -79,11 +79,11 @@ class DeviceBuffer {
     const cudaError_t err = cudaMalloc(&p, static_cast<size_t>(bytes));
     if (err != cudaSuccess) {
       (void)cudaGetLastError();  // clear the sticky-free allocation error
-      return absl::Status(
-          err == cudaErrorMemoryAllocation ? absl::StatusCode::kResourceExhausted
-                                           : absl::StatusCode::kInternal,
-          absl::StrCat("cudaMalloc of ", bytes, " bytes for ", what, ": ",
-                       cudaGetErrorString(err)));
+      return absl::Status(err == cudaErrorMemoryAllocation
+                              ? absl::StatusCode::kResourceExhausted
+                              : absl::StatusCode::kInternal,
+                          absl::StrCat("cudaMalloc of ", bytes, " bytes for ",
+                                       what, ": ", cudaGetErrorString(err)));
     }
     ptr_ = p;
     bytes_ = bytes;

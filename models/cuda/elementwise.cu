@@ -18,14 +18,11 @@ int GridFor(int64_t n, int threads = kThreads) {
       std::min<int64_t>((n + threads - 1) / threads, 65535 * 8));
 }
 
-__global__ void QkvRopeCacheKernel(float* qkv, int64_t qkv_stride, int nh,
-                                   int nkv, int d, bool interleaved,
-                                   const float* __restrict__ inv_freq,
-                                   const float* __restrict__ bias,
-                                   const int32_t* __restrict__ positions,
-                                   const int32_t* __restrict__ slots,
-                                   bf16* __restrict__ kc,
-                                   bf16* __restrict__ vc) {
+__global__ void QkvRopeCacheKernel(
+    float* qkv, int64_t qkv_stride, int nh, int nkv, int d, bool interleaved,
+    const float* __restrict__ inv_freq, const float* __restrict__ bias,
+    const int32_t* __restrict__ positions, const int32_t* __restrict__ slots,
+    bf16* __restrict__ kc, bf16* __restrict__ vc) {
   extern __shared__ float cs[];  // cos [d/2], sin [d/2]
   const int64_t t = blockIdx.x;
   const int half = d / 2;
@@ -132,8 +129,8 @@ __global__ void SiluMulKernel(const float* __restrict__ gu, int64_t rows,
 }
 
 __global__ void EmbeddingKernel(const bf16* __restrict__ table,
-                                const int32_t* __restrict__ ids,
-                                int64_t hidden, float* __restrict__ x) {
+                                const int32_t* __restrict__ ids, int64_t hidden,
+                                float* __restrict__ x) {
   const int64_t t = blockIdx.x;
   const bf16* src = table + static_cast<int64_t>(ids[t]) * hidden;
   for (int64_t j = threadIdx.x; j < hidden; j += blockDim.x) {
@@ -200,8 +197,8 @@ cudaError_t QkvRopeCache(float* qkv, int64_t num_tokens, int64_t qkv_stride,
                          bf16* v_cache, cudaStream_t stream) {
   if (num_tokens == 0) return cudaSuccess;
   QkvRopeCacheKernel<<<num_tokens, 128, head_dim * sizeof(float), stream>>>(
-      qkv, qkv_stride, num_heads, num_kv_heads, head_dim, interleaved,
-      inv_freq, bias, positions, slot_mapping, k_cache, v_cache);
+      qkv, qkv_stride, num_heads, num_kv_heads, head_dim, interleaved, inv_freq,
+      bias, positions, slot_mapping, k_cache, v_cache);
   return cudaGetLastError();
 }
 
@@ -223,8 +220,8 @@ cudaError_t AddRmsNorm(float* x, const float* delta, const float* w,
   return cudaGetLastError();
 }
 
-cudaError_t SiluMul(const float* gu, int64_t num_rows, int64_t inter,
-                    bf16* out, cudaStream_t stream) {
+cudaError_t SiluMul(const float* gu, int64_t num_rows, int64_t inter, bf16* out,
+                    cudaStream_t stream) {
   if (num_rows == 0) return cudaSuccess;
   SiluMulKernel<<<GridFor(num_rows * inter), kThreads, 0, stream>>>(
       gu, num_rows, inter, out);

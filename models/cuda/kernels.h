@@ -100,8 +100,8 @@ cudaError_t AddRmsNorm(float* x, const float* delta, const float* w,
                        const int32_t* rows, float* out, cudaStream_t stream);
 
 // out[i, j] = silu(gu[i, j]) * gu[i, inter + j]; gu rows are 2 * inter fp32.
-cudaError_t SiluMul(const float* gu, int64_t num_rows, int64_t inter,
-                    bf16* out, cudaStream_t stream);
+cudaError_t SiluMul(const float* gu, int64_t num_rows, int64_t inter, bf16* out,
+                    cudaStream_t stream);
 
 // x[t, :] = fp32(table[ids[t], :]).
 cudaError_t EmbeddingGather(const bf16* table, const int32_t* ids,

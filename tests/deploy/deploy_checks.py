@@ -6,8 +6,8 @@
   rendered): built-in kinds against the Kubernetes OpenAPI schemas bundled in
   the PyPI package kubernetes-validate (strict: unknown fields fail), for the
   oldest and newest Kubernetes versions supported; CRDs (InferencePool,
-  PodMonitor, HTTPRoute) and Kustomization against the hand-written subset
-  schemas in tests/deploy/schemas/.
+  PodMonitor, PrometheusRule, HTTPRoute) and Kustomization against the
+  hand-written subset schemas in tests/deploy/schemas/.
 - The contracts between the files and kvserve's source: every kvserve flag
   used exists in server/cli_serve.cc; gRPC probes ask for the health service
   names server/daemon.cc registers; grace periods cover preStop + drain +
@@ -18,6 +18,8 @@
   (string literals in the C++ source, histograms expanded to
   _bucket/_sum/_count), and, given --metrics-file (a live /metrics scrape),
   every kvserve_* family scraped is known to that source scan.
+- deploy/k8s/prometheusrule.yaml is exactly the rules of
+  deploy/prometheus/kvserve-alerts.yaml (--write-prometheusrule rewrites it).
 
 Prints PASS/FAIL lines; exits 1 when any check fails.
 """
@@ -482,6 +484,41 @@ def check_alerts(r, root, series):
             need <= names, f"missing {sorted(need - names)}")
 
 
+PROMETHEUSRULE_HEADER = """\
+# Prometheus Operator copy of deploy/prometheus/kvserve-alerts.yaml, which is
+# the source: edit that file, then regenerate this one with
+#   python3 tests/deploy/deploy_checks.py --write-prometheusrule
+# (tools/validate_deploy.sh fails when the two differ).
+"""
+
+
+def prometheusrule_text(root):
+    groups = yaml.safe_load(read(os.path.join(
+        root, "deploy", "prometheus", "kvserve-alerts.yaml")))["groups"]
+    doc = {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
+           "metadata": {"name": "kvserve",
+                        "labels": {"app.kubernetes.io/name": "kvserve"}},
+           "spec": {"groups": groups}}
+
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    def text(dumper, value):  # multi-line PromQL stays a literal block
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value,
+                                       style="|" if "\n" in value else None)
+    Dumper.add_representer(str, text)
+    return PROMETHEUSRULE_HEADER + yaml.dump(doc, Dumper=Dumper,
+                                             sort_keys=False, width=100)
+
+
+def check_prometheusrule(r, root):
+    path = os.path.join(root, "deploy", "k8s", "prometheusrule.yaml")
+    same = (os.path.exists(path) and load_docs(path) ==
+            list(yaml.safe_load_all(prometheusrule_text(root))))
+    r.check("deploy/k8s/prometheusrule.yaml matches the alert rules", same,
+            "regenerate: deploy_checks.py --write-prometheusrule")
+
+
 def check_scrape(r, path, series):
     text = read(path)
     families = set(re.findall(r"^# TYPE (kvserve_[a-z0-9_]+) ", text, re.M))
@@ -496,8 +533,15 @@ def main():
     ap.add_argument("--source-dir", default=os.path.dirname(os.path.dirname(
         os.path.dirname(os.path.abspath(__file__)))))
     ap.add_argument("--metrics-file", help="a live /metrics scrape")
+    ap.add_argument("--write-prometheusrule", action="store_true",
+                    help="regenerate deploy/k8s/prometheusrule.yaml and exit")
     a = ap.parse_args()
     src = a.source_dir
+    if a.write_prometheusrule:
+        with open(os.path.join(src, "deploy", "k8s", "prometheusrule.yaml"),
+                  "w", encoding="utf-8") as f:
+            f.write(prometheusrule_text(src))
+        return 0
     r = Report()
     series = known_series(src)
     flags = serve_flags(src)
@@ -509,6 +553,7 @@ def main():
     check_docker(r, src, flags)
     check_dashboard(r, src, series)
     check_alerts(r, src, series)
+    check_prometheusrule(r, src)
     if a.metrics_file:
         check_scrape(r, a.metrics_file, series)
     print(f"deploy_checks: {r.passed} passed, {r.failed} failed")

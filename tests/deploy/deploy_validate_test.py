@@ -9,6 +9,7 @@
    /metrics after one completion, and stop it with SIGTERM: it must exit 0
    within the drain timeout plus the close grace that the Kubernetes and
    systemd grace periods are sized from.
+   Also: every `kvserve plan` output quoted in docs/SCALING.md is current.
 2. Static: tools/validate_deploy.sh (hadolint, systemd-analyze, promtool,
    kubernetes-validate, metric names against the source and the scrape).
 
@@ -87,6 +88,31 @@ def healthcheck_command(source_dir, http_port):
     return [a.replace("/9090", f"/{http_port}") for a in cmd]
 
 
+def scaling_doc_checks(binary, source_dir):
+    """Every `$ kvserve plan ...` block quoted in docs/SCALING.md is what
+    the binary prints now (lines elided with `...` aside)."""
+    with open(os.path.join(source_dir, "docs", "SCALING.md"),
+              encoding="utf-8") as f:
+        text = f.read()
+    blocks = re.findall(r"^\$ kvserve (plan [^\n]*)\n(.*?)(?=^\$ |^```)",
+                        text, re.M | re.S)
+    failures = []
+    for cmd, quoted in blocks:
+        out = subprocess.run([binary, *cmd.split()], capture_output=True,
+                             text=True, timeout=60).stdout.splitlines()
+        stale = [ln for ln in quoted.splitlines()
+                 if ln.strip() and ln.strip() != "..." and ln not in out]
+        ok = bool(out) and not stale
+        print(("PASS " if ok else "FAIL ") + f"docs/SCALING.md quotes "
+              f"`kvserve {cmd}`" + ("" if ok else f": stale {stale}"))
+        if not ok:
+            failures.append(cmd)
+    if not blocks:
+        print("FAIL docs/SCALING.md: no `$ kvserve plan` blocks found")
+        failures.append("SCALING.md")
+    return failures
+
+
 def live_checks(binary, source_dir, scrape_path):
     sys.path.insert(0, os.path.join(source_dir, "tests", "server"))
     from kvserve_process import KvserveProcess
@@ -100,8 +126,13 @@ def live_checks(binary, source_dir, scrape_path):
 
     # Started with the Deployment's own flag values: they must parse.
     args = deployment_args(source_dir)
-    server = KvserveProcess(binary, source_dir, *args, "--threads", "2",
-                            timeout=180)
+    try:
+        server = KvserveProcess(binary, source_dir, *args, "--threads", "2",
+                                timeout=180)
+    except RuntimeError as e:
+        check(f"kvserve starts with the Deployment's flags {args}", False,
+              str(e))
+        return failures
     check(f"kvserve starts with the Deployment's flags {args}", True)
     try:
         try:
@@ -156,8 +187,10 @@ def main():
         model = os.path.join(a.source_dir, "weights",
                              "SmolLM2-135M-Instruct.Q4_1.gguf")
         extra = []
+        if a.binary and os.path.exists(a.binary):
+            failures += scaling_doc_checks(a.binary, a.source_dir)
         if a.binary and os.path.exists(a.binary) and os.path.exists(model):
-            failures = live_checks(a.binary, a.source_dir, scrape)
+            failures += live_checks(a.binary, a.source_dir, scrape)
             if os.path.exists(scrape):
                 extra = ["--metrics-file", scrape]
             extra += ["--binary", os.path.abspath(a.binary)]

@@ -42,8 +42,8 @@ inline const models::Tokenizer& DefaultTokenizer() {
     const std::string src = KVSERVE_SOURCE_DIR;
     absl::StatusOr<models::TokenizerData> data =
         absl::NotFoundError("no model");
-    auto file =
-        models::GgufFile::Open(src + "/weights/SmolLM2-135M-Instruct.Q4_1.gguf");
+    auto file = models::GgufFile::Open(
+        src + "/weights/SmolLM2-135M-Instruct.Q4_1.gguf");
     if (file.ok()) data = models::TokenizerDataFromGguf(**file);
     if (!data.ok()) {
       data = models::ReadTokenizerJson(

@@ -5,8 +5,8 @@
 // CUDA device or without the model file.
 #include <algorithm>
 #include <cmath>
-#include <random>
 #include <filesystem>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -105,8 +105,8 @@ TEST(CudaForward, RandomModelsMatchDenseReference) {
   for (const Case& c : cases) {
     SCOPED_TRACE(::testing::Message() << c.h << "/" << c.hkv << " bias "
                                       << c.bias << " window " << c.window);
-    models::ModelConfig cfg = models::testing::SmallConfig(c.h, c.hkv, c.bias,
-                                                           c.style);
+    models::ModelConfig cfg =
+        models::testing::SmallConfig(c.h, c.hkv, c.bias, c.style);
     cfg.head_dim = 64;
     cfg.hidden_size = 128;
     cfg.sliding_window = c.window;
@@ -195,17 +195,20 @@ TEST(CudaForward, GreedyMatchesCpuOnDefaultModel) {
   const int span = (longest + kNewTokens + kBlock - 1) / kBlock;
   const int blocks = span * static_cast<int>(prompts.size());
 
-  KvStorageConfig kc{cpu->config.num_layers, cpu->config.num_kv_heads,
-                     cpu->config.head_dim, kBlock, blocks, 0};
+  KvStorageConfig kc{cpu->config.num_layers,
+                     cpu->config.num_kv_heads,
+                     cpu->config.head_dim,
+                     kBlock,
+                     blocks,
+                     0};
   auto storage = KvCacheStorage::Create(kc);
   ASSERT_TRUE(storage.ok()) << storage.status();
-  const auto want = Greedy(prompts, vocab, span,
-                           [&](const models::ForwardBatch& b, auto* logits) {
-                             absl::Status st = cpu->model->Forward(
-                                 b, (*storage)->view(), logits);
-                             EXPECT_TRUE(st.ok()) << st;
-                             return st.ok();
-                           });
+  const auto want = Greedy(
+      prompts, vocab, span, [&](const models::ForwardBatch& b, auto* logits) {
+        absl::Status st = cpu->model->Forward(b, (*storage)->view(), logits);
+        EXPECT_TRUE(st.ok()) << st;
+        return st.ok();
+      });
   ASSERT_EQ(want.size(), prompts.size());
 
   BackendConfig bc;

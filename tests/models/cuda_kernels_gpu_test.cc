@@ -61,18 +61,19 @@ class Dev {
   }
   ~Dev() { (void)cudaFree(p_); }
   T* get() const { return p_; }
-  void Poison() { EXPECT_EQ(cudaMemset(p_, 0xff, n_ * sizeof(T)), cudaSuccess); }
+  void Poison() {
+    EXPECT_EQ(cudaMemset(p_, 0xff, n_ * sizeof(T)), cudaSuccess);
+  }
   void Up(const std::vector<T>& v) {
-    EXPECT_EQ(cudaMemcpy(p_, v.data(), v.size() * sizeof(T),
-                         cudaMemcpyHostToDevice),
-              cudaSuccess);
+    EXPECT_EQ(
+        cudaMemcpy(p_, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice),
+        cudaSuccess);
   }
   std::vector<T> Down(size_t n) const {
     std::vector<T> v(n);
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    EXPECT_EQ(
-        cudaMemcpy(v.data(), p_, n * sizeof(T), cudaMemcpyDeviceToHost),
-        cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(v.data(), p_, n * sizeof(T), cudaMemcpyDeviceToHost),
+              cudaSuccess);
     return v;
   }
 
@@ -127,14 +128,13 @@ TEST(CudaKernels, AddRmsNormMatchesCpu) {
         cpu::RmsNorm(sum.data() + r * hidden, w.data(), hidden, 1e-5f,
                      ref.data() + r * hidden);
       }
-      Dev<float> dx(x.size()), dd(delta.size()), dw(w.size()),
-          out(x.size());
+      Dev<float> dx(x.size()), dd(delta.size()), dw(w.size()), out(x.size());
       dx.Up(x);
       dd.Up(delta);
       dw.Up(w);
       out.Poison();
-      CK(AddRmsNorm(dx.get(), dd.get(), dw.get(), rows, hidden, 1e-5f,
-                    nullptr, out.get(), nullptr));
+      CK(AddRmsNorm(dx.get(), dd.get(), dw.get(), rows, hidden, 1e-5f, nullptr,
+                    out.get(), nullptr));
       const std::vector<float> got = out.Down(x.size());
       EXPECT_LT(RelErr(got.data(), ref.data(), got.size()), 1e-4)
           << "hidden " << hidden << " rows " << rows;
@@ -155,8 +155,8 @@ TEST(CudaKernels, AddRmsNormMatchesCpu) {
                     cudaMemcpyDeviceToHost));
       const std::vector<float> goth = ToFloat(raw);
       for (int64_t i = 0; i < rows; ++i) {
-        EXPECT_LT(RelErr(goth.data() + i * hidden,
-                         ref.data() + idx[i] * hidden, hidden),
+        EXPECT_LT(RelErr(goth.data() + i * hidden, ref.data() + idx[i] * hidden,
+                         hidden),
                   1e-2);
       }
       EXPECT_EQ(dx.Down(x.size()), x) << "gathered rows must not store back";
@@ -189,7 +189,8 @@ TEST(CudaKernels, SiluMulAndEmbeddingMatchCpu) {
   // Embedding gather is exact (bf16 -> fp32).
   const int64_t vocab = 1000, hidden = 576;
   std::vector<uint16_t> table(vocab * hidden);
-  for (uint16_t& h : table) h = ToBf16Bits(std::uniform_real_distribution<float>(-1, 1)(rng));
+  for (uint16_t& h : table)
+    h = ToBf16Bits(std::uniform_real_distribution<float>(-1, 1)(rng));
   const std::vector<int32_t> ids = {5, 999, 0, 5, 123};
   Dev<uint16_t> dt(table.size());
   Dev<int32_t> dids(ids.size());
@@ -214,8 +215,8 @@ TEST(CudaKernels, QkvRopeCacheMatchesCpu) {
   struct Case {
     int h, hkv, d;
   };
-  for (const Case& c : {Case{9, 3, 64}, Case{32, 8, 128}, Case{64, 8, 128},
-                        Case{8, 8, 64}}) {
+  for (const Case& c :
+       {Case{9, 3, 64}, Case{32, 8, 128}, Case{64, 8, 128}, Case{8, 8, 64}}) {
     for (RopeStyle style : {RopeStyle::kInterleaved, RopeStyle::kHalfSplit}) {
       for (bool with_bias : {false, true}) {
         ModelConfig mc;
@@ -324,8 +325,10 @@ void RunAttention(const AttnCase& c, std::mt19937& rng) {
   ASSERT_TRUE(b.Validate(num_blocks, bs, 1).ok());
   const int64_t t = b.num_tokens();
   const int64_t slot_elems = static_cast<int64_t>(c.hkv) * c.d;
-  const int64_t cache_elems = static_cast<int64_t>(num_blocks) * bs * slot_elems;
-  std::vector<float> kf = Random(cache_elems, rng), vf = Random(cache_elems, rng);
+  const int64_t cache_elems =
+      static_cast<int64_t>(num_blocks) * bs * slot_elems;
+  std::vector<float> kf = Random(cache_elems, rng),
+                     vf = Random(cache_elems, rng);
   std::vector<uint16_t> kh(cache_elems), vh(cache_elems);
   for (int64_t i = 0; i < cache_elems; ++i) {
     kh[i] = ToBf16Bits(kf[i]);
@@ -338,8 +341,8 @@ void RunAttention(const AttnCase& c, std::mt19937& rng) {
   const std::vector<float> q = Random(t * q_stride, rng, -2.0f, 2.0f);
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.d));
   std::vector<float> ref(t * c.h * c.d);
-  PagedAttention(AttentionParams{c.h, c.hkv, c.d, scale, c.window}, b,
-                 q.data(), q_stride, kf.data(), vf.data(), bs, ref.data());
+  PagedAttention(AttentionParams{c.h, c.hkv, c.d, scale, c.window}, b, q.data(),
+                 q_stride, kf.data(), vf.data(), bs, ref.data());
 
   const AttnShape shape{c.h, c.hkv, c.d, bs, max_blocks, c.window, scale};
   const int sms = c.num_sms > 0 ? c.num_sms : NumSms();
@@ -453,9 +456,10 @@ TEST(CudaKernels, CopyKvBlocksCopiesEveryPlane) {
   std::vector<uint16_t> want = data;
   for (int p = 0; p < planes; ++p) {
     for (int i = 0; i < 3; ++i) {
-      std::copy_n(data.begin() + p * plane_elems + pairs[2 * i] * block_elems,
-                  block_elems,
-                  want.begin() + p * plane_elems + pairs[2 * i + 1] * block_elems);
+      std::copy_n(
+          data.begin() + p * plane_elems + pairs[2 * i] * block_elems,
+          block_elems,
+          want.begin() + p * plane_elems + pairs[2 * i + 1] * block_elems);
     }
   }
   EXPECT_EQ(d.Down(data.size()), want);

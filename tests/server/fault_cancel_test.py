@@ -48,7 +48,8 @@ VANISHING_CLIENT = textwrap.dedent("""
             pass
     for _ in range(n):
         threading.Thread(target=stream, daemon=True).start()
-    body = b'{"prompt": "Vanish", "max_tokens": 400, "stream": true}'
+    body = (b'{"prompt": "Vanish", "max_tokens": 400, "stream": true, '
+            b'"ignore_eos": true}')
     socks = []
     for _ in range(n):
         s = socket.create_connection(("127.0.0.1", http_port))
@@ -174,7 +175,8 @@ class CancelTest(unittest.TestCase):
                              if client.poll() is not None else line)
             # And in this process: SSE streams reset mid-stream.
             socks = [fu.sse_request(self.server.http_port,
-                                    {"prompt": f"Reset {i}", "max_tokens": 400})
+                                    {"prompt": f"Reset {i}", "max_tokens": 400,
+                                     "ignore_eos": True})
                      for i in range(n)]
             control, out = self.start_control()
             client.kill()  # no cancel, no FIN from the application

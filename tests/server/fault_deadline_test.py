@@ -72,7 +72,7 @@ class DeadlineTest(unittest.TestCase):
     def test_deadline_while_running_stops_and_frees(self):
         before = self.server.metrics()
         call = self.stub.Generate(fu.greedy("Count to one thousand:", 480),
-                                  timeout=2.0)
+                                  timeout=1.0)
         tokens = self.expect_deadline(call)
         m = self.server.wait_metrics(
             lambda m: m[RUNNING_PHASE] == before[RUNNING_PHASE] + 1 and

@@ -113,7 +113,8 @@ class DrainTest(unittest.TestCase):
             streaming = Stream(stub, "Interrupted", 200)
             self.assertTrue(streaming.first.wait(60))
             sock = fu.sse_request(first.http_port,
-                                  {"prompt": "Interrupted", "max_tokens": 200})
+                                  {"prompt": "Interrupted", "max_tokens": 200,
+                                   "ignore_eos": True})
             first.proc.send_signal(signal.SIGKILL)
             self.assertEqual(first.proc.wait(timeout=30), -signal.SIGKILL)
             streaming.join(timeout=30)

@@ -25,7 +25,9 @@ HTTP_THREADS = 8
 CLIENTS = 3 * HTTP_THREADS
 SECONDS = 15
 MAX_TOKENS = 16
-HEALTH_LATENCY_BOUND_S = 2.0
+# Before the fix: p50 3.4 s, max 12.9 s (probes queued behind API calls).
+HEALTH_LATENCY_BOUND_S = 5.0
+HEALTH_MEDIAN_BOUND_S = 0.25
 
 
 class OverloadHttpTest(unittest.TestCase):
@@ -54,6 +56,8 @@ class OverloadHttpTest(unittest.TestCase):
                 results.append((status, body["stream"], out,
                                 time.monotonic() - t))
                 n += 1
+                if status == 429:
+                    stop.wait(0.05)  # back off a little, then press again
 
         def probe():
             while not stop.is_set():
@@ -98,6 +102,7 @@ class OverloadHttpTest(unittest.TestCase):
         self.assertTrue(all(h[0] == 200 for h in health))
         self.assertGreater(len(health), SECONDS)
         self.assertLess(max(lat), HEALTH_LATENCY_BOUND_S)
+        self.assertLess(fu.percentile(lat, .5), HEALTH_MEDIAN_BOUND_S)
         self.assertEqual(m[fu.ACTIVE], 0)
         self.assertEqual(m[fu.RUNNING], 0)
 

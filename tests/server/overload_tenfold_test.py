@@ -32,8 +32,10 @@ HTTP_CLIENTS = 8
 # over the warmed-up server (KV cache, model and thread stacks are already
 # resident then; queues are bounded, so growth is per-call buffers only).
 RSS_GROWTH_BOUND_MIB = 256
-# /health must answer each probe within this (it needs no engine work).
-HEALTH_LATENCY_BOUND_S = 2.0
+# /health needs no engine work: its median latency stays low, and no probe
+# waits longer than a TCP SYN retransmit or two (a full accept backlog).
+HEALTH_LATENCY_BOUND_S = 5.0
+HEALTH_MEDIAN_BOUND_S = 0.25
 
 
 class Probe(threading.Thread):
@@ -210,6 +212,7 @@ class OverloadTest(unittest.TestCase):
         self.assertEqual(probes["health"].errors, [])
         self.assertTrue(all(s[1] == 200 for s in health))
         self.assertLess(max(health_lat), HEALTH_LATENCY_BOUND_S)
+        self.assertLess(fu.percentile(health_lat, .5), HEALTH_MEDIAN_BOUND_S)
         self.assertGreater(len(health), OVERLOAD_SECONDS)  # it kept answering
         # Overload is not a stall: readiness and gRPC health stay up.
         self.assertEqual(probes["ready"].errors, [])

@@ -51,7 +51,7 @@ MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def compile_proto(proto_dir, out_dir):
-    """Generates kvserve_pb2 / kvserve_pb2_grpc into out_dir and imports them."""
+    """Generates kvserve_pb2 / kvserve_pb2_grpc into out_dir; imports them."""
     import grpc_tools
     from grpc_tools import protoc
 
@@ -463,7 +463,8 @@ class LimitsTest(unittest.TestCase):
     def test_api_model_names_never_open_files(self):
         for name in ("../../etc/passwd", "/etc/passwd", "file:///etc/passwd",
                      "smollm2-135m/../../../../etc/passwd",
-                     os.path.join(ARGS.source_dir, "weights", "..", "README.md")):
+                     os.path.join(ARGS.source_dir, "weights", "..",
+                                  "README.md")):
             status, err = self.http_error({"prompt": "Hi", "max_tokens": 2,
                                            "model": name})
             self.assertEqual(status, 404, name)

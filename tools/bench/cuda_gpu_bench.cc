@@ -33,14 +33,14 @@
 namespace kvserve::models::cuda {
 namespace {
 
-#define BENCH_CHECK(expr)                                                   \
-  do {                                                                      \
-    const cudaError_t e_ = (expr);                                          \
-    if (e_ != cudaSuccess) {                                                \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr,     \
-                   cudaGetErrorString(e_));                                 \
-      std::exit(1);                                                         \
-    }                                                                       \
+#define BENCH_CHECK(expr)                                               \
+  do {                                                                  \
+    const cudaError_t e_ = (expr);                                      \
+    if (e_ != cudaSuccess) {                                            \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, \
+                   cudaGetErrorString(e_));                             \
+      std::exit(1);                                                     \
+    }                                                                   \
   } while (0)
 
 double Median(std::vector<double> v) {
@@ -75,8 +75,8 @@ double CopyBandwidth(nlohmann::json* out) {
   void *src = nullptr, *dst = nullptr;
   BENCH_CHECK(cudaMalloc(&src, bytes));
   BENCH_CHECK(cudaMalloc(&dst, bytes));
-  BENCH_CHECK(FillRandomBf16(static_cast<bf16*>(src), bytes / 2, 1, 1.0f,
-                             nullptr));
+  BENCH_CHECK(
+      FillRandomBf16(static_cast<bf16*>(src), bytes / 2, 1, 1.0f, nullptr));
   const double t = TimeEvents(3, 10, [&](int) {
     BENCH_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice));
   });
@@ -84,9 +84,10 @@ double CopyBandwidth(nlohmann::json* out) {
   BENCH_CHECK(cudaFree(dst));
   const double bw = 2.0 * bytes / t;
   (*out)["copy"] = {{"bytes", bytes}, {"seconds", t}, {"bytes_per_s", bw}};
-  std::printf("## Device copy bandwidth\n\n%.0f GB/s (cudaMemcpy D2D of %zu "
-              "MiB, read + write)\n\n",
-              bw / 1e9, bytes >> 20);
+  std::printf(
+      "## Device copy bandwidth\n\n%.0f GB/s (cudaMemcpy D2D of %zu "
+      "MiB, read + write)\n\n",
+      bw / 1e9, bytes >> 20);
   return bw;
 }
 
@@ -100,7 +101,8 @@ void AttentionBench(double copy_bw, bool quick, nlohmann::json* out) {
   const std::vector<HeadShape> shapes = {{"Llama-3-8B", 32, 8},
                                          {"Llama-3-70B", 64, 8}};
   const std::vector<int> batches =
-      quick ? std::vector<int>{1, 64} : std::vector<int>{1, 8, 32, 64, 128, 256};
+      quick ? std::vector<int>{1, 64}
+            : std::vector<int>{1, 8, 32, 64, 128, 256};
   const std::vector<int> contexts =
       quick ? std::vector<int>{512, 4096}
             : std::vector<int>{512, 1024, 2048, 4096, 8192, 16384, 32768};
@@ -115,11 +117,13 @@ void AttentionBench(double copy_bw, bool quick, nlohmann::json* out) {
   BENCH_CHECK(FillRandomBf16(vc, pool_elems, 3, 1.0f, nullptr));
   int sms = 1, dev = 0;
   BENCH_CHECK(cudaGetDevice(&dev));
-  BENCH_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  BENCH_CHECK(
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   std::mt19937 rng(7);
-  std::printf("## Decode paged attention (D=128, block 16, bf16 KV)\n\n"
-              "| model heads | batch | context | splits | us | GB/s | of copy BW |\n"
-              "|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "## Decode paged attention (D=128, block 16, bf16 KV)\n\n"
+      "| model heads | batch | context | splits | us | GB/s | of copy BW |\n"
+      "|---|---|---|---|---|---|---|\n");
   nlohmann::json rows = nlohmann::json::array();
   constexpr int kReps = 20, kWarm = 3, kSets = kReps + kWarm;
   for (const HeadShape& hs : shapes) {
@@ -129,7 +133,12 @@ void AttentionBench(double copy_bw, bool quick, nlohmann::json* out) {
         const int64_t q_stride = (hs.h + 2 * hs.hkv) * d;
         std::vector<int32_t> starts(batch + 1), lens(batch, ctx);
         std::iota(starts.begin(), starts.end(), 0);
-        const AttnShape shape{hs.h, hs.hkv, d, bs, mb, 0,
+        const AttnShape shape{hs.h,
+                              hs.hkv,
+                              d,
+                              bs,
+                              mb,
+                              0,
                               1.0f / std::sqrt(static_cast<float>(d))};
         const AttnPlan plan =
             PlanAttention(shape, starts.data(), lens.data(), batch, sms);
@@ -145,12 +154,14 @@ void AttentionBench(double copy_bw, bool quick, nlohmann::json* out) {
         BENCH_CHECK(cudaMalloc(&dt, tables.size() * 4));
         BENCH_CHECK(cudaMemcpy(dt, tables.data(), tables.size() * 4,
                                cudaMemcpyHostToDevice));
-        BENCH_CHECK(cudaMalloc(&items, plan.small.size() * sizeof(AttnWorkItem) + 16));
+        BENCH_CHECK(
+            cudaMalloc(&items, plan.small.size() * sizeof(AttnWorkItem) + 16));
         BENCH_CHECK(cudaMemcpy(items, plan.small.data(),
                                plan.small.size() * sizeof(AttnWorkItem),
                                cudaMemcpyHostToDevice));
         AttnWorkItem* tiles = nullptr;
-        BENCH_CHECK(cudaMalloc(&tiles, plan.tiles.size() * sizeof(AttnWorkItem) + 16));
+        BENCH_CHECK(
+            cudaMalloc(&tiles, plan.tiles.size() * sizeof(AttnWorkItem) + 16));
         BENCH_CHECK(cudaMemcpy(tiles, plan.tiles.data(),
                                plan.tiles.size() * sizeof(AttnWorkItem),
                                cudaMemcpyHostToDevice));
@@ -159,18 +170,18 @@ void AttentionBench(double copy_bw, bool quick, nlohmann::json* out) {
         BENCH_CHECK(cudaMalloc(&scratch, AttnScratchFloats(shape, sms) * 4));
         BENCH_CHECK(cudaMalloc(&o, batch * hs.h * d * 2));
         const double t = TimeEvents(kWarm, kReps, [&](int i) {
-          BENCH_CHECK(PagedAttention(
-              shape, plan, items, tiles, q, q_stride, kc, vc,
-              dt + static_cast<int64_t>(i % kSets) * batch * mb, scratch, o,
-              nullptr));
+          BENCH_CHECK(
+              PagedAttention(shape, plan, items, tiles, q, q_stride, kc, vc,
+                             dt + static_cast<int64_t>(i % kSets) * batch * mb,
+                             scratch, o, nullptr));
         });
         BENCH_CHECK(cudaGetLastError());
         const double bytes = 2.0 * batch * ctx * slot * 2 +
                              batch * hs.h * d * (4.0 + 2.0) +
                              batch * static_cast<double>(mb) * 4;
         const double bw = bytes / t;
-        const int splits = plan.small.empty() ? plan.tile_splits
-                                              : plan.small_splits;
+        const int splits =
+            plan.small.empty() ? plan.tile_splits : plan.small_splits;
         std::printf("| %s %d/%d | %d | %d | %d | %.1f | %.0f | %.2f |\n",
                     hs.name, hs.h, hs.hkv, batch, ctx, splits, t * 1e6,
                     bw / 1e9, bw / copy_bw);
@@ -238,13 +249,14 @@ void EndToEndBench(double copy_bw, bool quick, nlohmann::json* out) {
     std::fprintf(stderr, "KV allocation failed\n");
     std::exit(1);
   }
-  BENCH_CHECK(FillRandomBf16(kv.as<bf16>(), 2LL * c.num_layers * plane, 5,
-                             1.0f, nullptr));
+  BENCH_CHECK(FillRandomBf16(kv.as<bf16>(), 2LL * c.num_layers * plane, 5, 1.0f,
+                             nullptr));
   BENCH_CHECK(cudaDeviceSynchronize());
   const CudaKvCache cache{num_blocks, bs, kv.as<bf16>(), plane};
-  std::printf("## End-to-end decode, random weights, Llama-3-8B shape (bf16)\n\n"
-              "| batch | context | ms/step | tokens/s | floor ms | floor / measured |\n"
-              "|---|---|---|---|---|---|\n");
+  std::printf(
+      "## End-to-end decode, random weights, Llama-3-8B shape (bf16)\n\n"
+      "| batch | context | ms/step | tokens/s | floor ms | floor / measured |\n"
+      "|---|---|---|---|---|---|\n");
   nlohmann::json rows = nlohmann::json::array();
   for (int batch : batches) {
     for (int ctx : contexts) {
@@ -277,8 +289,8 @@ void EndToEndBench(double copy_bw, bool quick, nlohmann::json* out) {
         }
       }
       const double step = Median(t);
-      const double kv_bytes = 2.0 * batch * ctx * c.num_layers *
-                              c.num_kv_heads * c.head_dim * 2;
+      const double kv_bytes =
+          2.0 * batch * ctx * c.num_layers * c.num_kv_heads * c.head_dim * 2;
       const double floor = (m.weight_bytes() + kv_bytes) / copy_bw;
       std::printf("| %d | %d | %.2f | %.0f | %.2f | %.2f |\n", batch, ctx,
                   step * 1e3, batch / step, floor * 1e3, floor / step);

@@ -1,0 +1,277 @@
+// Standalone decode-attention check and benchmark: needs only nvcc and the
+// CUDA runtime (no abseil, gtest or oneDNN), so it builds on a bare GPU
+// image:
+//   nvcc -O3 -std=c++17 -arch=sm_90 -I. tools/bench/attention_gpu_bench.cu \
+//     models/cuda/attention.cu models/cuda/elementwise.cu -o attention_bench
+// 1. checks PagedAttention against a CPU fp32 reference (decode and prefill,
+//    GQA 1/4/8, D 64/128, split-K forced and not, NaN-poisoned output);
+// 2. measures copy bandwidth and decode attention GB/s (Llama-3-8B and 70B
+//    head shapes, D=128, block 16, batch 1..256, context 512..32K).
+// Exit status 1 on a wrong result. tools/device_bench.sh runs it first.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "models/cuda/kernels.h"
+
+using namespace kvserve::models::cuda;
+
+#define CK(expr)                                                        \
+  do {                                                                  \
+    const cudaError_t e_ = (expr);                                      \
+    if (e_ != cudaSuccess) {                                            \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, \
+                   cudaGetErrorString(e_));                             \
+      std::exit(1);                                                     \
+    }                                                                   \
+  } while (0)
+
+namespace {
+
+float Bf16(uint16_t h) {
+  uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+uint16_t ToBf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+template <typename T>
+T* Upload(const std::vector<T>& v) {
+  T* p = nullptr;
+  CK(cudaMalloc(&p, std::max<size_t>(v.size(), 1) * sizeof(T)));
+  if (!v.empty()) {
+    CK(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  return p;
+}
+
+// One check: seqs of (new tokens, context); returns the worst row error.
+double Check(int h, int hkv, int d, int bs, int sms,
+             const std::vector<std::pair<int, int>>& seqs, std::mt19937& rng) {
+  const int g = h / hkv;
+  int mb = 0, total = 0;
+  for (auto [n, c] : seqs) {
+    mb = std::max(mb, (c + bs - 1) / bs);
+    total += (c + bs - 1) / bs;
+  }
+  std::vector<int32_t> pool(total);
+  std::iota(pool.begin(), pool.end(), 0);
+  std::shuffle(pool.begin(), pool.end(), rng);
+  std::vector<int32_t> starts = {0}, lens, tables;
+  int next = 0;
+  for (auto [n, c] : seqs) {
+    const int nb = (c + bs - 1) / bs;
+    for (int j = 0; j < mb; ++j) tables.push_back(j < nb ? pool[next + j] : 0);
+    next += nb;
+    starts.push_back(starts.back() + n);
+    lens.push_back(c);
+  }
+  const int t = starts.back();
+  const int64_t slot = static_cast<int64_t>(hkv) * d;
+  const int64_t elems = static_cast<int64_t>(total) * bs * slot;
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::vector<uint16_t> k(elems), v(elems);
+  for (auto& x : k) x = ToBf16(u(rng));
+  for (auto& x : v) x = ToBf16(u(rng));
+  const int64_t qs = static_cast<int64_t>(h + 2 * hkv) * d;
+  std::vector<float> q(t * qs);
+  for (auto& x : q) x = 2 * u(rng);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const AttnShape shape{h, hkv, d, bs, mb, 0, scale};
+  const AttnPlan plan =
+      PlanAttention(shape, starts.data(), lens.data(), seqs.size(), sms);
+  AttnWorkItem* ds = Upload(plan.small);
+  AttnWorkItem* dt = Upload(plan.tiles);
+  float* dq = Upload(q);
+  uint16_t* dk = Upload(k);
+  uint16_t* dv = Upload(v);
+  int32_t* dtab = Upload(tables);
+  float* scratch = nullptr;
+  CK(cudaMalloc(&scratch, AttnScratchFloats(shape, sms) * 4));
+  uint16_t* dout = nullptr;
+  CK(cudaMalloc(&dout, t * h * d * 2));
+  CK(cudaMemset(dout, 0xff, t * h * d * 2));  // NaN
+  CK(PagedAttention(shape, plan, ds, dt, dq, qs,
+                    reinterpret_cast<const bf16*>(dk),
+                    reinterpret_cast<const bf16*>(dv), dtab, scratch,
+                    reinterpret_cast<bf16*>(dout), nullptr));
+  CK(cudaDeviceSynchronize());
+  std::vector<uint16_t> out(t * h * d);
+  CK(cudaMemcpy(out.data(), dout, out.size() * 2, cudaMemcpyDeviceToHost));
+  double worst = 0;
+  std::vector<double> sc, o(d);
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    for (int i = starts[s]; i < starts[s + 1]; ++i) {
+      const int pos = lens[s] - (starts[s + 1] - i);
+      for (int hh = 0; hh < h; ++hh) {
+        const int kvh = hh / g;
+        sc.assign(pos + 1, 0.0);
+        double mx = -1e300;
+        for (int p = 0; p <= pos; ++p) {
+          const int64_t sl =
+              static_cast<int64_t>(tables[s * mb + p / bs]) * bs + p % bs;
+          double acc = 0;
+          for (int e = 0; e < d; ++e) {
+            acc += q[i * qs + hh * d + e] * Bf16(k[sl * slot + kvh * d + e]);
+          }
+          sc[p] = acc * scale;
+          mx = std::max(mx, sc[p]);
+        }
+        double sum = 0;
+        for (double& x : sc) sum += (x = std::exp(x - mx));
+        std::fill(o.begin(), o.end(), 0.0);
+        for (int p = 0; p <= pos; ++p) {
+          const int64_t sl =
+              static_cast<int64_t>(tables[s * mb + p / bs]) * bs + p % bs;
+          for (int e = 0; e < d; ++e) {
+            o[e] += sc[p] / sum * Bf16(v[sl * slot + kvh * d + e]);
+          }
+        }
+        double num = 0, den = 0;
+        for (int e = 0; e < d; ++e) {
+          const double got =
+              Bf16(out[(static_cast<int64_t>(i) * h + hh) * d + e]);
+          if (!std::isfinite(got)) return INFINITY;
+          num += (got - o[e]) * (got - o[e]);
+          den += o[e] * o[e];
+        }
+        worst = std::max(worst, std::sqrt(num / den));
+      }
+    }
+  }
+  for (void* p : {(void*)ds, (void*)dt, (void*)dq, (void*)dk, (void*)dv,
+                  (void*)dtab, (void*)scratch, (void*)dout}) {
+    CK(cudaFree(p));
+  }
+  return worst;
+}
+
+template <typename Fn>
+double TimeMedian(int warm, int reps, Fn fn) {
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  for (int i = 0; i < warm; ++i) fn(i);
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    CK(cudaEventRecord(a));
+    fn(i);
+    CK(cudaEventRecord(b));
+    CK(cudaEventSynchronize(b));
+    float ms;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms * 1e-3);
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+}  // namespace
+
+int main() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    std::printf("attention_gpu_bench: no CUDA device visible\n");
+    return 0;
+  }
+  int sms = 1;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  std::mt19937 rng(1);
+  bool ok = true;
+  struct C {
+    int h, hkv, d, bs, sms;
+    std::vector<std::pair<int, int>> seqs;
+  };
+  const std::vector<C> checks = {
+      {32, 8, 128, 16, sms, {{1, 1}, {1, 100}, {1, 4097}}},
+      {32, 8, 128, 16, 1000, {{1, 1}, {1, 100}, {1, 4097}}},
+      {64, 8, 128, 16, sms, {{1, 9000}, {1, 33}}},
+      {8, 8, 64, 32, sms, {{1, 300}, {70, 70}, {5, 1000}}},
+      {16, 2, 64, 16, 500, {{130, 400}, {1, 2000}}},
+      {32, 32, 128, 32, sms, {{3, 3}, {1, 65}}}};
+  for (const C& c : checks) {
+    const double err = Check(c.h, c.hkv, c.d, c.bs, c.sms, c.seqs, rng);
+    const bool pass = err < 1e-2;
+    ok &= pass;
+    std::printf("check H=%d Hkv=%d D=%d B=%d sms=%d: max row rel err %.2e %s\n",
+                c.h, c.hkv, c.d, c.bs, c.sms, err, pass ? "ok" : "FAIL");
+  }
+  // Copy bandwidth.
+  const size_t bytes = size_t{4} << 30;
+  void *src, *dst;
+  CK(cudaMalloc(&src, bytes));
+  CK(cudaMalloc(&dst, bytes));
+  CK(cudaMemset(src, 0x3c, bytes));
+  const double tc = TimeMedian(3, 10, [&](int) {
+    CK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice));
+  });
+  const double copy_bw = 2.0 * bytes / tc;
+  CK(cudaFree(src));
+  CK(cudaFree(dst));
+  std::printf(
+      "\ncopy bandwidth %.0f GB/s\n\n| heads | batch | context | us | "
+      "GB/s | of copy |\n|---|---|---|---|---|---|\n",
+      copy_bw / 1e9);
+  const int d = 128, bs = 16, hkv = 8;
+  const int64_t pool = 256LL * 32768 / bs + 1024;
+  const int64_t elems = pool * bs * hkv * d;
+  bf16 *kc, *vc;
+  CK(cudaMalloc(&kc, elems * 2));
+  CK(cudaMalloc(&vc, elems * 2));
+  CK(FillRandomBf16(kc, elems, 1, 1.0f, nullptr));
+  CK(FillRandomBf16(vc, elems, 2, 1.0f, nullptr));
+  for (int h : {32, 64}) {
+    for (int batch : {1, 8, 64, 256}) {
+      for (int ctx : {512, 4096, 32768}) {
+        const int mb = (ctx + bs - 1) / bs;
+        std::vector<int32_t> starts(batch + 1), lens(batch, ctx);
+        std::iota(starts.begin(), starts.end(), 0);
+        const AttnShape shape{h, hkv, d, bs, mb, 0, 0.088f};
+        const AttnPlan plan =
+            PlanAttention(shape, starts.data(), lens.data(), batch, sms);
+        constexpr int kSets = 13;
+        std::vector<int32_t> tables(static_cast<size_t>(kSets) * batch * mb);
+        for (auto& x : tables) x = static_cast<int32_t>(rng() % pool);
+        int32_t* dt = Upload(tables);
+        AttnWorkItem* ds = Upload(plan.small);
+        AttnWorkItem* dti = Upload(plan.tiles);
+        const int64_t qs = (h + 2 * hkv) * d;
+        float* q = nullptr;
+        CK(cudaMalloc(&q, batch * qs * 4));
+        CK(cudaMemset(q, 0x3c, batch * qs * 4));
+        float* scratch = nullptr;
+        CK(cudaMalloc(&scratch, AttnScratchFloats(shape, sms) * 4));
+        bf16* o = nullptr;
+        CK(cudaMalloc(&o, batch * h * d * 2));
+        const double t = TimeMedian(3, 10, [&](int i) {
+          CK(PagedAttention(shape, plan, ds, dti, q, qs, kc, vc,
+                            dt + static_cast<int64_t>(i % kSets) * batch * mb,
+                            scratch, o, nullptr));
+        });
+        const double by = 2.0 * batch * ctx * hkv * d * 2 + batch * h * d * 6.0;
+        std::printf("| %d/%d | %d | %d | %.1f | %.0f | %.2f |\n", h, hkv, batch,
+                    ctx, t * 1e6, by / t / 1e9, by / t / copy_bw);
+        for (void* p : {(void*)dt, (void*)ds, (void*)dti, (void*)q,
+                        (void*)scratch, (void*)o}) {
+          CK(cudaFree(p));
+        }
+      }
+    }
+  }
+  CK(cudaFree(kc));
+  CK(cudaFree(vc));
+  return ok ? 0 : 1;
+}
