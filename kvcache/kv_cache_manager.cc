@@ -92,8 +92,7 @@ bool KvCacheManager::AllocateForWrite(RequestId request,
   const int64_t fresh =
       std::max<int64_t>(0, BlocksForTokens(total_tokens, block_size_) - have);
   const int64_t idx = num_computed_tokens / block_size_;
-  const bool cow =
-      idx < have && pool_.ref_count(it->second.blocks[idx]) > 1;
+  const bool cow = idx < have && pool_.ref_count(it->second.blocks[idx]) > 1;
   if (fresh + (cow ? 1 : 0) > pool_.num_free()) return false;
   if (fresh == 0 && !cow) return true;
   KV_CHECK(swapped_.find(request) == swapped_.end(), "request ", request,
@@ -341,8 +340,7 @@ absl::Status KvCacheManager::CheckInvariants() const {
           tables_.contains(id) ? " and a block table" : ""));
     }
     for (const SwapSlot s : slots) {
-      if (s < 0 || s >= swap_.num_slots() || swap_.is_free(s) ||
-          slot_held[s]) {
+      if (s < 0 || s >= swap_.num_slots() || swap_.is_free(s) || slot_held[s]) {
         return absl::InternalError(
             absl::StrCat("request ", id, " holds bad swap slot ", s));
       }

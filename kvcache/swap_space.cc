@@ -51,8 +51,8 @@ absl::Status SwapSpace::CheckInvariants() const {
   }
   for (SwapSlot s = 0; s < num_slots(); ++s) {
     if (seen[s] != is_free_[s]) {
-      return absl::InternalError(absl::StrCat("swap slot ", s, " flag=",
-                                              is_free_[s], " stacked=", seen[s]));
+      return absl::InternalError(absl::StrCat(
+          "swap slot ", s, " flag=", is_free_[s], " stacked=", seen[s]));
     }
   }
   return absl::OkStatus();

@@ -278,8 +278,7 @@ std::vector<FinishedRequest> Scheduler::UpdateFromOutput(
     r->output_.push_back(token);
     if (r->num_output_tokens() >= r->max_tokens()) {
       r->status_ = RequestStatus::kFinishedLength;
-      finished.push_back(
-          {r->id(), FinishReason::kLength, r->num_preemptions_});
+      finished.push_back({r->id(), FinishReason::kLength, r->num_preemptions_});
     }
   }
   KV_CHECK(k == sampled.size(), "sampled has ", sampled.size(),

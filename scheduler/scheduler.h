@@ -153,12 +153,12 @@ struct FinishedRequest {
 // (kNone: the head may be admitted).
 enum class AdmissionStop {
   kNone,
-  kQueueEmpty,   // nothing waits
-  kMaxNumSeqs,   // max_num_seqs requests already run
-  kTokenBudget,  // the step's token budget is spent
-  kKvBlocks,     // the head's next chunk does not fit above the watermark
-                 // (kGuaranteedNoEvict: its whole reservation does not)
-  kPreempted,    // the step preempted, so it admitted nothing
+  kQueueEmpty,     // nothing waits
+  kMaxNumSeqs,     // max_num_seqs requests already run
+  kTokenBudget,    // the step's token budget is spent
+  kKvBlocks,       // the head's next chunk does not fit above the watermark
+                   // (kGuaranteedNoEvict: its whole reservation does not)
+  kPreempted,      // the step preempted, so it admitted nothing
   kHighWatermark,  // active blocks exceed admission_high_watermark
   kThrashGuard,    // the thrashing head's remaining prefill does not fit
 };

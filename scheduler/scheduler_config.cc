@@ -69,9 +69,9 @@ int64_t SchedulerConfig::slab_blocks() const {
 absl::StatusOr<KvReservation> ParseKvReservation(absl::string_view name) {
   if (name == "paged") return KvReservation::kPaged;
   if (name == "max-length") return KvReservation::kMaxLength;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "--kv-reservation: KV reservation '", name,
-      "' unknown; use paged or max-length"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("--kv-reservation: KV reservation '", name,
+                   "' unknown; use paged or max-length"));
 }
 
 absl::StatusOr<SchedulingPolicy> ParseSchedulingPolicy(absl::string_view name) {

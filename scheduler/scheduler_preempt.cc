@@ -109,8 +109,7 @@ absl::Status Scheduler::Fork(RequestId parent_id,
                              std::unique_ptr<Request> child) {
   if (child == nullptr) return absl::InvalidArgumentError("fork: null child");
   auto it = requests_.find(parent_id);
-  if (it == requests_.end() ||
-      it->second->status_ != RequestStatus::kRunning) {
+  if (it == requests_.end() || it->second->status_ != RequestStatus::kRunning) {
     return absl::FailedPreconditionError(absl::StrCat(
         "fork: parent request ", parent_id, " is not running (",
         it == requests_.end() ? "not live"
@@ -118,9 +117,11 @@ absl::Status Scheduler::Fork(RequestId parent_id,
         ")"));
   }
   if (pending_update_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "fork of request ", parent_id, " between Schedule and "
-        "UpdateFromOutput of step ", num_steps_ - 1));
+    return absl::FailedPreconditionError(
+        absl::StrCat("fork of request ", parent_id,
+                     " between Schedule and "
+                     "UpdateFromOutput of step ",
+                     num_steps_ - 1));
   }
   Request* parent = it->second.get();
   KV_RETURN_IF_ERROR(CheckRequest(*child));
@@ -147,9 +148,9 @@ absl::Status Scheduler::Fork(RequestId parent_id,
   if (config_.kv_reservation == KvReservation::kMaxLength &&
       !kv_.Allocate(c->id(), config_.slab_blocks() * config_.block_size)) {
     kv_.Free(c->id());
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "fork child ", c->id(), ": no free max-length slab of ",
-        config_.slab_blocks(), " blocks"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("fork child ", c->id(), ": no free max-length slab of ",
+                     config_.slab_blocks(), " blocks"));
   }
   c->arrival_seq_ = next_arrival_seq_++;
   c->cache_salt_ = parent->cache_salt_;

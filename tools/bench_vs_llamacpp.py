@@ -10,7 +10,7 @@ interleaved, and the median is reported.
 
 With --streams N1,N2,... it measures aggregate throughput at N concurrent
 streams instead (tools/bench_batched.py): kvserve through the real server
-(`kvserve serve`, driven by tools/kvserve_bench.py --concurrency N with
+(the kvserve daemon, driven by tools/kvserve_bench.py --concurrency N with
 ignore_eos) against llama.cpp's own multi-sequence batched decoding
 (llama_batch with N sequences, n_seq_max = N), same prompts, lengths,
 threads and GGUF.

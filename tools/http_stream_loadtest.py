@@ -18,7 +18,8 @@ synthetic events), started by --spawn so the tool knows the server's PID:
 
 --spawn runs the command, waits for a line with `listening HOST:PORT` or
 `http=HOST:PORT` on its stdout/stderr, and stops it afterwards. All streams
-are opened at once (one TCP connection each, no keep-alive); each request is
+are opened at once (one TCP connection each, no keep-alive; --ramp-s spreads
+them out); each request is
 {"prompt": [token ids], "max_tokens": --max-tokens, "stream": true,
 "ignore_eos": true}. Loopback targets only. Needs only the standard library
 (tools/sse_client.py).
@@ -87,6 +88,8 @@ class ProcSampler(threading.Thread):
 
 
 async def one_stream(args, idx, t0, results):
+    if args.ramp_s > 0:
+        await asyncio.sleep(args.ramp_s * idx / args.streams)
     body = {"model": args.model, "prompt": [(idx * 7 + j) % 1000 + 100
                                             for j in range(args.prompt_len)],
             "max_tokens": args.max_tokens, "stream": True,
@@ -163,6 +166,9 @@ def main(argv=None):
     p.add_argument("--model", default=None, help="model field (default none)")
     p.add_argument("--timeout", type=float, default=120.0,
                    help="per-stream limit in seconds (default %(default)s)")
+    p.add_argument("--ramp-s", type=float, default=0.0,
+                   help="spread the connection starts evenly over this many "
+                   "seconds (default 0: all at once)")
     p.add_argument("--label", default="", help="name for the result")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)

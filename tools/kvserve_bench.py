@@ -7,7 +7,9 @@ all at once, capped at --concurrency in flight, bounded by --num-requests and
 --duration, and reports request throughput, output and total tokens/s, time
 to first token (TTFT), inter-token latency (ITL), time per output token
 (TPOT) and end-to-end latency (E2E) at p50/p90/p99 and mean, errors by gRPC
-code, preemptions and peak KV usage (both read from the server's /metrics).
+code, preemptions and peak KV usage (both read from the server's /metrics),
+and in --json `engine_time`: the run's engine step and forward-pass seconds
+(kvserve_engine_forward_seconds_total) and the forward's share of wall time.
 
 Flags follow `vllm bench serve`. Examples:
 

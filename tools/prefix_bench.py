@@ -16,7 +16,8 @@ run. Greedy outputs are checked equal between the two servers.
 
     tools/prefix_bench.py --binary build/server/kvserve [--requests 32]
         [--prefix-tokens 1000] [--suffix-tokens 16] [--max-tokens 8]
-        [--concurrency 8] [--repeats 1] [--json out.json]
+        [--concurrency 8] [--repeats 1] [--kv-cache-bytes 512MiB]
+        [--threads N] [--json out.json]
 
 Needs grpcio and grpcio-tools (deploy/setup.sh installs them).
 """
@@ -113,7 +114,8 @@ def run_workload(stub, prompts, max_tokens, concurrency):
 def bench_server(args, caching, workloads):
     extra = [] if caching else ["--no-prefix-caching"]
     server = KvserveProcess(args.binary, REPO, "--threads",
-                            str(args.threads), *extra)
+                            str(args.threads), "--kv-cache-bytes",
+                            args.kv_cache_bytes, *extra)
     import grpc
     channel = grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}")
     stub = PB_GRPC.KvServeStub(channel)
@@ -147,6 +149,7 @@ def main():
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--kv-cache-bytes", default="512MiB")
     p.add_argument("--json", default="")
     args = p.parse_args()
 

@@ -132,8 +132,8 @@ TEST_F(CowSwapTest, SwapOutAndInWithExactIdsSlotsAndEvictionOrder) {
   std::vector<BlockMove> out;
   kv_.SwapOut(1, 3, &out);
   ASSERT_INVARIANTS(kv_);
-  EXPECT_THAT(out, ElementsAre(BlockMove{0, 0}, BlockMove{1, 1},
-                               BlockMove{2, 2}));
+  EXPECT_THAT(out,
+              ElementsAre(BlockMove{0, 0}, BlockMove{1, 1}, BlockMove{2, 2}));
   EXPECT_THAT(kv_.GetBlockTable(1), IsEmpty());
   EXPECT_EQ(kv_.num_swapped_blocks(1), 3);
   EXPECT_EQ(kv_.Usage().swap_slots_used, 3);
@@ -147,8 +147,8 @@ TEST_F(CowSwapTest, SwapOutAndInWithExactIdsSlotsAndEvictionOrder) {
   std::vector<BlockMove> in;
   ASSERT_TRUE(kv_.SwapIn(1, &in));
   ASSERT_INVARIANTS(kv_);
-  EXPECT_THAT(in, ElementsAre(BlockMove{0, 4}, BlockMove{1, 5},
-                              BlockMove{2, 6}));
+  EXPECT_THAT(in,
+              ElementsAre(BlockMove{0, 4}, BlockMove{1, 5}, BlockMove{2, 6}));
   EXPECT_THAT(kv_.GetBlockTable(1), ElementsAre(4, 5, 6));
   EXPECT_EQ(kv_.num_swapped_blocks(1), 0);
   EXPECT_EQ(kv_.Usage().swap_slots_used, 0);

@@ -17,10 +17,10 @@
 namespace kvserve::scheduler {
 namespace {
 
+using kvcache::BlockMove;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
-using kvcache::BlockMove;
 
 int32_t SampledToken(RequestId id, int32_t k) {
   return static_cast<int32_t>(100000 + id * 1000 + k);
@@ -56,16 +56,16 @@ class FakeEngine {
 
   void Add(RequestId id, std::vector<int32_t> prompt, int32_t max_tokens,
            int32_t priority = 0) {
-    const absl::Status s = sched_.AddRequest(std::make_unique<Request>(
-        id, std::move(prompt), max_tokens, priority));
+    const absl::Status s = sched_.AddRequest(
+        std::make_unique<Request>(id, std::move(prompt), max_tokens, priority));
     ASSERT_TRUE(s.ok()) << s;
   }
 
   // A child of `parent` with the same prompt and its own first token.
   absl::Status Fork(RequestId parent, RequestId child, int32_t max_tokens) {
     const Request* p = sched_.GetRequest(parent);
-    auto r = std::make_unique<Request>(child, p->prompt_token_ids(),
-                                       max_tokens);
+    auto r =
+        std::make_unique<Request>(child, p->prompt_token_ids(), max_tokens);
     r->set_output_token_ids({SampledToken(child, 0)});
     return sched_.Fork(parent, std::move(r));
   }
@@ -74,8 +74,10 @@ class FakeEngine {
     Check();
     SchedulerOutput out = sched_.Schedule();
     Check();
-    for (const BlockMove& m : out.blocks_to_swap_out) Move(kv_, m.src, swap_, m.dst);
-    for (const BlockMove& m : out.blocks_to_swap_in) Move(swap_, m.src, kv_, m.dst);
+    for (const BlockMove& m : out.blocks_to_swap_out)
+      Move(kv_, m.src, swap_, m.dst);
+    for (const BlockMove& m : out.blocks_to_swap_in)
+      Move(swap_, m.src, kv_, m.dst);
     for (const BlockMove& m : out.blocks_to_copy) Move(kv_, m.src, kv_, m.dst);
     std::vector<int32_t> sampled;
     for (const ScheduledRequest& s : out.scheduled) {
@@ -324,7 +326,8 @@ TEST(ThrashGuardTest, ReadmitsOnlyWhenTheWholeRemainingPrefillFits) {
     *guard_stops = 0;
     for (int i = 0; i < 200 && e.sched().has_work(); ++i) {
       const SchedulerOutput out = e.Step();
-      if (e.sched().stats().last_admission_stop == AdmissionStop::kThrashGuard) {
+      if (e.sched().stats().last_admission_stop ==
+          AdmissionStop::kThrashGuard) {
         ++*guard_stops;
       }
       for (const ScheduledRequest& s : out.scheduled) {

@@ -81,7 +81,7 @@ class Server(KvserveProcess):
             prompt_token_ids=PB.TokenIds(ids=ids), sampling=sampling,
             cache_salt=salt, n=n)
         out, usage, self.texts = {}, None, {}
-        for msg in self.stub.Generate(req, timeout=120):
+        for msg in self.stub.Generate(req, timeout=300):
             out.setdefault(msg.index, []).extend(msg.token_ids)
             self.texts[msg.index] = self.texts.get(msg.index, "") + msg.text
             if msg.HasField("usage"):

@@ -180,7 +180,7 @@ class OpenAiApiTest(unittest.TestCase):
     def test_errors_bad_request(self):
         self.assert_bad_request("temperature", temperature=-1)
         self.assert_bad_request("top_p", top_p=1.5)
-        self.assert_bad_request("n", n=2)
+        self.assert_bad_request("n", n=17)  # n is 1..16
         self.assert_bad_request("echo", echo=True)
         self.assert_bad_request("temperature",
                                 extra_body={"temperature": "hot"})

@@ -1,7 +1,9 @@
 // Boost.Beast SSE prototype: the same endpoint and events as httplib_sse.cc,
 // served asynchronously (one io_context run by --threads threads; a stream
 // holds a socket and a timer, no thread).
-#include <utility>  // before Boost 1.74 asio: awaitable.hpp needs std::exchange
+// clang-format off
+#include <utility>  // first: Boost 1.74 asio/awaitable.hpp uses std::exchange
+// clang-format on
 
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
@@ -25,8 +27,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void Start() {
     http::async_read(socket_, buf_, req_,
-                     [self = shared_from_this()](beast::error_code ec,
-                                                 size_t) {
+                     [self = shared_from_this()](beast::error_code ec, size_t) {
                        if (ec) return self->Close();
                        self->OnRequest();
                      });
@@ -41,10 +42,8 @@ class Session : public std::enable_shared_from_this<Session> {
       res->body() = "not found\n";
       res->prepare_payload();
       http::async_write(socket_, *res,
-                        [self = shared_from_this(), res](beast::error_code,
-                                                         size_t) {
-                          self->Close();
-                        });
+                        [self = shared_from_this(), res](
+                            beast::error_code, size_t) { self->Close(); });
       return;
     }
     res_.result(http::status::ok);
@@ -68,10 +67,9 @@ class Session : public std::enable_shared_from_this<Session> {
           socket_, http::make_chunk(net::buffer(event_)),
           [self = shared_from_this()](beast::error_code ec, size_t) {
             if (ec) return self->Close();
-            net::async_write(self->socket_, http::make_chunk_last(),
-                             [self](beast::error_code, size_t) {
-                               self->Close();
-                             });
+            net::async_write(
+                self->socket_, http::make_chunk_last(),
+                [self](beast::error_code, size_t) { self->Close(); });
           });
       return;
     }
@@ -126,7 +124,8 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
   Accept(acc, cfg);
   std::vector<std::thread> runners;
-  for (int i = 1; i < cfg.threads; ++i) runners.emplace_back([&] { ioc.run(); });
+  for (int i = 1; i < cfg.threads; ++i)
+    runners.emplace_back([&] { ioc.run(); });
   ioc.run();
   for (auto& t : runners) t.join();
   return 0;
