@@ -16,15 +16,20 @@
 # Sanitizer builds use -O1 -g1 (line tables), no benchmarks, and assertions
 # on. Any sanitizer report fails the stage (halt_on_error / abort). Runtime
 # suppressions for third-party false positives: tools/sanitizers/*.supp.
-# Environment: JOBS (default nproc), FUZZ_SECONDS.
+# Environment: JOBS (default nproc), FUZZ_SECONDS, SANITIZER_STAGES (the
+# default stage list), ASAN_BUILD_DIR (default
+# build-asan: the asan stage's build, whose fuzz targets the fuzz stage runs).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 JOBS="${JOBS:-$(nproc)}"
 FUZZ_SECONDS="${FUZZ_SECONDS:-30}"
 STAGES=("$@")
-if [ ${#STAGES[@]} -eq 0 ]; then STAGES=(asan fuzz tidy tsan); fi
+if [ ${#STAGES[@]} -eq 0 ]; then
+  read -r -a STAGES <<< "${SANITIZER_STAGES:-asan fuzz tidy tsan}"
+fi
 SUPP="$ROOT/tools/sanitizers"
+export ASAN_DIR="${ASAN_BUILD_DIR:-build-asan}"
 SAN_FLAGS=(-G Ninja -DCMAKE_BUILD_TYPE=Debug
            -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" -DCMAKE_C_FLAGS_DEBUG="-O1 -g1"
            -DKVSERVE_BUILD_BENCHMARKS=OFF -DKVSERVE_CUDA=OFF)
@@ -37,26 +42,26 @@ export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$SUPP/
 banner() { echo; echo "==================== sanitizers: $* ===================="; }
 
 stage_asan() {
-  CC=clang CXX=clang++ cmake -S . -B build-asan "${SAN_FLAGS[@]}" \
+  CC=clang CXX=clang++ cmake -S . -B "$ASAN_DIR" "${SAN_FLAGS[@]}" \
     -DKVSERVE_FUZZ=ON >/dev/null
-  cmake --build build-asan -j "$JOBS"
-  ctest --test-dir build-asan --output-on-failure -j "$JOBS" -LE 'gpu|python'
+  cmake --build "$ASAN_DIR" -j "$JOBS"
+  ctest --test-dir "$ASAN_DIR" --output-on-failure -j "$JOBS" -LE 'gpu|python'
 }
 
-# Runs every fuzz target of build-asan for FUZZ_SECONDS, JOBS at a time;
-# fails if any crashed. New inputs go to build-asan/fuzz-corpus/ (not to the
+# Runs every fuzz target of $ASAN_DIR for FUZZ_SECONDS, JOBS at a time;
+# fails if any crashed. New inputs go to $ASAN_DIR/fuzz-corpus/ (not to the
 # checked-in seeds).
 stage_fuzz() {
-  local logs=build-asan/fuzz-logs
+  local logs="$ASAN_DIR/fuzz-logs"
   mkdir -p "$logs"
   local targets=()
   for f in tests/fuzz/*_fuzz.cc; do targets+=("$(basename "$f" .cc)"); done
   printf '%s\n' "${targets[@]}" | xargs -P "$JOBS" -I{} sh -c '
-    mkdir -p build-asan/fuzz-corpus/{} build-asan/fuzz-crashes/{}
-    build-asan/tests/fuzz/{} -max_total_time='"$FUZZ_SECONDS"' -timeout=30 \
+    mkdir -p $ASAN_DIR/fuzz-corpus/{} $ASAN_DIR/fuzz-crashes/{}
+    $ASAN_DIR/tests/fuzz/{} -max_total_time='"$FUZZ_SECONDS"' -timeout=30 \
       -rss_limit_mb=4096 -print_final_stats=1 \
-      -artifact_prefix=build-asan/fuzz-crashes/{}/ \
-      build-asan/fuzz-corpus/{} tests/fuzz/corpus/{} \
+      -artifact_prefix=$ASAN_DIR/fuzz-crashes/{}/ \
+      $ASAN_DIR/fuzz-corpus/{} tests/fuzz/corpus/{} \
       >'"$logs"'/{}.log 2>&1 && echo "fuzz: {} ok" \
       || { echo "fuzz: {} FAILED"; tail -n 60 '"$logs"'/{}.log; exit 1; }'
   local t
@@ -67,7 +72,7 @@ stage_fuzz() {
 }
 
 stage_tidy() {
-  tools/clang_tidy.sh build-asan
+  tools/clang_tidy.sh "$ASAN_DIR"
 }
 
 stage_tsan() {

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "google/protobuf/stubs/logging.h"
 #include "models/chat_template.h"
 #include "server/request_validation.h"
 #include "tests/fuzz/fuzz_util.h"
@@ -73,6 +74,12 @@ void FuzzDetokenize(const uint8_t* data, size_t size) {
 
 }  // namespace
 }  // namespace kvserve::server
+
+// Protobuf logs every string field with invalid UTF-8 it rejects; quiet.
+extern "C" int LLVMFuzzerInitialize(int* /*argc*/, char*** /*argv*/) {
+  google::protobuf::SetLogHandler(nullptr);
+  return 0;
+}
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;

@@ -75,7 +75,7 @@ TEST(OpenAiJsonTest, RejectsWrongTypesAndUnsupported) {
                 "temperature");
   ExpectInvalid(R"({"prompt": "x", "max_tokens": 1.5})", kCompletions,
                 "max_tokens");
-  ExpectInvalid(R"({"prompt": "x", "n": 2})", kCompletions, "n");
+  ExpectInvalid(R"({"prompt": "x", "n": 17})", kCompletions, "n");  // 1..16
   ExpectInvalid(R"({"prompt": "x", "echo": true})", kCompletions, "echo");
   ExpectInvalid(R"({"prompt": "x", "stop": [1]})", kCompletions, "stop[0]");
   ExpectInvalid(R"({"prompt": "x", "stream": "yes"})", kCompletions, "stream");
