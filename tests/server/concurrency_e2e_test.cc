@@ -129,7 +129,9 @@ TEST(ConcurrencyE2eTest, SmallKvCacheForcesPreemptionWithIdenticalOutput) {
   const int64_t pool_bytes = int64_t{kPoolBlocks} * 16 * bytes_per_token;
   auto server = ServerProcess::Start(
       {"--kv-cache-bytes", absl::StrCat(pool_bytes), "--max-model-len", "512",
-       "--max-num-seqs", "16", "--block-size", "16"});
+       "--max-num-seqs", "16", "--block-size", "16",
+       // Forced: with swap space, auto may pick swap (tested elsewhere).
+       "--preemption-mode", "recompute"});
   ASSERT_NE(server, nullptr);
   auto stub = server->Stub();
   const v1::ModelInfo info = GetInfo(*stub);
