@@ -35,6 +35,19 @@ std::string TooLargeBody(int64_t limit, uint64_t got) {
   return j.dump();
 }
 
+std::string LengthRequiredBody(int64_t limit) {
+  const nlohmann::json j = {
+      {"error",
+       {{"message",
+         absl::StrCat("request body: Transfer-Encoding is not accepted; send "
+                      "Content-Length (at most ",
+                      limit, " bytes, --max-request-bytes)")},
+        {"type", "invalid_request_error"},
+        {"param", nullptr},
+        {"code", "length_required"}}}};
+  return j.dump();
+}
+
 std::unique_ptr<httplib::Server> MakeServer(const TlsOptions& tls,
                                             std::string* error) {
   if (!tls.enabled()) return std::make_unique<httplib::Server>();
@@ -128,12 +141,19 @@ void HttpServer::Guard(const Options& options) {
             return R::Handled;
           }
         }
+        if (limit > 0 && req.has_header("Transfer-Encoding")) {
+          // cpp-httplib 0.11 does not bound chunked bodies; refuse them.
+          Refuse(req, res, 411, LengthRequiredBody(limit));
+          return R::Handled;
+        }
         if (limit > 0 && req.has_header("Content-Length")) {
           const uint64_t len = std::strtoull(
               req.get_header_value("Content-Length").c_str(), nullptr, 10);
           if (len > static_cast<uint64_t>(limit)) {
-            Refuse(req, res, 413, TooLargeBody(limit, len));
-            return R::Handled;
+            // NOTE: httplib itself answers 413 here after discarding the
+            // body (which keeps the connection usable and the client able
+            // to finish sending); this only supplies the body of that 413.
+            res.set_content(TooLargeBody(limit, len), "application/json");
           }
         }
         return R::Unhandled;

@@ -12,8 +12,10 @@
 // predicate).
 //
 // Checks run in httplib's pre-routing handler, before the body is read:
-// an unauthenticated client never makes the server read its body, and a
-// Content-Length over the limit is refused without reading it. Each HTTP/1.1
+// an unauthenticated client never makes the server read its body (the
+// answer closes the connection), a Content-Length over the limit is
+// discarded unparsed and answered 413, and chunked bodies (which httplib
+// 0.11 does not bound) are refused with 411. Each HTTP/1.1
 // connection is served by one worker thread at a time (requests on it are
 // sequential); keep-alive connections are closed after 5 s idle or 5
 // requests (httplib's defaults), so one client cannot hold a worker long.

@@ -397,6 +397,22 @@ class LimitsTest(unittest.TestCase):
         self.assertEqual(status, 413)
         self.assertIn("--max-request-bytes", err["message"])
         self.assertIn("65536", err["message"])
+        # Chunked bodies (unbounded in cpp-httplib 0.11) are refused.
+        conn = http.client.HTTPSConnection(
+            "127.0.0.1", self.server.http_port, timeout=30,
+            context=self.server.ssl_context(cert=None))
+        try:
+            conn.request("POST", "/v1/completions",
+                         body=iter([b'{"prompt": "Hi"}']),
+                         headers={"Authorization": f"Bearer {self.token}",
+                                  "Content-Type": "application/json"},
+                         encode_chunked=True)
+            resp = conn.getresponse()
+            self.assertEqual(resp.status, 411)
+            self.assertIn("Content-Length",
+                          json.loads(resp.read())["error"]["message"])
+        finally:
+            conn.close()
 
     def test_prompt_and_max_tokens_limits(self):
         import grpc
