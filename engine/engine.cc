@@ -10,7 +10,6 @@
 #include "engine/engine_impl.h"
 #include "engine/engine_metrics.h"
 #include "engine/model_backend.h"
-#include "engine/scheduler_compat.h"
 #include "engine/output_processor.h"
 #include "kvcache/kv_sizing.h"
 #include "models/forward_batch.h"
@@ -34,8 +33,8 @@ absl::StatusOr<scheduler::SchedulerConfig> Engine::Impl::SchedulerConfigFor()
   sc.enable_prefix_caching = config_.enable_prefix_caching;
   // Cached KV is only valid for the weights that computed it.
   sc.model_id = model_.path;
-  KV_ASSIGN_OR_RETURN(sc.policy, scheduler::ParseSchedulingPolicy(
-                                     config_.scheduling_policy));
+  KV_ASSIGN_OR_RETURN(
+      sc.policy, scheduler::ParseSchedulingPolicy(config_.scheduling_policy));
   KV_ASSIGN_OR_RETURN(sc.kv_reservation,
                       scheduler::ParseKvReservation(config_.kv_reservation));
   // Preemption cost model: recompute = tokens x seconds per prefill token;
@@ -44,10 +43,18 @@ absl::StatusOr<scheduler::SchedulerConfig> Engine::Impl::SchedulerConfigFor()
   const double swap_block_seconds =
       backend_->bytes_per_block() /
       std::max(backend_->swap_bytes_per_second(), 1.0);
-  KV_RETURN_IF_ERROR(compat::SetPreemptionConfig(
-      sc, backend_->num_swap_slots(), config_.preemption_mode,
-      backend_->seconds_per_prefill_token(), swap_block_seconds,
-      config_.thrash_preemption_limit, config_.admission_high_watermark));
+  sc.num_swap_slots = backend_->num_swap_slots();
+  KV_ASSIGN_OR_RETURN(sc.preemption_mode,
+                      scheduler::ParsePreemptionMode(config_.preemption_mode));
+  sc.recompute_seconds_per_token = backend_->seconds_per_prefill_token();
+  sc.swap_seconds_per_block = swap_block_seconds;
+  // 0: keep the scheduler's defaults.
+  if (config_.thrash_preemption_limit > 0) {
+    sc.thrash_preemption_limit = config_.thrash_preemption_limit;
+  }
+  if (config_.admission_high_watermark > 0) {
+    sc.admission_high_watermark = config_.admission_high_watermark;
+  }
   return sc;
 }
 
@@ -98,9 +105,9 @@ absl::Status Engine::Impl::Init(
       "GB/s swap",
       info_.device, per_token, info_.kv_dtype, num_blocks, config_.block_size,
       tokens, num_blocks * backend_->bytes_per_block() / 1048576.0,
-      tokens / std::max<int64_t>(
-                   1, (max_model_len_ + config_.block_size - 1) /
-                          config_.block_size * config_.block_size),
+      tokens /
+          std::max<int64_t>(1, (max_model_len_ + config_.block_size - 1) /
+                                   config_.block_size * config_.block_size),
       max_model_len_, info_.num_swap_slots,
       info_.num_swap_slots * backend_->bytes_per_block() / 1048576.0,
       backend_->seconds_per_prefill_token() * 1e3,
@@ -108,8 +115,7 @@ absl::Status Engine::Impl::Init(
   if (registry) {
     metrics_ = std::make_unique<EngineMetrics>(
         *registry, CacheConfigInfo{config_.block_size, num_blocks, per_token,
-                                   info_.kv_dtype,
-                                   backend_->num_swap_slots(),
+                                   info_.kv_dtype, backend_->num_swap_slots(),
                                    backend_->bytes_per_block()});
   }
   PublishStats(0, 0);
@@ -135,14 +141,14 @@ absl::Status Engine::Impl::CheckSpec(const RequestSpec& spec) const {
         "n: must be in [1, %d], got %d", kMaxCompletions, spec.n));
   }
   if (spec.max_tokens < 1) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "max_tokens: must be >= 1, got %d", spec.max_tokens));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("max_tokens: must be >= 1, got %d", spec.max_tokens));
   }
   for (int32_t t : spec.prompt_tokens) {
     if (t < 0 || t >= info_.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "prompt_token_ids: %d outside the vocabulary [0, %d)", t,
-          info_.vocab_size));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("prompt_token_ids: %d outside the vocabulary [0, %d)",
+                          t, info_.vocab_size));
     }
   }
   if (prompt + spec.max_tokens > max_model_len_) {
@@ -181,8 +187,7 @@ absl::StatusOr<std::shared_ptr<StreamState>> Engine::Impl::Submit(
       s = absl::UnavailableError("engine stopped");
     } else if (queued_ >= config_.max_queued_requests) {
       s = absl::ResourceExhaustedError(absl::StrFormat(
-          "queue full: %d requests waiting (--max-queued-requests)",
-          queued_));
+          "queue full: %d requests waiting (--max-queued-requests)", queued_));
     } else {
       r->spec = std::move(spec);
       inbox_.adds.push_back(std::move(r));
@@ -208,8 +213,10 @@ void Engine::Impl::Drain(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   auto idle = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return live_ == 0; };
   if (!mu_.AwaitWithDeadline(absl::Condition(&idle), deadline)) {
-    spdlog::warn("drain: {} requests still running after the timeout; "
-                 "cancelling them", live_);
+    spdlog::warn(
+        "drain: {} requests still running after the timeout; "
+        "cancelling them",
+        live_);
     stop_ = true;  // the loop cancels what is left and exits
     mu_.AwaitWithTimeout(absl::Condition(&idle), absl::Seconds(10));
   }
@@ -223,8 +230,14 @@ Engine::~Engine() { impl_->Stop(); }
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
     const EngineConfig& config, LoadedModel model,
     std::shared_ptr<prometheus::Registry> registry) {
-  if (model.model == nullptr || model.tokenizer == nullptr) {
-    return absl::InvalidArgumentError("Engine::Create: model not loaded");
+  // Either form of the weights: the packed CPU model (LoadModel for "cpu")
+  // or the raw weights kept for a GPU upload (LoadModel for "cuda").
+  // CreateBackend says clearly when the form does not suit the device.
+  if (model.tokenizer == nullptr ||
+      (model.model == nullptr && model.weights == nullptr)) {
+    return absl::InvalidArgumentError(
+        "Engine::Create: model not loaded (no tokenizer, or neither a packed "
+        "CPU model nor kept weights)");
   }
   std::unique_ptr<Engine> engine(new Engine(nullptr));
   engine->impl_ =

@@ -1,15 +1,13 @@
 // The engine thread's side of n > 1 completions and of per-request
 // bookkeeping at first scheduling. Completion i (0 = the parent) samples with
-// seed + i. With scheduler forks, the parent computes the prompt once; after
+// seed + i. The parent computes the prompt once; after
 // its prefill step each child samples its first token from the parent's raw
 // prompt logits with its own random stream (exactly what an n = 1 request
 // with that seed draws first) and is forked off the parent, sharing its
-// blocks by ref count. Without them, the n completions run as independent
-// requests (which share the prompt through the prefix cache).
+// blocks by ref count.
 #include <algorithm>
 
 #include "engine/engine_impl.h"
-#include "engine/scheduler_compat.h"
 #include "spdlog/spdlog.h"
 
 namespace kvserve::engine {
@@ -52,33 +50,6 @@ void Engine::Impl::FirstScheduled(const scheduler::ScheduledRequest& s,
   if (metrics_) {
     metrics_->ObserveQueueTime(absl::ToDoubleSeconds(t0 - r.arrival));
     metrics_->AddPromptTokens(prompt);
-    // The scheduler counts them itself when it can (ReadExtraStats).
-    if (config_.enable_prefix_caching &&
-        compat::ReadExtraStats(scheduler_->stats()).uncacheable_tokens < 0) {
-      metrics_->AddUncacheableTokens(prompt % config_.block_size);
-    }
-  }
-}
-
-void Engine::Impl::AdmitSiblings(const LiveRequest& parent) {
-  for (int32_t i = 1; i < parent.spec.n; ++i) {
-    auto c = NewChild(parent, next_id_.fetch_add(1), i);
-    c->output =
-        std::make_unique<OutputProcessor>(c->spec, model_.tokenizer.get());
-    auto req = std::make_unique<scheduler::Request>(
-        c->id, c->spec.prompt_tokens, c->spec.max_tokens, c->spec.priority,
-        absl::ToUnixNanos(c->arrival));
-    req->set_cache_salt(c->spec.cache_salt);
-    const RequestId id = c->id;
-    {
-      absl::MutexLock lock(&mu_);
-      ++live_;
-    }
-    live_reqs_[id] = std::move(c);
-    absl::Status s = scheduler_->AddRequest(std::move(req));
-    if (!s.ok()) {
-      FinishRequest(id, FinishReason::kError, std::string(s.message()));
-    }
   }
 }
 
@@ -113,13 +84,10 @@ void Engine::Impl::ForkChildren(RequestId parent_id) {
         id, child.spec.prompt_tokens, child.spec.max_tokens,
         child.spec.priority, absl::ToUnixNanos(child.arrival));
     req->set_cache_salt(child.spec.cache_salt);
-    const bool appended = compat::AppendOutputToken(*req, res.token);
+    req->set_output_token_ids({res.token});
     absl::Status st = absl::OkStatus();
     if (child.spec.max_tokens > 1) {
-      st = appended ? compat::Fork(*scheduler_, parent_id, std::move(req))
-                    : absl::UnimplementedError(
-                          "n > 1: the scheduler's Request cannot take an "
-                          "output token");
+      st = scheduler_->Fork(parent_id, std::move(req));
     }
     if (metrics_) metrics_->AddGenerationTokens(1);
     if (!st.ok()) {

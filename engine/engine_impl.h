@@ -45,7 +45,9 @@ class Engine::Impl {
   ~Impl() { Stop(); }
 
   absl::Status Init(const std::shared_ptr<prometheus::Registry>& registry);
-  void Start() { thread_ = std::thread([this] { Loop(); }); }
+  void Start() {
+    thread_ = std::thread([this] { Loop(); });
+  }
   void Stop();
 
   absl::StatusOr<std::shared_ptr<StreamState>> Submit(RequestSpec spec);
@@ -71,6 +73,10 @@ class Engine::Impl {
   bool TakeInbox(Inbox* inbox);
   void Admit(std::unique_ptr<LiveRequest> r);
   void Step();
+  // Performs `out`'s block moves on the backend in the scheduler's order:
+  // swap out, swap in, copy-on-write copies.
+  [[nodiscard]] absl::Status RunBlockMoves(
+      const scheduler::SchedulerOutput& out);
   models::ForwardBatch BuildBatch(const scheduler::SchedulerOutput& out,
                                   std::vector<int32_t>* logits_owner);
   std::vector<SampleResult> SampleAll(const scheduler::SchedulerOutput& out,
@@ -80,8 +86,6 @@ class Engine::Impl {
   // n > 1: samples each child's first token from the parent's prompt
   // logits (fork_logits_) and forks it off the parent in the scheduler.
   void ForkChildren(RequestId parent);
-  // n > 1 without scheduler forks: n independent requests (seed + i).
-  void AdmitSiblings(const LiveRequest& parent);
   void FirstScheduled(const scheduler::ScheduledRequest& s, absl::Time t0);
   void EmitTokens(const scheduler::SchedulerOutput& out,
                   const std::vector<int32_t>& producers,
@@ -105,14 +109,14 @@ class Engine::Impl {
   mutable absl::Mutex mu_;
   Inbox inbox_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  int64_t live_ ABSL_GUARDED_BY(mu_) = 0;  // submitted, not yet finished
+  int64_t live_ ABSL_GUARDED_BY(mu_) = 0;    // submitted, not yet finished
   int64_t queued_ ABSL_GUARDED_BY(mu_) = 0;  // in inbox or waiting
   std::atomic<RequestId> next_id_{1};
 
   // Engine thread only.
   absl::flat_hash_map<RequestId, std::unique_ptr<LiveRequest>> live_reqs_;
   std::vector<float> logits_;
-  int64_t preemptions_seen_ = 0, preempted_tokens_seen_ = 0;
+  int64_t recomputed_tokens_seen_ = 0;
   int64_t prefix_queries_seen_ = 0, prefix_hits_seen_ = 0;
   int64_t preempt_recompute_seen_ = 0, preempt_swap_seen_ = 0;
   int64_t uncacheable_seen_ = 0;

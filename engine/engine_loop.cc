@@ -6,8 +6,8 @@
 
 #include "absl/strings/str_format.h"
 #include "common/check.h"
+#include "common/status_macros.h"
 #include "engine/engine_impl.h"
-#include "engine/scheduler_compat.h"
 #include "spdlog/spdlog.h"
 
 namespace kvserve::engine {
@@ -52,23 +52,19 @@ bool Engine::Impl::TakeInbox(Inbox* inbox) {
 }
 
 void Engine::Impl::Admit(std::unique_ptr<LiveRequest> r) {
-  r->output = std::make_unique<OutputProcessor>(r->spec,
-                                                model_.tokenizer.get());
+  r->output =
+      std::make_unique<OutputProcessor>(r->spec, model_.tokenizer.get());
   auto req = std::make_unique<scheduler::Request>(
       r->id, r->spec.prompt_tokens, r->spec.max_tokens, r->spec.priority,
       absl::ToUnixNanos(r->arrival));
   req->set_cache_salt(r->spec.cache_salt);
   const RequestId id = r->id;
-  if (r->spec.n > 1) {
-    if (compat::kCanFork<>) {
-      r->pending_forks = r->spec.n - 1;
-    } else {
-      AdmitSiblings(*r);
-    }
-  }
+  // n > 1: the other completions fork off this one after its prefill.
+  r->pending_forks = r->spec.n - 1;
   live_reqs_[id] = std::move(r);
   absl::Status s = scheduler_->AddRequest(std::move(req));
-  if (!s.ok()) FinishRequest(id, FinishReason::kError, std::string(s.message()));
+  if (!s.ok())
+    FinishRequest(id, FinishReason::kError, std::string(s.message()));
 }
 
 void Engine::Impl::Loop() {
@@ -135,7 +131,8 @@ models::ForwardBatch Engine::Impl::BuildBatch(
   b.seq_starts.reserve(out.scheduled.size() + 1);
   b.seq_starts.push_back(0);
   int32_t max_blocks = 1;
-  for (const auto& s : out.scheduled) max_blocks = std::max(max_blocks, s.num_blocks);
+  for (const auto& s : out.scheduled)
+    max_blocks = std::max(max_blocks, s.num_blocks);
   b.max_blocks_per_seq = max_blocks;
   b.block_tables.assign(out.scheduled.size() * max_blocks, 0);
   for (size_t i = 0; i < out.scheduled.size(); ++i) {
@@ -234,8 +231,7 @@ void Engine::Impl::Step() {
   for (const auto& s : out.scheduled) FirstScheduled(s, t0);
   // Swap out, swap in, copy-on-write: before the forward reads the blocks.
   // A failed move (a bug in the plan) fails the step like a failed forward.
-  const absl::Status moved = compat::RunBlockMoves(
-      out, *backend_, &swapped_out_blocks_, &swapped_in_blocks_);
+  const absl::Status moved = RunBlockMoves(out);
   std::vector<int32_t> producers;
   models::ForwardBatch batch = BuildBatch(out, &producers);
   if (FaultStepDelay() > absl::ZeroDuration()) absl::SleepFor(FaultStepDelay());
@@ -278,6 +274,22 @@ void Engine::Impl::Step() {
   PublishStats(SecondsBetween(t0, absl::Now()), out.total_num_tokens);
 }
 
+absl::Status Engine::Impl::RunBlockMoves(
+    const scheduler::SchedulerOutput& out) {
+  if (!out.blocks_to_swap_out.empty()) {
+    KV_RETURN_IF_ERROR(backend_->SwapOut(out.blocks_to_swap_out));
+    swapped_out_blocks_ += static_cast<int64_t>(out.blocks_to_swap_out.size());
+  }
+  if (!out.blocks_to_swap_in.empty()) {
+    KV_RETURN_IF_ERROR(backend_->SwapIn(out.blocks_to_swap_in));
+    swapped_in_blocks_ += static_cast<int64_t>(out.blocks_to_swap_in.size());
+  }
+  if (!out.blocks_to_copy.empty()) {
+    KV_RETURN_IF_ERROR(backend_->CopyBlocks(out.blocks_to_copy));
+  }
+  return absl::OkStatus();
+}
+
 void Engine::Impl::FailAll(const std::vector<RequestId>& ids,
                            const std::string& error) {
   for (RequestId id : ids) {
@@ -297,9 +309,9 @@ void Engine::Impl::FinishRequest(RequestId id, FinishReason reason,
   if (scheduler_->GetRequest(id) != nullptr) {
     (void)scheduler_->Finish(id, reason == FinishReason::kStop
                                      ? scheduler::FinishReason::kStop
-                                     : reason == FinishReason::kLength
-                                           ? scheduler::FinishReason::kLength
-                                           : scheduler::FinishReason::kAbort);
+                                 : reason == FinishReason::kLength
+                                     ? scheduler::FinishReason::kLength
+                                     : scheduler::FinishReason::kAbort);
   }
   const std::string tail = r.output ? r.output->Flush() : "";
   if (!tail.empty()) r.stream->Push({}, tail, {});
@@ -318,8 +330,8 @@ void Engine::Impl::FinishRequest(RequestId id, FinishReason reason,
   // Children never forked (the parent ended before its first token) end
   // with it, so that the stream completes.
   for (int32_t i = 1; i <= r.pending_forks; ++i) {
-    r.stream->Finish(i, reason, Usage{usage.prompt_tokens, 0,
-                                      usage.cached_prompt_tokens},
+    r.stream->Finish(i, reason,
+                     Usage{usage.prompt_tokens, 0, usage.cached_prompt_tokens},
                      t, error);
   }
   r.pending_forks = 0;
@@ -334,10 +346,6 @@ void Engine::Impl::FinishRequest(RequestId id, FinishReason reason,
 
 void Engine::Impl::PublishStats(double step_seconds, int64_t tokens) {
   const scheduler::SchedulerStats s = scheduler_->stats();
-  const compat::ExtraStats extra = compat::ReadExtraStats(s);
-  const int64_t recomputed = extra.recomputed_tokens >= 0
-                                 ? extra.recomputed_tokens
-                                 : s.num_preempted_tokens_total;
   int64_t reserved = 0;
   int64_t unwritten = 0;
   for (RequestId id : scheduler_->RunningIds()) {
@@ -355,32 +363,25 @@ void Engine::Impl::PublishStats(double step_seconds, int64_t tokens) {
                           s.kv.free_blocks - s.kv.cached_evictable_blocks);
     metrics_->SetQueues(s.num_running, s.num_waiting);
     metrics_->SetReservedSlots(reserved, unwritten);
-    if (extra.preemptions_recompute >= 0) {
-      metrics_->AddPreemptions(
-          extra.preemptions_recompute - preempt_recompute_seen_,
-          extra.preemptions_swap - preempt_swap_seen_);
-    } else {
-      metrics_->AddPreemptions(s.num_preemptions_total - preemptions_seen_);
-    }
-    metrics_->AddRecomputedTokens(recomputed - preempted_tokens_seen_);
+    metrics_->AddPreemptions(
+        s.num_preemptions_recompute_total - preempt_recompute_seen_,
+        s.num_preemptions_swap_total - preempt_swap_seen_);
+    metrics_->AddRecomputedTokens(s.num_recomputed_tokens_total -
+                                  recomputed_tokens_seen_);
     metrics_->AddSwapBlocks(swapped_out_blocks_ - swapped_out_seen_,
                             swapped_in_blocks_ - swapped_in_seen_);
-    metrics_->SetSwapBlocks(extra.swap_slots_used,
-                            backend_->num_swap_slots());
-    if (extra.uncacheable_tokens >= 0) {
-      metrics_->AddUncacheableTokens(extra.uncacheable_tokens -
-                                     uncacheable_seen_);
-    }
+    metrics_->SetSwapBlocks(s.swap_slots_used, backend_->num_swap_slots());
+    metrics_->AddUncacheableTokens(s.prefix_cache_uncacheable_tokens -
+                                   uncacheable_seen_);
     metrics_->AddPrefixCache(
         s.prefix_cache_queries_tokens - prefix_queries_seen_,
         s.prefix_cache_hit_tokens - prefix_hits_seen_);
     if (tokens > 0) metrics_->ObserveStep(step_seconds, tokens);
   }
-  preemptions_seen_ = s.num_preemptions_total;
-  preempted_tokens_seen_ = recomputed;
-  preempt_recompute_seen_ = std::max<int64_t>(extra.preemptions_recompute, 0);
-  preempt_swap_seen_ = extra.preemptions_swap;
-  uncacheable_seen_ = std::max<int64_t>(extra.uncacheable_tokens, 0);
+  recomputed_tokens_seen_ = s.num_recomputed_tokens_total;
+  preempt_recompute_seen_ = s.num_preemptions_recompute_total;
+  preempt_swap_seen_ = s.num_preemptions_swap_total;
+  uncacheable_seen_ = s.prefix_cache_uncacheable_tokens;
   swapped_out_seen_ = swapped_out_blocks_;
   swapped_in_seen_ = swapped_in_blocks_;
   prefix_queries_seen_ = s.prefix_cache_queries_tokens;

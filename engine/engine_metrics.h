@@ -37,7 +37,6 @@ class EngineMetrics {
     running_->Set(running);
     waiting_->Set(waiting);
   }
-  void AddPreemptions(int64_t n) { preempt_recompute_->Increment(n); }
   void AddPreemptions(int64_t recompute, int64_t swap) {
     preempt_recompute_->Increment(recompute);
     preempt_swap_->Increment(swap);
@@ -54,7 +53,9 @@ class EngineMetrics {
   // Prompt positions the model computed (prefill, including recompute
   // after preemption); prefix-cache hits are not computed.
   void AddPromptTokensComputed(int64_t n) { prompt_computed_->Increment(n); }
-  void ObserveRequestPreemptions(int32_t n) { request_preemptions_->Observe(n); }
+  void ObserveRequestPreemptions(int32_t n) {
+    request_preemptions_->Observe(n);
+  }
   void AddRecomputedTokens(int64_t n) { recomputed_tokens_->Increment(n); }
   void AddPromptTokens(int64_t n) { prompt_tokens_->Increment(n); }
   void AddGenerationTokens(int64_t n) { generation_tokens_->Increment(n); }
@@ -83,8 +84,7 @@ class EngineMetrics {
       *blocks_total_, *usage_, *reserved_, *unwritten_, *running_, *waiting_;
   prometheus::Counter *preempt_recompute_, *preempt_swap_, *recomputed_tokens_,
       *prompt_tokens_, *generation_tokens_, *steps_, *rejected_,
-      *prefix_queries_, *prefix_hits_, *prefix_uncacheable_,
-      *forward_seconds_;
+      *prefix_queries_, *prefix_hits_, *prefix_uncacheable_, *forward_seconds_;
   prometheus::Counter* finished_[6];
   prometheus::Gauge *swap_used_, *swap_total_, *blocks_active_peak_;
   prometheus::Counter *swap_out_bytes_, *swap_in_bytes_, *prompt_computed_;

@@ -10,6 +10,8 @@ namespace kvserve::engine {
 
 absl::StatusOr<LoadedModel> LoadModel(std::string_view name_or_path,
                                       std::string_view device) {
+  // Before reading any weights: a device that cannot run here fails fast.
+  KV_RETURN_IF_ERROR(CheckDevice(device));
   LoadedModel out;
   KV_ASSIGN_OR_RETURN(out.path, models::ResolveModelPath(name_or_path));
   KV_ASSIGN_OR_RETURN(models::ModelFiles files,

@@ -32,7 +32,9 @@ struct LoadedModel {
 // and packs the weights. Errors name the file and what is wrong; a preset
 // whose weights are absent names every place that was searched. `device`
 // (cpu | cuda | auto, as --device): when it resolves to "cuda" the weights
-// are checked and kept in `weights` for the GPU upload, not packed.
+// are checked and kept in `weights` for the GPU upload, not packed. A
+// device that cannot run here gets CheckDevice's error before any file is
+// read.
 [[nodiscard]] absl::StatusOr<LoadedModel> LoadModel(
     std::string_view name_or_path, std::string_view device = "cpu");
 

@@ -16,10 +16,9 @@ std::string ResolveDevice(std::string_view requested) {
   return "cpu";
 }
 
-absl::StatusOr<std::unique_ptr<ModelBackend>> CreateBackend(
-    const BackendConfig& config, LoadedModel* model) {
-  const std::string device = ResolveDevice(config.device);
-  if (device == "cpu") return CreateCpuBackend(config, model);
+absl::Status CheckDevice(std::string_view requested) {
+  const std::string device = ResolveDevice(requested);
+  if (device == "cpu") return absl::OkStatus();
   if (device == "cuda") {
 #ifdef KVSERVE_CUDA
     if (CudaDeviceCount() <= 0) {
@@ -27,7 +26,7 @@ absl::StatusOr<std::unique_ptr<ModelBackend>> CreateBackend(
           "--device=cuda: no CUDA device is visible (check the driver and "
           "CUDA_VISIBLE_DEVICES), or use --device=cpu");
     }
-    return CreateCudaBackend(config, model);
+    return absl::OkStatus();
 #else
     return absl::FailedPreconditionError(
         "--device=cuda: this build has no CUDA support (configure with "
@@ -36,6 +35,16 @@ absl::StatusOr<std::unique_ptr<ModelBackend>> CreateBackend(
   }
   return absl::InvalidArgumentError(absl::StrCat(
       "--device: must be cpu, cuda, or auto, got \"", device, "\""));
+}
+
+absl::StatusOr<std::unique_ptr<ModelBackend>> CreateBackend(
+    const BackendConfig& config, LoadedModel* model) {
+  const std::string device = ResolveDevice(config.device);
+  if (absl::Status s = CheckDevice(device); !s.ok()) return s;
+#ifdef KVSERVE_CUDA
+  if (device == "cuda") return CreateCudaBackend(config, model);
+#endif
+  return CreateCpuBackend(config, model);  // CheckDevice passed: "cpu"
 }
 
 }  // namespace kvserve::engine

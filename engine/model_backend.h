@@ -15,8 +15,10 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "kvcache/block_pool.h"
 #include "models/forward_batch.h"
 
 namespace kvserve::engine {
@@ -24,11 +26,9 @@ namespace kvserve::engine {
 struct LoadedModel;
 
 // One block move: `src` and `dst` are KV block ids, or swap slot ids for the
-// host side of SwapOut (dst) and SwapIn (src).
-struct BlockMove {
-  int32_t src = 0;
-  int32_t dst = 0;
-};
+// host side of SwapOut (dst) and SwapIn (src). The scheduler's own type, so
+// SchedulerOutput's move lists pass to the backend as they are.
+using BlockMove = kvcache::BlockMove;
 
 struct BackendConfig {
   std::string device = "cpu";  // cpu | cuda | auto (resolved by the factory)
@@ -82,7 +82,15 @@ class ModelBackend {
 [[nodiscard]] absl::StatusOr<std::unique_ptr<ModelBackend>> CreateBackend(
     const BackendConfig& config, LoadedModel* model);
 
-// The device `auto` resolves to on this machine: "cuda" or "cpu".
+// The device `auto` resolves to on this machine: "cuda" or "cpu"; any other
+// value is returned as it is.
 std::string ResolveDevice(std::string_view requested);
+
+// OK when the resolved `device` can run here; otherwise the error
+// CreateBackend would give (FailedPrecondition "--device=cuda: no CUDA
+// device is visible ..." or "... this build has no CUDA support ...";
+// InvalidArgument for an unknown name). Cheap: lets callers fail before
+// loading weights.
+[[nodiscard]] absl::Status CheckDevice(std::string_view device);
 
 }  // namespace kvserve::engine

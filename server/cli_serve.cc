@@ -263,7 +263,8 @@ class SignalThread {
   }
   ~SignalThread() {
     stopping_.store(true);
-    pthread_kill(thread_.native_handle(), SIGTERM);  // wakes sigwait
+    // NOLINTNEXTLINE(bugprone-bad-signal-to-kill-thread): wakes sigwait.
+    pthread_kill(thread_.native_handle(), SIGTERM);
     thread_.join();
   }
   // Notified at the first SIGTERM/SIGINT.

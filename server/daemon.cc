@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "engine/loaded_model.h"
+#include "engine/model_backend.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "models/model_resolver.h"
@@ -108,15 +109,21 @@ absl::Status Daemon::CheckSecurity(const ServeOptions& options) {
 absl::Status Daemon::StartEngine(const ServeOptions& options) {
   spdlog::info("loading model {}", options.model);
   const absl::Time t0 = absl::Now();
+  // The form of the weights follows the device: packed for the CPU, kept
+  // for the GPU upload ("auto" without a GPU loads for the CPU).
+  const std::string device = engine::ResolveDevice(options.engine.device);
   KV_ASSIGN_OR_RETURN(engine::LoadedModel model,
-                      engine::LoadModel(model_path_));
+                      engine::LoadModel(model_path_, device));
   const models::ModelConfig& c = model.config;
   spdlog::info(
-      "model {} ({}) loaded in {:.2f} s: {} layers, hidden {}, {} heads / {} "
-      "KV heads, vocab {}, {:.1f} MiB of packed weights",
-      model.path, model.format, SecondsSince(t0), c.num_layers,
+      "model {} ({}) loaded for {} in {:.2f} s: {} layers, hidden {}, {} "
+      "heads / {} KV heads, vocab {}{}",
+      model.path, model.format, device, SecondsSince(t0), c.num_layers,
       c.hidden_size, c.num_heads, c.num_kv_heads, c.vocab_size,
-      model.model->weight_bytes() / 1048576.0);
+      model.model != nullptr
+          ? absl::StrFormat(", %.1f MiB of packed weights",
+                            model.model->weight_bytes() / 1048576.0)
+          : std::string());
   KV_ASSIGN_OR_RETURN(
       engine_,
       engine::Engine::Create(options.engine, std::move(model), registry_));

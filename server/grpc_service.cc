@@ -55,7 +55,7 @@ class GenerateReactor final
     stream_ = *std::move(stream);
     // NOTE: last statement: from here on the sink may run on the engine
     // thread and, through Finish, lead to OnDone.
-    stream_->Attach([this](engine::StreamDelta d) { OnDelta(std::move(d)); });
+    stream_->Attach([this](engine::StreamDelta d) { OnDelta(d); });
   }
 
   void OnWriteDone(bool ok) override {
@@ -101,7 +101,7 @@ class GenerateReactor final
 
   // The sink. Runs on the engine thread (or this call's gRPC thread from
   // Attach/Ack); never blocks.
-  void OnDelta(engine::StreamDelta delta) {
+  void OnDelta(const engine::StreamDelta& delta) {
     if (delta.finished) {
       LogFinish(delta);
       final_status_ = FinishStatus(delta.finish_reason, delta.error,
@@ -214,8 +214,9 @@ grpc::ServerUnaryReactor* KvServeService::Detokenize(
     return FinishUnary(context, "Detokenize", s);
   }
   absl::StatusOr<std::string> text = DetokenizeIds(*request, model_);
-  if (text.ok()) response->set_text(*std::move(text));
-  return FinishUnary(context, "Detokenize", text.status());
+  if (!text.ok()) return FinishUnary(context, "Detokenize", text.status());
+  response->set_text(*std::move(text));
+  return FinishUnary(context, "Detokenize", absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* KvServeService::GetModelInfo(
