@@ -55,7 +55,8 @@ const json* Member(const json& j, const char* key) {
 
 std::string StringOr(const json& j, const char* key, std::string fallback) {
   const json* m = Member(j, key);
-  return m != nullptr && m->is_string() ? m->get<std::string>() : fallback;
+  if (m != nullptr && m->is_string()) return m->get<std::string>();
+  return fallback;
 }
 
 bool BoolOr(const json& j, const char* key, bool fallback) {
