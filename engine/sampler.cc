@@ -128,7 +128,9 @@ SampleResult Sample(absl::Span<float> logits, const SamplingParams& p,
     }
   }
   result.token = chosen;
-  FillLogprobs(raw, chosen, p.logprobs, result);
+  // The log-softmax over the whole vocabulary costs ~7% of a saturated
+  // decode step (perf, docs/PERFORMANCE.md): only pay it when asked.
+  if (p.logprobs > 0) FillLogprobs(raw, chosen, p.logprobs, result);
   state.AddOutputToken(chosen);
   return result;
 }

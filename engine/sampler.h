@@ -33,7 +33,8 @@ struct TokenLogprob {
 
 struct SampleResult {
   int32_t token = -1;
-  float logprob = 0.0f;           // of the chosen token (raw model dist)
+  float logprob = 0.0f;  // of the chosen token (raw model dist); only when
+                         // SamplingParams::logprobs > 0
   std::vector<TokenLogprob> top;  // top-n by raw logprob, if requested
 };
 
