@@ -21,7 +21,7 @@ std::vector<BlockId> BlockPool::Allocate(int32_t n) {
     BlockMeta& m = blocks_[b];
     Unlink(b);
     if (m.has_hash) {  // cached -> free (evict), then as below
-      cached_.erase(hashes_[b]);
+      // Lazy deletion: the map entry goes stale (no map access here).
       m.has_hash = false;
       --num_cached_evictable_;
     }
@@ -62,7 +62,21 @@ bool BlockPool::CacheBlock(BlockId block, BlockHash hash) {
   KV_CHECK(m.ref_count >= 1 && !m.has_hash, "block ", block,
            " ref=", m.ref_count, " has_hash=", m.has_hash);
   // active -> active (hashed; becomes cached when its last owner frees it)
-  if (!cached_.emplace(hash, block).second) return false;
+  auto [it, inserted] = cached_.try_emplace(hash, block);
+  if (!inserted) {
+    if (it->second == block) {  // its own stale entry: live again
+      m.has_hash = true;
+      return true;  // hashes_[block] == hash already
+    }
+    if (IsLive(it->second, hash)) return false;  // a duplicate
+    it->second = block;  // overwrite another block's stale entry
+  }
+  // Erase the block's own stale entry (its previous hash), if any: the one
+  // map access that eviction skipped. Keeps <= 1 entry per block.
+  if (auto old = cached_.find(hashes_[block]);
+      old != cached_.end() && old->first != hash && old->second == block) {
+    cached_.erase(old);
+  }
   m.has_hash = true;
   hashes_[block] = hash;
   return true;
@@ -70,7 +84,7 @@ bool BlockPool::CacheBlock(BlockId block, BlockHash hash) {
 
 std::optional<BlockId> BlockPool::GetCachedBlock(BlockHash hash) const {
   auto it = cached_.find(hash);
-  if (it == cached_.end()) return std::nullopt;
+  if (it == cached_.end() || !IsLive(it->second, hash)) return std::nullopt;
   return it->second;
 }
 
@@ -147,9 +161,23 @@ absl::Status BlockPool::CheckInvariants() const {
           absl::Hex(absl::Uint128Low64(hash)), " not mapped to it"));
     }
   }
-  if (hashed != static_cast<int32_t>(cached_.size())) {
+  // Every map entry hash -> b: a valid id with hashes_[b] == hash (live
+  // when b carries a hash, stale otherwise; lazy deletion allows that), so
+  // at most one entry per block.
+  int32_t live = 0;
+  for (const auto& [hash, b] : cached_) {
+    if (b < 0 || b >= n || hashes_[b] != hash) {
+      return absl::InternalError(
+          absl::StrCat("map entry ", absl::Hex(absl::Uint128High64(hash)), ":",
+                       absl::Hex(absl::Uint128Low64(hash)), " -> ", b,
+                       " is not that block's (last) hash"));
+    }
+    if (blocks_[b].has_hash) ++live;
+  }
+  if (live != hashed || cached_.size() > static_cast<size_t>(n)) {
     return absl::InternalError(absl::StrCat("hash map has ", cached_.size(),
-                                            " entries, ", hashed, " hashed"));
+                                            " entries, ", live, " live, ",
+                                            hashed, " hashed blocks"));
   }
   if (queued != num_free_ || ref0 != num_free_ ||
       evictable != num_cached_evictable_) {

@@ -217,7 +217,15 @@ TEST(BlockPoolTest, RandomSoakKeepsInvariants) {
         if (!refs.empty()) {
           const BlockId b = refs[pick(refs.size())];
           if (!pool.block_hash(b).has_value()) {
-            ASSERT_TRUE(pool.CacheBlock(b, next_hash++));
+            // Mostly new hashes; sometimes an earlier one, which may be
+            // live (refused), stale after eviction (overwritten) or unused.
+            const BlockHash h = pick(4) == 0 ? BlockHash{1 + pick(next_hash)}
+                                             : BlockHash{next_hash++};
+            const bool taken = pool.GetCachedBlock(h).has_value();
+            ASSERT_EQ(pool.CacheBlock(b, h), !taken);
+            if (!taken) {
+              EXPECT_THAT(pool.GetCachedBlock(h), Optional(b));
+            }
           }
         }
         break;
@@ -245,6 +253,76 @@ TEST(BlockPoolTest, RandomSoakKeepsInvariants) {
   ASSERT_INVARIANTS(pool);
   EXPECT_EQ(pool.num_free(), kBlocks);
   EXPECT_EQ(pool.num_active(), 0);
+}
+
+// Lazy deletion: eviction leaves a stale map entry; lookups treat it as a
+// miss and caching the same hash again overwrites it.
+TEST(BlockPoolTest, StaleEntryMissesAndIsOverwritten) {
+  BlockPool pool(2);
+  const std::vector<BlockId> both = pool.Allocate(2);
+  ASSERT_TRUE(pool.CacheBlock(0, 5));
+  pool.Free(both);  // 1 free, 0 cached; queue 0, 1
+  ASSERT_INVARIANTS(pool);
+  // Evict 0 and give it a different hash: the entry 5 -> 0 is stale.
+  EXPECT_THAT(pool.Allocate(1), ElementsAre(0));
+  EXPECT_EQ(pool.GetCachedBlock(5), std::nullopt);
+  ASSERT_INVARIANTS(pool);
+  ASSERT_TRUE(pool.CacheBlock(0, 6));
+  EXPECT_EQ(pool.GetCachedBlock(5), std::nullopt);
+  EXPECT_THAT(pool.GetCachedBlock(6), Optional(0));
+  ASSERT_INVARIANTS(pool);
+  // Caching 5 again (on block 1) overwrites the stale entry, not a duplicate.
+  EXPECT_THAT(pool.Allocate(1), ElementsAre(1));
+  EXPECT_TRUE(pool.CacheBlock(1, 5));
+  EXPECT_THAT(pool.GetCachedBlock(5), Optional(1));
+  EXPECT_THAT(pool.GetCachedBlock(6), Optional(0));
+  EXPECT_LE(pool.hash_map_size(), 2);
+  ASSERT_INVARIANTS(pool);
+  // A live duplicate is still refused.
+  pool.Free({0});
+  EXPECT_THAT(pool.Allocate(1), ElementsAre(0));  // evicts 6
+  EXPECT_FALSE(pool.CacheBlock(0, 5));
+  EXPECT_TRUE(pool.CacheBlock(0, 6));  // its own stale entry, overwritten
+  ASSERT_INVARIANTS(pool);
+}
+
+// Fill the cache, evict everything with new hashes, many times over: the
+// map stays within num_blocks entries (a block's stale entry goes when it is
+// cached again) and every evicted hash misses, while the current generation
+// hits. Every third round caches only half the blocks, so the other half
+// keep stale entries across rounds.
+TEST(BlockPoolTest, RepeatedFullEvictionKeepsMapBounded) {
+  constexpr int32_t kBlocks = 64;
+  constexpr int kRounds = 200;
+  BlockPool pool(kBlocks);
+  auto hash = [](int round, int32_t i) { return uint64_t{1000} * round + i; };
+  for (int round = 0; round < kRounds; ++round) {
+    const std::vector<BlockId> blocks = pool.Allocate(kBlocks);  // evicts all
+    ASSERT_EQ(pool.num_cached_evictable(), 0);
+    ASSERT_INVARIANTS(pool);
+    const int32_t cached = round % 3 == 2 ? kBlocks / 2 : kBlocks;
+    for (int32_t i = 0; i < kBlocks; ++i) {
+      for (int back = 1; back <= 3 && back <= round; ++back) {
+        ASSERT_EQ(pool.GetCachedBlock(hash(round - back, i)), std::nullopt)
+            << "round " << round << " i " << i;
+      }
+      if (i < cached) ASSERT_TRUE(pool.CacheBlock(blocks[i], hash(round, i)));
+      ASSERT_LE(pool.hash_map_size(), kBlocks);
+    }
+    pool.Free(blocks);
+    ASSERT_EQ(pool.num_cached_evictable(), cached);
+    for (int32_t i = 0; i < cached; ++i) {
+      ASSERT_THAT(pool.GetCachedBlock(hash(round, i)), Optional(blocks[i]));
+    }
+    ASSERT_LE(pool.hash_map_size(), kBlocks) << "round " << round;
+    ASSERT_INVARIANTS(pool);
+  }
+  // No hash of any earlier generation is findable.
+  for (int round = 0; round + 1 < kRounds; ++round) {
+    for (int32_t i = 0; i < kBlocks; ++i) {
+      ASSERT_EQ(pool.GetCachedBlock(hash(round, i)), std::nullopt);
+    }
+  }
 }
 
 }  // namespace
