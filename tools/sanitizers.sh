@@ -78,7 +78,8 @@ stage_tidy() {
 stage_tsan() {
   cmake -S . -B build-tsan "${SAN_FLAGS[@]}" -DKVSERVE_SANITIZE=thread \
     -DKVSERVE_OPENMP=OFF >/dev/null
-  local targets=()
+  # The server e2e tests spawn the kvserve binary: build it sanitized too.
+  local targets=(kvserve)
   for f in tests/engine/*_test.cc tests/scheduler/*_test.cc \
            tests/server/*_test.cc; do
     case "$f" in *_gpu_test.cc) continue ;; esac
