@@ -463,7 +463,10 @@ TEST(SwapForkSoakTest, RandomLoadKeepsContentsAndInvariants) {
         if (!running.empty()) {
           const RequestId p = running[pick(running.size())];
           const Request* r = e.sched().GetRequest(p);
-          if (r->num_output_tokens() < r->max_tokens() &&
+          // Fork only after the parent sampled its first token (a parent
+          // one token short of its prompt has no output to replace).
+          if (r->num_output_tokens() > 0 &&
+              r->num_output_tokens() < r->max_tokens() &&
               r->num_computed_tokens() == r->num_tokens() - 1) {
             auto child = std::make_unique<Request>(next, r->prompt_token_ids(),
                                                    r->max_tokens());
