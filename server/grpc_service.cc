@@ -55,7 +55,7 @@ class GenerateReactor final
     stream_ = *std::move(stream);
     // NOTE: last statement: from here on the sink may run on the engine
     // thread and, through Finish, lead to OnDone.
-    stream_->Attach([this](engine::StreamDelta d) { OnDelta(d); });
+    stream_->Attach([this](const engine::StreamDelta& d) { OnDelta(d); });
   }
 
   void OnWriteDone(bool ok) override {
