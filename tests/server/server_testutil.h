@@ -12,10 +12,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <condition_variable>
 #include <cstdlib>
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <regex>
 #include <string>
@@ -94,17 +96,16 @@ class ServerProcess {
 
   // Everything the process wrote so far.
   std::string Output() const {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     return output_;
   }
 
   // True once `needle` appears in the output (false at the deadline).
   bool WaitForOutput(const std::string& needle, absl::Duration timeout) {
-    absl::MutexLock lock(&mu_);
-    auto seen = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout), [&] {
       return eof_ || output_.find(needle) != std::string::npos;
-    };
-    mu_.AwaitWithTimeout(absl::Condition(&seen), timeout);
+    });
     return output_.find(needle) != std::string::npos;
   }
 
@@ -112,10 +113,10 @@ class ServerProcess {
   // nullopt at the deadline.
   std::optional<int> WaitExit(absl::Duration timeout) {
     {
-      absl::MutexLock lock(&mu_);
-      auto closed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return eof_; };
+      std::unique_lock<std::mutex> lock(mu_);
       // The pipe closes when the process (its only writer) exits.
-      if (!mu_.AwaitWithTimeout(absl::Condition(&closed), timeout)) {
+      if (!cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout),
+                        [&] { return eof_; })) {
         return std::nullopt;
       }
     }
@@ -168,7 +169,8 @@ class ServerProcess {
     for (;;) {
       const ssize_t n = read(fd, buf, sizeof(buf));
       if (n < 0 && errno == EINTR) continue;
-      absl::MutexLock lock(&mu_);
+      std::lock_guard<std::mutex> lock(mu_);
+      cv_.notify_all();
       if (n <= 0) {
         eof_ = true;
         break;
@@ -195,9 +197,13 @@ class ServerProcess {
   bool exited_ = false;
   int grpc_port_ = 0, http_port_ = 0;
   std::thread reader_;
-  mutable absl::Mutex mu_;
-  std::string output_ ABSL_GUARDED_BY(mu_);
-  bool eof_ ABSL_GUARDED_BY(mu_) = false;
+  // NOTE: std::mutex, not absl::Mutex: Debian's abseil is not built with
+  // ThreadSanitizer, so TSan cannot see absl::Mutex's ordering and reports
+  // false races here; libstdc++'s mutex goes through intercepted pthreads.
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::string output_;  // guarded by mu_
+  bool eof_ = false;    // guarded by mu_
 };
 
 // GET http://127.0.0.1:port/path: {status, body}; status -1 if unreachable.
