@@ -69,8 +69,10 @@ class DrainTest(unittest.TestCase):
                 s.code for s in short))
             t0 = time.monotonic()
             server.proc.send_signal(signal.SIGTERM)
+            # The daemon's "draining: N running" line comes after it stopped
+            # admitting (the signal thread's "Terminated: draining" may not).
             self.assertIsNotNone(server.wait_for(
-                re.compile(r"draining"), 10))
+                re.compile(r"draining: \d+ running"), 10))
             # During the drain.
             with self.assertRaises(grpc.RpcError) as cm:
                 fu.run_stream(stub, fu.greedy("Too late", 4), timeout=10)
