@@ -93,6 +93,9 @@ class Engine::Impl {
   void FinishRequest(RequestId id, FinishReason reason,
                      const std::string& error = "");
   void ExpireDeadlines();
+  // Ends an aborted request: a deadline if it is (almost) past, else a
+  // client cancel.
+  void FinishAborted(RequestId id);
   void FailAll(const std::vector<RequestId>& ids, const std::string& error);
   void PublishStats(double step_seconds, int64_t tokens);
 

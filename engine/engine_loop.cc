@@ -81,7 +81,7 @@ void Engine::Impl::Loop() {
       for (const auto& [rid, r] : live_reqs_) {
         if (r->stream->id() == id) group.push_back(rid);
       }
-      for (RequestId rid : group) FinishRequest(rid, FinishReason::kCancelled);
+      for (RequestId rid : group) FinishAborted(rid);
     }
     inbox = Inbox{};
     if (scheduler_->has_work()) {
@@ -121,6 +121,25 @@ void Engine::Impl::ExpireDeadlines() {
     }
     FinishRequest(id, FinishReason::kDeadline);
   }
+}
+
+// A cancel that arrives just before the deadline is the client's own
+// deadline timer (it starts before the server's, which counts from when the
+// call arrived): it ends as a deadline, not a client cancel.
+void Engine::Impl::FinishAborted(RequestId id) {
+  constexpr absl::Duration kClientDeadlineSlack = absl::Milliseconds(500);
+  auto it = live_reqs_.find(id);
+  if (it == live_reqs_.end()) return;
+  const std::optional<absl::Time>& deadline = it->second->spec.deadline;
+  if (deadline.has_value() && *deadline - absl::Now() <= kClientDeadlineSlack) {
+    if (metrics_) {
+      metrics_->DeadlineExceeded(it->second->first_scheduled !=
+                                 absl::InfinitePast());
+    }
+    FinishRequest(id, FinishReason::kDeadline);
+    return;
+  }
+  FinishRequest(id, FinishReason::kCancelled);
 }
 
 models::ForwardBatch Engine::Impl::BuildBatch(

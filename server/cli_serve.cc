@@ -28,7 +28,8 @@ struct ServeFlags {
   int64_t port = 50051, metrics_port = 9090;
   int64_t block_size = 16, kv_cache_bytes = 0, max_num_seqs = 64;
   int64_t max_num_batched_tokens = 512, max_queued_requests = 1024;
-  int64_t max_model_len = 0, threads = 0, http_threads = 32;
+  int64_t max_model_len = 0, threads = 0, http_threads = 2;
+  int64_t http_max_connections = 4096;
   double kv_cache_fraction = 0.25, drain_timeout = 30;
   double stall_timeout = 30;
   std::string log_level = "info";
@@ -128,12 +129,15 @@ void RegisterFlags(ServeFlags* f, CliArgs* args) {
             "API /v1/... (default 9090; 0 = pick a free one)",
             0, 65535);
   args->Int("http-port", &f->metrics_port,
-            "alias of --metrics-port (one HTTP server serves both)", 0,
-            65535);
+            "alias of --metrics-port (one HTTP server serves both)", 0, 65535);
   args->Int("http-threads", &f->http_threads,
-            "HTTP worker threads; each streaming response holds one "
-            "(default 32)",
-            1, 4096);
+            "HTTP I/O threads; responses stream asynchronously, so a stream "
+            "holds no thread (default 2)",
+            1, 256);
+  args->Int("http-max-connections", &f->http_max_connections,
+            "open HTTP connections; beyond it, requests but /health, /ready "
+            "and /metrics get 429 (default 4096)",
+            1, 1 << 20);
   args->Int("block-size", &f->block_size,
             "tokens per KV cache block (default 16)", 1, 1024);
   args->Bytes("kv-cache-bytes", &f->kv_cache_bytes,
@@ -188,6 +192,7 @@ absl::Status FinishFlags(ServeFlags* f) {
   o.port = static_cast<int>(f->port);
   o.metrics_port = static_cast<int>(f->metrics_port);
   o.http_threads = static_cast<int>(f->http_threads);
+  o.http_max_connections = static_cast<int>(f->http_max_connections);
   o.stall_timeout = absl::Seconds(f->stall_timeout);
   o.max_request_bytes = f->max_request_bytes;
   o.max_concurrent_streams = static_cast<int>(f->max_concurrent_streams);
@@ -211,8 +216,8 @@ absl::Status FinishFlags(ServeFlags* f) {
         "--scheduling-policy: '%s' must be fcfs, priority, or cache-aware",
         e.scheduling_policy));
   }
-  e.swap_space_bytes = f->swap_space_bytes >= 0 ? f->swap_space_bytes
-                                                : DefaultSwapSpaceBytes();
+  e.swap_space_bytes =
+      f->swap_space_bytes >= 0 ? f->swap_space_bytes : DefaultSwapSpaceBytes();
   e.thrash_preemption_limit = static_cast<int32_t>(f->thrash_preemption_limit);
   e.admission_high_watermark = f->kv_high_watermark;
   e.gpu_memory_fraction = f->gpu_memory_fraction;
@@ -223,8 +228,8 @@ absl::Status FinishFlags(ServeFlags* f) {
         e.preemption_mode));
   }
   if (e.device != "cpu" && e.device != "cuda" && e.device != "auto") {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "--device: '%s' must be cpu, cuda, or auto", e.device));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--device: '%s' must be cpu, cuda, or auto", e.device));
   }
   if (e.kv_reservation != "paged" && e.kv_reservation != "max-length") {
     return absl::InvalidArgumentError(

@@ -31,6 +31,7 @@ HttpServer::Options HttpOptions(const ServeOptions& o, const BearerAuth* auth) {
   h.host = o.host;
   h.port = o.metrics_port;
   h.threads = o.http_threads;
+  h.max_connections = o.http_max_connections;
   h.tls = o.tls;
   h.auth = auth;
   h.auth_metrics = o.auth_metrics;
@@ -57,11 +58,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
       d->http_, HttpServer::Start(
                     HttpOptions(options, d->auth_.get()), d->registry_,
                     [self] { return self->ready(); },
-                    [self, threads = options.http_threads](
-                        httplib::Server* server) {
+                    [self](HttpRoutes& routes) {
                       OpenAiApi::Mount(
-                          server, [self] { return self->openai_live_.load(); },
-                          threads);
+                          routes, [self] { return self->openai_live_.load(); });
                     }));
   KV_RETURN_IF_ERROR(d->StartEngine(options));
   KV_RETURN_IF_ERROR(d->StartGrpc(options));

@@ -29,9 +29,10 @@ namespace kvserve::server {
 struct ServeOptions {
   std::string model = "smollm2-135m";
   std::string host = "127.0.0.1";
-  int port = 50051;         // gRPC; 0: pick a free port
-  int metrics_port = 9090;  // HTTP; 0: pick a free port
-  int http_threads = 32;    // HTTP workers (each open stream holds one)
+  int port = 50051;                 // gRPC; 0: pick a free port
+  int metrics_port = 9090;          // HTTP; 0: pick a free port
+  int http_threads = 2;             // HTTP I/O threads (streams hold none)
+  int http_max_connections = 4096;  // beyond: 429 but for the probes
   engine::EngineConfig engine;
   // Not ready while requests wait and no step completed for this long.
   absl::Duration stall_timeout = absl::Seconds(30);  // 0: never
@@ -86,7 +87,7 @@ class Daemon {
   std::unique_ptr<grpc::Server> grpc_server_;
   int grpc_port_ = 0;
   std::atomic<bool> ready_{false};
-  std::atomic<bool> stalled_{false};  // set by watchdog_
+  std::atomic<bool> stalled_{false};         // set by watchdog_
   std::unique_ptr<StallWatchdog> watchdog_;  // last: stopped first
   bool shut_down_ = false;
 };

@@ -1,60 +1,124 @@
 #include "server/http_server.h"
 
-#include <cstdlib>
-#include <utility>
+#include "server/http_internal.h"
+// clang-format off: after http_internal.h (its <utility>-first rule)
+#include <openssl/ssl.h>
+
+#include <boost/asio/strand.hpp>
+// clang-format on
 
 #include "absl/strings/str_cat.h"
-#include "httplib.h"
-#include "nlohmann/json.hpp"
+#include "absl/strings/str_join.h"
 #include "prometheus/text_serializer.h"
-#include "server/openai_json.h"
+#include "spdlog/spdlog.h"
 
 namespace kvserve::server {
+
+const std::string* HttpRequest::Header(std::string_view name) const {
+  for (const auto& [n, v] : headers) {
+    if (n == name) return &v;
+  }
+  return nullptr;
+}
+
+void HttpRoutes::Add(const std::string& method, const std::string& path,
+                     HttpHandler handler) {
+  by_path_[path][method] = std::move(handler);
+}
+
+const HttpHandler* HttpRoutes::Find(const HttpRequest& request,
+                                    std::string* allowed) const {
+  allowed->clear();
+  const auto path = by_path_.find(request.path);
+  if (path == by_path_.end()) return nullptr;
+  const auto method = path->second.find(request.method);
+  if (method != path->second.end()) return &method->second;
+  std::vector<std::string> methods;
+  for (const auto& [m, h] : path->second) methods.push_back(m);
+  *allowed = absl::StrJoin(methods, ", ");
+  return nullptr;
+}
+
 namespace {
 
-// An error in the OpenAI shape; a body the client may still be sending is
-// left unread, so the connection is closed after the answer.
-void Refuse(const httplib::Request& req, httplib::Response& res, int status,
-            const std::string& body) {
-  res.status = status;
-  res.set_content(body, "application/json");
-  if (req.has_header("Content-Length") || req.has_header("Transfer-Encoding")) {
-    res.set_header("Connection", "close");
+HttpResponse Text(int status, std::string body, std::string type) {
+  HttpResponse r;
+  r.status = status;
+  r.body = std::move(body);
+  r.content_type = std::move(type);
+  return r;
+}
+
+void AddProbes(HttpRoutes& routes,
+               std::shared_ptr<prometheus::Registry> registry,
+               std::function<bool()> ready) {
+  routes.Add("GET", "/metrics", [registry](std::shared_ptr<HttpExchange> ex) {
+    ex->Respond(
+        Text(200, prometheus::TextSerializer().Serialize(registry->Collect()),
+             "text/plain; version=0.0.4; charset=utf-8"));
+  });
+  routes.Add("GET", "/health", [](std::shared_ptr<HttpExchange> ex) {
+    ex->Respond(Text(200, "ok\n", "text/plain"));
+  });
+  routes.Add("GET", "/ready", [ready](std::shared_ptr<HttpExchange> ex) {
+    const bool ok = ready();
+    ex->Respond(
+        Text(ok ? 200 : 503, ok ? "ready\n" : "not ready\n", "text/plain"));
+  });
+}
+
+absl::StatusOr<std::unique_ptr<net::ssl::context>> MakeSslContext(
+    const TlsOptions& tls) {
+  if (!tls.enabled()) return nullptr;
+  auto ctx = std::make_unique<net::ssl::context>(net::ssl::context::tls_server);
+  std::string error;
+  if (!SetUpSslContext(tls, *ctx->native_handle(), &error)) {
+    return absl::InvalidArgumentError(
+        error.empty() ? "TLS: cannot set up the HTTPS listener" : error);
   }
+  return ctx;
 }
 
-std::string TooLargeBody(int64_t limit, uint64_t got) {
-  const nlohmann::json j = {
-      {"error",
-       {{"message",
-         absl::StrCat("request body: ", got, " bytes, over the limit of ",
-                      limit, " bytes (--max-request-bytes)")},
-        {"type", "invalid_request_error"},
-        {"param", nullptr},
-        {"code", "request_too_large"}}}};
-  return j.dump();
+void Accept(const std::shared_ptr<HttpServer::Core>& core) {
+  core->acceptor->async_accept(
+      net::make_strand(*core->ioc),
+      [core](boost::system::error_code ec, tcp::socket socket) {
+        if (ec == net::error::operation_aborted || !core->acceptor->is_open()) {
+          return;
+        }
+        if (ec) {
+          // EMFILE and the like: keep serving the open connections.
+          spdlog::warn("HTTP accept: {}", ec.message());
+        } else {
+          StartSession(core, std::move(socket));
+        }
+        Accept(core);
+      });
 }
 
-std::string LengthRequiredBody(int64_t limit) {
-  const nlohmann::json j = {
-      {"error",
-       {{"message",
-         absl::StrCat("request body: Transfer-Encoding is not accepted; send "
-                      "Content-Length (at most ",
-                      limit, " bytes, --max-request-bytes)")},
-        {"type", "invalid_request_error"},
-        {"param", nullptr},
-        {"code", "length_required"}}}};
-  return j.dump();
-}
-
-std::unique_ptr<httplib::Server> MakeServer(const TlsOptions& tls,
-                                            std::string* error) {
-  if (!tls.enabled()) return std::make_unique<httplib::Server>();
-  auto server = std::make_unique<httplib::SSLServer>(
-      [&tls, error](SSL_CTX& ctx) { return SetUpSslContext(tls, ctx, error); });
-  if (!server->is_valid()) return nullptr;
-  return server;
+absl::Status Listen(HttpServer::Core& core, int* port) {
+  const HttpServer::Options& o = core.options;
+  boost::system::error_code ec;
+  tcp::resolver resolver(*core.ioc);
+  const auto found = resolver.resolve(o.host, std::to_string(o.port),
+                                      tcp::resolver::passive, ec);
+  if (ec || found.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--host: cannot resolve '", o.host, "' (", ec.message(), ")"));
+  }
+  const tcp::endpoint endpoint = found.begin()->endpoint();
+  core.acceptor = std::make_unique<tcp::acceptor>(*core.ioc);
+  core.acceptor->open(endpoint.protocol(), ec);
+  if (!ec) core.acceptor->set_option(net::socket_base::reuse_address(true), ec);
+  if (!ec) core.acceptor->bind(endpoint, ec);
+  if (!ec) core.acceptor->listen(net::socket_base::max_listen_connections, ec);
+  if (ec) {
+    return absl::UnavailableError(absl::StrCat("--http-port: cannot listen on ",
+                                               o.host, ":", o.port, " (",
+                                               ec.message(), ")"));
+  }
+  *port = core.acceptor->local_endpoint().port();
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -62,113 +126,51 @@ std::unique_ptr<httplib::Server> MakeServer(const TlsOptions& tls,
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
     const Options& options, std::shared_ptr<prometheus::Registry> registry,
     std::function<bool()> ready,
-    const std::function<void(httplib::Server*)>& add_routes) {
+    const std::function<void(HttpRoutes&)>& add_routes) {
+  auto core = std::make_shared<Core>();
+  core->options = options;
+  core->options.threads = std::max(1, options.threads);
+  auto ssl = MakeSslContext(options.tls);
+  if (!ssl.ok()) return ssl.status();
+  core->ssl = *std::move(ssl);
+  AddProbes(core->routes, std::move(registry), std::move(ready));
+  if (add_routes) add_routes(core->routes);
+  core->ioc = std::make_unique<net::io_context>(core->options.threads);
   std::unique_ptr<HttpServer> http(new HttpServer());
-  http->registry_ = std::move(registry);
-  http->ready_ = std::move(ready);
-  std::string tls_error;
-  http->server_ = MakeServer(options.tls, &tls_error);
-  if (http->server_ == nullptr) {
-    return absl::InvalidArgumentError(
-        tls_error.empty() ? "TLS: cannot set up the HTTPS listener"
-                          : tls_error);
+  if (absl::Status s = Listen(*core, &http->port_); !s.ok()) return s;
+  core->work.emplace(core->ioc->get_executor());
+  Accept(core);
+  for (int i = 0; i < core->options.threads; ++i) {
+    core->threads.emplace_back([ioc = core->ioc.get()] { ioc->run(); });
   }
-  const int threads = options.threads;
-  http->server_->new_task_queue = [threads] {
-    return new httplib::ThreadPool(threads);
-  };
-  http->Routes();
-  http->Guard(options);
-  if (add_routes) add_routes(http->server_.get());
-  if (options.port == 0) {
-    http->port_ = http->server_->bind_to_any_port(options.host);
-  } else if (http->server_->bind_to_port(options.host, options.port)) {
-    http->port_ = options.port;
-  } else {
-    http->port_ = -1;
-  }
-  if (http->port_ <= 0) {
-    return absl::UnavailableError(absl::StrCat(
-        "--metrics-port: cannot listen on ", options.host, ":", options.port));
-  }
-  HttpServer* self = http.get();
-  http->thread_ = std::thread([self] {
-    self->server_->listen_after_bind();
-    self->listen_returned_.store(true);
-  });
+  http->core_ = std::move(core);
   return http;
 }
 
-void HttpServer::Routes() {
-  server_->Get(
-      "/metrics", [this](const httplib::Request&, httplib::Response& res) {
-        res.set_content(
-            prometheus::TextSerializer().Serialize(registry_->Collect()),
-            "text/plain; version=0.0.4; charset=utf-8");
-      });
-  server_->Get("/health", [](const httplib::Request&, httplib::Response& res) {
-    res.set_content("ok\n", "text/plain");
-  });
-  server_->Get(
-      "/ready", [this](const httplib::Request&, httplib::Response& res) {
-        const bool ready = ready_();
-        res.status = ready ? 200 : 503;
-        res.set_content(ready ? "ready\n" : "not ready\n", "text/plain");
-      });
-}
-
-void HttpServer::Guard(const Options& options) {
-  const BearerAuth* auth = options.auth;
-  const bool auth_metrics = options.auth_metrics;
-  const int64_t limit = options.max_request_bytes;
-  if (limit > 0) server_->set_payload_max_length(static_cast<size_t>(limit));
-  if (auth == nullptr && limit <= 0) return;
-  server_->set_pre_routing_handler(
-      [auth, auth_metrics, limit](const httplib::Request& req,
-                                  httplib::Response& res) {
-        using R = httplib::Server::HandlerResponse;
-        // Probes stay open; everything else (the API, unknown routes) needs
-        // the token, so an unauthenticated client learns nothing.
-        const bool open = req.path == "/health" || req.path == "/ready" ||
-                          (req.path == "/metrics" && !auth_metrics);
-        if (auth != nullptr && !open) {
-          const absl::Status s =
-              auth->CheckAuthorization(req.get_header_value("Authorization"),
-                                       req.has_header("Authorization"));
-          if (!s.ok()) {
-            res.set_header("WWW-Authenticate", "Bearer");
-            Refuse(req, res, 401, ToHttpError(s).body);
-            return R::Handled;
-          }
-        }
-        if (limit > 0 && req.has_header("Transfer-Encoding")) {
-          // cpp-httplib 0.11 does not bound chunked bodies; refuse them.
-          Refuse(req, res, 411, LengthRequiredBody(limit));
-          return R::Handled;
-        }
-        if (limit > 0 && req.has_header("Content-Length")) {
-          const uint64_t len = std::strtoull(
-              req.get_header_value("Content-Length").c_str(), nullptr, 10);
-          if (len > static_cast<uint64_t>(limit)) {
-            // NOTE: httplib itself answers 413 here after discarding the
-            // body (which keeps the connection usable and the client able
-            // to finish sending); this only supplies the body of that 413.
-            res.set_content(TooLargeBody(limit, len), "application/json");
-          }
-        }
-        return R::Unhandled;
-      });
-}
-
 void HttpServer::Stop() {
-  if (!thread_.joinable()) return;
-  // NOTE: httplib's stop() is a no-op until the listen loop has started,
-  // which happens right after the thread starts; wait for either.
-  while (!server_->is_running() && !listen_returned_.load()) {
-    std::this_thread::yield();
+  if (core_ == nullptr) return;
+  std::vector<std::weak_ptr<SessionBase>> sessions;
+  {
+    absl::MutexLock lock(&core_->mu);
+    if (core_->stopped) return;
+    core_->stopped = true;
+    sessions.swap(core_->sessions);
   }
-  server_->stop();
-  thread_.join();
+  net::post(*core_->ioc, [core = core_] {
+    boost::system::error_code ec;
+    core->acceptor->close(ec);
+  });
+  for (const std::weak_ptr<SessionBase>& weak : sessions) {
+    if (std::shared_ptr<SessionBase> s = weak.lock()) {
+      net::post(s->executor(), [s] { s->Close(); });
+    }
+  }
+  core_->work.reset();
+  for (std::thread& t : core_->threads) t.join();
+  core_->threads.clear();
+  core_->acceptor.reset();
+  // Destroys what is still queued (and the sessions it holds).
+  core_->ioc.reset();
 }
 
 HttpServer::~HttpServer() { Stop(); }

@@ -9,57 +9,27 @@
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "httplib.h"
 #include "server/status_mapping.h"
 
 namespace kvserve::server {
 namespace {
 
-// How long an HTTP worker waits for a delta before checking that its client
-// is still there.
-constexpr absl::Duration kPollInterval = absl::Milliseconds(100);
-
-// Hands deltas from the StreamState sink (engine thread, must not block) to
-// the HTTP worker thread that waits for them. The StreamState protocol
-// keeps at most one delta outstanding until Ack, so one slot suffices.
-class DeltaChannel {
- public:
-  void Put(engine::StreamDelta delta) {
-    absl::MutexLock lock(&mu_);
-    slot_ = std::move(delta);
-  }
-  // The next delta, or nullopt after `timeout`.
-  std::optional<engine::StreamDelta> Take(absl::Duration timeout) {
-    absl::MutexLock lock(&mu_);
-    mu_.AwaitWithTimeout(absl::Condition(
-                             +[](std::optional<engine::StreamDelta>* s) {
-                               return s->has_value();
-                             },
-                             &slot_),
-                         timeout);
-    std::optional<engine::StreamDelta> out = std::move(slot_);
-    slot_.reset();
-    return out;
-  }
-
- private:
-  absl::Mutex mu_;
-  std::optional<engine::StreamDelta> slot_ ABSL_GUARDED_BY(mu_);
-};
-
-std::shared_ptr<DeltaChannel> AttachChannel(engine::StreamState& stream) {
-  auto channel = std::make_shared<DeltaChannel>();
-  stream.Attach(
-      [channel](engine::StreamDelta d) { channel->Put(std::move(d)); });
-  return channel;
+void SendError(const absl::Status& status, HttpExchange& ex) {
+  const HttpError e = ToHttpError(status);
+  HttpResponse r;
+  r.status = e.http_status;
+  r.body = e.body;
+  ex.Respond(std::move(r));
 }
 
-void SendError(const absl::Status& status, httplib::Response& res) {
-  const HttpError e = ToHttpError(status);
-  res.status = e.http_status;
-  res.set_content(e.body, "application/json");
+// Aborts the request when the client goes away before its end.
+void AbortOnClose(engine::Engine* engine,
+                  const std::shared_ptr<engine::StreamState>& stream,
+                  HttpExchange& ex) {
+  ex.OnClose([engine, stream] {
+    if (!stream->Done()) engine->Abort(stream->id());
+  });
 }
 
 // Appends `d` to `out` (everything but the final reason and usage).
@@ -90,73 +60,52 @@ OpenAiApi::OpenAiApi(engine::Engine* engine, RequestLimits limits,
       created_(absl::ToUnixSeconds(absl::Now())),
       model_(MakeServedModel(*engine)) {}
 
-void OpenAiApi::Mount(httplib::Server* server, std::function<OpenAiApi*()> api,
-                      int http_threads) {
-  // A /v1 call holds its worker until its response ends (a stream: when
-  // the response object goes, releasing `slot`).
-  const int reserved = std::clamp(http_threads / 4, 1, 4);
-  const int max_busy =
-      http_threads > 0 ? std::max(1, http_threads - reserved) : 1 << 30;
-  auto busy = std::make_shared<std::atomic<int>>(0);
-  auto with_api = [api, busy, max_busy](auto handler) {
-    return [api, handler, busy, max_busy](const httplib::Request& req,
-                                          httplib::Response& res) {
+void OpenAiApi::Mount(HttpRoutes& routes, std::function<OpenAiApi*()> api) {
+  auto with_api = [api](auto handler) {
+    return [api, handler](std::shared_ptr<HttpExchange> ex) {
       OpenAiApi* self = api();
       if (self == nullptr) {
-        SendError(absl::UnavailableError("the model is still loading"), res);
+        SendError(absl::UnavailableError("the model is still loading"), *ex);
         return;
       }
-      if (busy->fetch_add(1) >= max_busy) {
-        busy->fetch_sub(1);
-        SendError(absl::ResourceExhaustedError(absl::StrFormat(
-                      "HTTP server busy: %d API calls in progress, the most "
-                      "--http-threads allows while keeping workers for "
-                      "/health (raise --http-threads)",
-                      max_busy)),
-                  res);
-        return;
-      }
-      std::shared_ptr<void> slot(nullptr,
-                                 [busy](void*) { busy->fetch_sub(1); });
-      handler(self, req, res);
-      if (res.content_provider_) {
-        res.content_provider_resource_releaser_ =
-            [release = std::move(res.content_provider_resource_releaser_),
-             slot](bool success) {
-              if (release) release(success);
-            };
-      }
+      handler(self, std::move(ex));
     };
   };
-  server->Post("/v1/completions",
-               with_api([](OpenAiApi* self, const httplib::Request& req,
-                           httplib::Response& res) {
-                 self->HandleGenerate(req, res, OpenAiEndpoint::kCompletions);
-               }));
-  server->Post("/v1/chat/completions",
-               with_api([](OpenAiApi* self, const httplib::Request& req,
-                           httplib::Response& res) {
-                 self->HandleGenerate(req, res,
-                                      OpenAiEndpoint::kChatCompletions);
-               }));
-  server->Get(
-      "/v1/models",
-      with_api([](OpenAiApi* self, const httplib::Request&,
-                  httplib::Response& res) { self->HandleModels(res); }));
-  // Unknown /v1 routes (and wrong methods) answer in the OpenAI shape.
-  server->set_error_handler(
-      [](const httplib::Request& req, httplib::Response& res) {
-        if (res.status == 404 && res.body.empty() &&
-            req.path.rfind("/v1/", 0) == 0) {
-          SendError(absl::NotFoundError(absl::StrCat(
-                        "unknown route ", req.method, " ", req.path)),
-                    res);
-        }
-      });
+  routes.Add("POST", "/v1/completions",
+             with_api([](OpenAiApi* self, std::shared_ptr<HttpExchange> ex) {
+               self->HandleGenerate(std::move(ex),
+                                    OpenAiEndpoint::kCompletions);
+             }));
+  routes.Add("POST", "/v1/chat/completions",
+             with_api([](OpenAiApi* self, std::shared_ptr<HttpExchange> ex) {
+               self->HandleGenerate(std::move(ex),
+                                    OpenAiEndpoint::kChatCompletions);
+             }));
+  routes.Add("GET", "/v1/models",
+             with_api([](OpenAiApi* self, std::shared_ptr<HttpExchange> ex) {
+               self->HandleModels(*ex);
+             }));
+  // Unknown /v1 routes answer in the OpenAI shape.
+  routes.SetFallback([](std::shared_ptr<HttpExchange> ex) {
+    const HttpRequest& r = ex->request();
+    if (r.path.rfind("/v1/", 0) == 0) {
+      SendError(absl::NotFoundError(
+                    absl::StrCat("unknown route ", r.method, " ", r.path)),
+                *ex);
+      return;
+    }
+    HttpResponse res;
+    res.status = 404;
+    res.content_type = "text/plain";
+    res.body = "not found\n";
+    ex->Respond(std::move(res));
+  });
 }
 
-void OpenAiApi::HandleModels(httplib::Response& res) const {
-  res.set_content(ModelsBody(model_name_, created_), "application/json");
+void OpenAiApi::HandleModels(HttpExchange& ex) const {
+  HttpResponse r;
+  r.body = ModelsBody(model_name_, created_);
+  ex.Respond(std::move(r));
 }
 
 absl::StatusOr<engine::RequestSpec> OpenAiApi::BuildSpec(
@@ -175,17 +124,16 @@ absl::StatusOr<engine::RequestSpec> OpenAiApi::BuildSpec(
   return spec;
 }
 
-void OpenAiApi::HandleGenerate(const httplib::Request& req,
-                               httplib::Response& res,
+void OpenAiApi::HandleGenerate(std::shared_ptr<HttpExchange> ex,
                                OpenAiEndpoint endpoint) {
   absl::StatusOr<OpenAiRequest> request =
-      ParseOpenAiRequest(req.body, endpoint);
+      ParseOpenAiRequest(ex->request().body, endpoint);
   absl::StatusOr<engine::RequestSpec> spec =
       request.ok() ? BuildSpec(*request) : request.status();
   absl::StatusOr<std::shared_ptr<engine::StreamState>> stream =
       spec.ok() ? engine_->Submit(*std::move(spec)) : spec.status();
   if (!stream.ok()) {
-    SendError(stream.status(), res);
+    SendError(stream.status(), *ex);
     return;
   }
   const bool chat = endpoint == OpenAiEndpoint::kChatCompletions;
@@ -199,9 +147,9 @@ void OpenAiApi::HandleGenerate(const httplib::Request& req,
   call.top_logprobs = request->top_logprobs;
   call.include_usage = request->include_usage;
   if (request->stream) {
-    StreamResponse(call, *std::move(stream), res);
+    StreamResponse(call, *std::move(stream), std::move(ex));
   } else {
-    Respond(call, *std::move(stream), res);
+    Respond(call, *std::move(stream), std::move(ex));
   }
 }
 
@@ -209,70 +157,68 @@ absl::Status OpenAiApi::FinishStatusOf(const engine::StreamDelta& d) const {
   return FinishStatus(d.finish_reason, d.error, engine_->draining());
 }
 
-// Non-streaming: this HTTP worker waits for the whole output.
+// Non-streaming: the sink (engine thread) collects every delta and acks it
+// at once; the final one queues the answer on the connection's strand.
 void OpenAiApi::Respond(const OpenAiCallInfo& call,
                         std::shared_ptr<engine::StreamState> stream,
-                        httplib::Response& res) {
-  std::shared_ptr<DeltaChannel> channel = AttachChannel(*stream);
-  std::vector<OpenAiResult> results(stream->n());
-  engine::Usage usage;
-  for (;;) {
-    std::optional<engine::StreamDelta> d = channel->Take(kPollInterval);
-    if (!d.has_value()) continue;
-    OpenAiResult& result = results.at(d->index);
-    Accumulate(*d, &result);
-    if (d->index_finished) result.finish_reason = d->finish_reason;
-    if (d->finished) {
-      usage = d->usage;
-      if (absl::Status s = FinishStatusOf(*d); !s.ok()) {
-        SendError(s, res);
-        return;
-      }
-      break;
+                        std::shared_ptr<HttpExchange> ex) {
+  AbortOnClose(engine_, stream, *ex);
+  auto results = std::make_shared<std::vector<OpenAiResult>>(stream->n());
+  std::weak_ptr<engine::StreamState> weak = stream;
+  stream->Attach([this, call, ex, results, weak](engine::StreamDelta d) {
+    OpenAiResult& result = results->at(d.index);
+    Accumulate(d, &result);
+    if (d.index_finished) result.finish_reason = d.finish_reason;
+    if (!d.finished) {
+      // Alive: it is calling us. Ack may deliver the next delta re-entrantly
+      // (at most one per completion index is pending).
+      if (std::shared_ptr<engine::StreamState> s = weak.lock()) s->Ack();
+      return;
     }
-    stream->Ack();
-  }
-  res.set_content(CompletionBody(call, results, usage, *model_.tokenizer),
-                  "application/json");
+    if (absl::Status s = FinishStatusOf(d); !s.ok()) {
+      SendError(s, *ex);
+      return;
+    }
+    ex->Run([this, call, ex, results, usage = d.usage] {
+      HttpResponse r;
+      r.body = CompletionBody(call, *results, usage, *model_.tokenizer);
+      ex->Respond(std::move(r));
+    });
+  });
 }
 
-// Streaming: httplib calls the provider on this request's worker thread
-// until it calls sink.done() or fails; each call waits for one delta and
-// writes its events. A failed write or a closed connection aborts the
-// request; the releaser aborts it too if the response ended early.
+// Streaming: the sink (engine thread) hands each delta to the connection's
+// strand, which formats its events and writes them; the stream is acked
+// only once they are written, so a slow client holds back its own deltas
+// (they coalesce in the StreamState) and nothing else. A failed write or a
+// closed connection aborts the request.
 void OpenAiApi::StreamResponse(const OpenAiCallInfo& call,
                                std::shared_ptr<engine::StreamState> stream,
-                               httplib::Response& res) {
-  std::shared_ptr<DeltaChannel> channel = AttachChannel(*stream);
+                               std::shared_ptr<HttpExchange> ex) {
+  AbortOnClose(engine_, stream, *ex);
+  HttpResponse head;
+  head.content_type = "text/event-stream";
+  head.headers.emplace_back("Cache-Control", "no-cache");
+  ex->StartStream(std::move(head));
   // Per completion index: no delta written yet (chat's role chunk).
   auto first = std::make_shared<std::vector<bool>>(stream->n(), true);
-  engine::Engine* engine = engine_;
-  const models::Tokenizer* tokenizer = model_.tokenizer;
-  res.set_header("Cache-Control", "no-cache");
-  res.set_chunked_content_provider(
-      "text/event-stream",
-      [this, call, stream, channel, first, tokenizer](size_t,
-                                                      httplib::DataSink& sink) {
-        std::optional<engine::StreamDelta> d = channel->Take(kPollInterval);
-        if (!d.has_value()) return sink.is_writable();
-        const absl::Status status =
-            d->finished ? FinishStatusOf(*d) : absl::OkStatus();
-        const std::string events =
-            StreamEvents(call, *d, first->at(d->index), *tokenizer, status);
-        first->at(d->index) = false;
-        if (!events.empty() && !sink.write(events.data(), events.size())) {
-          return false;
-        }
-        if (d->finished) {
-          sink.done();
-        } else {
-          stream->Ack();
-        }
-        return true;
-      },
-      [engine, stream](bool /*success*/) {
-        if (!stream->Done()) engine->Abort(stream->id());
+  std::weak_ptr<engine::StreamState> weak = stream;
+  stream->Attach([this, call, ex, first, weak](engine::StreamDelta d) {
+    std::shared_ptr<engine::StreamState> s = weak.lock();
+    if (s == nullptr) return;
+    ex->Run([this, call, ex, first, s, d = std::move(d)] {
+      const absl::Status status =
+          d.finished ? FinishStatusOf(d) : absl::OkStatus();
+      std::string events =
+          StreamEvents(call, d, first->at(d.index), *model_.tokenizer, status);
+      first->at(d.index) = false;
+      const bool finished = d.finished;
+      ex->Write(std::move(events), [s, finished](bool ok) {
+        if (ok && !finished) s->Ack();
       });
+      if (finished) ex->EndStream();
+    });
+  });
 }
 
 }  // namespace kvserve::server

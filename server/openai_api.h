@@ -14,14 +14,9 @@
 #include <string>
 
 #include "engine/engine.h"
+#include "server/http_server.h"
 #include "server/openai_json.h"
 #include "server/request_validation.h"
-
-namespace httplib {
-class Server;
-struct Request;
-struct Response;
-}  // namespace httplib
 
 namespace kvserve::server {
 
@@ -35,28 +30,26 @@ class OpenAiApi {
   OpenAiApi(const OpenAiApi&) = delete;
   OpenAiApi& operator=(const OpenAiApi&) = delete;
 
-  // Registers the /v1 routes on `server` (before it listens). `api` returns
-  // the live instance, or null while the model loads (503). With
-  // `http_threads` > 0 (the server's worker count), at most all but a few
-  // workers serve /v1 at once; the rest get 429 at once, so /health, /ready
-  // and /metrics always find a free worker under overload.
-  static void Mount(httplib::Server* server, std::function<OpenAiApi*()> api,
-                    int http_threads = 0);
+  // Registers the /v1 routes (before the server listens); unknown /v1
+  // routes answer 404 in the OpenAI error shape. `api` returns the live
+  // instance, or null while the model loads (503). Handlers never block:
+  // deltas reach the client through the exchange as the engine makes them.
+  static void Mount(HttpRoutes& routes, std::function<OpenAiApi*()> api);
 
   const std::string& model_name() const { return model_name_; }
 
  private:
-  void HandleGenerate(const httplib::Request& req, httplib::Response& res,
+  void HandleGenerate(std::shared_ptr<HttpExchange> ex,
                       OpenAiEndpoint endpoint);
-  void HandleModels(httplib::Response& res) const;
+  void HandleModels(HttpExchange& ex) const;
   [[nodiscard]] absl::StatusOr<engine::RequestSpec> BuildSpec(
       const OpenAiRequest& request) const;
   void Respond(const OpenAiCallInfo& call,
                std::shared_ptr<engine::StreamState> stream,
-               httplib::Response& res);
+               std::shared_ptr<HttpExchange> ex);
   void StreamResponse(const OpenAiCallInfo& call,
                       std::shared_ptr<engine::StreamState> stream,
-                      httplib::Response& res);
+                      std::shared_ptr<HttpExchange> ex);
   [[nodiscard]] absl::Status FinishStatusOf(
       const engine::StreamDelta& delta) const;
 

@@ -111,30 +111,44 @@ def run_workload(stub, prompts, max_tokens, concurrency):
     }, [r[1] for r in results]
 
 
-def bench_server(args, caching, workloads):
+def start_server(args, caching):
     extra = [] if caching else ["--no-prefix-caching"]
-    server = KvserveProcess(args.binary, REPO, "--threads",
-                            str(args.threads), "--kv-cache-bytes",
-                            args.kv_cache_bytes, *extra)
+    return KvserveProcess(args.binary, REPO, "--threads", str(args.threads),
+                          "--kv-cache-bytes", args.kv_cache_bytes, *extra)
+
+
+def bench_servers(args, workloads):
+    """Runs every workload on both servers, alternating on/off within each
+    repeat (so that load drift hits both alike); keeps each side's fastest
+    repeat. A workload's prompts may depend on the repeat (`prompts(r)`)."""
     import grpc
-    channel = grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}")
-    stub = PB_GRPC.KvServeStub(channel)
+    servers = {True: start_server(args, True), False: start_server(args, False)}
+    channels = {k: grpc.insecure_channel(f"127.0.0.1:{s.grpc_port}")
+                for k, s in servers.items()}
+    stubs = {k: PB_GRPC.KvServeStub(c) for k, c in channels.items()}
+    out = {True: {}, False: {}}
     try:
-        out = {}
         for name, (warm, prompts) in workloads.items():
-            if warm is not None:
-                one(stub, warm, 1)  # fills the cache with the shared prefix
-            best, outputs = None, None
-            for _ in range(args.repeats):
-                stats, outputs = run_workload(stub, prompts, args.max_tokens,
-                                              args.concurrency)
-                if best is None or stats["wall_s"] < best["wall_s"]:
-                    best = stats
-            out[name] = (best, outputs)
-        return out
+            for caching in (True, False):
+                if warm is not None:
+                    one(stubs[caching], warm, 1)  # fills the shared prefix
+            for r in range(args.repeats):
+                order = (True, False) if r % 2 == 0 else (False, True)
+                for caching in order:
+                    stats, outputs = run_workload(stubs[caching], prompts(r),
+                                                  args.max_tokens,
+                                                  args.concurrency)
+                    best = out[caching].get(name)
+                    if best is None:  # repeat 0's outputs are compared
+                        out[caching][name] = (stats, outputs)
+                    elif stats["wall_s"] < best[0]["wall_s"]:
+                        out[caching][name] = (stats, best[1])
+        return out[True], out[False]
     finally:
-        channel.close()
-        server.kill()
+        for c in channels.values():
+            c.close()
+        for s in servers.values():
+            s.kill()
 
 
 def main():
@@ -157,16 +171,19 @@ def main():
     shared = [prefix + token_ids(1000 + i, args.suffix_tokens)
               for i in range(args.requests)]
     # Same lengths, nothing in common (distinct first tokens too), and a
-    # fresh set per server so that repeats never hit either.
+    # fresh set per repeat so that a repeat never hits an earlier one.
     total = args.prefix_tokens + args.suffix_tokens
-    unique = [token_ids(50000 + i, total) for i in range(args.requests)]
+
+    def unique(r):
+        return [token_ids(50000 + r * args.requests + i, total)
+                for i in range(args.requests)]
+
     workloads = {"shared": (prefix + token_ids(999, args.suffix_tokens),
-                            shared),
+                            lambda r: shared),
                  "unique": (None, unique)}
     with tempfile.TemporaryDirectory() as d:
         PB, PB_GRPC = compile_proto(d)
-        on = bench_server(args, True, workloads)
-        off = bench_server(args, False, workloads)
+        on, off = bench_servers(args, workloads)
 
     report = {"config": vars(args), "workloads": {}}
     print(f"{'workload':8} {'caching':7} {'req/s':>8} {'tok/s':>8} "

@@ -397,22 +397,30 @@ class LimitsTest(unittest.TestCase):
         self.assertEqual(status, 413)
         self.assertIn("--max-request-bytes", err["message"])
         self.assertIn("65536", err["message"])
-        # Chunked bodies (unbounded in cpp-httplib 0.11) are refused.
-        conn = http.client.HTTPSConnection(
-            "127.0.0.1", self.server.http_port, timeout=30,
-            context=self.server.ssl_context(cert=None))
-        try:
-            conn.request("POST", "/v1/completions",
-                         body=iter([b'{"prompt": "Hi"}']),
-                         headers={"Authorization": f"Bearer {self.token}",
-                                  "Content-Type": "application/json"},
-                         encode_chunked=True)
-            resp = conn.getresponse()
-            self.assertEqual(resp.status, 411)
-            self.assertIn("Content-Length",
-                          json.loads(resp.read())["error"]["message"])
-        finally:
-            conn.close()
+        # Chunked bodies are read up to the limit: a small one is served,
+        # one that grows past the limit gets 413 (and the connection closes).
+        for chunks, want in (([b'{"prompt": "Hi", ', b'"max_tokens": 2}'], 200),
+                             ([b'{"prompt": "'] + [b"x" * 8192] * 10 +
+                              [b'"}'], 413)):
+            conn = http.client.HTTPSConnection(
+                "127.0.0.1", self.server.http_port, timeout=30,
+                context=self.server.ssl_context(cert=None))
+            try:
+                conn.request("POST", "/v1/completions", body=iter(chunks),
+                             headers={"Authorization": f"Bearer {self.token}",
+                                      "Content-Type": "application/json"},
+                             encode_chunked=True)
+                resp = conn.getresponse()
+                body = json.loads(resp.read())
+                self.assertEqual(resp.status, want, body)
+                if want == 413:
+                    self.assertIn("65536", body["error"]["message"])
+                    self.assertIn("--max-request-bytes",
+                                  body["error"]["message"])
+                else:
+                    self.assertEqual(body["usage"]["completion_tokens"], 2)
+            finally:
+                conn.close()
 
     def test_prompt_and_max_tokens_limits(self):
         import grpc
