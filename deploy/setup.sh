@@ -4,9 +4,8 @@
 #
 #   deploy/setup.sh            build + test dependencies and the default model
 #   deploy/setup.sh --bench    also llama-cpp-python (compiles llama.cpp; slow),
-#                              matplotlib (benchmark charts), libboost-dev
-#                              (tools/http_proto's Beast prototype) and
-#                              guidellm in its own venv (venv/guidellm)
+#                              matplotlib (benchmark charts), and guidellm
+#                              in its own venv (venv/guidellm)
 #   deploy/setup.sh --apt-only only the Debian packages (container builders)
 set -euo pipefail
 
@@ -30,13 +29,14 @@ APT_PACKAGES=(
   libabsl-dev libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev
   protobuf-compiler libspdlog-dev libfmt-dev libgtest-dev libgmock-dev
   libbenchmark-dev prometheus-cpp-dev nlohmann-json3-dev libpcre2-dev
-  libxxhash-dev libdnnl-dev libopenblas-dev libhwy-dev libcpp-httplib-dev
+  libxxhash-dev libdnnl-dev libopenblas-dev libhwy-dev libboost-dev
+  libcpp-httplib-dev
   libssl-dev openssl
   python3 python3-pip prometheus
   clang clang-tidy libclang-rt-14-dev libomp-dev
 )
 if [ "$WITH_BENCH" = 1 ]; then
-  APT_PACKAGES+=(libboost-dev python3-venv linux-perf)
+  APT_PACKAGES+=(python3-venv linux-perf)
 fi
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
