@@ -10,7 +10,7 @@ prototypes in tools/http_proto/ (cpp-httplib and Boost.Beast serving the same
 synthetic events), started by --spawn so the tool knows the server's PID:
 
     tools/http_stream_loadtest.py --streams 1000 --spawn \\
-        "build/server/kvserve --port 0 --http-port 0 --http-threads 1024"
+        "build/server/kvserve --port 0 --http-port 0 --http-threads 1"
     tools/http_stream_loadtest.py --streams 1000 --spawn \\
         "build/http_proto/beast_sse --threads 1 --chunks 8 --delay-ms 50"
     tools/http_stream_loadtest.py --streams 1000 --target 127.0.0.1:9090 \\

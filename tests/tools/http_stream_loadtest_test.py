@@ -33,21 +33,22 @@ class LoadTest(unittest.TestCase):
         if not os.path.exists(model):
             self.skipTest(f"{model} missing (run deploy/setup.sh)")
         spawn = (f"{ARGS.binary} --model {model} --port 0 --http-port 0 "
-                 "--http-threads 32 --max-model-len 256 "
-                 "--kv-cache-bytes 32MiB")
-        # Connections spread over 2 s: cpp-httplib's listen backlog is 5.
-        res = run_tool("--spawn", spawn, "--streams", "16", "--ramp-s", "2",
+                 "--http-threads 1 --max-model-len 256 "
+                 "--kv-cache-bytes 32MiB --max-num-seqs 64")
+        # All at once, on one HTTP thread.
+        res = run_tool("--spawn", spawn, "--streams", "64",
                        "--max-tokens", "2", "--prompt-len", "4", "--json")
         self.assertEqual(res.returncode, 0, res.stdout + res.stderr)
         out = json.loads(res.stdout)
-        self.assertEqual(out["completed"], 16, out)
+        self.assertEqual(out["completed"], 64, out)
         self.assertEqual(out["errors"], {})
         t = out["ttft_ms"]
         self.assertLessEqual(t["p50"], t["p90"])
         self.assertLessEqual(t["p90"], t["p99"])
         self.assertLessEqual(t["p99"], out["stream_ms"]["p99"])
-        # cpp-httplib's pool: 32 worker threads, each holding one stream.
-        self.assertGreaterEqual(out["server_threads_peak"], 32)
+        # A stream holds no thread (cpp-httplib needed one per stream).
+        self.assertLessEqual(out["server_threads_peak"],
+                             out["server_threads_idle"] + 4, out)
         self.assertGreater(out["server_rss_peak_mib"], 0)
 
     def test_non_loopback_refused(self):
