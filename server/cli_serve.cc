@@ -267,6 +267,7 @@ class SignalThread {
     thread_ = std::thread([this] { Run(); });
   }
   ~SignalThread() {
+    if (!logging_ready_.HasBeenNotified()) logging_ready_.Notify();
     stopping_.store(true);
     // NOLINTNEXTLINE(bugprone-bad-signal-to-kill-thread): wakes sigwait.
     pthread_kill(thread_.native_handle(), SIGTERM);
@@ -274,12 +275,17 @@ class SignalThread {
   }
   // Notified at the first SIGTERM/SIGINT.
   absl::Notification& requested() { return requested_; }
+  // The logger is set up: the thread may log (it waits for this first, so
+  // its logging is ordered after the set-up). Call once.
+  void LoggingReady() { logging_ready_.Notify(); }
 
  private:
   void Run() {
     for (;;) {
       int sig = 0;
       if (sigwait(&set_, &sig) != 0 || stopping_.load()) return;
+      logging_ready_.WaitForNotification();
+      if (stopping_.load()) return;
       if (requested_.HasBeenNotified()) {
         spdlog::warn("{}: already draining", strsignal(sig));
         continue;
@@ -292,6 +298,7 @@ class SignalThread {
   sigset_t set_;
   std::atomic<bool> stopping_{false};
   absl::Notification requested_;
+  absl::Notification logging_ready_;
   std::thread thread_;
 };
 
@@ -333,6 +340,7 @@ int RunServeCommand(int argc, const char* const* argv) {
     return 2;
   }
   SetUpLogging(f.log_level);
+  signals.LoggingReady();
   return Serve(f, signals);
 }
 

@@ -8,6 +8,7 @@
 #include "absl/random/random.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
+#include "common/tsan_annotations.h"
 #include "server/proto_convert.h"
 #include "server/status_mapping.h"
 #include "server/wire_codec.h"
@@ -58,7 +59,10 @@ class GenerateReactor final
     stream_->Attach([this](const engine::StreamDelta& d) { OnDelta(d); });
   }
 
+  // The callbacks acquire what StartWrite / Finish released (gRPC orders
+  // them, inside the uninstrumented libgrpc; common/tsan_annotations.h).
   void OnWriteDone(bool ok) override {
+    KV_TSAN_ACQUIRE(this);
     if (!ok) MarkDead();  // cancelled or broken; the client will not read on
     if (last_write_) {
       FinishCall(final_status_);
@@ -67,9 +71,13 @@ class GenerateReactor final
     stream_->Ack();  // may call OnDelta on this thread
   }
 
-  void OnCancel() override { MarkDead(); }
+  void OnCancel() override {
+    KV_TSAN_ACQUIRE(this);
+    MarkDead();
+  }
 
   void OnDone() override {
+    KV_TSAN_ACQUIRE(this);
     // Defensive: a call ends only after its final delta, so this is a no-op
     // unless the protocol above was broken.
     if (stream_ != nullptr && !stream_->Done()) {
@@ -133,6 +141,7 @@ class GenerateReactor final
       return;
     }
     last_write_ = delta.finished;
+    KV_TSAN_RELEASE(this);
     StartWrite(&out_);  // last use of `this` on this path
   }
 
@@ -145,6 +154,7 @@ class GenerateReactor final
   void FinishCall(const absl::Status& status) {
     const grpc::Status s = ToGrpcStatus(status);
     code_ = s.error_code();
+    KV_TSAN_RELEASE(this);
     Finish(s);
   }
 
@@ -188,8 +198,10 @@ KvServeService::KvServeService(engine::Engine* engine, ServerMetrics* metrics,
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* KvServeService::Generate(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
-  return new GenerateReactor(context, *request,
-                             {engine_, metrics_, &model_, &limits_, auth_});
+  auto* reactor = new GenerateReactor(
+      context, *request, {engine_, metrics_, &model_, &limits_, auth_});
+  KV_TSAN_RELEASE(reactor);  // gRPC hands it to its callbacks' threads
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* KvServeService::Tokenize(

@@ -153,10 +153,6 @@ void OpenAiApi::HandleGenerate(std::shared_ptr<HttpExchange> ex,
   }
 }
 
-absl::Status OpenAiApi::FinishStatusOf(const engine::StreamDelta& d) const {
-  return FinishStatus(d.finish_reason, d.error, engine_->draining());
-}
-
 // Non-streaming: the sink (engine thread) collects every delta and acks it
 // at once; the final one queues the answer on the connection's strand.
 void OpenAiApi::Respond(const OpenAiCallInfo& call,
@@ -165,26 +161,33 @@ void OpenAiApi::Respond(const OpenAiCallInfo& call,
   AbortOnClose(engine_, stream, *ex);
   auto results = std::make_shared<std::vector<OpenAiResult>>(stream->n());
   std::weak_ptr<engine::StreamState> weak = stream;
-  stream->Attach([this, call, ex, results, weak](engine::StreamDelta d) {
-    OpenAiResult& result = results->at(d.index);
-    Accumulate(d, &result);
-    if (d.index_finished) result.finish_reason = d.finish_reason;
-    if (!d.finished) {
-      // Alive: it is calling us. Ack may deliver the next delta re-entrantly
-      // (at most one per completion index is pending).
-      if (std::shared_ptr<engine::StreamState> s = weak.lock()) s->Ack();
-      return;
-    }
-    if (absl::Status s = FinishStatusOf(d); !s.ok()) {
-      SendError(s, *ex);
-      return;
-    }
-    ex->Run([this, call, ex, results, usage = d.usage] {
-      HttpResponse r;
-      r.body = CompletionBody(call, *results, usage, *model_.tokenizer);
-      ex->Respond(std::move(r));
-    });
-  });
+  // NOTE: the callbacks capture the engine and its tokenizer, never `this`:
+  // they may run after the API object is gone (the engine outlives it).
+  engine::Engine* engine = engine_;
+  const models::Tokenizer* tokenizer = model_.tokenizer;
+  stream->Attach(
+      [engine, tokenizer, call, ex, results, weak](engine::StreamDelta d) {
+        OpenAiResult& result = results->at(d.index);
+        Accumulate(d, &result);
+        if (d.index_finished) result.finish_reason = d.finish_reason;
+        if (!d.finished) {
+          // Alive: it is calling us. Ack may deliver the next delta
+          // re-entrantly (at most one per completion index is pending).
+          if (std::shared_ptr<engine::StreamState> s = weak.lock()) s->Ack();
+          return;
+        }
+        if (absl::Status s =
+                FinishStatus(d.finish_reason, d.error, engine->draining());
+            !s.ok()) {
+          SendError(s, *ex);
+          return;
+        }
+        ex->Run([tokenizer, call, ex, results, usage = d.usage] {
+          HttpResponse r;
+          r.body = CompletionBody(call, *results, usage, *tokenizer);
+          ex->Respond(std::move(r));
+        });
+      });
 }
 
 // Streaming: the sink (engine thread) hands each delta to the connection's
@@ -203,22 +206,27 @@ void OpenAiApi::StreamResponse(const OpenAiCallInfo& call,
   // Per completion index: no delta written yet (chat's role chunk).
   auto first = std::make_shared<std::vector<bool>>(stream->n(), true);
   std::weak_ptr<engine::StreamState> weak = stream;
-  stream->Attach([this, call, ex, first, weak](engine::StreamDelta d) {
-    std::shared_ptr<engine::StreamState> s = weak.lock();
-    if (s == nullptr) return;
-    ex->Run([this, call, ex, first, s, d = std::move(d)] {
-      const absl::Status status =
-          d.finished ? FinishStatusOf(d) : absl::OkStatus();
-      std::string events =
-          StreamEvents(call, d, first->at(d.index), *model_.tokenizer, status);
-      first->at(d.index) = false;
-      const bool finished = d.finished;
-      ex->Write(std::move(events), [s, finished](bool ok) {
-        if (ok && !finished) s->Ack();
+  engine::Engine* engine = engine_;  // not `this`: see Respond
+  const models::Tokenizer* tokenizer = model_.tokenizer;
+  stream->Attach(
+      [engine, tokenizer, call, ex, first, weak](engine::StreamDelta d) {
+        std::shared_ptr<engine::StreamState> s = weak.lock();
+        if (s == nullptr) return;
+        ex->Run([engine, tokenizer, call, ex, first, s, d = std::move(d)] {
+          const absl::Status status =
+              d.finished
+                  ? FinishStatus(d.finish_reason, d.error, engine->draining())
+                  : absl::OkStatus();
+          std::string events =
+              StreamEvents(call, d, first->at(d.index), *tokenizer, status);
+          first->at(d.index) = false;
+          const bool finished = d.finished;
+          ex->Write(std::move(events), [s, finished](bool ok) {
+            if (ok && !finished) s->Ack();
+          });
+          if (finished) ex->EndStream();
+        });
       });
-      if (finished) ex->EndStream();
-    });
-  });
 }
 
 }  // namespace kvserve::server

@@ -50,8 +50,6 @@ class OpenAiApi {
   void StreamResponse(const OpenAiCallInfo& call,
                       std::shared_ptr<engine::StreamState> stream,
                       std::shared_ptr<HttpExchange> ex);
-  [[nodiscard]] absl::Status FinishStatusOf(
-      const engine::StreamDelta& delta) const;
 
   engine::Engine* const engine_;
   const RequestLimits limits_;

@@ -86,13 +86,11 @@ stage_tsan() {
     targets+=("$(basename "$f" .cc)")
   done
   cmake --build build-tsan -j "$JOBS" --target "${targets[@]}"
-  # NOTE: the e2e suites that spawn a TSan-built kvserve are excluded for
-  # now: the sanitized server stops answering mid-stream (under
-  # investigation; see the session 2 note on issue 7). Their plain and ASan
-  # runs pass.
+  # The e2e suites spawn the TSan-built kvserve; a report there kills it
+  # (halt_on_error) and fails the test. Reports go to stderr, which the
+  # tests pass through.
   ctest --test-dir build-tsan --output-on-failure -j "$JOBS" \
-    -L '^(engine|scheduler|server)$' -LE 'gpu|python' \
-    -E '^(ServeE2eTest|ConcurrencyE2eTest|ServeLifecycleTest)\.'
+    -L '^(engine|scheduler|server)$' -LE 'gpu|python'
 }
 
 for stage in "${STAGES[@]}"; do
