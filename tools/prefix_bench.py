@@ -17,7 +17,7 @@ run. Greedy outputs are checked equal between the two servers.
     tools/prefix_bench.py --binary build/server/kvserve [--requests 32]
         [--prefix-tokens 1000] [--suffix-tokens 16] [--max-tokens 8]
         [--concurrency 8] [--repeats 1] [--kv-cache-bytes 512MiB]
-        [--threads N] [--json out.json]
+        [--threads N] [--aa] [--json out.json]
 
 Needs grpcio and grpcio-tools (deploy/setup.sh installs them).
 """
@@ -122,7 +122,9 @@ def bench_servers(args, workloads):
     repeat (so that load drift hits both alike); keeps each side's fastest
     repeat. A workload's prompts may depend on the repeat (`prompts(r)`)."""
     import grpc
-    servers = {True: start_server(args, True), False: start_server(args, False)}
+    # --aa: both servers cache (an A/A run: the method's own noise floor).
+    servers = {True: start_server(args, True),
+               False: start_server(args, args.aa)}
     channels = {k: grpc.insecure_channel(f"127.0.0.1:{s.grpc_port}")
                 for k, s in servers.items()}
     stubs = {k: PB_GRPC.KvServeStub(c) for k, c in channels.items()}
@@ -164,6 +166,8 @@ def main():
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--kv-cache-bytes", default="512MiB")
+    p.add_argument("--aa", action="store_true",
+                   help="A/A run: the 'off' server caches too (noise floor)")
     p.add_argument("--json", default="")
     args = p.parse_args()
 
