@@ -34,26 +34,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(REPO, "tests", "server"))
-from kvserve_process import KvserveProcess  # noqa: E402
+from kvserve_process import KvserveProcess, compile_proto  # noqa: E402
 
 PB = PB_GRPC = None
-
-
-def compile_proto(out_dir):
-    import grpc_tools
-    from grpc_tools import protoc
-
-    proto_dir = os.path.join(REPO, "proto")
-    well_known = os.path.join(os.path.dirname(grpc_tools.__file__), "_proto")
-    rc = protoc.main([
-        "grpc_tools.protoc", f"-I{proto_dir}", f"-I{well_known}",
-        f"--python_out={out_dir}", f"--grpc_python_out={out_dir}",
-        os.path.join(proto_dir, "kvserve/v1/kvserve.proto")])
-    if rc != 0:
-        raise RuntimeError(f"grpc_tools.protoc failed with {rc}")
-    sys.path.insert(0, out_dir)
-    from kvserve.v1 import kvserve_pb2, kvserve_pb2_grpc  # noqa: E402
-    return kvserve_pb2, kvserve_pb2_grpc
 
 
 def token_ids(seed, n):
@@ -186,7 +169,7 @@ def main():
                             lambda r: shared),
                  "unique": (None, unique)}
     with tempfile.TemporaryDirectory() as d:
-        PB, PB_GRPC = compile_proto(d)
+        PB, PB_GRPC = compile_proto(os.path.join(REPO, "proto"), d)
         on, off = bench_servers(args, workloads)
 
     report = {"config": vars(args), "workloads": {}}

@@ -3,21 +3,16 @@
 a kvserve process with helpers for /metrics, resident memory and health,
 and small gRPC/HTTP client helpers. Loopback only.
 """
-import argparse
 import http.client
 import json
 import os
-import re
 import socket
 import sys
-import tempfile
-import time
-import unittest
 import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kvserve_process import KvserveProcess  # noqa: E402
+from kvserve_process import KvserveProcess, run_unittests  # noqa: E402
 
 ARGS = None
 PB = None  # kvserve_pb2
@@ -32,24 +27,6 @@ WAITING = 'kvserve_requests{state="waiting"}'
 
 def finished(m, reason):
     return m.get(f'kvserve_requests_finished_total{{reason="{reason}"}}', 0)
-
-
-def compile_proto(proto_dir, out_dir):
-    """Generates kvserve_pb2 / kvserve_pb2_grpc into out_dir, imports them."""
-    import grpc_tools
-    from grpc_tools import protoc
-
-    well_known = os.path.join(os.path.dirname(grpc_tools.__file__), "_proto")
-    rc = protoc.main([
-        "grpc_tools.protoc", f"-I{proto_dir}", f"-I{well_known}",
-        f"--python_out={out_dir}", f"--grpc_python_out={out_dir}",
-        os.path.join(proto_dir, "kvserve/v1/kvserve.proto"),
-    ])
-    if rc != 0:
-        raise RuntimeError(f"grpc_tools.protoc failed with {rc}")
-    sys.path.insert(0, out_dir)
-    from kvserve.v1 import kvserve_pb2, kvserve_pb2_grpc  # noqa: E402
-    return kvserve_pb2, kvserve_pb2_grpc
 
 
 class Server(KvserveProcess):
@@ -98,25 +75,6 @@ class Server(KvserveProcess):
                 return resp.status, raw
         finally:
             conn.close()
-
-    def metrics(self):
-        status, body = self.http("/metrics")
-        assert status == 200, status
-        out = {}
-        for line in body.splitlines():
-            if line and not line.startswith("#"):
-                key, value = line.rsplit(" ", 1)
-                out[key] = float(value)
-        return out
-
-    def wait_metrics(self, pred, timeout=30):
-        """Re-scrapes until pred(metrics) holds; returns the last scrape."""
-        deadline = time.monotonic() + timeout
-        while True:
-            m = self.metrics()
-            if pred(m) or time.monotonic() > deadline:
-                return m
-            time.sleep(0.05)  # poll interval, not synchronization
 
     def wait_idle(self, timeout=60):
         """Waits until no block is active and no request runs or waits."""
@@ -189,28 +147,12 @@ def percentile(values, q):
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
-def main(doc):
-    """Parses --binary/--source-dir, compiles the proto, runs the
-    unittest cases of __main__; 77 (skipped) without grpcio/grpcio-tools."""
+def _setup(args, pb, pb_grpc):
     global ARGS, PB, PB_GRPC
-    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
-    parser.add_argument("--binary", required=True)
-    parser.add_argument("--source-dir", required=True)
-    ARGS, rest = parser.parse_known_args()
-    try:
-        import grpc  # noqa: F401
-        import grpc_tools  # noqa: F401
-    except ImportError as e:
-        print(f"SKIP: {e} (pip install grpcio==1.85.1 grpcio-tools==1.85.1)")
-        return 77
-    model = os.path.join(ARGS.source_dir, "weights",
-                         "SmolLM2-135M-Instruct.Q4_1.gguf")
-    if not os.path.exists(model):
-        print(f"SKIP: {model} missing (run deploy/setup.sh)")
-        return 77
-    with tempfile.TemporaryDirectory() as out:
-        PB, PB_GRPC = compile_proto(os.path.join(ARGS.source_dir, "proto"),
-                                    out)
-        prog = unittest.main(argv=[sys.argv[0], *rest], exit=False,
-                             verbosity=2)
-    return 0 if prog.result.wasSuccessful() else 1
+    ARGS, PB, PB_GRPC = args, pb, pb_grpc
+
+
+def main(doc):
+    """run_unittests (kvserve_process.py) for the fault_*/overload_* suites,
+    which keep ARGS, PB and PB_GRPC here."""
+    return run_unittests(doc, _setup)

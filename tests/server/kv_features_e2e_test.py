@@ -10,17 +10,15 @@ KV blocks.
 Exits 77 (ctest: skipped) when grpcio or grpcio-tools is missing.
 """
 
-import argparse
 import json
 import os
 import sys
-import tempfile
 import threading
 import unittest
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kvserve_process import KvserveProcess  # noqa: E402
+from kvserve_process import KvserveProcess, run_unittests  # noqa: E402
 
 ARGS = None
 PB = None
@@ -28,23 +26,6 @@ PB_GRPC = None
 BLOCK = 16
 # SmolLM2-135M: 30 layers x 3 KV heads x 64 x (K, V) x fp32 per token.
 BLOCK_BYTES = 30 * 3 * 64 * 2 * 4 * BLOCK
-
-
-def compile_proto(proto_dir, out_dir):
-    import grpc_tools
-    from grpc_tools import protoc
-
-    well_known = os.path.join(os.path.dirname(grpc_tools.__file__), "_proto")
-    rc = protoc.main([
-        "grpc_tools.protoc", f"-I{proto_dir}", f"-I{well_known}",
-        f"--python_out={out_dir}", f"--grpc_python_out={out_dir}",
-        os.path.join(proto_dir, "kvserve/v1/kvserve.proto"),
-    ])
-    if rc != 0:
-        raise RuntimeError(f"grpc_tools.protoc failed with {rc}")
-    sys.path.insert(0, out_dir)
-    from kvserve.v1 import kvserve_pb2, kvserve_pb2_grpc  # noqa: E402
-    return kvserve_pb2, kvserve_pb2_grpc
 
 
 class Server(KvserveProcess):
@@ -59,17 +40,6 @@ class Server(KvserveProcess):
     def close(self):
         self.channel.close()
         self.kill()
-
-    def metrics(self):
-        url = f"http://127.0.0.1:{self.http_port}/metrics"
-        with urllib.request.urlopen(url, timeout=10) as resp:
-            body = resp.read().decode()
-        out = {}
-        for line in body.splitlines():
-            if line and not line.startswith("#"):
-                key, value = line.rsplit(" ", 1)
-                out[key] = float(value)
-        return out
 
     def generate(self, ids, max_tokens, salt="", n=0, seed=None, temp=0.0):
         """Per completion index: (tokens, finish_reason); and the usage."""
@@ -229,24 +199,13 @@ class KvFeaturesTest(unittest.TestCase):
             server.close()
 
 
-def main():
+def _setup(args, pb, pb_grpc):
     global ARGS, PB, PB_GRPC
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--binary", required=True)
-    parser.add_argument("--source-dir", required=True)
-    ARGS, rest = parser.parse_known_args()
-    try:
-        import grpc  # noqa: F401
-        import grpc_tools  # noqa: F401
-    except ImportError as e:
-        print(f"SKIP: {e} (pip install grpcio==1.85.1 grpcio-tools==1.85.1)")
-        return 77
-    with tempfile.TemporaryDirectory() as out:
-        PB, PB_GRPC = compile_proto(os.path.join(ARGS.source_dir, "proto"),
-                                    out)
-        prog = unittest.main(argv=[sys.argv[0], *rest], exit=False,
-                             verbosity=2)
-        return 0 if prog.result.wasSuccessful() else 1
+    ARGS, PB, PB_GRPC = args, pb, pb_grpc
+
+
+def main():
+    return run_unittests(__doc__, _setup)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,76 @@
-"""Test support: a real kvserve process on free ports, its output collected
-by a thread (shared by the Python end-to-end tests; not a test itself)."""
+"""Test support shared by the Python end-to-end tests and tools (not a test
+itself): a real kvserve process on free ports with its output collected by a
+thread, its /metrics scraped and parsed, and the gRPC proto compiled with
+grpcio-tools."""
+import argparse
 import os
 import re
 import subprocess
+import sys
+import tempfile
 import threading
 import time
+import unittest
+import urllib.request
 
 LISTENING = re.compile(r"kvserve: listening grpc=(\S+):(\d+) http=(\S+):(\d+)")
+
+
+def compile_proto(proto_dir, out_dir):
+    """Generates kvserve_pb2 / kvserve_pb2_grpc into out_dir, imports them."""
+    import grpc_tools
+    from grpc_tools import protoc
+
+    well_known = os.path.join(os.path.dirname(grpc_tools.__file__), "_proto")
+    rc = protoc.main([
+        "grpc_tools.protoc", f"-I{proto_dir}", f"-I{well_known}",
+        f"--python_out={out_dir}", f"--grpc_python_out={out_dir}",
+        os.path.join(proto_dir, "kvserve/v1/kvserve.proto"),
+    ])
+    if rc != 0:
+        raise RuntimeError(f"grpc_tools.protoc failed with {rc}")
+    sys.path.insert(0, out_dir)
+    from kvserve.v1 import kvserve_pb2, kvserve_pb2_grpc  # noqa: E402
+    return kvserve_pb2, kvserve_pb2_grpc
+
+
+def run_unittests(doc, setup):
+    """The main() of an end-to-end test module: parses --binary and
+    --source-dir, exits 77 (ctest: skipped) without grpcio/grpcio-tools or
+    the default model, compiles the proto, calls setup(args, kvserve_pb2,
+    kvserve_pb2_grpc) so the module can keep them, and runs the unittest
+    cases of __main__. Returns the exit code."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--binary", required=True)
+    parser.add_argument("--source-dir", required=True)
+    args, rest = parser.parse_known_args()
+    try:
+        import grpc  # noqa: F401
+        import grpc_tools  # noqa: F401
+    except ImportError as e:
+        print(f"SKIP: {e} (pip install grpcio==1.85.1 grpcio-tools==1.85.1)")
+        return 77
+    model = os.path.join(args.source_dir, "weights",
+                         "SmolLM2-135M-Instruct.Q4_1.gguf")
+    if not os.path.exists(model):
+        print(f"SKIP: {model} missing (run deploy/setup.sh)")
+        return 77
+    with tempfile.TemporaryDirectory() as out:
+        setup(args, *compile_proto(os.path.join(args.source_dir, "proto"),
+                                   out))
+        prog = unittest.main(argv=[sys.argv[0], *rest], exit=False,
+                             verbosity=2)
+    return 0 if prog.result.wasSuccessful() else 1
+
+
+def parse_metrics(text):
+    """Prometheus text -> {"name{labels}": value} (samples only)."""
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, value = line.rsplit(" ", 1)
+            out[key] = float(value)
+    return out
 
 
 class KvserveProcess:
@@ -63,3 +127,18 @@ class KvserveProcess:
         self.proc.wait()
         self.reader.join(timeout=10)  # EOF follows the exit
         self.proc.stdout.close()
+
+    def metrics(self):
+        """One scrape of /metrics (plain HTTP), parsed."""
+        url = f"http://127.0.0.1:{self.http_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return parse_metrics(resp.read().decode())
+
+    def wait_metrics(self, pred, timeout=30):
+        """Re-scrapes until pred(metrics) holds; returns the last scrape."""
+        deadline = time.monotonic() + timeout
+        while True:
+            m = self.metrics()
+            if pred(m) or time.monotonic() > deadline:
+                return m
+            time.sleep(0.05)  # poll interval, not synchronization

@@ -41,31 +41,13 @@ import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kvserve_process import KvserveProcess  # noqa: E402
+from kvserve_process import KvserveProcess, compile_proto  # noqa: E402,F401
 
 ARGS = None
 PB = None  # kvserve_pb2
 PB_GRPC = None  # kvserve_pb2_grpc
 CERTS = None  # directory of the generated PEM files
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def compile_proto(proto_dir, out_dir):
-    """Generates kvserve_pb2 / kvserve_pb2_grpc into out_dir; imports them."""
-    import grpc_tools
-    from grpc_tools import protoc
-
-    well_known = os.path.join(os.path.dirname(grpc_tools.__file__), "_proto")
-    rc = protoc.main([
-        "grpc_tools.protoc", f"-I{proto_dir}", f"-I{well_known}",
-        f"--python_out={out_dir}", f"--grpc_python_out={out_dir}",
-        os.path.join(proto_dir, "kvserve/v1/kvserve.proto"),
-    ])
-    if rc != 0:
-        raise RuntimeError(f"grpc_tools.protoc failed with {rc}")
-    sys.path.insert(0, out_dir)
-    from kvserve.v1 import kvserve_pb2, kvserve_pb2_grpc  # noqa: E402
-    return kvserve_pb2, kvserve_pb2_grpc
 
 
 def openssl(*args, cwd):
