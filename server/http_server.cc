@@ -107,7 +107,8 @@ absl::Status Listen(HttpServer::Core& core, int* port) {
         "--host: cannot resolve '", o.host, "' (", ec.message(), ")"));
   }
   const tcp::endpoint endpoint = found.begin()->endpoint();
-  core.acceptor = std::make_unique<tcp::acceptor>(*core.ioc);
+  // On its own strand: the accept loop and Stop()'s close never run at once.
+  core.acceptor = std::make_unique<tcp::acceptor>(net::make_strand(*core.ioc));
   core.acceptor->open(endpoint.protocol(), ec);
   if (!ec) core.acceptor->set_option(net::socket_base::reuse_address(true), ec);
   if (!ec) core.acceptor->bind(endpoint, ec);
@@ -156,7 +157,7 @@ void HttpServer::Stop() {
     core_->stopped = true;
     sessions.swap(core_->sessions);
   }
-  net::post(*core_->ioc, [core = core_] {
+  net::post(core_->acceptor->get_executor(), [core = core_] {
     boost::system::error_code ec;
     core->acceptor->close(ec);
   });
