@@ -96,6 +96,8 @@ class Engine::Impl {
   // Ends an aborted request: a deadline if it is (almost) past, else a
   // client cancel.
   void FinishAborted(RequestId id);
+  // Ends `r` at its deadline and counts it by phase.
+  void FinishDeadline(RequestId id, const LiveRequest& r);
   void FailAll(const std::vector<RequestId>& ids, const std::string& error);
   void PublishStats(double step_seconds, int64_t tokens);
 

@@ -113,14 +113,17 @@ void Engine::Impl::ExpireDeadlines() {
   for (RequestId id : expired) {
     auto it = live_reqs_.find(id);
     if (it == live_reqs_.end()) continue;  // ended with a sibling
-    // "running" once scheduled (it consumed prefill), even if preempted
-    // since; "queued" requests never reached the model.
-    if (metrics_) {
-      metrics_->DeadlineExceeded(it->second->first_scheduled !=
-                                 absl::InfinitePast());
-    }
-    FinishRequest(id, FinishReason::kDeadline);
+    FinishDeadline(id, *it->second);
   }
+}
+
+void Engine::Impl::FinishDeadline(RequestId id, const LiveRequest& r) {
+  // "running" once scheduled (it consumed prefill), even if preempted
+  // since; "queued" requests never reached the model.
+  if (metrics_) {
+    metrics_->DeadlineExceeded(r.first_scheduled != absl::InfinitePast());
+  }
+  FinishRequest(id, FinishReason::kDeadline);
 }
 
 // A cancel that arrives just before the deadline is the client's own
@@ -132,12 +135,7 @@ void Engine::Impl::FinishAborted(RequestId id) {
   if (it == live_reqs_.end()) return;
   const std::optional<absl::Time>& deadline = it->second->spec.deadline;
   if (deadline.has_value() && *deadline - absl::Now() <= kClientDeadlineSlack) {
-    if (metrics_) {
-      metrics_->DeadlineExceeded(it->second->first_scheduled !=
-                                 absl::InfinitePast());
-    }
-    FinishRequest(id, FinishReason::kDeadline);
-    return;
+    return FinishDeadline(id, *it->second);
   }
   FinishRequest(id, FinishReason::kCancelled);
 }
