@@ -14,6 +14,19 @@ endif()
 option(KVSERVE_CUDA "Build the CUDA backend (needs nvcc; runs without a GPU)"
        ${_kvserve_cuda_default})
 
+# The same backend compiled by the host compiler against the SIMT emulator
+# (models/cuda/emu/): the kernels run on the CPU, so the `gpu` tests run
+# where no GPU exists (the sanitizer build of CI). Needs only the CUDA headers.
+option(KVSERVE_CUDA_EMU
+       "Build the CUDA backend against the CPU SIMT emulator (testing)" OFF)
+if(KVSERVE_CUDA AND KVSERVE_CUDA_EMU)
+  message(FATAL_ERROR "KVSERVE_CUDA and KVSERVE_CUDA_EMU exclude each other")
+endif()
+if(KVSERVE_CUDA_EMU)
+  find_package(CUDAToolkit REQUIRED)
+  message(STATUS "kvserve: CUDA backend on the SIMT emulator (CPU)")
+endif()
+
 if(KVSERVE_CUDA)
   if(NOT CMAKE_CUDA_COMPILER)
     message(FATAL_ERROR "KVSERVE_CUDA=ON but no CUDA compiler was found: "
@@ -39,9 +52,13 @@ endif()
 # kvserve_cuda_library(): models/cuda/*.cu and *.cc as one static library
 # on top of kvserve_models. Called from models/CMakeLists.txt.
 function(kvserve_cuda_library)
-  file(GLOB srcs CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/cuda/*.cu
-       ${CMAKE_CURRENT_SOURCE_DIR}/cuda/*.cc)
-  add_library(kvserve_cuda STATIC ${srcs})
+  file(GLOB cu_srcs CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/cuda/*.cu)
+  file(GLOB cc_srcs CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/cuda/*.cc)
+  if(KVSERVE_CUDA_EMU)
+    kvserve_cuda_emu_library("${cu_srcs}" "${cc_srcs}")
+    return()
+  endif()
+  add_library(kvserve_cuda STATIC ${cu_srcs} ${cc_srcs})
   target_include_directories(kvserve_cuda PUBLIC ${CMAKE_SOURCE_DIR})
   target_link_libraries(kvserve_cuda PUBLIC kvserve_models CUDA::cudart
                         CUDA::cublas CUDA::cublasLt)
@@ -58,4 +75,24 @@ function(kvserve_cuda_library)
     $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -lineinfo>)
   set_target_properties(kvserve_cuda PROPERTIES
     CUDA_SEPARABLE_COMPILATION OFF POSITION_INDEPENDENT_CODE ON)
+endfunction()
+
+# The emulated kvserve_cuda: the .cu files compiled as C++ with
+# models/cuda/emu/simt.h force-included, plus the emulator's runtime and
+# cuBLAS subset instead of libcudart and libcublas. It also defines
+# KVSERVE_CUDA, so the engine and the `gpu` tests use it like the real one.
+function(kvserve_cuda_emu_library cu_srcs cc_srcs)
+  file(GLOB emu_srcs CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/cuda/emu/*.cc)
+  set_source_files_properties(${cu_srcs} PROPERTIES LANGUAGE CXX
+    COMPILE_OPTIONS
+    "-xc++;-include;${CMAKE_SOURCE_DIR}/models/cuda/emu/simt.h;-Wno-unknown-pragmas")
+  add_library(kvserve_cuda STATIC ${cu_srcs} ${cc_srcs} ${emu_srcs})
+  target_include_directories(kvserve_cuda PUBLIC ${CMAKE_SOURCE_DIR})
+  target_include_directories(kvserve_cuda SYSTEM PUBLIC
+                             ${CUDAToolkit_INCLUDE_DIRS})
+  find_package(Boost 1.74 REQUIRED COMPONENTS context)
+  target_link_libraries(kvserve_cuda PUBLIC kvserve_models
+                        PRIVATE Boost::context)
+  target_compile_definitions(kvserve_cuda PUBLIC KVSERVE_CUDA=1
+                             KVSERVE_CUDA_EMU=1)
 endfunction()

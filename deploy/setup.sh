@@ -30,6 +30,7 @@ APT_PACKAGES=(
   protobuf-compiler libspdlog-dev libfmt-dev libgtest-dev libgmock-dev
   libbenchmark-dev prometheus-cpp-dev nlohmann-json3-dev libpcre2-dev
   libxxhash-dev libdnnl-dev libopenblas-dev libhwy-dev libboost-dev
+  libboost-context-dev
   libcpp-httplib-dev
   libssl-dev openssl
   python3 python3-pip prometheus

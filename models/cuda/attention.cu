@@ -18,6 +18,7 @@
 #include <cmath>
 
 #include "models/cuda/kernels.h"
+#include "models/cuda/launch.h"
 
 namespace kvserve::models::cuda {
 namespace {
@@ -69,7 +70,7 @@ __global__ void __launch_bounds__(kThreads)
   static_assert(kLpt * kThreads == kTileKeys * kCh);
   static_assert(kPvRpt * kPvGroups == ROWS && kQkRpt * kQkGroups == ROWS);
 
-  extern __shared__ __align__(16) unsigned char smem[];
+  KV_DYNAMIC_SMEM(unsigned char, smem);
   float* q_s = reinterpret_cast<float*>(smem);
   bf16* k_s = reinterpret_cast<bf16*>(smem + S::kQ);
   bf16* v_s = reinterpret_cast<bf16*>(smem + S::kQ + S::kKV);
@@ -344,12 +345,12 @@ cudaError_t Launch(const AttnShape& s, int num_items, int splits, int partition,
                            cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
   if (attr != cudaSuccess) return attr;
   const dim3 grid(splits, s.num_kv_heads, num_items);
-  PagedAttnKernel<D, ROWS><<<grid, kThreads, kBytes, stream>>>(
+  KV_LAUNCH(grid, kThreads, kBytes, stream, PagedAttnKernel<D, ROWS>)(
       s, items, partition, splits, q, q_stride, kc, vc, tables, scratch, out);
   if (splits > 1) {
-    CombineKernel<D, ROWS>
-        <<<dim3(s.num_kv_heads, num_items), kThreads, 0, stream>>>(
-            s, items, num_items, splits, scratch, out);
+    const dim3 combine_grid(s.num_kv_heads, num_items);
+    KV_LAUNCH(combine_grid, kThreads, 0, stream, CombineKernel<D, ROWS>)(
+        s, items, num_items, splits, scratch, out);
   }
   return cudaGetLastError();
 }

