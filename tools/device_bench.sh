@@ -18,6 +18,9 @@
 # On the device machine the whole command is, e.g.:
 #   tools/device_bench.sh 2>&1 | tee $OUT/device_bench.log
 set -uo pipefail
+# No device here is a failure, not a pass: the benchmarks exit 1 and the gpu
+# tests fail instead of skipping.
+export KVSERVE_REQUIRE_GPU=1
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 BUILD="${BUILD:-$ROOT/build-device}"

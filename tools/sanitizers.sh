@@ -2,8 +2,10 @@
 # CI checks beyond the main suite (tools/test.sh runs this after it):
 #
 #   asan  clang build with AddressSanitizer + UndefinedBehaviorSanitizer and
-#         libFuzzer instrumentation (KVSERVE_FUZZ) in build-asan; runs every
-#         C++ test (ctest -LE 'gpu|python').
+#         libFuzzer instrumentation (KVSERVE_FUZZ) in build-asan, with the
+#         CUDA backend on the SIMT emulator (KVSERVE_CUDA_EMU); runs every
+#         C++ test, the `gpu` ones included (ctest -LE python): the CUDA
+#         kernels run on the CPU with every device buffer checked by ASan.
 #   fuzz  a short run of each libFuzzer target of that build (FUZZ_SECONDS
 #         each, default 30) from its seed corpus in tests/fuzz/corpus/.
 #   tidy  tools/clang_tidy.sh over the project's sources (.clang-tidy).
@@ -46,9 +48,9 @@ banner() { echo; echo "==================== sanitizers: $* ===================="
 
 stage_asan() {
   CC=clang CXX=clang++ cmake -S . -B "$ASAN_DIR" "${SAN_FLAGS[@]}" \
-    -DKVSERVE_FUZZ=ON >/dev/null
+    -DKVSERVE_FUZZ=ON -DKVSERVE_CUDA_EMU=ON >/dev/null
   cmake --build "$ASAN_DIR" -j "$JOBS"
-  ctest --test-dir "$ASAN_DIR" --output-on-failure -j "$JOBS" -LE 'gpu|python'
+  ctest --test-dir "$ASAN_DIR" --output-on-failure -j "$JOBS" -LE python
 }
 
 # Runs every fuzz target of $ASAN_DIR for FUZZ_SECONDS, JOBS at a time;

@@ -60,6 +60,7 @@ absl::Status CudaLlamaModel::Init() {
   KV_CUDA_RETURN_IF_ERROR(
       cudaMemcpy(inv_freq_.as<float>(), rope.inv_freq().data(),
                  c.head_dim / 2 * sizeof(float), cudaMemcpyHostToDevice));
+  KV_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());  // see Upload()
   AttnShape shape;
   shape.head_dim = c.head_dim;
   KV_RETURN_IF_ERROR(attn_scratch_.Allocate(
@@ -171,6 +172,10 @@ absl::Status CudaLlamaModel::Upload(const WeightSource& w) {
     KV_RETURN_IF_ERROR(
         UploadTensors(w, {p + "ffn_down.weight"}, false, l.down));
   }
+  // A cudaMemcpy from pageable memory may return before its DMA lands, and
+  // stream_ (non-blocking) does not wait for the legacy stream: finish the
+  // uploads before any kernel reads them.
+  KV_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
   return absl::OkStatus();
 }
 

@@ -23,6 +23,7 @@
 #include "models/cuda/cuda_llama.h"
 #include "models/forward_batch.h"
 #include "tests/models/random_model.h"
+#include "tests/models/require_gpu.h"
 
 namespace kvserve::engine {
 namespace {
@@ -132,7 +133,7 @@ bool HaveGpu() { return CudaDeviceCount() > 0; }
 // styles, a sliding window; chunked prefill, prefill mixed with decode, and
 // decode, in shuffled blocks.
 TEST(CudaForward, RandomModelsMatchDenseReference) {
-  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device visible";
+  KV_SKIP_WITHOUT_GPU(HaveGpu());
   namespace mc = models::cuda;
   struct Case {
     int h, hkv;
@@ -220,7 +221,7 @@ TEST(CudaForward, RandomModelsMatchDenseReference) {
 }
 
 TEST(CudaForward, GreedyMatchesCpuOnDefaultModel) {
-  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device visible";
+  KV_SKIP_WITHOUT_GPU(HaveGpu());
   if (!std::filesystem::exists(kModel)) {
     GTEST_SKIP() << kModel << " absent (deploy/setup.sh fetches it)";
   }

@@ -22,6 +22,7 @@
 #include "models/model_config.h"
 #include "models/paged_attention.h"
 #include "models/rope.h"
+#include "tests/models/require_gpu.h"
 
 namespace kvserve::models::cuda {
 namespace {
@@ -35,8 +36,7 @@ bool HaveGpu() {
   return n > 0;
 }
 
-#define SKIP_WITHOUT_GPU() \
-  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device visible"
+#define SKIP_WITHOUT_GPU() KV_SKIP_WITHOUT_GPU(HaveGpu())
 #define CK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
 
 uint16_t ToBf16Bits(float f) {

@@ -20,18 +20,11 @@
 #include <vector>
 
 #include "models/cuda/kernels.h"
+#include "tools/bench/gpu_timing.h"
 
 using namespace kvserve::models::cuda;
 
-#define CK(expr)                                                        \
-  do {                                                                  \
-    const cudaError_t e_ = (expr);                                      \
-    if (e_ != cudaSuccess) {                                            \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, \
-                   cudaGetErrorString(e_));                             \
-      std::exit(1);                                                     \
-    }                                                                   \
-  } while (0)
+#define CK GPU_BENCH_CHECK
 
 namespace {
 
@@ -159,32 +152,11 @@ double Check(int h, int hkv, int d, int bs, int sms,
   return worst;
 }
 
-template <typename Fn>
-double TimeMedian(int warm, int reps, Fn fn) {
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  for (int i = 0; i < warm; ++i) fn(i);
-  std::vector<double> t;
-  for (int i = 0; i < reps; ++i) {
-    CK(cudaEventRecord(a));
-    fn(i);
-    CK(cudaEventRecord(b));
-    CK(cudaEventSynchronize(b));
-    float ms;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms * 1e-3);
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
 
 }  // namespace
 
 int main() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-    std::printf("attention_gpu_bench: no CUDA device visible\n");
+  if (!kvserve::gpu_bench::HaveDeviceOrExplain("attention_gpu_bench")) {
     return 0;
   }
   int sms = 1;
@@ -209,18 +181,7 @@ int main() {
     std::printf("check H=%d Hkv=%d D=%d B=%d sms=%d: max row rel err %.2e %s\n",
                 c.h, c.hkv, c.d, c.bs, c.sms, err, pass ? "ok" : "FAIL");
   }
-  // Copy bandwidth.
-  const size_t bytes = size_t{4} << 30;
-  void *src, *dst;
-  CK(cudaMalloc(&src, bytes));
-  CK(cudaMalloc(&dst, bytes));
-  CK(cudaMemset(src, 0x3c, bytes));
-  const double tc = TimeMedian(3, 10, [&](int) {
-    CK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice));
-  });
-  const double copy_bw = 2.0 * bytes / tc;
-  CK(cudaFree(src));
-  CK(cudaFree(dst));
+  const double copy_bw = kvserve::gpu_bench::CopyBandwidth(size_t{4} << 30);
   std::printf(
       "\ncopy bandwidth %.0f GB/s\n\n| heads | batch | context | us | "
       "GB/s | of copy |\n|---|---|---|---|---|---|\n",
@@ -256,7 +217,8 @@ int main() {
         CK(cudaMalloc(&scratch, AttnScratchFloats(shape, sms) * 4));
         bf16* o = nullptr;
         CK(cudaMalloc(&o, batch * h * d * 2));
-        const double t = TimeMedian(3, 10, [&](int i) {
+        const double t = kvserve::gpu_bench::MedianSecondsPerCall(
+            3, 10, 5, [&](int i) {
           CK(PagedAttention(shape, plan, ds, dti, q, qs, kc, vc,
                             dt + static_cast<int64_t>(i % kSets) * batch * mb,
                             scratch, o, nullptr));

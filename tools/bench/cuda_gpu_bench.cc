@@ -29,60 +29,23 @@
 #include "models/cuda/cuda_llama.h"
 #include "models/cuda/kernels.h"
 #include "nlohmann/json.hpp"
+#include "tools/bench/gpu_timing.h"
 
 namespace kvserve::models::cuda {
 namespace {
 
-#define BENCH_CHECK(expr)                                               \
-  do {                                                                  \
-    const cudaError_t e_ = (expr);                                      \
-    if (e_ != cudaSuccess) {                                            \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, \
-                   cudaGetErrorString(e_));                             \
-      std::exit(1);                                                     \
-    }                                                                   \
-  } while (0)
+#define BENCH_CHECK GPU_BENCH_CHECK
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
 }
 
-// Seconds of the median of `reps` runs of fn(rep) timed with events.
-template <typename Fn>
-double TimeEvents(int warmup, int reps, Fn fn) {
-  cudaEvent_t a, b;
-  BENCH_CHECK(cudaEventCreate(&a));
-  BENCH_CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < warmup; ++i) fn(i);
-  std::vector<double> t;
-  for (int i = 0; i < reps; ++i) {
-    BENCH_CHECK(cudaEventRecord(a));
-    fn(i);
-    BENCH_CHECK(cudaEventRecord(b));
-    BENCH_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    BENCH_CHECK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms * 1e-3);
-  }
-  BENCH_CHECK(cudaEventDestroy(a));
-  BENCH_CHECK(cudaEventDestroy(b));
-  return Median(t);
-}
 
 double CopyBandwidth(nlohmann::json* out) {
   const size_t bytes = size_t{4} << 30;
-  void *src = nullptr, *dst = nullptr;
-  BENCH_CHECK(cudaMalloc(&src, bytes));
-  BENCH_CHECK(cudaMalloc(&dst, bytes));
-  BENCH_CHECK(
-      FillRandomBf16(static_cast<bf16*>(src), bytes / 2, 1, 1.0f, nullptr));
-  const double t = TimeEvents(3, 10, [&](int) {
-    BENCH_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice));
-  });
-  BENCH_CHECK(cudaFree(src));
-  BENCH_CHECK(cudaFree(dst));
-  const double bw = 2.0 * bytes / t;
+  const double bw = gpu_bench::CopyBandwidth(bytes);
+  const double t = 2.0 * bytes / bw;
   (*out)["copy"] = {{"bytes", bytes}, {"seconds", t}, {"bytes_per_s", bw}};
   std::printf(
       "## Device copy bandwidth\n\n%.0f GB/s (cudaMemcpy D2D of %zu "
@@ -125,7 +88,7 @@ void AttentionBench(double copy_bw, bool quick, nlohmann::json* out) {
       "| model heads | batch | context | splits | us | GB/s | of copy BW |\n"
       "|---|---|---|---|---|---|---|\n");
   nlohmann::json rows = nlohmann::json::array();
-  constexpr int kReps = 20, kWarm = 3, kSets = kReps + kWarm;
+  constexpr int kReps = 20, kWarm = 3, kCalls = 5, kSets = 23;
   for (const HeadShape& hs : shapes) {
     for (int batch : batches) {
       for (int ctx : contexts) {
@@ -169,7 +132,10 @@ void AttentionBench(double copy_bw, bool quick, nlohmann::json* out) {
         BENCH_CHECK(cudaMemset(q, 0x3c, batch * q_stride * 4));  // ~0.01
         BENCH_CHECK(cudaMalloc(&scratch, AttnScratchFloats(shape, sms) * 4));
         BENCH_CHECK(cudaMalloc(&o, batch * hs.h * d * 2));
-        const double t = TimeEvents(kWarm, kReps, [&](int i) {
+        // kCalls back-to-back calls per timing: the launch gap of the
+        // first stays out of the per-call figure.
+        const double t = gpu_bench::MedianSecondsPerCall(
+            kWarm, kReps, kCalls, [&](int i) {
           BENCH_CHECK(
               PagedAttention(shape, plan, items, tiles, q, q_stride, kc, vc,
                              dt + static_cast<int64_t>(i % kSets) * batch * mb,
@@ -320,11 +286,7 @@ int Main(int argc, char** argv) {
       return 2;
     }
   }
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-    std::printf("cuda_gpu_bench: no CUDA device visible; nothing measured\n");
-    return 0;
-  }
+  if (!gpu_bench::HaveDeviceOrExplain("cuda_gpu_bench")) return 0;
   cudaDeviceProp prop{};
   BENCH_CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("# kvserve CUDA benchmark on %s (%d SMs, %.0f GiB)\n\n",
