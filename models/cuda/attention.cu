@@ -288,49 +288,77 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Merges the splits of each (item, KV head): out = sum_s 2^(m_s - M) acc_s /
-// sum_s 2^(m_s - M) l_s. Splits with no keys (m = -inf) are skipped.
+// Merges the splits of each (item, KV head, row): out = sum_s 2^(m_s - M)
+// acc_s / sum_s 2^(m_s - M) l_s; splits with no keys (m = -inf) are
+// skipped. One warp per row (block z picks kCombineWarps rows): lanes take
+// splits for the max and the denominator, then D / 32 consecutive output
+// elements each, reading every split's partial row once, coalesced.
+constexpr int kCombineWarps = 4;
+
+__device__ inline float WarpMax(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  }
+  return v;
+}
+__device__ inline float WarpSum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
 template <int D, int ROWS>
-__global__ void CombineKernel(AttnShape s,
-                              const AttnWorkItem* __restrict__ items,
-                              int num_items, int num_splits,
-                              const float* __restrict__ part,
-                              bf16* __restrict__ out) {
+__global__ void __launch_bounds__(kCombineWarps * 32)
+    CombineKernel(AttnShape s, const AttnWorkItem* __restrict__ items,
+                  int num_items, int num_splits,
+                  const float* __restrict__ part, bf16* __restrict__ out) {
+  constexpr int kPerLane = D / 32;
   const AttnWorkItem it = items[blockIdx.y];
   const int kvh = blockIdx.x;
   const int group = s.num_heads / s.num_kv_heads;
   const int nrows = it.num_tokens * group;
+  const int lane = threadIdx.x % 32;
+  const int r = blockIdx.z * kCombineWarps + threadIdx.x / 32;
+  if (r >= nrows) return;  // whole warps: no barrier follows
   const int64_t total_rows =
       static_cast<int64_t>(num_items) * s.num_kv_heads * num_splits * ROWS;
   const float* ml = part + total_rows * D;
   const int64_t row0 =
       (static_cast<int64_t>(blockIdx.y) * s.num_kv_heads + kvh) * num_splits *
-      ROWS;
-  for (int r = 0; r < nrows; ++r) {
-    float mx = -INFINITY;
-    for (int sp = 0; sp < num_splits; ++sp) {
-      mx = fmaxf(mx, ml[(row0 + sp * ROWS + r) * 2]);
-    }
-    float l = 0.0f;
-    for (int sp = 0; sp < num_splits; ++sp) {
-      const float m = ml[(row0 + sp * ROWS + r) * 2];
-      if (m != -INFINITY)
-        l += exp2f(m - mx) * ml[(row0 + sp * ROWS + r) * 2 + 1];
-    }
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    const int64_t tok = it.token + r / group;
-    const int h = kvh * group + r % group;
-    for (int d = threadIdx.x; d < D; d += blockDim.x) {
-      float o = 0.0f;
-      for (int sp = 0; sp < num_splits; ++sp) {
-        const int64_t row = row0 + sp * ROWS + r;
-        const float m = ml[row * 2];
-        if (m != -INFINITY) o += exp2f(m - mx) * part[row * D + d];
-      }
-      out[tok * (static_cast<int64_t>(s.num_heads) * D) + h * D + d] =
-          __float2bfloat16(o * inv);
-    }
+          ROWS +
+      r;  // split sp's row: row0 + sp * ROWS
+  float mx = -INFINITY;
+  for (int sp = lane; sp < num_splits; sp += 32) {
+    mx = fmaxf(mx, ml[(row0 + static_cast<int64_t>(sp) * ROWS) * 2]);
   }
+  mx = WarpMax(mx);
+  float l = 0.0f;
+  for (int sp = lane; sp < num_splits; sp += 32) {
+    const int64_t row = row0 + static_cast<int64_t>(sp) * ROWS;
+    const float m = ml[row * 2];
+    if (m != -INFINITY) l += exp2f(m - mx) * ml[row * 2 + 1];
+  }
+  l = WarpSum(l);
+  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  float acc[kPerLane];
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) acc[j] = 0.0f;
+  for (int sp = 0; sp < num_splits; ++sp) {
+    const int64_t row = row0 + static_cast<int64_t>(sp) * ROWS;
+    const float m = ml[row * 2];  // the same address for the whole warp
+    if (m == -INFINITY) continue;
+    const float w = exp2f(m - mx);
+    const float* src = part + row * D + lane * kPerLane;
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) acc[j] += w * src[j];
+  }
+  const int64_t tok = it.token + r / group;
+  const int h = kvh * group + r % group;
+  bf16* dst = out + tok * (static_cast<int64_t>(s.num_heads) * D) + h * D +
+              lane * kPerLane;
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) dst[j] = __float2bfloat16(acc[j] * inv);
 }
 
 template <int D, int ROWS>
@@ -348,9 +376,11 @@ cudaError_t Launch(const AttnShape& s, int num_items, int splits, int partition,
   KV_LAUNCH(grid, kThreads, kBytes, stream, PagedAttnKernel<D, ROWS>)(
       s, items, partition, splits, q, q_stride, kc, vc, tables, scratch, out);
   if (splits > 1) {
-    const dim3 combine_grid(s.num_kv_heads, num_items);
-    KV_LAUNCH(combine_grid, kThreads, 0, stream, CombineKernel<D, ROWS>)(
-        s, items, num_items, splits, scratch, out);
+    const dim3 combine_grid(s.num_kv_heads, num_items,
+                            (ROWS + kCombineWarps - 1) / kCombineWarps);
+    KV_LAUNCH(combine_grid, kCombineWarps * 32, 0, stream,
+              CombineKernel<D, ROWS>)(s, items, num_items, splits, scratch,
+                                      out);
   }
   return cudaGetLastError();
 }

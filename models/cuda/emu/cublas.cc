@@ -97,23 +97,30 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
   if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
   const float a = *static_cast<const float*>(alpha);
   const float b = *static_cast<const float*>(beta);
-  // op(A)[i][p] = ta ? A[p + i*lda] : A[i + p*lda].
-  const std::vector<float> ak =
-      AlongK(static_cast<const uint16_t*>(A), lda, ta, m, k);
-  // op(B)[p][j] = tb ? B[j + p*ldb] : B[p + j*ldb].
+  // op(B)[p][j] = tb ? B[j + p*ldb] : B[p + j*ldb], as n rows along k (n is
+  // the token count: small). op(A)[i][p] = ta ? A[p + i*lda] : A[i + p*lda],
+  // converted one row at a time (A is the weight matrix: large).
   const std::vector<float> bk =
       AlongK(static_cast<const uint16_t*>(B), ldb, !tb, n, k);
+  const uint16_t* am = static_cast<const uint16_t*>(A);
   float* c = static_cast<float*>(C);
-#pragma omp parallel for schedule(static)
-  for (int j = 0; j < n; ++j) {
-    const float* bj = bk.data() + static_cast<size_t>(j) * k;
+#pragma omp parallel
+  {
+    std::vector<float> arow(k);
+#pragma omp for schedule(static)
     for (int i = 0; i < m; ++i) {
-      const float* ai = ak.data() + static_cast<size_t>(i) * k;
-      float acc = 0.0f;
+      for (int p = 0; p < k; ++p) {
+        arow[p] = Bf16ToFloat(ta ? am[static_cast<size_t>(i) * lda + p]
+                                 : am[i + static_cast<size_t>(p) * lda]);
+      }
+      for (int j = 0; j < n; ++j) {
+        const float* bj = bk.data() + static_cast<size_t>(j) * k;
+        float acc = 0.0f;
 #pragma omp simd reduction(+ : acc)
-      for (int p = 0; p < k; ++p) acc += ai[p] * bj[p];
-      float& out = c[static_cast<size_t>(j) * ldc + i];
-      out = b == 0.0f ? a * acc : a * acc + b * out;
+        for (int p = 0; p < k; ++p) acc += arow[p] * bj[p];
+        float& out = c[static_cast<size_t>(j) * ldc + i];
+        out = b == 0.0f ? a * acc : a * acc + b * out;
+      }
     }
   }
   return CUBLAS_STATUS_SUCCESS;

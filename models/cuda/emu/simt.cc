@@ -152,37 +152,29 @@ void Block(Wait kind) {
   g_current = &f.state;
 }
 
-// Releases the barriers every live thread of a warp / of the block has
-// reached. Returns false when nothing can move: a divergent barrier.
+// Releases a barrier that every thread of a warp (shuffles, __syncwarp) or
+// of the block (__syncthreads) has reached. Returns false when nothing can
+// move: a barrier that some threads wait at while others wait elsewhere or
+// have exited (CUDA's undefined behaviour: a hang or garbage on a GPU).
 bool Release(Launch& l) {
   bool moved = false;
   const int n = static_cast<int>(l.fibers.size());
   for (int w = 0; w < n; w += 32) {
-    bool all = true, any = false;
+    bool all = true;
     for (int i = w; i < std::min(n, w + 32); ++i) {
-      const Wait s = l.fibers[i].wait;
-      if (s == Wait::kDone) continue;
-      any = true;
-      all = all && s == Wait::kWarp;
+      all = all && l.fibers[i].wait == Wait::kWarp;
     }
-    if (any && all) {
-      for (int i = w; i < std::min(n, w + 32); ++i) {
-        if (l.fibers[i].wait == Wait::kWarp) {
-          l.fibers[i].wait = Wait::kRunnable;
-        }
-      }
-      moved = true;
+    if (!all) continue;
+    for (int i = w; i < std::min(n, w + 32); ++i) {
+      l.fibers[i].wait = Wait::kRunnable;
     }
+    moved = true;
   }
   if (moved) return true;
-  bool all = true;
   for (const Fiber& f : l.fibers) {
-    all = all && (f.wait == Wait::kDone || f.wait == Wait::kBlock);
+    if (f.wait != Wait::kBlock) return false;
   }
-  if (!all) return false;
-  for (Fiber& f : l.fibers) {
-    if (f.wait == Wait::kBlock) f.wait = Wait::kRunnable;
-  }
+  for (Fiber& f : l.fibers) f.wait = Wait::kRunnable;
   return true;
 }
 
@@ -214,14 +206,23 @@ bool RunBlock(Launch& l, std::mt19937& rng, const EmuOptions& opt) {
   }
 }
 
+// "threads 0-31 at __syncthreads, 32-63 exited": runs of equal state.
 std::string DescribeDivergence(const Launch& l) {
+  const auto name = [](Wait w) {
+    return w == Wait::kBlock  ? "at __syncthreads"
+           : w == Wait::kWarp ? "at a warp shuffle/__syncwarp"
+           : w == Wait::kDone ? "exited"
+                              : "running";
+  };
   std::string s;
-  for (const Fiber& f : l.fibers) {
-    const char* what = f.wait == Wait::kBlock  ? "__syncthreads"
-                       : f.wait == Wait::kWarp ? "warp barrier"
-                                               : "exited";
-    s += "t" + std::to_string(f.state.linear) + ":" + what + " ";
-    if (s.size() > 400) break;
+  const int n = static_cast<int>(l.fibers.size());
+  for (int i = 0; i < n;) {
+    int j = i;
+    while (j + 1 < n && l.fibers[j + 1].wait == l.fibers[i].wait) ++j;
+    if (!s.empty()) s += ", ";
+    s += "threads " + std::to_string(i) + "-" + std::to_string(j) + " " +
+         name(l.fibers[i].wait);
+    i = j + 1;
   }
   return s;
 }
@@ -235,7 +236,8 @@ cudaError_t CheckConfig(const void* func, dim3 grid, dim3 block,
       grid.z > 65535) {
     return cudaErrorInvalidConfiguration;
   }
-  const size_t limit = std::max(kDefaultSmem, FuncMaxDynamicSmem(func));
+  const size_t limit =
+      std::min(kMaxOptInSmem, std::max(kDefaultSmem, FuncMaxDynamicSmem(func)));
   if (smem > limit) return cudaErrorInvalidValue;
   return cudaSuccess;
 }

@@ -6,7 +6,7 @@
 //                              missing barrier shows up as a wrong result
 //                              under shuffle.
 //   KVSERVE_CUDA_EMU_SMS       multiprocessors reported (default 8).
-//   KVSERVE_CUDA_EMU_MEMORY    device memory in MiB (default 4096).
+//   KVSERVE_CUDA_EMU_MEMORY    device memory in MiB (default 1024).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -21,7 +21,7 @@ enum class Schedule { kShuffle, kForward, kReverse };
 struct EmuOptions {
   Schedule schedule = Schedule::kShuffle;
   int sms = 8;
-  size_t memory_bytes = size_t{4096} << 20;
+  size_t memory_bytes = size_t{1024} << 20;
 };
 
 const EmuOptions& Options();
