@@ -5,7 +5,8 @@
 #         libFuzzer instrumentation (KVSERVE_FUZZ) in build-asan, with the
 #         CUDA backend on the SIMT emulator (KVSERVE_CUDA_EMU); runs every
 #         C++ test, the `gpu` ones included (ctest -LE python): the CUDA
-#         kernels run on the CPU with every device buffer checked by ASan.
+#         kernels run on the CPU with every device buffer checked by ASan;
+#         then the one Python e2e test that serves with --device cuda.
 #   fuzz  a short run of each libFuzzer target of that build (FUZZ_SECONDS
 #         each, default 30) from its seed corpus in tests/fuzz/corpus/.
 #   tidy  tools/clang_tidy.sh over the project's sources (.clang-tidy).
@@ -51,6 +52,9 @@ stage_asan() {
     -DKVSERVE_FUZZ=ON -DKVSERVE_CUDA_EMU=ON >/dev/null
   cmake --build "$ASAN_DIR" -j "$JOBS"
   ctest --test-dir "$ASAN_DIR" --output-on-failure -j "$JOBS" -LE python
+  # The real binary serving gRPC from the emulated GPU (swap preemption
+  # through the CUDA backend), sanitized.
+  ctest --test-dir "$ASAN_DIR" --output-on-failure -R '^py_cuda_device_e2e_test$'
 }
 
 # Runs every fuzz target of $ASAN_DIR for FUZZ_SECONDS, JOBS at a time;
