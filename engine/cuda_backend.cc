@@ -87,6 +87,8 @@ class CudaBackend final : public ModelBackend {
   absl::Status AllocateKv(const BackendConfig& config);
   absl::Status AllocateSwap(const BackendConfig& config);
   absl::Status Swap(absl::Span<const BlockMove> moves, bool out);
+  // Makes pairs_ / pairs_host_ hold at least `pairs` int pairs.
+  absl::Status ReservePairs(int64_t pairs);
   // A CUDA failure after start-up: the device state is unknown, so log the
   // step and stop the process (DESIGN.md: fatal with the step plan).
   [[noreturn]] void Fatal(const char* what, const absl::Status& st,
@@ -103,9 +105,14 @@ class CudaBackend final : public ModelBackend {
   double seconds_per_prefill_token_ = 1e-4;
   double swap_bps_ = 25e9;
   int64_t step_ = 0;
+  // Block ids / copy pairs for the copy kernels: pinned host and device.
   mc::DeviceBuffer pairs_;
   int32_t* pairs_host_ = nullptr;
-  int64_t pairs_cap_ = 0;
+  int64_t pairs_cap_ = 0;  // int pairs
+  // Swap staging: staging_blocks_ whole blocks, each laid out like a host
+  // swap slot, so that a block crosses PCIe in one copy (not 2 x layers).
+  mc::DeviceBuffer staging_;
+  int64_t staging_blocks_ = 0;
 };
 
 void CudaBackend::Fatal(const char* what, const absl::Status& st,
@@ -148,6 +155,14 @@ absl::Status CudaBackend::Profile(const BackendConfig& config) {
 }
 
 absl::Status CudaBackend::AllocateKv(const BackendConfig& config) {
+  // The swap staging buffer first, so that the KV budget below counts it.
+  const int64_t slots = config.swap_space_bytes / bytes_per_block_;
+  if (slots > 0) {
+    staging_blocks_ =
+        std::clamp<int64_t>((64LL << 20) / bytes_per_block_, 1, slots);
+    KV_RETURN_IF_ERROR(
+        staging_.Allocate(staging_blocks_ * bytes_per_block_, "swap staging"));
+  }
   size_t free_b = 0, total_b = 0;
   KV_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_b, &total_b));
   const int64_t free_bytes = static_cast<int64_t>(free_b);
@@ -262,15 +277,7 @@ absl::Status CudaBackend::CopyBlocks(absl::Span<const BlockMove> moves) {
   }
   const int64_t n = static_cast<int64_t>(moves.size());
   auto run = [&]() -> absl::Status {
-    if (n > pairs_cap_) {
-      if (pairs_host_ != nullptr) (void)cudaFreeHost(pairs_host_);
-      pairs_host_ = nullptr;
-      pairs_cap_ = 0;
-      KV_CUDA_RETURN_IF_ERROR(
-          cudaMallocHost(reinterpret_cast<void**>(&pairs_host_), n * 8));
-      KV_RETURN_IF_ERROR(pairs_.Allocate(n * 8, "block copy pairs"));
-      pairs_cap_ = n;
-    }
+    KV_RETURN_IF_ERROR(ReservePairs(n));
     for (int64_t i = 0; i < n; ++i) {
       pairs_host_[2 * i] = moves[i].src;
       pairs_host_[2 * i + 1] = moves[i].dst;
@@ -284,9 +291,21 @@ absl::Status CudaBackend::CopyBlocks(absl::Span<const BlockMove> moves) {
     KV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
     return absl::OkStatus();
   };
-  const absl::Status st = run();
+  absl::Status st = run();
   if (!st.ok()) Fatal("CopyBlocks", st, nullptr);
   return st;
+}
+
+absl::Status CudaBackend::ReservePairs(int64_t pairs) {
+  if (pairs <= pairs_cap_) return absl::OkStatus();
+  if (pairs_host_ != nullptr) (void)cudaFreeHost(pairs_host_);
+  pairs_host_ = nullptr;
+  pairs_cap_ = 0;
+  KV_CUDA_RETURN_IF_ERROR(
+      cudaMallocHost(reinterpret_cast<void**>(&pairs_host_), pairs * 8));
+  KV_RETURN_IF_ERROR(pairs_.Allocate(pairs * 8, "block copy pairs"));
+  pairs_cap_ = pairs;
+  return absl::OkStatus();
 }
 
 absl::Status CudaBackend::Swap(absl::Span<const BlockMove> moves, bool out) {
@@ -301,27 +320,44 @@ absl::Status CudaBackend::Swap(absl::Span<const BlockMove> moves, bool out) {
           " outside [0, ", kv_.num_blocks, ") / [0, ", num_swap_slots_, ")"));
     }
   }
+  // Chunks of staging_blocks_: swap in copies each slot to staging, then
+  // scatters; swap out gathers, then copies each block to its slot. One
+  // stream orders the reuse of staging between chunks.
   auto run = [&]() -> absl::Status {
     cudaStream_t s = model_->stream();
     const int planes = 2 * model_->config().num_layers;
-    for (const BlockMove& m : moves) {
-      const int32_t block = out ? m.src : m.dst;
-      const int32_t slot = out ? m.dst : m.src;
-      auto* host = static_cast<uint8_t*>(swap_host_) + slot * bytes_per_block_;
-      for (int p = 0; p < planes; ++p) {
-        auto* dev = reinterpret_cast<uint8_t*>(kv_.base + p * kv_.plane_elems) +
-                    block * block_bytes_;
-        uint8_t* h = host + p * block_bytes_;
-        KV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
-            out ? static_cast<void*>(h) : static_cast<void*>(dev),
-            out ? static_cast<void*>(dev) : static_cast<void*>(h), block_bytes_,
-            out ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, s));
+    const int64_t n = static_cast<int64_t>(moves.size());
+    KV_RETURN_IF_ERROR(ReservePairs(n));
+    for (int64_t i = 0; i < n; ++i) {
+      pairs_host_[i] = out ? moves[i].src : moves[i].dst;
+    }
+    KV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(pairs_.as<int32_t>(), pairs_host_,
+                                            n * 4, cudaMemcpyHostToDevice, s));
+    auto* staging = staging_.as<uint8_t>();
+    auto* host = static_cast<uint8_t*>(swap_host_);
+    for (int64_t c0 = 0; c0 < n; c0 += staging_blocks_) {
+      const int64_t cn = std::min(staging_blocks_, n - c0);
+      for (int64_t i = 0; !out && i < cn; ++i) {
+        KV_CUDA_RETURN_IF_ERROR(
+            cudaMemcpyAsync(staging + i * bytes_per_block_,
+                            host + moves[c0 + i].src * bytes_per_block_,
+                            bytes_per_block_, cudaMemcpyHostToDevice, s));
+      }
+      KV_CUDA_RETURN_IF_ERROR(
+          mc::StageKvBlocks(kv_.base, kv_.plane_elems, planes, block_bytes_ / 2,
+                            pairs_.as<int32_t>() + c0, static_cast<int>(cn),
+                            staging_.as<mc::bf16>(), out, s));
+      for (int64_t i = 0; out && i < cn; ++i) {
+        KV_CUDA_RETURN_IF_ERROR(
+            cudaMemcpyAsync(host + moves[c0 + i].dst * bytes_per_block_,
+                            staging + i * bytes_per_block_, bytes_per_block_,
+                            cudaMemcpyDeviceToHost, s));
       }
     }
     KV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
     return absl::OkStatus();
   };
-  const absl::Status st = run();
+  absl::Status st = run();
   if (!st.ok()) Fatal(out ? "SwapOut" : "SwapIn", st, nullptr);
   return st;
 }

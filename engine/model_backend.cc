@@ -10,8 +10,8 @@ namespace kvserve::engine {
 
 std::string ResolveDevice(std::string_view requested) {
   if (requested != "auto") return std::string(requested);
-  // The SIMT emulator (KVSERVE_CUDA_EMU) is a test device: only an explicit
-  // --device=cuda selects it.
+    // The SIMT emulator (KVSERVE_CUDA_EMU) is a test device: only an explicit
+    // --device=cuda selects it.
 #if defined(KVSERVE_CUDA) && !defined(KVSERVE_CUDA_EMU)
   if (CudaDeviceCount() > 0) return "cuda";
 #endif

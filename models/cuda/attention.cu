@@ -311,8 +311,8 @@ __device__ inline float WarpSum(float v) {
 template <int D, int ROWS>
 __global__ void __launch_bounds__(kCombineWarps * 32)
     CombineKernel(AttnShape s, const AttnWorkItem* __restrict__ items,
-                  int num_items, int num_splits,
-                  const float* __restrict__ part, bf16* __restrict__ out) {
+                  int num_items, int num_splits, const float* __restrict__ part,
+                  bf16* __restrict__ out) {
   constexpr int kPerLane = D / 32;
   const AttnWorkItem it = items[blockIdx.y];
   const int kvh = blockIdx.x;
@@ -373,14 +373,14 @@ cudaError_t Launch(const AttnShape& s, int num_items, int splits, int partition,
                            cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
   if (attr != cudaSuccess) return attr;
   const dim3 grid(splits, s.num_kv_heads, num_items);
-  KV_LAUNCH(grid, kThreads, kBytes, stream, PagedAttnKernel<D, ROWS>)(
-      s, items, partition, splits, q, q_stride, kc, vc, tables, scratch, out);
+  KV_LAUNCH(grid, kThreads, kBytes, stream, PagedAttnKernel<D, ROWS>)
+  (s, items, partition, splits, q, q_stride, kc, vc, tables, scratch, out);
   if (splits > 1) {
     const dim3 combine_grid(s.num_kv_heads, num_items,
                             (ROWS + kCombineWarps - 1) / kCombineWarps);
     KV_LAUNCH(combine_grid, kCombineWarps * 32, 0, stream,
-              CombineKernel<D, ROWS>)(s, items, num_items, splits, scratch,
-                                      out);
+              CombineKernel<D, ROWS>)
+    (s, items, num_items, splits, scratch, out);
   }
   return cudaGetLastError();
 }

@@ -150,6 +150,25 @@ __global__ void CopyBlocksKernel(bf16* base, int64_t plane_elems,
   for (int64_t k = threadIdx.x; k < n; k += blockDim.x) d[k] = s[k];
 }
 
+__global__ void StageBlocksKernel(bf16* base, int64_t plane_elems,
+                                  int64_t block_elems,
+                                  const int32_t* __restrict__ blocks,
+                                  bf16* staging, bool to_staging) {
+  const int64_t i = blockIdx.x, p = blockIdx.y;
+  uint4* dev = reinterpret_cast<uint4*>(base + p * plane_elems +
+                                        blocks[i] * block_elems);
+  uint4* st =
+      reinterpret_cast<uint4*>(staging + (i * gridDim.y + p) * block_elems);
+  const int64_t n = block_elems / 8;
+  for (int64_t k = threadIdx.x; k < n; k += blockDim.x) {
+    if (to_staging) {
+      st[k] = dev[k];
+    } else {
+      dev[k] = st[k];
+    }
+  }
+}
+
 __global__ void F32ToBf16Kernel(const float* in, int64_t n, bf16* out) {
   for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
        k < n; k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -198,9 +217,9 @@ cudaError_t QkvRopeCache(float* qkv, int64_t num_tokens, int64_t qkv_stride,
                          bf16* v_cache, cudaStream_t stream) {
   if (num_tokens == 0) return cudaSuccess;
   KV_LAUNCH(num_tokens, 128, head_dim * sizeof(float), stream,
-            QkvRopeCacheKernel)(
-      qkv, qkv_stride, num_heads, num_kv_heads, head_dim, interleaved, inv_freq,
-      bias, positions, slot_mapping, k_cache, v_cache);
+            QkvRopeCacheKernel)
+  (qkv, qkv_stride, num_heads, num_kv_heads, head_dim, interleaved, inv_freq,
+   bias, positions, slot_mapping, k_cache, v_cache);
   return cudaGetLastError();
 }
 
@@ -208,8 +227,8 @@ cudaError_t AddRmsNorm(float* x, const float* delta, const float* w,
                        int64_t num_rows, int64_t hidden, float eps,
                        const int32_t* rows, bf16* out, cudaStream_t stream) {
   if (num_rows == 0) return cudaSuccess;
-  KV_LAUNCH(num_rows, kThreads, 0, stream, AddRmsNormKernel<bf16>)(
-      x, delta, w, hidden, eps, rows, out);
+  KV_LAUNCH(num_rows, kThreads, 0, stream, AddRmsNormKernel<bf16>)
+  (x, delta, w, hidden, eps, rows, out);
   return cudaGetLastError();
 }
 
@@ -217,16 +236,16 @@ cudaError_t AddRmsNorm(float* x, const float* delta, const float* w,
                        int64_t num_rows, int64_t hidden, float eps,
                        const int32_t* rows, float* out, cudaStream_t stream) {
   if (num_rows == 0) return cudaSuccess;
-  KV_LAUNCH(num_rows, kThreads, 0, stream, AddRmsNormKernel<float>)(
-      x, delta, w, hidden, eps, rows, out);
+  KV_LAUNCH(num_rows, kThreads, 0, stream, AddRmsNormKernel<float>)
+  (x, delta, w, hidden, eps, rows, out);
   return cudaGetLastError();
 }
 
 cudaError_t SiluMul(const float* gu, int64_t num_rows, int64_t inter, bf16* out,
                     cudaStream_t stream) {
   if (num_rows == 0) return cudaSuccess;
-  KV_LAUNCH(GridFor(num_rows * inter), kThreads, 0, stream, SiluMulKernel)(
-      gu, num_rows, inter, out);
+  KV_LAUNCH(GridFor(num_rows * inter), kThreads, 0, stream, SiluMulKernel)
+  (gu, num_rows, inter, out);
   return cudaGetLastError();
 }
 
@@ -234,8 +253,8 @@ cudaError_t EmbeddingGather(const bf16* table, const int32_t* ids,
                             int64_t num_tokens, int64_t hidden, float* x,
                             cudaStream_t stream) {
   if (num_tokens == 0) return cudaSuccess;
-  KV_LAUNCH(num_tokens, kThreads, 0, stream, EmbeddingKernel)(table, ids,
-                                                             hidden, x);
+  KV_LAUNCH(num_tokens, kThreads, 0, stream, EmbeddingKernel)
+  (table, ids, hidden, x);
   return cudaGetLastError();
 }
 
@@ -245,8 +264,20 @@ cudaError_t CopyKvBlocks(bf16* base, int64_t plane_elems, int num_planes,
   if (num_pairs == 0) return cudaSuccess;
   if (block_elems % 8 != 0) return cudaErrorInvalidValue;
   const dim3 grid(num_pairs, num_planes);
-  KV_LAUNCH(grid, kThreads, 0, stream, CopyBlocksKernel)(base, plane_elems,
-                                                         block_elems, pairs);
+  KV_LAUNCH(grid, kThreads, 0, stream, CopyBlocksKernel)
+  (base, plane_elems, block_elems, pairs);
+  return cudaGetLastError();
+}
+
+cudaError_t StageKvBlocks(bf16* base, int64_t plane_elems, int num_planes,
+                          int64_t block_elems, const int32_t* blocks,
+                          int num_blocks, bf16* staging, bool to_staging,
+                          cudaStream_t stream) {
+  if (num_blocks == 0) return cudaSuccess;
+  if (block_elems % 8 != 0) return cudaErrorInvalidValue;
+  const dim3 grid(num_blocks, num_planes);
+  KV_LAUNCH(grid, kThreads, 0, stream, StageBlocksKernel)
+  (base, plane_elems, block_elems, blocks, staging, to_staging);
   return cudaGetLastError();
 }
 
@@ -267,7 +298,8 @@ cudaError_t Bf16ToF32(const bf16* in, int64_t n, float* out,
 cudaError_t FillRandomBf16(bf16* out, int64_t n, uint64_t seed, float scale,
                            cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  KV_LAUNCH(GridFor(n), kThreads, 0, stream, FillRandomKernel)(out, n, seed, scale);
+  KV_LAUNCH(GridFor(n), kThreads, 0, stream, FillRandomKernel)
+  (out, n, seed, scale);
   return cudaGetLastError();
 }
 

@@ -116,6 +116,16 @@ cudaError_t CopyKvBlocks(bf16* base, int64_t plane_elems, int num_planes,
                          int64_t block_elems, const int32_t* pairs,
                          int num_pairs, cudaStream_t stream);
 
+// Swap staging: for block i of `blocks` (device, num_blocks ints) and each
+// plane p, block blocks[i] of plane p <-> staging[(i * num_planes + p) *
+// block_elems ...] (one block's planes contiguous: the layout of a host
+// swap slot, so each block then moves in one copy). to_staging: gather
+// (swap out); else scatter (swap in).
+cudaError_t StageKvBlocks(bf16* base, int64_t plane_elems, int num_planes,
+                          int64_t block_elems, const int32_t* blocks,
+                          int num_blocks, bf16* staging, bool to_staging,
+                          cudaStream_t stream);
+
 // ---- conversions -----------------------------------------------------------
 
 cudaError_t F32ToBf16(const float* in, int64_t n, bf16* out,

@@ -13,8 +13,7 @@
 #define KV_LAUNCH(grid, block, smem, stream, ...) \
   ::kvserve::cuda_emu::Launcher(__VA_ARGS__, grid, block, smem, stream)
 #define KV_DYNAMIC_SMEM(type, name) \
-  type* const name =                \
-      reinterpret_cast<type*>(::kvserve::cuda_emu::DynamicSmem())
+  type* const name = reinterpret_cast<type*>(::kvserve::cuda_emu::DynamicSmem())
 #else
 #define KV_LAUNCH(grid, block, smem, stream, ...) \
   __VA_ARGS__<<<grid, block, smem, stream>>>

@@ -93,9 +93,8 @@ TEST(CudaEmu, LaunchLimitsAreTheRuntimes) {
   // Over 48 KiB of dynamic shared memory needs the kernel's opt-in.
   KV_LAUNCH(1, 32, 64 * 1024, nullptr, Rotate)(nullptr);
   EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue);
-  ASSERT_EQ(cudaFuncSetAttribute(Rotate,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 64 * 1024),
+  ASSERT_EQ(cudaFuncSetAttribute(
+                Rotate, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024),
             cudaSuccess);
   int* d = nullptr;
   ASSERT_EQ(cudaMalloc(&d, 32 * sizeof(int)), cudaSuccess);
@@ -114,9 +113,9 @@ TEST(CudaEmu, DeviceMemoryIsCheckedAndStartsAsGarbage) {
   EXPECT_EQ(cudaMemcpy(d, h.data(), 17 * sizeof(float), cudaMemcpyHostToDevice),
             cudaErrorInvalidValue);
   EXPECT_EQ(cudaMemset(d + 8, 0, 9 * sizeof(float)), cudaErrorInvalidValue);
-  EXPECT_EQ(cudaMemcpy(h.data(), d + 1, 16 * sizeof(float),
-                       cudaMemcpyDeviceToHost),
-            cudaErrorInvalidValue);
+  EXPECT_EQ(
+      cudaMemcpy(h.data(), d + 1, 16 * sizeof(float), cudaMemcpyDeviceToHost),
+      cudaErrorInvalidValue);
   (void)cudaGetLastError();
   EXPECT_EQ(cudaFree(d), cudaSuccess);
   EXPECT_EQ(cudaFree(d), cudaErrorInvalidValue);  // double free

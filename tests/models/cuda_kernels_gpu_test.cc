@@ -416,8 +416,8 @@ TEST(CudaKernels, PagedAttentionLongContexts) {
   }
   // Long cached prefix with a new prefill chunk (tiles with split-K).
   RunAttention({32, 8, 128, 16, 0, {{40, 20000 / kLong}}, 0}, rng);
-  RunAttention(
-      {8, 8, 64, 32, 0, {{100, 12000 / kLong}, {1, 30000 / kLong}}, 0}, rng);
+  RunAttention({8, 8, 64, 32, 0, {{100, 12000 / kLong}, {1, 30000 / kLong}}, 0},
+               rng);
 }
 
 TEST(CudaKernels, PagedAttentionPrefillAndMixed) {
@@ -472,6 +472,45 @@ TEST(CudaKernels, CopyKvBlocksCopiesEveryPlane) {
           want.begin() + p * plane_elems + pairs[2 * i + 1] * block_elems);
     }
   }
+  EXPECT_EQ(d.Down(data.size()), want);
+}
+
+// Swap staging: gathering blocks {5, 0, 17} lays each block's planes out
+// contiguously (a host swap slot); scattering that into {2, 9, 11} writes
+// exactly those blocks of every plane.
+TEST(CudaKernels, StageKvBlocksGathersAndScatters) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(9);
+  const int planes = 4, blocks = 20, n = 3;
+  const int64_t block_elems = 16 * 2 * 64;
+  const int64_t plane_elems = blocks * block_elems;
+  std::vector<uint16_t> data(planes * plane_elems);
+  for (uint16_t& h : data) h = static_cast<uint16_t>(rng());
+  const std::vector<int32_t> src = {5, 0, 17}, dst = {2, 9, 11};
+  Dev<uint16_t> d(data.size()), st(n * planes * block_elems);
+  Dev<int32_t> ds(n), dd(n);
+  d.Up(data);
+  ds.Up(src);
+  dd.Up(dst);
+  st.Poison();
+  auto* base = reinterpret_cast<bf16*>(d.get());
+  auto* stage = reinterpret_cast<bf16*>(st.get());
+  CK(StageKvBlocks(base, plane_elems, planes, block_elems, ds.get(), n, stage,
+                   /*to_staging=*/true, nullptr));
+  std::vector<uint16_t> want_stage(n * planes * block_elems);
+  std::vector<uint16_t> want = data;
+  for (int i = 0; i < n; ++i) {
+    for (int p = 0; p < planes; ++p) {
+      const auto from = data.begin() + p * plane_elems + src[i] * block_elems;
+      std::copy_n(from, block_elems,
+                  want_stage.begin() + (i * planes + p) * block_elems);
+      std::copy_n(from, block_elems,
+                  want.begin() + p * plane_elems + dst[i] * block_elems);
+    }
+  }
+  EXPECT_EQ(st.Down(want_stage.size()), want_stage);
+  CK(StageKvBlocks(base, plane_elems, planes, block_elems, dd.get(), n, stage,
+                   /*to_staging=*/false, nullptr));
   EXPECT_EQ(d.Down(data.size()), want);
 }
 

@@ -14,12 +14,12 @@ inline bool GpuRequired() {
 }
 }  // namespace kvserve::testing
 
-#define KV_SKIP_WITHOUT_GPU(have_gpu)                                      \
-  do {                                                                     \
-    if (!(have_gpu)) {                                                     \
-      if (::kvserve::testing::GpuRequired()) {                             \
-        FAIL() << "no CUDA device visible and KVSERVE_REQUIRE_GPU=1";      \
-      }                                                                    \
-      GTEST_SKIP() << "no CUDA device visible";                            \
-    }                                                                      \
+#define KV_SKIP_WITHOUT_GPU(have_gpu)                                 \
+  do {                                                                \
+    if (!(have_gpu)) {                                                \
+      if (::kvserve::testing::GpuRequired()) {                        \
+        FAIL() << "no CUDA device visible and KVSERVE_REQUIRE_GPU=1"; \
+      }                                                               \
+      GTEST_SKIP() << "no CUDA device visible";                       \
+    }                                                                 \
   } while (0)

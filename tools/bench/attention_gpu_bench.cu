@@ -152,7 +152,6 @@ double Check(int h, int hkv, int d, int bs, int sms,
   return worst;
 }
 
-
 }  // namespace
 
 int main() {
@@ -217,12 +216,13 @@ int main() {
         CK(cudaMalloc(&scratch, AttnScratchFloats(shape, sms) * 4));
         bf16* o = nullptr;
         CK(cudaMalloc(&o, batch * h * d * 2));
-        const double t = kvserve::gpu_bench::MedianSecondsPerCall(
-            3, 10, 5, [&](int i) {
-          CK(PagedAttention(shape, plan, ds, dti, q, qs, kc, vc,
-                            dt + static_cast<int64_t>(i % kSets) * batch * mb,
-                            scratch, o, nullptr));
-        });
+        const double t =
+            kvserve::gpu_bench::MedianSecondsPerCall(3, 10, 5, [&](int i) {
+              CK(PagedAttention(
+                  shape, plan, ds, dti, q, qs, kc, vc,
+                  dt + static_cast<int64_t>(i % kSets) * batch * mb, scratch, o,
+                  nullptr));
+            });
         const double by = 2.0 * batch * ctx * hkv * d * 2 + batch * h * d * 6.0;
         std::printf("| %d/%d | %d | %d | %.1f | %.0f | %.2f |\n", h, hkv, batch,
                     ctx, t * 1e6, by / t / 1e9, by / t / copy_bw);

@@ -41,7 +41,6 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-
 double CopyBandwidth(nlohmann::json* out) {
   const size_t bytes = size_t{4} << 30;
   const double bw = gpu_bench::CopyBandwidth(bytes);
@@ -134,13 +133,13 @@ void AttentionBench(double copy_bw, bool quick, nlohmann::json* out) {
         BENCH_CHECK(cudaMalloc(&o, batch * hs.h * d * 2));
         // kCalls back-to-back calls per timing: the launch gap of the
         // first stays out of the per-call figure.
-        const double t = gpu_bench::MedianSecondsPerCall(
-            kWarm, kReps, kCalls, [&](int i) {
-          BENCH_CHECK(
-              PagedAttention(shape, plan, items, tiles, q, q_stride, kc, vc,
-                             dt + static_cast<int64_t>(i % kSets) * batch * mb,
-                             scratch, o, nullptr));
-        });
+        const double t =
+            gpu_bench::MedianSecondsPerCall(kWarm, kReps, kCalls, [&](int i) {
+              BENCH_CHECK(PagedAttention(
+                  shape, plan, items, tiles, q, q_stride, kc, vc,
+                  dt + static_cast<int64_t>(i % kSets) * batch * mb, scratch, o,
+                  nullptr));
+            });
         BENCH_CHECK(cudaGetLastError());
         const double bytes = 2.0 * batch * ctx * slot * 2 +
                              batch * hs.h * d * (4.0 + 2.0) +

@@ -33,7 +33,7 @@ std::vector<float> AlongK(const uint16_t* m, int ld, bool k_fast, int outer,
   for (int o = 0; o < outer; ++o) {
     for (int kk = 0; kk < k; ++kk) {
       const size_t idx = k_fast ? static_cast<size_t>(o) * ld + kk
-                               : static_cast<size_t>(kk) * ld + o;
+                                : static_cast<size_t>(kk) * ld + o;
       r[static_cast<size_t>(o) * k + kk] = Bf16ToFloat(m[idx]);
     }
   }
@@ -66,11 +66,16 @@ cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t) {
 
 const char* cublasGetStatusString(cublasStatus_t status) {
   switch (status) {
-    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
-    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
-    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
-    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
-    default: return "CUBLAS_STATUS_UNKNOWN (emulator)";
+    case CUBLAS_STATUS_SUCCESS:
+      return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+      return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_INVALID_VALUE:
+      return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+      return "CUBLAS_STATUS_NOT_SUPPORTED";
+    default:
+      return "CUBLAS_STATUS_UNKNOWN (emulator)";
   }
 }
 

@@ -244,25 +244,38 @@ cudaError_t cudaPeekAtLastError() {
 
 const char* cudaGetErrorName(cudaError_t error) {
   switch (error) {
-    case cudaSuccess: return "cudaSuccess";
-    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
-    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
-    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
-    case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
-    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
-    default: return "cudaErrorUnknown";
+    case cudaSuccess:
+      return "cudaSuccess";
+    case cudaErrorInvalidValue:
+      return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation:
+      return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration:
+      return "cudaErrorInvalidConfiguration";
+    case cudaErrorLaunchFailure:
+      return "cudaErrorLaunchFailure";
+    case cudaErrorInvalidDevice:
+      return "cudaErrorInvalidDevice";
+    default:
+      return "cudaErrorUnknown";
   }
 }
 const char* cudaGetErrorString(cudaError_t error) {
   switch (error) {
-    case cudaSuccess: return "no error";
-    case cudaErrorInvalidValue: return "invalid argument";
-    case cudaErrorMemoryAllocation: return "out of memory";
-    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaSuccess:
+      return "no error";
+    case cudaErrorInvalidValue:
+      return "invalid argument";
+    case cudaErrorMemoryAllocation:
+      return "out of memory";
+    case cudaErrorInvalidConfiguration:
+      return "invalid configuration argument";
     case cudaErrorLaunchFailure:
       return "unspecified launch failure (emulator: barrier divergence)";
-    case cudaErrorInvalidDevice: return "invalid device ordinal";
-    default: return "unknown error";
+    case cudaErrorInvalidDevice:
+      return "invalid device ordinal";
+    default:
+      return "unknown error";
   }
 }
 
@@ -282,13 +295,26 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr,
                                    int device) {
   if (device != 0) return emu::SetLastError(cudaErrorInvalidDevice);
   switch (attr) {
-    case cudaDevAttrMultiProcessorCount: *value = emu::Options().sms; break;
-    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = 227 * 1024; break;
-    case cudaDevAttrMaxThreadsPerBlock: *value = 1024; break;
-    case cudaDevAttrWarpSize: *value = 32; break;
-    case cudaDevAttrComputeCapabilityMajor: *value = 9; break;
-    case cudaDevAttrComputeCapabilityMinor: *value = 0; break;
-    default: return emu::SetLastError(cudaErrorInvalidValue);
+    case cudaDevAttrMultiProcessorCount:
+      *value = emu::Options().sms;
+      break;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin:
+      *value = 227 * 1024;
+      break;
+    case cudaDevAttrMaxThreadsPerBlock:
+      *value = 1024;
+      break;
+    case cudaDevAttrWarpSize:
+      *value = 32;
+      break;
+    case cudaDevAttrComputeCapabilityMajor:
+      *value = 9;
+      break;
+    case cudaDevAttrComputeCapabilityMinor:
+      *value = 0;
+      break;
+    default:
+      return emu::SetLastError(cudaErrorInvalidValue);
   }
   return cudaSuccess;
 }

@@ -7,9 +7,8 @@
 
 #include <sys/mman.h>
 
-#include <boost/context/detail/fcontext.hpp>
-
 #include <algorithm>
+#include <boost/context/detail/fcontext.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -227,8 +226,7 @@ std::string DescribeDivergence(const Launch& l) {
   return s;
 }
 
-cudaError_t CheckConfig(const void* func, dim3 grid, dim3 block,
-                        size_t smem) {
+cudaError_t CheckConfig(const void* func, dim3 grid, dim3 block, size_t smem) {
   const uint64_t threads = uint64_t{block.x} * block.y * block.z;
   if (grid.x == 0 || grid.y == 0 || grid.z == 0 || threads == 0 ||
       threads > kMaxThreads || block.x > 1024 || block.y > 1024 ||
@@ -277,8 +275,8 @@ cudaError_t Run(const void* func, dim3 grid, dim3 block, size_t dynamic_smem,
     Fiber& f = l.fibers[i];
     f.stack = StackAt(i);
     f.state.linear = i;
-    f.state.thread_idx =
-        make_uint3(i % block.x, (i / block.x) % block.y, i / (block.x * block.y));
+    f.state.thread_idx = make_uint3(i % block.x, (i / block.x) % block.y,
+                                    i / (block.x * block.y));
   }
   g_launch = &l;
   g_block_dim = block;

@@ -32,7 +32,6 @@
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
-
 #include <math.h>  // the global cos, sqrtf, expf, exp2f of device code
 
 #include <cmath>
@@ -135,8 +134,7 @@ inline T __shfl_xor_sync(unsigned /*mask*/, T v, int lane_mask,
   return e::FromBits<T>(e::WarpExchange(e::ToBits(v), lane ^ lane_mask));
 }
 template <typename T>
-inline T __shfl_sync(unsigned /*mask*/, T v, int src_lane,
-                     int /*width*/ = 32) {
+inline T __shfl_sync(unsigned /*mask*/, T v, int src_lane, int /*width*/ = 32) {
   namespace e = ::kvserve::cuda_emu;
   return e::FromBits<T>(e::WarpExchange(e::ToBits(v), src_lane & 31));
 }
