@@ -28,8 +28,6 @@ constexpr int kTileKeys = 64;
 constexpr int kSmallRows = 8;
 constexpr int kTileRows = 64;
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr int kMinKeysPerSplit = 256;
-constexpr int kBlocksPerSm = 4;  // split-K target: this many waves' worth
 
 template <int D, int ROWS>
 struct Smem {
@@ -385,12 +383,13 @@ cudaError_t Launch(const AttnShape& s, int num_items, int splits, int partition,
   return cudaGetLastError();
 }
 
-// Splits the key range so that the launch has about kBlocksPerSm blocks per
-// multiprocessor, each split at least kMinKeysPerSplit keys (a multiple of the
-// key tile). Guarantees items * kv_heads * splits < 2 * kBlocksPerSm * SMs
-// whenever splits > 1 (the scratch bound).
+// Splits the key range so that the launch has about tuning.blocks_per_sm
+// blocks per multiprocessor, each split at least tuning.min_keys_per_split
+// keys (a multiple of the key tile). Guarantees items * kv_heads * splits <
+// 2 * blocks_per_sm * SMs whenever splits > 1 (the scratch bound).
 void ChooseSplits(const AttnShape& s, const std::vector<AttnWorkItem>& items,
-                  int num_sms, int32_t* splits, int32_t* partition) {
+                  int num_sms, const AttnTuning& tuning, int32_t* splits,
+                  int32_t* partition) {
   *splits = 1;
   *partition = 1 << 30;
   if (items.empty()) return;
@@ -401,11 +400,12 @@ void ChooseSplits(const AttnShape& s, const std::vector<AttnWorkItem>& items,
     max_len = std::max<int64_t>(max_len, it.pos0 + it.num_tokens - begin);
   }
   const int64_t base = static_cast<int64_t>(items.size()) * s.num_kv_heads;
-  const int64_t target = static_cast<int64_t>(kBlocksPerSm) * num_sms;
+  const int64_t target =
+      static_cast<int64_t>(std::max(tuning.blocks_per_sm, 1)) * num_sms;
+  const int64_t min_keys = std::max(tuning.min_keys_per_split, 1);
   if (base >= target) return;
   int64_t want = (target + base - 1) / base;
-  want = std::min<int64_t>(want,
-                           (max_len + kMinKeysPerSplit - 1) / kMinKeysPerSplit);
+  want = std::min<int64_t>(want, (max_len + min_keys - 1) / min_keys);
   if (want <= 1) return;
   int64_t part = (max_len + want - 1) / want;
   part = (part + kTileKeys - 1) / kTileKeys * kTileKeys;
@@ -419,14 +419,16 @@ void ChooseSplits(const AttnShape& s, const std::vector<AttnWorkItem>& items,
 
 }  // namespace
 
-int64_t AttnScratchFloats(const AttnShape& shape, int num_sms) {
-  const int64_t max_blocks = 2LL * kBlocksPerSm * std::max(num_sms, 1);
+int64_t AttnScratchFloats(const AttnShape& shape, int num_sms,
+                          const AttnTuning& tuning) {
+  const int64_t max_blocks =
+      2LL * std::max(tuning.blocks_per_sm, 1) * std::max(num_sms, 1);
   return max_blocks * kTileRows * (shape.head_dim + 2);
 }
 
 AttnPlan PlanAttention(const AttnShape& shape, const int32_t* seq_starts,
                        const int32_t* context_lens, int32_t num_seqs,
-                       int num_sms) {
+                       int num_sms, const AttnTuning& tuning) {
   AttnPlan plan;
   const int group = shape.num_heads / shape.num_kv_heads;
   const int per_tile = std::max(1, kTileRows / group);
@@ -442,9 +444,9 @@ AttnPlan PlanAttention(const AttnShape& shape, const int32_t* seq_starts,
           {s, seq_starts[s] + i, std::min(per_tile, n - i), pos0 + i});
     }
   }
-  ChooseSplits(shape, plan.small, num_sms, &plan.small_splits,
+  ChooseSplits(shape, plan.small, num_sms, tuning, &plan.small_splits,
                &plan.small_partition);
-  ChooseSplits(shape, plan.tiles, num_sms, &plan.tile_splits,
+  ChooseSplits(shape, plan.tiles, num_sms, tuning, &plan.tile_splits,
                &plan.tile_partition);
   return plan;
 }

@@ -52,15 +52,26 @@ struct AttnPlan {
   int32_t tile_splits = 1, tile_partition = 0;
 };
 
-// Bytes of the float scratch PagedAttention needs for split-K partials with
+// How split-K divides a long context when the batch alone does not fill the
+// chip: enough splits for about blocks_per_sm thread blocks per
+// multiprocessor, none shorter than min_keys_per_split keys (rounded up to
+// the 64-key tile). The defaults are unmeasured guesses;
+// tools/bench/attention_gpu_bench.cu sweeps them on a device.
+struct AttnTuning {
+  int32_t blocks_per_sm = 4;
+  int32_t min_keys_per_split = 256;
+};
+
+// Floats of the scratch PagedAttention needs for split-K partials with
 // `num_sms` multiprocessors (independent of the batch).
-int64_t AttnScratchFloats(const AttnShape& shape, int num_sms);
+int64_t AttnScratchFloats(const AttnShape& shape, int num_sms,
+                          const AttnTuning& tuning = {});
 
 // Groups a step's tokens into work items and picks the split counts.
 // seq_starts [S+1], context_lens [S] as in ForwardBatch. group must be <= 64.
 AttnPlan PlanAttention(const AttnShape& shape, const int32_t* seq_starts,
                        const int32_t* context_lens, int32_t num_seqs,
-                       int num_sms);
+                       int num_sms, const AttnTuning& tuning = {});
 
 // out[t, h*D + d] (bf16, rows of num_heads * head_dim) for every token of the
 // plan: causal softmax attention of query head h (q fp32 rows, stride

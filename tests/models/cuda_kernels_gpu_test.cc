@@ -286,6 +286,7 @@ struct AttnCase {
   // (new tokens, context length) per sequence.
   std::vector<std::pair<int, int>> seqs;
   int num_sms;  // 0: the device's (a large value forces split-K)
+  AttnTuning tuning = {};
 };
 
 void RunAttention(const AttnCase& c, std::mt19937& rng) {
@@ -346,12 +347,13 @@ void RunAttention(const AttnCase& c, std::mt19937& rng) {
 
   const AttnShape shape{c.h, c.hkv, c.d, bs, max_blocks, c.window, scale};
   const int sms = c.num_sms > 0 ? c.num_sms : NumSms();
-  const AttnPlan plan = PlanAttention(shape, b.seq_starts.data(),
-                                      b.context_lens.data(), b.num_seqs(), sms);
+  const AttnPlan plan =
+      PlanAttention(shape, b.seq_starts.data(), b.context_lens.data(),
+                    b.num_seqs(), sms, c.tuning);
   Dev<AttnWorkItem> small(plan.small.size()), tiles(plan.tiles.size());
   small.Up(plan.small);
   tiles.Up(plan.tiles);
-  Dev<float> dq(q.size()), scratch(AttnScratchFloats(shape, sms));
+  Dev<float> dq(q.size()), scratch(AttnScratchFloats(shape, sms, c.tuning));
   Dev<uint16_t> dk(cache_elems), dv(cache_elems), out(ref.size());
   Dev<int32_t> tables(b.block_tables.size());
   dq.Up(q);
@@ -418,6 +420,12 @@ TEST(CudaKernels, PagedAttentionLongContexts) {
   RunAttention({32, 8, 128, 16, 0, {{40, 20000 / kLong}}, 0}, rng);
   RunAttention({8, 8, 64, 32, 0, {{100, 12000 / kLong}, {1, 30000 / kLong}}, 0},
                rng);
+  // Split-K tunings the device benchmark sweeps: up to 8 blocks per SM and
+  // 64-key splits (over 32 splits: the combine's lanes loop over them).
+  for (const AttnTuning t : {AttnTuning{8, 64}, AttnTuning{2, 128}}) {
+    RunAttention({64, 8, 128, 16, 0, {{1, 8191}, {1, 333}}, 132, t}, rng);
+    RunAttention({8, 2, 64, 16, 0, {{1, 5000}, {20, 3000}}, 132, t}, rng);
+  }
 }
 
 TEST(CudaKernels, PagedAttentionPrefillAndMixed) {

@@ -6,7 +6,10 @@
 // 1. checks PagedAttention against a CPU fp32 reference (decode and prefill,
 //    GQA 1/4/8, D 64/128, split-K forced and not, NaN-poisoned output);
 // 2. measures copy bandwidth and decode attention GB/s (Llama-3-8B and 70B
-//    head shapes, D=128, block 16, batch 1..256, context 512..32K).
+//    head shapes, D=128, block 16, batch 1..256, context 512..32K);
+// 3. sweeps the split-K tuning (AttnTuning: blocks per SM x minimum keys per
+//    split) at batch 1..32, context 4K and 32K, as fractions of copy
+//    bandwidth, to choose the defaults from measurement.
 // Exit status 1 on a wrong result. tools/device_bench.sh runs it first.
 #include <cuda_runtime.h>
 
@@ -152,6 +155,55 @@ double Check(int h, int hkv, int d, int bs, int sms,
   return worst;
 }
 
+constexpr int kD = 128, kBs = 16, kHkv = 8;
+
+struct Pool {
+  bf16 *k, *v;
+  int64_t blocks;
+};
+
+// K + V of every context token, q in (fp32) and out (bf16).
+double DecodeBytes(int h, int batch, int ctx) {
+  return 2.0 * batch * ctx * kHkv * kD * 2 + batch * h * kD * 6.0;
+}
+
+// Median seconds of one decode attention call at batch x context with
+// `tuning`; each call reads other random blocks of the pool.
+double TimeDecode(int h, int batch, int ctx, const AttnTuning& tuning,
+                  const Pool& kv, int sms, std::mt19937& rng) {
+  const int mb = (ctx + kBs - 1) / kBs;
+  std::vector<int32_t> starts(batch + 1), lens(batch, ctx);
+  std::iota(starts.begin(), starts.end(), 0);
+  const AttnShape shape{h, kHkv, kD, kBs, mb, 0, 0.088f};
+  const AttnPlan plan =
+      PlanAttention(shape, starts.data(), lens.data(), batch, sms, tuning);
+  constexpr int kSets = 13;
+  std::vector<int32_t> tables(static_cast<size_t>(kSets) * batch * mb);
+  for (auto& x : tables) x = static_cast<int32_t>(rng() % kv.blocks);
+  int32_t* dt = Upload(tables);
+  AttnWorkItem* ds = Upload(plan.small);
+  AttnWorkItem* dti = Upload(plan.tiles);
+  const int64_t qs = (h + 2 * kHkv) * kD;
+  float* q = nullptr;
+  CK(cudaMalloc(&q, batch * qs * 4));
+  CK(cudaMemset(q, 0x3c, batch * qs * 4));
+  float* scratch = nullptr;
+  CK(cudaMalloc(&scratch, AttnScratchFloats(shape, sms, tuning) * 4));
+  bf16* o = nullptr;
+  CK(cudaMalloc(&o, batch * h * kD * 2));
+  const double t =
+      kvserve::gpu_bench::MedianSecondsPerCall(3, 10, 5, [&](int i) {
+        CK(PagedAttention(shape, plan, ds, dti, q, qs, kv.k, kv.v,
+                          dt + static_cast<int64_t>(i % kSets) * batch * mb,
+                          scratch, o, nullptr));
+      });
+  for (void* p :
+       {(void*)dt, (void*)ds, (void*)dti, (void*)q, (void*)scratch, (void*)o}) {
+    CK(cudaFree(p));
+  }
+  return t;
+}
+
 }  // namespace
 
 int main() {
@@ -185,51 +237,47 @@ int main() {
       "\ncopy bandwidth %.0f GB/s\n\n| heads | batch | context | us | "
       "GB/s | of copy |\n|---|---|---|---|---|---|\n",
       copy_bw / 1e9);
-  const int d = 128, bs = 16, hkv = 8;
-  const int64_t pool = 256LL * 32768 / bs + 1024;
-  const int64_t elems = pool * bs * hkv * d;
+  const int64_t pool = 256LL * 32768 / kBs + 1024;
+  const int64_t elems = pool * kBs * kHkv * kD;
   bf16 *kc, *vc;
   CK(cudaMalloc(&kc, elems * 2));
   CK(cudaMalloc(&vc, elems * 2));
   CK(FillRandomBf16(kc, elems, 1, 1.0f, nullptr));
   CK(FillRandomBf16(vc, elems, 2, 1.0f, nullptr));
+  const Pool kv{kc, vc, pool};
   for (int h : {32, 64}) {
     for (int batch : {1, 8, 64, 256}) {
       for (int ctx : {512, 4096, 32768}) {
-        const int mb = (ctx + bs - 1) / bs;
-        std::vector<int32_t> starts(batch + 1), lens(batch, ctx);
-        std::iota(starts.begin(), starts.end(), 0);
-        const AttnShape shape{h, hkv, d, bs, mb, 0, 0.088f};
-        const AttnPlan plan =
-            PlanAttention(shape, starts.data(), lens.data(), batch, sms);
-        constexpr int kSets = 13;
-        std::vector<int32_t> tables(static_cast<size_t>(kSets) * batch * mb);
-        for (auto& x : tables) x = static_cast<int32_t>(rng() % pool);
-        int32_t* dt = Upload(tables);
-        AttnWorkItem* ds = Upload(plan.small);
-        AttnWorkItem* dti = Upload(plan.tiles);
-        const int64_t qs = (h + 2 * hkv) * d;
-        float* q = nullptr;
-        CK(cudaMalloc(&q, batch * qs * 4));
-        CK(cudaMemset(q, 0x3c, batch * qs * 4));
-        float* scratch = nullptr;
-        CK(cudaMalloc(&scratch, AttnScratchFloats(shape, sms) * 4));
-        bf16* o = nullptr;
-        CK(cudaMalloc(&o, batch * h * d * 2));
-        const double t =
-            kvserve::gpu_bench::MedianSecondsPerCall(3, 10, 5, [&](int i) {
-              CK(PagedAttention(
-                  shape, plan, ds, dti, q, qs, kc, vc,
-                  dt + static_cast<int64_t>(i % kSets) * batch * mb, scratch, o,
-                  nullptr));
-            });
-        const double by = 2.0 * batch * ctx * hkv * d * 2 + batch * h * d * 6.0;
-        std::printf("| %d/%d | %d | %d | %.1f | %.0f | %.2f |\n", h, hkv, batch,
-                    ctx, t * 1e6, by / t / 1e9, by / t / copy_bw);
-        for (void* p : {(void*)dt, (void*)ds, (void*)dti, (void*)q,
-                        (void*)scratch, (void*)o}) {
-          CK(cudaFree(p));
+        const double t = TimeDecode(h, batch, ctx, {}, kv, sms, rng);
+        const double by = DecodeBytes(h, batch, ctx);
+        std::printf("| %d/%d | %d | %d | %.1f | %.0f | %.2f |\n", h, kHkv,
+                    batch, ctx, t * 1e6, by / t / 1e9, by / t / copy_bw);
+      }
+    }
+  }
+  // Split-K tuning (AttnTuning) where the batch does not fill the chip: the
+  // fraction of copy bandwidth per (blocks per SM, min keys per split); the
+  // best of each row should become the default.
+  const AttnTuning grid[] = {{2, 64},  {2, 128}, {2, 256}, {4, 64}, {4, 128},
+                             {4, 256}, {8, 64},  {8, 128}, {8, 256}};
+  std::printf(
+      "\nsplit-K tuning sweep (fraction of copy bandwidth)\n\n"
+      "| heads | batch | context |");
+  for (const AttnTuning& g : grid) {
+    std::printf(" %d/%d |", g.blocks_per_sm, g.min_keys_per_split);
+  }
+  std::printf("\n|---|---|---|");
+  for (size_t i = 0; i < std::size(grid); ++i) std::printf("---|");
+  std::printf("\n");
+  for (int h : {32, 64}) {
+    for (int batch : {1, 8, 32}) {
+      for (int ctx : {4096, 32768}) {
+        std::printf("| %d/%d | %d | %d |", h, kHkv, batch, ctx);
+        for (const AttnTuning& g : grid) {
+          const double t = TimeDecode(h, batch, ctx, g, kv, sms, rng);
+          std::printf(" %.2f |", DecodeBytes(h, batch, ctx) / t / copy_bw);
         }
+        std::printf("\n");
       }
     }
   }
