@@ -17,6 +17,7 @@
 #include <climits>
 #include <cmath>
 
+#include "models/cuda/fast_div.h"
 #include "models/cuda/kernels.h"
 #include "models/cuda/launch.h"
 
@@ -51,8 +52,9 @@ __device__ inline void Unpack8(const uint4& raw, float* f) {
 
 template <int D, int ROWS>
 __global__ void __launch_bounds__(kThreads)
-    PagedAttnKernel(AttnShape s, const AttnWorkItem* __restrict__ items,
-                    int partition, int num_splits, const float* __restrict__ q,
+    PagedAttnKernel(AttnShape s, FastDiv block_div,
+                    const AttnWorkItem* __restrict__ items, int partition,
+                    int num_splits, const float* __restrict__ q,
                     int64_t q_stride, const bf16* __restrict__ kc,
                     const bf16* __restrict__ vc,
                     const int32_t* __restrict__ tables,
@@ -134,9 +136,9 @@ __global__ void __launch_bounds__(kThreads)
       const int key = c / kCh, ch = c % kCh;
       if (key < nk) {
         const int t = t0 + key;
-        const int64_t slot =
-            static_cast<int64_t>(table[t / s.block_size]) * s.block_size +
-            t % s.block_size;
+        const int blk = block_div.Div(t);  // t / block_size, divide-free
+        const int64_t slot = static_cast<int64_t>(table[blk]) * s.block_size +
+                             (t - blk * s.block_size);
         const int64_t off = slot * slot_stride + kvh * D + ch * 8;
         kr[i] = __ldg(reinterpret_cast<const uint4*>(kc + off));
         vr[i] = __ldg(reinterpret_cast<const uint4*>(vc + off));
@@ -372,7 +374,8 @@ cudaError_t Launch(const AttnShape& s, int num_items, int splits, int partition,
   if (attr != cudaSuccess) return attr;
   const dim3 grid(splits, s.num_kv_heads, num_items);
   KV_LAUNCH(grid, kThreads, kBytes, stream, PagedAttnKernel<D, ROWS>)
-  (s, items, partition, splits, q, q_stride, kc, vc, tables, scratch, out);
+  (s, FastDiv(s.block_size), items, partition, splits, q, q_stride, kc, vc,
+   tables, scratch, out);
   if (splits > 1) {
     const dim3 combine_grid(s.num_kv_heads, num_items,
                             (ROWS + kCombineWarps - 1) / kCombineWarps);

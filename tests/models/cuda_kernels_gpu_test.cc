@@ -420,6 +420,9 @@ TEST(CudaKernels, PagedAttentionLongContexts) {
   RunAttention({32, 8, 128, 16, 0, {{40, 20000 / kLong}}, 0}, rng);
   RunAttention({8, 8, 64, 32, 0, {{100, 12000 / kLong}, {1, 30000 / kLong}}, 0},
                rng);
+  // A block size that is not a power of two (the kernel's divide-free
+  // block-table lookup).
+  RunAttention({32, 8, 128, 24, 0, {{1, 5000}, {30, 700}}, 0}, rng);
   // Split-K tunings the device benchmark sweeps: up to 8 blocks per SM and
   // 64-key splits (over 32 splits: the combine's lanes loop over them).
   for (const AttnTuning t : {AttnTuning{8, 64}, AttnTuning{2, 128}}) {
