@@ -17,6 +17,7 @@
 #include <climits>
 #include <cmath>
 
+#include "models/cuda/attention_common.cuh"
 #include "models/cuda/fast_div.h"
 #include "models/cuda/kernels.h"
 #include "models/cuda/launch.h"
@@ -24,11 +25,11 @@
 namespace kvserve::models::cuda {
 namespace {
 
-constexpr int kThreads = 128;
-constexpr int kTileKeys = 64;
-constexpr int kSmallRows = 8;
-constexpr int kTileRows = 64;
-constexpr float kLog2e = 1.4426950408889634f;
+using attn::kLog2e;
+using attn::kSmallRows;
+using attn::kThreads;
+using attn::kTileKeys;
+using attn::kTileRows;
 
 template <int D, int ROWS>
 struct Smem {
@@ -60,14 +61,12 @@ __global__ void __launch_bounds__(kThreads)
                     const int32_t* __restrict__ tables,
                     float* __restrict__ part, bf16* __restrict__ out) {
   using S = Smem<D, ROWS>;
-  constexpr int kCh = D / 8;                        // 16-byte chunks per row
-  constexpr int kLpt = kTileKeys * kCh / kThreads;  // chunk loads per thread
-  constexpr int kQkGroups = kThreads / kTileKeys;   // row groups for scores
+  constexpr int kCh = D / 8;                       // 16-byte chunks per row
+  constexpr int kQkGroups = kThreads / kTileKeys;  // row groups for scores
   constexpr int kQkRpt = ROWS / kQkGroups;
   constexpr int kPvThreads = D / 2;                 // one d pair each
   constexpr int kPvGroups = kThreads / kPvThreads;  // row groups for P.V
   constexpr int kPvRpt = ROWS / kPvGroups;
-  static_assert(kLpt * kThreads == kTileKeys * kCh);
   static_assert(kPvRpt * kPvGroups == ROWS && kQkRpt * kQkGroups == ROWS);
 
   KV_DYNAMIC_SMEM(unsigned char, smem);
@@ -81,22 +80,15 @@ __global__ void __launch_bounds__(kThreads)
 
   const AttnWorkItem it = items[blockIdx.z];
   const int kvh = blockIdx.y;
-  const int split = blockIdx.x;
   const int group = s.num_heads / s.num_kv_heads;
   const int nrows = it.num_tokens * group;
   const int tid = threadIdx.x;
-  const int key_end = it.pos0 + it.num_tokens;  // exclusive
-  const int key_begin =
-      s.sliding_window > 0 ? max(0, it.pos0 - s.sliding_window + 1) : 0;
-  const int s_begin = key_begin + split * partition;
-  const int s_end = min(key_end, s_begin + partition);
+  const attn::BlockKeys keys(s, it, partition, num_splits, ROWS);
+  const int s_begin = keys.begin, s_end = keys.end;
   const bool partial = num_splits > 1;
   const int64_t total_rows =
       static_cast<int64_t>(gridDim.x) * gridDim.y * gridDim.z * ROWS;
-  const int64_t part_row0 =
-      ((static_cast<int64_t>(blockIdx.z) * s.num_kv_heads + kvh) * num_splits +
-       split) *
-      ROWS;
+  const int64_t part_row0 = keys.part_row0;
   float* part_ml = part + total_rows * D;
 
   if (s_begin >= s_end) {  // a split past this item's keys: empty partial
@@ -126,48 +118,22 @@ __global__ void __launch_bounds__(kThreads)
 
   const int32_t* table =
       tables + static_cast<int64_t>(it.seq) * s.max_blocks_per_seq;
-  const int64_t slot_stride = static_cast<int64_t>(s.num_kv_heads) * D;
-  uint4 kr[kLpt], vr[kLpt];
-  auto load = [&](int t0) {
-    const int nk = min(kTileKeys, s_end - t0);
-#pragma unroll
-    for (int i = 0; i < kLpt; ++i) {
-      const int c = tid + i * kThreads;
-      const int key = c / kCh, ch = c % kCh;
-      if (key < nk) {
-        const int t = t0 + key;
-        const int blk = block_div.Div(t);  // t / block_size, divide-free
-        const int64_t slot = static_cast<int64_t>(table[blk]) * s.block_size +
-                             (t - blk * s.block_size);
-        const int64_t off = slot * slot_stride + kvh * D + ch * 8;
-        kr[i] = __ldg(reinterpret_cast<const uint4*>(kc + off));
-        vr[i] = __ldg(reinterpret_cast<const uint4*>(vc + off));
-      } else {
-        kr[i] = make_uint4(0, 0, 0, 0);
-        vr[i] = make_uint4(0, 0, 0, 0);
-      }
-    }
-  };
-
+  attn::KvTileLoader<D> tile;
   float acc[kPvRpt][2];
 #pragma unroll
   for (int j = 0; j < kPvRpt; ++j) acc[j][0] = acc[j][1] = 0.0f;
   const int kk = tid % kTileKeys, qg = tid / kTileKeys;
   const int dp = tid % kPvThreads, rg = tid / kPvThreads;
-  const int warp = tid / 32, lane = tid % 32;
 
-  load(s_begin);
+  tile.Load(kc, vc, table, block_div, kvh, s.num_kv_heads, s_begin, s_end);
   for (int t0 = s_begin; t0 < s_end; t0 += kTileKeys) {
     __syncthreads();  // previous tile's P.V is done with k_s, v_s, p_s
-#pragma unroll
-    for (int i = 0; i < kLpt; ++i) {
-      const int c = tid + i * kThreads;
-      const int key = c / kCh, ch = c % kCh;
-      *reinterpret_cast<uint4*>(k_s + key * S::kPad + ch * 8) = kr[i];
-      *reinterpret_cast<uint4*>(v_s + key * S::kPad + ch * 8) = vr[i];
-    }
+    tile.Store(k_s, v_s, S::kPad);
     __syncthreads();
-    if (t0 + kTileKeys < s_end) load(t0 + kTileKeys);  // in flight meanwhile
+    if (t0 + kTileKeys < s_end) {  // in flight meanwhile
+      tile.Load(kc, vc, table, block_div, kvh, s.num_kv_heads, t0 + kTileKeys,
+                s_end);
+    }
 
     // Scores: key kk against rows qg, qg + kQkGroups, ...
     float sc[kQkRpt];
@@ -196,46 +162,14 @@ __global__ void __launch_bounds__(kThreads)
     for (int j = 0; j < kQkRpt; ++j) {
       const int r = qg + kQkGroups * j;
       float v = -INFINITY;
-      if (r < nrows && t < s_end) {
-        const int pos = it.pos0 + r / group;
-        if (t <= pos && (s.sliding_window <= 0 || t > pos - s.sliding_window)) {
-          v = sc[j];
-        }
+      if (r < nrows && t < s_end && attn::KeyVisible(s, it, group, r, t)) {
+        v = sc[j];
       }
       p_s[r * S::kPStride + kk] = v;
     }
     __syncthreads();
 
-    // Online softmax, one warp per row.
-    for (int r = warp; r < nrows; r += kThreads / 32) {
-      float* pr = p_s + r * S::kPStride;
-      const float v0 = pr[lane], v1 = pr[lane + 32];
-      float mx = fmaxf(v0, v1);
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) {
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-      }
-      const float m_old = m_s[r];
-      const float m_new = fmaxf(m_old, mx);
-      float e0 = 0.0f, e1 = 0.0f, alpha = 1.0f;
-      if (m_new != -INFINITY) {
-        e0 = exp2f(v0 - m_new);
-        e1 = exp2f(v1 - m_new);
-        alpha = exp2f(m_old - m_new);
-      }
-      pr[lane] = e0;
-      pr[lane + 32] = e1;
-      float sum = e0 + e1;
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) {
-        sum += __shfl_xor_sync(0xffffffffu, sum, o);
-      }
-      if (lane == 0) {
-        l_s[r] = l_s[r] * alpha + sum;
-        m_s[r] = m_new;
-        a_s[r] = alpha;
-      }
-    }
+    attn::OnlineSoftmaxTile(p_s, S::kPStride, m_s, l_s, a_s, nrows);
     __syncthreads();
 
     // P.V: d pair dp of rows rg, rg + kPvGroups, ...

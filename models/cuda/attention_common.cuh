@@ -1,0 +1,149 @@
+// Pieces shared by the paged attention kernels (attention.cu: the fp32 FMA
+// kernel for decode and prefill; attention_mma.cu: the tensor-core decode
+// kernel): constants, the register-staged K/V tile loader, the online
+// softmax of one tile, the causal / sliding-window mask, and the split-K
+// partial layout read by the combine kernel.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "models/cuda/fast_div.h"
+#include "models/cuda/kernels.h"
+
+namespace kvserve::models::cuda::attn {
+
+constexpr int kThreads = 128;
+constexpr int kWarps = kThreads / 32;
+constexpr int kTileKeys = 64;
+constexpr int kSmallRows = 8;
+constexpr int kTileRows = 64;
+constexpr float kLog2e = 1.4426950408889634f;
+
+// One thread block's share of a work item: keys [begin, end) of split
+// `split`, and where its partial rows go (row r of the block is partial row
+// part_row0 + r: the layout CombineKernel reads).
+struct BlockKeys {
+  int begin = 0, end = 0;
+  int64_t part_row0 = 0;
+
+  __device__ BlockKeys(const AttnShape& s, const AttnWorkItem& it,
+                       int partition, int num_splits, int rows) {
+    const int key_end = it.pos0 + it.num_tokens;  // exclusive
+    const int key_begin =
+        s.sliding_window > 0 ? max(0, it.pos0 - s.sliding_window + 1) : 0;
+    begin = key_begin + static_cast<int>(blockIdx.x) * partition;
+    end = min(key_end, begin + partition);
+    part_row0 =
+        ((static_cast<int64_t>(blockIdx.z) * s.num_kv_heads + blockIdx.y) *
+             num_splits +
+         blockIdx.x) *
+        rows;
+  }
+};
+
+// Whether row r (token pos0 + r / group) sees key t: causal, and within the
+// sliding window when there is one.
+__device__ inline bool KeyVisible(const AttnShape& s, const AttnWorkItem& it,
+                                  int group, int r, int t) {
+  const int pos = it.pos0 + r / group;
+  return t <= pos && (s.sliding_window <= 0 || t > pos - s.sliding_window);
+}
+
+// K and V of one 64-key tile, staged in registers (16-byte loads, issued a
+// tile ahead of use) and then stored to shared memory rows of `pad` bf16.
+template <int D>
+struct KvTileLoader {
+  static constexpr int kCh = D / 8;  // 16-byte chunks per key
+  static constexpr int kLpt = kTileKeys * kCh / kThreads;
+  static_assert(kLpt * kThreads == kTileKeys * kCh);
+  uint4 kr[kLpt], vr[kLpt];
+
+  // Keys t0 .. min(t0 + 64, end) - 1 of the sequence whose block table is
+  // `table`, KV head kvh; keys past `end` load as zeros.
+  __device__ void Load(const bf16* __restrict__ kc, const bf16* __restrict__ vc,
+                       const int32_t* __restrict__ table, FastDiv block_div,
+                       int kvh, int num_kv_heads, int t0, int end) {
+    const int nk = min(kTileKeys, end - t0);
+    const int64_t slot_stride = static_cast<int64_t>(num_kv_heads) * D;
+#pragma unroll
+    for (int i = 0; i < kLpt; ++i) {
+      const int c = static_cast<int>(threadIdx.x) + i * kThreads;
+      const int key = c / kCh, ch = c % kCh;
+      if (key < nk) {
+        const int t = t0 + key;
+        const int blk = block_div.Div(t);  // t / block_size, divide-free
+        const int64_t slot = static_cast<int64_t>(table[blk]) * block_div.d +
+                             (t - blk * block_div.d);
+        const int64_t off = slot * slot_stride + kvh * D + ch * 8;
+        kr[i] = __ldg(reinterpret_cast<const uint4*>(kc + off));
+        vr[i] = __ldg(reinterpret_cast<const uint4*>(vc + off));
+      } else {
+        kr[i] = make_uint4(0, 0, 0, 0);
+        vr[i] = make_uint4(0, 0, 0, 0);
+      }
+    }
+  }
+
+  __device__ void Store(bf16* k_s, bf16* v_s, int pad) const {
+#pragma unroll
+    for (int i = 0; i < kLpt; ++i) {
+      const int c = static_cast<int>(threadIdx.x) + i * kThreads;
+      const int key = c / kCh, ch = c % kCh;
+      *reinterpret_cast<uint4*>(k_s + key * pad + ch * 8) = kr[i];
+      *reinterpret_cast<uint4*>(v_s + key * pad + ch * 8) = vr[i];
+    }
+  }
+};
+
+// Online softmax of one tile, one warp per row r < nrows: the row's 64
+// scores (base-2 logits) in p_s become exp2(s - m_new); m_s, l_s hold the
+// running max and sum, a_s the factor that rescales earlier partial sums.
+__device__ inline void OnlineSoftmaxTile(float* p_s, int pstride, float* m_s,
+                                         float* l_s, float* a_s, int nrows) {
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  for (int r = warp; r < nrows; r += kWarps) {
+    float* pr = p_s + r * pstride;
+    const float v0 = pr[lane], v1 = pr[lane + 32];
+    float mx = fmaxf(v0, v1);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    }
+    const float m_old = m_s[r];
+    const float m_new = fmaxf(m_old, mx);
+    float e0 = 0.0f, e1 = 0.0f, alpha = 1.0f;
+    if (m_new != -INFINITY) {
+      e0 = exp2f(v0 - m_new);
+      e1 = exp2f(v1 - m_new);
+      alpha = exp2f(m_old - m_new);
+    }
+    pr[lane] = e0;
+    pr[lane + 32] = e1;
+    float sum = e0 + e1;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    }
+    if (lane == 0) {
+      l_s[r] = l_s[r] * alpha + sum;
+      m_s[r] = m_new;
+      a_s[r] = alpha;
+    }
+  }
+}
+
+// The tensor-core decode kernel (attention_mma.cu) for `num_items` small
+// items (rows <= 8), writing out or, with splits > 1, the partials that
+// CombineKernel<D, kSmallRows> merges. D is 64 or 128.
+template <int D>
+cudaError_t LaunchMmaDecode(const AttnShape& s, int num_items, int splits,
+                            int partition, const AttnWorkItem* items,
+                            const float* q, int64_t q_stride, const bf16* kc,
+                            const bf16* vc, const int32_t* tables,
+                            float* scratch, bf16* out, cudaStream_t stream);
+
+}  // namespace kvserve::models::cuda::attn
