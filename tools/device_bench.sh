@@ -84,7 +84,8 @@ NVCC="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"
 echo "== attention_gpu_bench (standalone)"
 if "$NVCC" -O3 -std=c++17 -arch=sm_90 -I"$ROOT" \
     tools/bench/attention_gpu_bench.cu models/cuda/attention.cu \
-    models/cuda/elementwise.cu -o "$LOGDIR/attention_gpu_bench" \
+    models/cuda/attention_mma.cu models/cuda/elementwise.cu \
+    -o "$LOGDIR/attention_gpu_bench" \
     >"$LOGDIR/attention_build.log" 2>&1; then
   timeout 150 "$LOGDIR/attention_gpu_bench" | tee "$OUTDIR/attention_gpu_bench.md" ||
     status=1

@@ -299,17 +299,24 @@ template <int D, int ROWS>
 cudaError_t Launch(const AttnShape& s, int num_items, int splits, int partition,
                    const AttnWorkItem* items, const float* q, int64_t q_stride,
                    const bf16* kc, const bf16* vc, const int32_t* tables,
-                   float* scratch, bf16* out, cudaStream_t stream) {
+                   float* scratch, bf16* out, bool mma, cudaStream_t stream) {
   if (num_items == 0) return cudaSuccess;
-  constexpr int kBytes = Smem<D, ROWS>::kBytes;
-  static const cudaError_t attr =
-      cudaFuncSetAttribute(PagedAttnKernel<D, ROWS>,
-                           cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
-  if (attr != cudaSuccess) return attr;
-  const dim3 grid(splits, s.num_kv_heads, num_items);
-  KV_LAUNCH(grid, kThreads, kBytes, stream, PagedAttnKernel<D, ROWS>)
-  (s, FastDiv(s.block_size), items, partition, splits, q, q_stride, kc, vc,
-   tables, scratch, out);
+  if (ROWS == kSmallRows && mma) {
+    const cudaError_t err = attn::LaunchMmaDecode<D>(
+        s, num_items, splits, partition, items, q, q_stride, kc, vc, tables,
+        scratch, out, stream);
+    if (err != cudaSuccess) return err;
+  } else {
+    constexpr int kBytes = Smem<D, ROWS>::kBytes;
+    static const cudaError_t attr = cudaFuncSetAttribute(
+        PagedAttnKernel<D, ROWS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        kBytes);
+    if (attr != cudaSuccess) return attr;
+    const dim3 grid(splits, s.num_kv_heads, num_items);
+    KV_LAUNCH(grid, kThreads, kBytes, stream, PagedAttnKernel<D, ROWS>)
+    (s, FastDiv(s.block_size), items, partition, splits, q, q_stride, kc, vc,
+     tables, scratch, out);
+  }
   if (splits > 1) {
     const dim3 combine_grid(s.num_kv_heads, num_items,
                             (ROWS + kCombineWarps - 1) / kCombineWarps);
@@ -381,6 +388,7 @@ AttnPlan PlanAttention(const AttnShape& shape, const int32_t* seq_starts,
           {s, seq_starts[s] + i, std::min(per_tile, n - i), pos0 + i});
     }
   }
+  plan.mma_decode = tuning.mma_decode;
   ChooseSplits(shape, plan.small, num_sms, tuning, &plan.small_splits,
                &plan.small_partition);
   ChooseSplits(shape, plan.tiles, num_sms, tuning, &plan.tile_splits,
@@ -404,21 +412,23 @@ cudaError_t PagedAttention(const AttnShape& shape, const AttnPlan& plan,
   const int nt = static_cast<int>(plan.tiles.size());
   cudaError_t err;
   if (shape.head_dim == 128) {
-    err = Launch<128, kSmallRows>(
-        shape, ns, plan.small_splits, plan.small_partition, items_small, q,
-        q_stride, k_cache, v_cache, block_tables, scratch, out, stream);
+    err = Launch<128, kSmallRows>(shape, ns, plan.small_splits,
+                                  plan.small_partition, items_small, q,
+                                  q_stride, k_cache, v_cache, block_tables,
+                                  scratch, out, plan.mma_decode, stream);
     if (err != cudaSuccess) return err;
     return Launch<128, kTileRows>(
         shape, nt, plan.tile_splits, plan.tile_partition, items_tiles, q,
-        q_stride, k_cache, v_cache, block_tables, scratch, out, stream);
+        q_stride, k_cache, v_cache, block_tables, scratch, out, false, stream);
   }
-  err = Launch<64, kSmallRows>(
-      shape, ns, plan.small_splits, plan.small_partition, items_small, q,
-      q_stride, k_cache, v_cache, block_tables, scratch, out, stream);
+  err = Launch<64, kSmallRows>(shape, ns, plan.small_splits,
+                               plan.small_partition, items_small, q, q_stride,
+                               k_cache, v_cache, block_tables, scratch, out,
+                               plan.mma_decode, stream);
   if (err != cudaSuccess) return err;
   return Launch<64, kTileRows>(shape, nt, plan.tile_splits, plan.tile_partition,
                                items_tiles, q, q_stride, k_cache, v_cache,
-                               block_tables, scratch, out, stream);
+                               block_tables, scratch, out, false, stream);
 }
 
 }  // namespace kvserve::models::cuda

@@ -99,10 +99,12 @@ struct KvTileLoader {
 };
 
 // Online softmax of one tile, one warp per row r < nrows: the row's 64
-// scores (base-2 logits) in p_s become exp2(s - m_new); m_s, l_s hold the
+// scores (base-2 logits) in p_s become exp2(s - m_new), written back to p_s
+// or, with `pb`, as bf16 to pb (row stride pbstride); m_s, l_s hold the
 // running max and sum, a_s the factor that rescales earlier partial sums.
 __device__ inline void OnlineSoftmaxTile(float* p_s, int pstride, float* m_s,
-                                         float* l_s, float* a_s, int nrows) {
+                                         float* l_s, float* a_s, int nrows,
+                                         bf16* pb = nullptr, int pbstride = 0) {
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
   for (int r = warp; r < nrows; r += kWarps) {
@@ -121,8 +123,13 @@ __device__ inline void OnlineSoftmaxTile(float* p_s, int pstride, float* m_s,
       e1 = exp2f(v1 - m_new);
       alpha = exp2f(m_old - m_new);
     }
-    pr[lane] = e0;
-    pr[lane + 32] = e1;
+    if (pb != nullptr) {
+      pb[r * pbstride + lane] = __float2bfloat16(e0);
+      pb[r * pbstride + lane + 32] = __float2bfloat16(e1);
+    } else {
+      pr[lane] = e0;
+      pr[lane + 32] = e1;
+    }
     float sum = e0 + e1;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {

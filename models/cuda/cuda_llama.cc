@@ -1,6 +1,7 @@
 #include "models/cuda/cuda_llama.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -61,10 +62,14 @@ absl::Status CudaLlamaModel::Init() {
       cudaMemcpy(inv_freq_.as<float>(), rope.inv_freq().data(),
                  c.head_dim / 2 * sizeof(float), cudaMemcpyHostToDevice));
   KV_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());  // see Upload()
+  if (const char* v = std::getenv("KVSERVE_CUDA_MMA_DECODE")) {
+    attn_tuning_.mma_decode = v[0] == '1';
+  }
   AttnShape shape;
   shape.head_dim = c.head_dim;
   KV_RETURN_IF_ERROR(attn_scratch_.Allocate(
-      AttnScratchFloats(shape, num_sms_) * 4, "attention split-K scratch"));
+      AttnScratchFloats(shape, num_sms_, attn_tuning_) * 4,
+      "attention split-K scratch"));
   return AllocateWeights();
 }
 
@@ -375,7 +380,7 @@ absl::Status CudaLlamaModel::Forward(const ForwardBatch& batch,
       kv.block_size, batch.max_blocks_per_seq, c.sliding_window};
   const AttnPlan plan =
       PlanAttention(shape, batch.seq_starts.data(), batch.context_lens.data(),
-                    batch.num_seqs(), num_sms_);
+                    batch.num_seqs(), num_sms_, attn_tuning_);
   const int64_t rows = static_cast<int64_t>(batch.logits_rows.size());
   KV_RETURN_IF_ERROR(Reserve(batch.num_tokens(), rows));
   KV_RETURN_IF_ERROR(UploadMeta(batch, plan));

@@ -102,6 +102,9 @@ class CudaLlamaModel {
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   int num_sms_ = 1;
+  // Split-K and decode-kernel choices (defaults; KVSERVE_CUDA_MMA_DECODE=1
+  // selects the tensor-core decode kernel, experimental until measured).
+  AttnTuning attn_tuning_;
   int64_t weight_bytes_ = 0;
 
   DeviceBuffer embd_;         // bf16 [vocab][hidden]

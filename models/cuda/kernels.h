@@ -50,6 +50,7 @@ struct AttnPlan {
   std::vector<AttnWorkItem> tiles;  // rows = num_tokens * group <= 64
   int32_t small_splits = 1, small_partition = 0;  // keys per split
   int32_t tile_splits = 1, tile_partition = 0;
+  bool mma_decode = false;  // AttnTuning::mma_decode
 };
 
 // How split-K divides a long context when the batch alone does not fill the
@@ -57,9 +58,13 @@ struct AttnPlan {
 // multiprocessor, none shorter than min_keys_per_split keys (rounded up to
 // the 64-key tile). The defaults are unmeasured guesses;
 // tools/bench/attention_gpu_bench.cu sweeps them on a device.
+// mma_decode: decode items (rows <= 8) on the tensor-core kernel
+// (attention_mma.cu: mma.sync m16n8k16, bf16 q and probabilities) instead of
+// the fp32 FMA one; off until a device run shows it right and faster.
 struct AttnTuning {
   int32_t blocks_per_sm = 4;
   int32_t min_keys_per_split = 256;
+  bool mma_decode = false;
 };
 
 // Floats of the scratch PagedAttention needs for split-K partials with

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <random>
 #include <string>
@@ -132,8 +133,7 @@ bool HaveGpu() { return CudaDeviceCount() > 0; }
 // random models (no file needed): MHA, GQA 4, MQA, qkv bias, both RoPE
 // styles, a sliding window; chunked prefill, prefill mixed with decode, and
 // decode, in shuffled blocks.
-TEST(CudaForward, RandomModelsMatchDenseReference) {
-  KV_SKIP_WITHOUT_GPU(HaveGpu());
+void CheckRandomModels() {
   namespace mc = models::cuda;
   struct Case {
     int h, hkv;
@@ -218,6 +218,19 @@ TEST(CudaForward, RandomModelsMatchDenseReference) {
       }
     }
   }
+}
+
+TEST(CudaForward, RandomModelsMatchDenseReference) {
+  KV_SKIP_WITHOUT_GPU(HaveGpu());
+  CheckRandomModels();
+}
+
+// The same with decode on the tensor-core kernel (KVSERVE_CUDA_MMA_DECODE).
+TEST(CudaForward, RandomModelsMatchDenseReferenceMmaDecode) {
+  KV_SKIP_WITHOUT_GPU(HaveGpu());
+  setenv("KVSERVE_CUDA_MMA_DECODE", "1", 1);
+  CheckRandomModels();
+  unsetenv("KVSERVE_CUDA_MMA_DECODE");
 }
 
 TEST(CudaForward, GreedyMatchesCpuOnDefaultModel) {

@@ -400,6 +400,29 @@ TEST(CudaKernels, PagedAttentionDecodeManyShapes) {
   }
 }
 
+// The tensor-core decode kernel (AttnTuning::mma_decode) on the decode
+// shapes, with split-K, a sliding window, and prefill tiles (FMA kernel) in
+// the same batch.
+TEST(CudaKernels, PagedAttentionMmaDecode) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(10);
+  AttnTuning mma;
+  mma.mma_decode = true;
+  for (int d : {64, 128}) {
+    for (int ratio : {1, 4, 8}) {
+      std::vector<std::pair<int, int>> seqs;
+      for (int ctx : {1, 2, 17, 64, 65, 333, 1024}) seqs.push_back({1, ctx});
+      seqs.push_back({1, 500 + static_cast<int>(rng() % 4000)});
+      RunAttention({8 * ratio, 8, d, 16, 0, seqs, 0, mma}, rng);
+      RunAttention({4 * ratio, 4, d, 32, 0, seqs, 1000, mma}, rng);  // splits
+    }
+  }
+  RunAttention({32, 8, 128, 16, 100, {{1, 3000}, {70, 300}, {1, 40}}, 0, mma},
+               rng);
+  RunAttention({8, 8, 64, 24, 0, {{2, 900}, {1, 8191}, {37, 37}}, 132, mma},
+               rng);
+}
+
 // Under the SIMT emulator (a CPU running every thread) the longest cases
 // shrink by kLong so that the sanitizer stage of CI stays in minutes; the
 // code paths (split-K, tiles, windows) are the same.

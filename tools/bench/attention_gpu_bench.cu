@@ -2,14 +2,17 @@
 // CUDA runtime (no abseil, gtest or oneDNN), so it builds on a bare GPU
 // image:
 //   nvcc -O3 -std=c++17 -arch=sm_90 -I. tools/bench/attention_gpu_bench.cu \
-//     models/cuda/attention.cu models/cuda/elementwise.cu -o attention_bench
+//     models/cuda/attention.cu models/cuda/attention_mma.cu \
+//     models/cuda/elementwise.cu -o attention_bench
 // 1. checks PagedAttention against a CPU fp32 reference (decode and prefill,
 //    GQA 1/4/8, D 64/128, split-K forced and not, NaN-poisoned output);
 // 2. measures copy bandwidth and decode attention GB/s (Llama-3-8B and 70B
 //    head shapes, D=128, block 16, batch 1..256, context 512..32K);
 // 3. sweeps the split-K tuning (AttnTuning: blocks per SM x minimum keys per
-//    split) at batch 1..32, context 4K and 32K, as fractions of copy
-//    bandwidth, to choose the defaults from measurement.
+//    split, FMA or tensor-core decode kernel) at batch 1..32, context 4K
+//    and 32K, as fractions of copy bandwidth, to choose the defaults from
+//    measurement. Both decode kernels are checked first (1.) and timed in
+//    (2.); the tensor-core one only where its check passed.
 // Exit status 1 on a wrong result. tools/device_bench.sh runs it first.
 #include <cuda_runtime.h>
 
@@ -56,7 +59,8 @@ T* Upload(const std::vector<T>& v) {
 
 // One check: seqs of (new tokens, context); returns the worst row error.
 double Check(int h, int hkv, int d, int bs, int sms,
-             const std::vector<std::pair<int, int>>& seqs, std::mt19937& rng) {
+             const std::vector<std::pair<int, int>>& seqs,
+             const AttnTuning& tuning, std::mt19937& rng) {
   const int g = h / hkv;
   int mb = 0, total = 0;
   for (auto [n, c] : seqs) {
@@ -87,8 +91,8 @@ double Check(int h, int hkv, int d, int bs, int sms,
   for (auto& x : q) x = 2 * u(rng);
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   const AttnShape shape{h, hkv, d, bs, mb, 0, scale};
-  const AttnPlan plan =
-      PlanAttention(shape, starts.data(), lens.data(), seqs.size(), sms);
+  const AttnPlan plan = PlanAttention(shape, starts.data(), lens.data(),
+                                      seqs.size(), sms, tuning);
   AttnWorkItem* ds = Upload(plan.small);
   AttnWorkItem* dt = Upload(plan.tiles);
   float* dq = Upload(q);
@@ -96,7 +100,7 @@ double Check(int h, int hkv, int d, int bs, int sms,
   uint16_t* dv = Upload(v);
   int32_t* dtab = Upload(tables);
   float* scratch = nullptr;
-  CK(cudaMalloc(&scratch, AttnScratchFloats(shape, sms) * 4));
+  CK(cudaMalloc(&scratch, AttnScratchFloats(shape, sms, tuning) * 4));
   uint16_t* dout = nullptr;
   CK(cudaMalloc(&dout, t * h * d * 2));
   CK(cudaMemset(dout, 0xff, t * h * d * 2));  // NaN
@@ -225,17 +229,29 @@ int main() {
       {8, 8, 64, 32, sms, {{1, 300}, {70, 70}, {5, 1000}}},
       {16, 2, 64, 16, 500, {{130, 400}, {1, 2000}}},
       {32, 32, 128, 32, sms, {{3, 3}, {1, 65}}}};
+  AttnTuning mma;
+  mma.mma_decode = true;
+  bool mma_ok = true;
   for (const C& c : checks) {
-    const double err = Check(c.h, c.hkv, c.d, c.bs, c.sms, c.seqs, rng);
-    const bool pass = err < 1e-2;
-    ok &= pass;
-    std::printf("check H=%d Hkv=%d D=%d B=%d sms=%d: max row rel err %.2e %s\n",
-                c.h, c.hkv, c.d, c.bs, c.sms, err, pass ? "ok" : "FAIL");
+    for (const AttnTuning& tuning : {AttnTuning{}, mma}) {
+      const double err =
+          Check(c.h, c.hkv, c.d, c.bs, c.sms, c.seqs, tuning, rng);
+      const bool pass = err < 1e-2;
+      (tuning.mma_decode ? mma_ok : ok) &= pass;
+      std::printf(
+          "check H=%d Hkv=%d D=%d B=%d sms=%d %s: max row rel err %.2e %s\n",
+          c.h, c.hkv, c.d, c.bs, c.sms, tuning.mma_decode ? "mma" : "fma", err,
+          pass ? "ok" : "FAIL");
+    }
   }
+  // The tensor-core decode kernel is timed only where it computes the
+  // right function (its failure fails the run too).
+  ok &= mma_ok;
   const double copy_bw = kvserve::gpu_bench::CopyBandwidth(size_t{4} << 30);
   std::printf(
-      "\ncopy bandwidth %.0f GB/s\n\n| heads | batch | context | us | "
-      "GB/s | of copy |\n|---|---|---|---|---|---|\n",
+      "\ncopy bandwidth %.0f GB/s\n\n| heads | batch | context | fma us | "
+      "GB/s | of copy | mma us | of copy "
+      "|\n|---|---|---|---|---|---|---|---|\n",
       copy_bw / 1e9);
   const int64_t pool = 256LL * 32768 / kBs + 1024;
   const int64_t elems = pool * kBs * kHkv * kD;
@@ -249,22 +265,30 @@ int main() {
     for (int batch : {1, 8, 64, 256}) {
       for (int ctx : {512, 4096, 32768}) {
         const double t = TimeDecode(h, batch, ctx, {}, kv, sms, rng);
+        const double tm =
+            mma_ok ? TimeDecode(h, batch, ctx, mma, kv, sms, rng) : INFINITY;
         const double by = DecodeBytes(h, batch, ctx);
-        std::printf("| %d/%d | %d | %d | %.1f | %.0f | %.2f |\n", h, kHkv,
-                    batch, ctx, t * 1e6, by / t / 1e9, by / t / copy_bw);
+        std::printf("| %d/%d | %d | %d | %.1f | %.0f | %.2f | %.1f | %.2f |\n",
+                    h, kHkv, batch, ctx, t * 1e6, by / t / 1e9,
+                    by / t / copy_bw, tm * 1e6, by / tm / copy_bw);
       }
     }
   }
   // Split-K tuning (AttnTuning) where the batch does not fill the chip: the
   // fraction of copy bandwidth per (blocks per SM, min keys per split); the
   // best of each row should become the default.
-  const AttnTuning grid[] = {{2, 64},  {2, 128}, {2, 256}, {4, 64}, {4, 128},
-                             {4, 256}, {8, 64},  {8, 128}, {8, 256}};
+  const AttnTuning grid[] = {{2, 64, false}, {2, 128, false}, {2, 256, false},
+                             {4, 64, false}, {4, 128, false}, {4, 256, false},
+                             {8, 64, false}, {8, 128, false}, {8, 256, false},
+                             {2, 64, true},  {2, 128, true},  {2, 256, true},
+                             {4, 64, true},  {4, 128, true},  {4, 256, true},
+                             {8, 64, true},  {8, 128, true},  {8, 256, true}};
   std::printf(
       "\nsplit-K tuning sweep (fraction of copy bandwidth)\n\n"
       "| heads | batch | context |");
   for (const AttnTuning& g : grid) {
-    std::printf(" %d/%d |", g.blocks_per_sm, g.min_keys_per_split);
+    std::printf(" %s %d/%d |", g.mma_decode ? "mma" : "fma", g.blocks_per_sm,
+                g.min_keys_per_split);
   }
   std::printf("\n|---|---|---|");
   for (size_t i = 0; i < std::size(grid); ++i) std::printf("---|");
@@ -274,6 +298,10 @@ int main() {
       for (int ctx : {4096, 32768}) {
         std::printf("| %d/%d | %d | %d |", h, kHkv, batch, ctx);
         for (const AttnTuning& g : grid) {
+          if (g.mma_decode && !mma_ok) {
+            std::printf(" - |");
+            continue;
+          }
           const double t = TimeDecode(h, batch, ctx, g, kv, sms, rng);
           std::printf(" %.2f |", DecodeBytes(h, batch, ctx) / t / copy_bw);
         }

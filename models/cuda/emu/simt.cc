@@ -11,6 +11,7 @@
 #include <boost/context/detail/fcontext.hpp>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -65,6 +66,7 @@ struct Launch {
   const std::function<void()>* body = nullptr;
   std::vector<Fiber> fibers;
   std::vector<uint64_t> exchange;  // one slot per thread (warp shuffles)
+  std::vector<unsigned char> gather;  // kGatherBytes per thread
   std::vector<unsigned char> smem;
   bctx::fcontext_t scheduler = nullptr;  // set by each switch into a fiber
   Fiber* running = nullptr;
@@ -258,6 +260,28 @@ uint64_t WarpExchange(uint64_t bits, int src_lane) {
   return v;
 }
 
+void WarpAllGather(const void* mine, size_t bytes, void* all) {
+  Launch& l = *g_launch;
+  const int self = g_current->linear;
+  const int base = self - self % 32;
+  if (bytes > kGatherBytes) {
+    std::fprintf(stderr, "cuda_emu: WarpAllGather of %zu bytes\n", bytes);
+    std::abort();
+  }
+  std::memcpy(&l.gather[self * kGatherBytes], mine, bytes);
+  SyncWarp();  // every lane has written
+  const int threads = static_cast<int>(l.fibers.size());
+  for (int lane = 0; lane < 32; ++lane) {
+    auto* dst = static_cast<unsigned char*>(all) + lane * bytes;
+    if (base + lane < threads) {
+      std::memcpy(dst, &l.gather[(base + lane) * kGatherBytes], bytes);
+    } else {
+      std::memset(dst, 0, bytes);  // lanes past a partial last warp
+    }
+  }
+  SyncWarp();  // every lane has read before anyone writes again
+}
+
 unsigned char* DynamicSmem() { return g_launch->smem.data(); }
 
 cudaError_t Run(const void* func, dim3 grid, dim3 block, size_t dynamic_smem,
@@ -271,6 +295,7 @@ cudaError_t Run(const void* func, dim3 grid, dim3 block, size_t dynamic_smem,
   const int n = static_cast<int>(block.x * block.y * block.z);
   l.fibers.resize(n);
   l.exchange.assign(n, 0);
+  l.gather.assign(static_cast<size_t>(n) * kGatherBytes, 0);
   for (int i = 0; i < n; ++i) {
     Fiber& f = l.fibers[i];
     f.stack = StackAt(i);

@@ -64,6 +64,11 @@ void SyncWarp();
 // Exchanges 64-bit values among the lanes of the caller's warp: returns the
 // value `src_lane` passed (all lanes must call it together).
 uint64_t WarpExchange(uint64_t bits, int src_lane);
+// Copies `bytes` (at most kGatherBytes) from every lane of the caller's warp
+// into all[lane * bytes ...] (all lanes must call it together): the
+// emulator's building block for warp-wide instructions such as mma.sync.
+constexpr size_t kGatherBytes = 32;
+void WarpAllGather(const void* mine, size_t bytes, void* all);
 // Start of the running launch's dynamic shared memory (16-byte aligned).
 unsigned char* DynamicSmem();
 
