@@ -34,17 +34,10 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(REPO, "tests", "server"))
-from kvserve_process import KvserveProcess, compile_proto  # noqa: E402
+from kvserve_process import (KvserveProcess, compile_proto,  # noqa: E402
+                             token_ids)
 
 PB = PB_GRPC = None
-
-
-def token_ids(seed, n):
-    x, out = seed * 7919 + 1, []
-    for _ in range(n):
-        x = (x * 1103515245 + 12345) % (1 << 31)
-        out.append(300 + x % 20000)
-    return out
 
 
 def one(stub, ids, max_tokens):

@@ -91,24 +91,12 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t part_row0 = keys.part_row0;
   float* part_ml = part + total_rows * D;
 
-  if (s_begin >= s_end) {  // a split past this item's keys: empty partial
-    if (partial && tid < ROWS) {
-      part_ml[(part_row0 + tid) * 2] = -INFINITY;
-      part_ml[(part_row0 + tid) * 2 + 1] = 0.0f;
-    }
-    return;
-  }
+  if (keys.Empty(part_ml, partial, ROWS)) return;
 
   const float qscale = s.scale * kLog2e;
   for (int i = tid; i < ROWS * D; i += kThreads) {
-    const int r = i / D, d = i % D;
-    float v = 0.0f;
-    if (r < nrows) {
-      const int64_t tok = it.token + r / group;
-      const int h = kvh * group + r % group;
-      v = q[tok * q_stride + h * D + d] * qscale;
-    }
-    q_s[i] = v;
+    q_s[i] = attn::ScaledQuery<D>(q, q_stride, it, kvh, group, nrows, qscale,
+                                  i / D, i % D);
   }
   if (tid < ROWS) {
     m_s[tid] = -INFINITY;

@@ -42,7 +42,33 @@ struct BlockKeys {
          blockIdx.x) *
         rows;
   }
+
+  // For a split past the item's keys: marks its `rows` partial rows empty
+  // (m = -inf, l = 0; part_ml is the (m, l) area) and returns true, the
+  // block having nothing else to do.
+  __device__ bool Empty(float* part_ml, bool partial, int rows) const {
+    if (begin < end) return false;
+    const int r = static_cast<int>(threadIdx.x);
+    if (partial && r < rows) {
+      part_ml[(part_row0 + r) * 2] = -INFINITY;
+      part_ml[(part_row0 + r) * 2 + 1] = 0.0f;
+    }
+    return true;
+  }
 };
+
+// Element d of query row r of the item (head kvh * group + r % group of
+// token it.token + r / group), times qscale; 0 for rows past nrows.
+template <int D>
+__device__ inline float ScaledQuery(const float* __restrict__ q,
+                                    int64_t q_stride, const AttnWorkItem& it,
+                                    int kvh, int group, int nrows, float qscale,
+                                    int r, int d) {
+  if (r >= nrows) return 0.0f;
+  const int64_t tok = it.token + r / group;
+  const int h = kvh * group + r % group;
+  return q[tok * q_stride + h * D + d] * qscale;
+}
 
 // Whether row r (token pos0 + r / group) sees key t: causal, and within the
 // sliding window when there is one.

@@ -108,26 +108,15 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t total_rows =
       static_cast<int64_t>(gridDim.x) * gridDim.y * gridDim.z * R;
   float* part_ml = part + total_rows * D;
-  if (keys.begin >= keys.end) {  // a split past this item's keys
-    if (partial && tid < R) {
-      part_ml[(keys.part_row0 + tid) * 2] = -INFINITY;
-      part_ml[(keys.part_row0 + tid) * 2 + 1] = 0.0f;
-    }
-    return;
-  }
+  if (keys.Empty(part_ml, partial, R)) return;
 
   // q as base-2 logits in bf16; rows past nrows, and their probabilities,
   // stay zero.
   const float qscale = s.scale * kLog2e;
   for (int i = tid; i < R * D; i += kThreads) {
     const int r = i / D, d = i % D;
-    float v = 0.0f;
-    if (r < nrows) {
-      const int64_t tok = it.token + r / group;
-      const int h = kvh * group + r % group;
-      v = q[tok * q_stride + h * D + d] * qscale;
-    }
-    q_s[r * S::kPad + d] = __float2bfloat16(v);
+    q_s[r * S::kPad + d] = __float2bfloat16(
+        ScaledQuery<D>(q, q_stride, it, kvh, group, nrows, qscale, r, d));
   }
   for (int i = tid; i < R * S::kPbPad; i += kThreads) {
     pb_s[i] = __float2bfloat16(0.0f);

@@ -14,11 +14,11 @@ Elsewhere it exits 77 (ctest: skipped), as without grpcio.
 
 import os
 import sys
-import threading
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kvserve_process import KvserveProcess, run_unittests  # noqa: E402
+from kvserve_process import (KvserveProcess, counter,  # noqa: E402
+                             run_concurrently, run_unittests, token_ids)
 
 ARGS = None
 PB = None
@@ -55,34 +55,7 @@ class Server(KvserveProcess):
         return out
 
     def generate_all(self, prompts):
-        results = [None] * len(prompts)
-
-        def run(i):
-            results[i] = self.generate(prompts[i])
-
-        threads = [threading.Thread(target=run, args=(i,))
-                   for i in range(len(prompts))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        return results
-
-
-def token_ids(seed, n):
-    """A deterministic pseudo-random prompt of ordinary token ids."""
-    x, out = seed * 7919 + 1, []
-    for _ in range(n):
-        x = (x * 1103515245 + 12345) % (1 << 31)
-        out.append(300 + x % 20000)
-    return out
-
-
-def counter(m, name, **labels):
-    key = name
-    if labels:
-        key += "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
-    return m.get(key, 0.0)
+        return run_concurrently(self.generate, prompts)
 
 
 class CudaDeviceTest(unittest.TestCase):

@@ -13,12 +13,12 @@ Exits 77 (ctest: skipped) when grpcio or grpcio-tools is missing.
 import json
 import os
 import sys
-import threading
 import unittest
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kvserve_process import KvserveProcess, run_unittests  # noqa: E402
+from kvserve_process import (KvserveProcess, counter,  # noqa: E402
+                             run_concurrently, run_unittests, token_ids)
 
 ARGS = None
 PB = None
@@ -60,34 +60,8 @@ class Server(KvserveProcess):
 
     def generate_all(self, prompts, max_tokens, **kw):
         """Runs the prompts concurrently; index 0's tokens of each."""
-        results = [None] * len(prompts)
-
-        def run(i):
-            results[i] = self.generate(prompts[i], max_tokens, **kw)[0][0]
-
-        threads = [threading.Thread(target=run, args=(i,))
-                   for i in range(len(prompts))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        return results
-
-
-def token_ids(seed, n):
-    """A deterministic pseudo-random prompt of ordinary token ids."""
-    x, out = seed * 7919 + 1, []
-    for _ in range(n):
-        x = (x * 1103515245 + 12345) % (1 << 31)
-        out.append(300 + x % 20000)
-    return out
-
-
-def counter(m, name, **labels):
-    key = name
-    if labels:
-        key += "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
-    return m.get(key, 0.0)
+        return run_concurrently(
+            lambda ids: self.generate(ids, max_tokens, **kw)[0][0], prompts)
 
 
 class KvFeaturesTest(unittest.TestCase):

@@ -34,6 +34,39 @@ def compile_proto(proto_dir, out_dir):
     return kvserve_pb2, kvserve_pb2_grpc
 
 
+def token_ids(seed, n):
+    """A deterministic pseudo-random prompt of n ordinary token ids."""
+    x, out = seed * 7919 + 1, []
+    for _ in range(n):
+        x = (x * 1103515245 + 12345) % (1 << 31)
+        out.append(300 + x % 20000)
+    return out
+
+
+def counter(metrics, name, **labels):
+    """One sample of parse_metrics() output by name and labels (0 if absent)."""
+    key = name
+    if labels:
+        key += "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
+    return metrics.get(key, 0.0)
+
+
+def run_concurrently(fn, items):
+    """[fn(item) for item in items], each call on its own thread at once."""
+    results = [None] * len(items)
+
+    def run(i):
+        results[i] = fn(items[i])
+
+    threads = [threading.Thread(target=run, args=(i,))
+               for i in range(len(items))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
 def run_unittests(doc, setup):
     """The main() of an end-to-end test module: parses --binary and
     --source-dir, exits 77 (ctest: skipped) without grpcio/grpcio-tools or
