@@ -437,8 +437,20 @@ TEST_F(ServeE2eTest, ReflectionListsTheService) {
 
 TEST_F(ServeE2eTest, MetricsHealthAndReady) {
   ASSERT_TRUE(RunGenerate(*stub_, GreedyRequest("Hi", 2)).status.ok());
-  auto [code, body] = HttpGet(server_->http_port(), "/metrics");
-  ASSERT_EQ(code, 200);
+  // The call's counters are updated after the client has its status (the
+  // reactor's OnDone, the engine's end of step): wait for them, do not
+  // race them (a scrape right after the call once saw the stream open).
+  std::string body;
+  ASSERT_TRUE(WaitForMetrics(
+      server_->http_port(),
+      [](const auto& mm) {
+        return Get(mm,
+                   R"(kvserve_grpc_requests_total{code="OK",method="Generate"})") >=
+                   1 &&
+               Get(mm, "kvserve_generation_tokens_total") >= 2;
+      },
+      absl::Seconds(10), &body))
+      << body;
   for (const char* name :
        {"kvserve_kv_blocks{", "kvserve_kv_cache_usage_ratio",
         "kvserve_kv_reserved_slots", "kvserve_kv_reserved_unwritten_slots",
@@ -448,9 +460,6 @@ TEST_F(ServeE2eTest, MetricsHealthAndReady) {
         "kvserve_grpc_requests_total{"}) {
     EXPECT_THAT(body, HasSubstr(name));
   }
-  const auto m = ParseMetrics(body);
-  EXPECT_GE(
-      Get(m, R"(kvserve_grpc_requests_total{code="OK",method="Generate"})"), 1);
   // The three gauges are set one after another by the engine thread, so a
   // scrape racing an update can see a mix; the identity must hold once the
   // update is complete.
