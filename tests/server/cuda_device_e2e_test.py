@@ -95,7 +95,7 @@ def _setup(args, pb, pb_grpc):
 
 def _device_missing(args):
     """The binary's own answer to --device cuda (stopped once the model
-    loads for the device): the message if it refuses, else None."""
+    loads for the device): why it refuses, else None."""
     import subprocess
     model = os.path.join(args.source_dir, "weights",
                          "SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -113,23 +113,12 @@ def _device_missing(args):
     proc.kill()
     proc.wait()
     proc.stdout.close()
-    return next((s for s in NO_DEVICE if s in text), None)
+    missing = next((s for s in NO_DEVICE if s in text), None)
+    return f"kvserve --device cuda: {missing}" if missing else None
 
 
 def main():
-    import argparse
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--binary", required=True)
-    parser.add_argument("--source-dir", required=True)
-    args, _ = parser.parse_known_args()
-    model = os.path.join(args.source_dir, "weights",
-                         "SmolLM2-135M-Instruct.Q4_1.gguf")
-    if os.path.exists(model):
-        missing = _device_missing(args)
-        if missing:
-            print(f"SKIP: kvserve --device cuda: {missing}")
-            return 77
-    return run_unittests(__doc__, _setup)
+    return run_unittests(__doc__, _setup, skip_reason=_device_missing)
 
 
 if __name__ == "__main__":

@@ -67,12 +67,13 @@ def run_concurrently(fn, items):
     return results
 
 
-def run_unittests(doc, setup):
+def run_unittests(doc, setup, skip_reason=None):
     """The main() of an end-to-end test module: parses --binary and
     --source-dir, exits 77 (ctest: skipped) without grpcio/grpcio-tools or
-    the default model, compiles the proto, calls setup(args, kvserve_pb2,
-    kvserve_pb2_grpc) so the module can keep them, and runs the unittest
-    cases of __main__. Returns the exit code."""
+    the default model, or when skip_reason(args) names one, compiles the
+    proto, calls setup(args, kvserve_pb2, kvserve_pb2_grpc) so the module
+    can keep them, and runs the unittest cases of __main__. Returns the exit
+    code."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--binary", required=True)
     parser.add_argument("--source-dir", required=True)
@@ -87,6 +88,10 @@ def run_unittests(doc, setup):
                          "SmolLM2-135M-Instruct.Q4_1.gguf")
     if not os.path.exists(model):
         print(f"SKIP: {model} missing (run deploy/setup.sh)")
+        return 77
+    reason = skip_reason(args) if skip_reason else None
+    if reason:
+        print(f"SKIP: {reason}")
         return 77
     with tempfile.TemporaryDirectory() as out:
         setup(args, *compile_proto(os.path.join(args.source_dir, "proto"),
