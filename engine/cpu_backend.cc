@@ -64,9 +64,11 @@ class CpuBackend final : public ModelBackend {
   }
   double swap_bytes_per_second() const override { return swap_bps_; }
 
+  // The logits are already in host memory: no device argmax.
   absl::Status Forward(const models::ForwardBatch& batch,
-                       std::vector<float>* logits) override {
-    return model_->Forward(batch, kv_->view(), logits);
+                       models::ForwardOutput* out) override {
+    out->argmax.clear();
+    return model_->Forward(batch, kv_->view(), &out->logits);
   }
   absl::Status CopyBlocks(absl::Span<const BlockMove> moves) override;
   absl::Status SwapOut(absl::Span<const BlockMove> moves) override;

@@ -65,9 +65,9 @@ class CudaBackend final : public ModelBackend {
   double swap_bytes_per_second() const override { return swap_bps_; }
 
   absl::Status Forward(const models::ForwardBatch& batch,
-                       std::vector<float>* logits) override {
+                       models::ForwardOutput* out) override {
     ++step_;
-    absl::Status st = model_->Forward(batch, kv_, logits);
+    absl::Status st = model_->Forward(batch, kv_, out);
     if (!st.ok() && st.code() != absl::StatusCode::kInvalidArgument) {
       Fatal("Forward", st, &batch);
     }
@@ -143,10 +143,10 @@ absl::Status CudaBackend::Profile(const BackendConfig& config) {
                      blocks * block_bytes_ / 2};
   const models::ForwardBatch b =
       ProfileBatch(n, rows, config.block_size, c.vocab_size);
-  std::vector<float> logits;
-  KV_RETURN_IF_ERROR(model_->Forward(b, kv, &logits));  // warm-up
+  models::ForwardOutput out;
+  KV_RETURN_IF_ERROR(model_->Forward(b, kv, &out));  // warm-up
   const auto t0 = std::chrono::steady_clock::now();
-  KV_RETURN_IF_ERROR(model_->Forward(b, kv, &logits));
+  KV_RETURN_IF_ERROR(model_->Forward(b, kv, &out));
   const double secs =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
           .count();

@@ -79,6 +79,9 @@ class Engine::Impl {
       const scheduler::SchedulerOutput& out);
   models::ForwardBatch BuildBatch(const scheduler::SchedulerOutput& out,
                                   std::vector<int32_t>* logits_owner);
+  // Whether `r`'s next token can come from the device argmax alone (then
+  // the backend need not copy its logits row to the host).
+  static bool NeedsOnlyArgmax(const LiveRequest& r);
   std::vector<SampleResult> SampleAll(const scheduler::SchedulerOutput& out,
                                       const std::vector<int32_t>& producers);
   // Emits one sampled token of `r`; finishes it on a stop or at max_tokens.
@@ -120,7 +123,7 @@ class Engine::Impl {
 
   // Engine thread only.
   absl::flat_hash_map<RequestId, std::unique_ptr<LiveRequest>> live_reqs_;
-  std::vector<float> logits_;
+  models::ForwardOutput step_out_;  // the last forward's logits / argmax
   int64_t recomputed_tokens_seen_ = 0;
   int64_t prefix_queries_seen_ = 0, prefix_hits_seen_ = 0;
   int64_t preempt_recompute_seen_ = 0, preempt_swap_seen_ = 0;

@@ -167,9 +167,17 @@ models::ForwardBatch Engine::Impl::BuildBatch(
     if (s.produces_token) {
       b.logits_rows.push_back(s.token_offset + s.num_new_tokens - 1);
       producers->push_back(static_cast<int32_t>(i));
+      b.argmax_only.push_back(NeedsOnlyArgmax(*live_reqs_.at(s.id)));
     }
   }
   return b;
+}
+
+// A fork parent's first token needs the whole row (its children sample
+// from a copy of it); otherwise the sampling parameters decide.
+bool Engine::Impl::NeedsOnlyArgmax(const LiveRequest& r) {
+  const bool forks_now = r.pending_forks > 0 && r.completion_tokens == 0;
+  return !forks_now && ArgmaxSuffices(r.spec.sampling);
 }
 
 std::vector<SampleResult> Engine::Impl::SampleAll(
@@ -181,7 +189,13 @@ std::vector<SampleResult> Engine::Impl::SampleAll(
   for (size_t k = 0; k < producers.size(); ++k) {
     const auto& s = out.scheduled[producers[k]];
     LiveRequest& r = *live_reqs_.at(s.id);
-    absl::Span<float> logits(logits_.data() + k * vocab, vocab);
+    if (!step_out_.argmax.empty() && NeedsOnlyArgmax(r)) {
+      // The backend reduced the row on the device (and may not have copied
+      // it): the same token Sample would pick from it.
+      sampled[k] = SampleFromArgmax(step_out_.argmax[k], r.output->sampler());
+      continue;
+    }
+    absl::Span<float> logits(step_out_.logits.data() + k * vocab, vocab);
     if (r.pending_forks > 0 && r.completion_tokens == 0) {
       fork_logits_[s.id].assign(logits.begin(), logits.end());
     }
@@ -253,7 +267,7 @@ void Engine::Impl::Step() {
   models::ForwardBatch batch = BuildBatch(out, &producers);
   if (FaultStepDelay() > absl::ZeroDuration()) absl::SleepFor(FaultStepDelay());
   const absl::Time fwd0 = absl::Now();
-  absl::Status st = moved.ok() ? backend_->Forward(batch, &logits_) : moved;
+  absl::Status st = moved.ok() ? backend_->Forward(batch, &step_out_) : moved;
   if (metrics_) {
     metrics_->AddForwardSeconds(SecondsBetween(fwd0, absl::Now()));
   }

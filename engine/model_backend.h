@@ -61,9 +61,11 @@ class ModelBackend {
   virtual double swap_bytes_per_second() const = 0;
 
   // Runs one step: writes the batch's K/V at slot_mapping and returns host
-  // fp32 logits [batch.logits_rows.size(), vocab] row-major.
+  // fp32 logits [batch.logits_rows.size(), vocab] row-major, and, where the
+  // backend reduces them on the device, each row's argmax (then rows the
+  // batch flags argmax_only are not copied to the host).
   [[nodiscard]] virtual absl::Status Forward(const models::ForwardBatch& batch,
-                                             std::vector<float>* logits) = 0;
+                                             models::ForwardOutput* out) = 0;
   // Whole-block copies (copy-on-write): KV block src -> KV block dst.
   [[nodiscard]] virtual absl::Status CopyBlocks(
       absl::Span<const BlockMove> moves) = 0;

@@ -62,6 +62,20 @@ int32_t Argmax(absl::Span<const float> logits) {
 
 }  // namespace
 
+bool ArgmaxSuffices(const SamplingParams& p) {
+  return p.temperature <= 0.0f && p.repetition_penalty == 1.0f &&
+         p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f &&
+         p.logprobs <= 0;
+}
+
+SampleResult SampleFromArgmax(int32_t token, SamplerState& state) {
+  SampleResult result;
+  result.token = token;
+  state.NextUniform();  // the draw Sample makes in greedy mode
+  state.AddOutputToken(token);
+  return result;
+}
+
 SampleResult Sample(absl::Span<float> logits, const SamplingParams& p,
                     absl::Span<const int32_t> context, SamplerState& state) {
   SampleResult result;

@@ -56,6 +56,15 @@ class SamplerState {
   absl::flat_hash_map<int32_t, int32_t> output_counts_;
 };
 
+// True when Sample with `params` returns the row's raw argmax and nothing
+// else (greedy, no penalties, no logprobs): the token may then come from an
+// argmax computed where the logits are (the GPU) instead of the full row.
+bool ArgmaxSuffices(const SamplingParams& params);
+
+// What Sample returns, and the state change it makes, for params where
+// ArgmaxSuffices holds and a row whose argmax is `token`.
+SampleResult SampleFromArgmax(int32_t token, SamplerState& state);
+
 // Samples one token. `logits` is modified in place (penalties, temperature).
 // `context_tokens` holds prompt + output tokens for the repetition penalty.
 SampleResult Sample(absl::Span<float> logits, const SamplingParams& params,

@@ -70,6 +70,10 @@ absl::Status ForwardBatch::Validate(int32_t num_blocks, int32_t block_size,
       }
     }
   }
+  if (!argmax_only.empty() && argmax_only.size() != logits_rows.size()) {
+    return bad("forward batch: argmax_only has %d flags for %d logits rows",
+               argmax_only.size(), logits_rows.size());
+  }
   for (int32_t r : logits_rows) {
     if (r < 0 || r >= t) return bad("forward batch: logits row %d of %d", r, t);
   }

@@ -30,6 +30,11 @@ struct ForwardBatch {
   // Token rows whose logits the caller wants (e.g. the last of each
   // sequence that finishes its prompt or decodes).
   std::vector<int32_t> logits_rows;
+  // Empty, or one flag per logits row: 1 when the caller needs only that
+  // row's argmax (greedy decoding without penalties or logprobs). A backend
+  // that reduces rows on the device then skips copying them to the host;
+  // others ignore it.
+  std::vector<uint8_t> argmax_only;
 
   int32_t num_tokens() const { return static_cast<int32_t>(token_ids.size()); }
   int32_t num_seqs() const {
@@ -39,6 +44,16 @@ struct ForwardBatch {
   // `num_blocks` blocks of `block_size`; names the first offending field.
   [[nodiscard]] absl::Status Validate(int32_t num_blocks, int32_t block_size,
                                       int32_t vocab_size) const;
+};
+
+// What one step returns to the host.
+struct ForwardOutput {
+  // [logits_rows.size(), vocab] row-major fp32. Rows flagged argmax_only
+  // may be left unwritten by a backend that filled `argmax`.
+  std::vector<float> logits;
+  // Empty, or [logits_rows.size()]: each row's argmax (the lowest index on
+  // ties, as std::max_element), computed on the device for every row.
+  std::vector<int32_t> argmax;
 };
 
 }  // namespace kvserve::models

@@ -239,6 +239,7 @@ absl::Status CudaLlamaModel::Reserve(int64_t tokens, int64_t logits_rows) {
     KV_RETURN_IF_ERROR(hf_.Allocate(logits_rows * c.hidden_size * 2, "hf"));
     KV_RETURN_IF_ERROR(
         logits_.Allocate(logits_rows * c.vocab_size * 4, "logits"));
+    KV_RETURN_IF_ERROR(argmax_.Allocate(logits_rows * 4, "argmax"));
     cap_rows_ = logits_rows;
   }
   return absl::OkStatus();
@@ -364,9 +365,39 @@ absl::Status CudaLlamaModel::RunLayers(const ForwardBatch& batch,
   return absl::OkStatus();
 }
 
+absl::Status CudaLlamaModel::CopyOutputs(const ForwardBatch& batch,
+                                         ForwardOutput* out) {
+  const int64_t rows = static_cast<int64_t>(batch.logits_rows.size());
+  const int64_t vocab = config_.vocab_size;
+  out->argmax.resize(rows);
+  out->logits.resize(rows * vocab);
+  if (rows == 0) return absl::OkStatus();
+  KV_CUDA_RETURN_IF_ERROR(ArgmaxRows(logits_.as<float>(), rows, vocab,
+                                     argmax_.as<int32_t>(), stream_));
+  KV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out->argmax.data(),
+                                          argmax_.as<int32_t>(), rows * 4,
+                                          cudaMemcpyDeviceToHost, stream_));
+  auto whole = [&](int64_t r) {
+    return batch.argmax_only.empty() || batch.argmax_only[r] == 0;
+  };
+  for (int64_t r = 0; r < rows;) {
+    if (!whole(r)) {
+      ++r;
+      continue;
+    }
+    int64_t end = r + 1;
+    while (end < rows && whole(end)) ++end;
+    KV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+        out->logits.data() + r * vocab, logits_.as<float>() + r * vocab,
+        (end - r) * vocab * 4, cudaMemcpyDeviceToHost, stream_));
+    r = end;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CudaLlamaModel::Forward(const ForwardBatch& batch,
                                      const CudaKvCache& kv,
-                                     std::vector<float>* logits) {
+                                     ForwardOutput* out) {
   const ModelConfig& c = config_;
   KV_RETURN_IF_ERROR(
       batch.Validate(kv.num_blocks, kv.block_size, c.vocab_size));
@@ -385,12 +416,7 @@ absl::Status CudaLlamaModel::Forward(const ForwardBatch& batch,
   KV_RETURN_IF_ERROR(Reserve(batch.num_tokens(), rows));
   KV_RETURN_IF_ERROR(UploadMeta(batch, plan));
   KV_RETURN_IF_ERROR(RunLayers(batch, kv, plan));
-  logits->resize(rows * c.vocab_size);
-  if (rows > 0) {
-    KV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(logits->data(), logits_.as<float>(),
-                                            rows * c.vocab_size * 4,
-                                            cudaMemcpyDeviceToHost, stream_));
-  }
+  KV_RETURN_IF_ERROR(CopyOutputs(batch, out));
   KV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   return absl::OkStatus();
 }

@@ -66,12 +66,13 @@ class CudaLlamaModel {
   [[nodiscard]] absl::Status Reserve(int64_t tokens, int64_t logits_rows);
 
   // Runs one step: writes the batch's K/V into `kv` at slot_mapping and
-  // returns logits [batch.logits_rows.size(), vocab] in `logits`. Validates
-  // the batch (InvalidArgument); CUDA failures are Internal /
-  // ResourceExhausted naming the call. Synchronizes the stream.
+  // returns each logits row's argmax (reduced on the device) and logits
+  // [batch.logits_rows.size(), vocab], copied to the host for the rows not
+  // flagged argmax_only. Validates the batch (InvalidArgument); CUDA
+  // failures are Internal / ResourceExhausted naming the call.
+  // Synchronizes the stream.
   [[nodiscard]] absl::Status Forward(const ForwardBatch& batch,
-                                     const CudaKvCache& kv,
-                                     std::vector<float>* logits);
+                                     const CudaKvCache& kv, ForwardOutput* out);
 
  private:
   struct Layer {
@@ -97,6 +98,10 @@ class CudaLlamaModel {
   [[nodiscard]] absl::Status RunLayers(const ForwardBatch& batch,
                                        const CudaKvCache& kv,
                                        const AttnPlan& plan);
+  // Argmax of every logits row, then the rows not flagged argmax_only, to
+  // the host (one copy per run of consecutive such rows).
+  [[nodiscard]] absl::Status CopyOutputs(const ForwardBatch& batch,
+                                         ForwardOutput* out);
 
   ModelConfig config_;
   cudaStream_t stream_ = nullptr;
@@ -116,6 +121,7 @@ class CudaLlamaModel {
   // Workspace, grown on demand.
   int64_t cap_tokens_ = 0, cap_rows_ = 0;
   DeviceBuffer x_, h_, qkv_buf_, attn_, delta_, gu_, act_, hf_, logits_;
+  DeviceBuffer argmax_;  // int32 [cap_rows_]
   DeviceBuffer attn_scratch_, meta_;
   void* meta_host_ = nullptr;  // pinned staging for the step's metadata
   int64_t meta_host_bytes_ = 0;

@@ -1,10 +1,13 @@
 // Per-token and element-wise kernels of the CUDA Llama forward: fused
 // bias + RoPE + reshape-and-cache, RMSNorm with fused residual add, SiLU-mul,
-// embedding gather, KV block copy, and conversions. Each mirrors the CPU
+// embedding gather, KV block copy, greedy argmax of logits rows, and
+// conversions. Each mirrors the CPU
 // reference in models/cpu/ops.cc and models/rope.cc (same formulas, fp32).
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <climits>
+#include <cmath>
 
 #include "models/cuda/kernels.h"
 #include "models/cuda/launch.h"
@@ -114,6 +117,61 @@ __global__ void AddRmsNormKernel(float* __restrict__ x,
     float v = xr[j];
     if (dr != nullptr && !store_back) v += dr[j];
     Store(o + j, v * scale * w[j]);
+  }
+}
+
+// (v, i) := the better of (v, i) and (ov, oi): the larger value, the lower
+// index on ties; the rule std::max_element follows on the host.
+__device__ inline void ArgmaxCombine(float& v, int32_t& i, float ov,
+                                     int32_t oi) {
+  if (v < ov || (v == ov && oi < i)) {
+    v = ov;
+    i = oi;
+  }
+}
+
+// One thread block per row. Each thread scans its strided share in index
+// order keeping the first maximum, seeded with its first element (not a
+// sentinel) so an all -inf row still yields index 0; threads without an
+// element carry (-inf, INT32_MAX), which loses every tie.
+__global__ void ArgmaxRowsKernel(const float* __restrict__ logits,
+                                 int64_t vocab, int32_t* __restrict__ out) {
+  __shared__ float red_v[32];
+  __shared__ int32_t red_i[32];
+  const float* row = logits + blockIdx.x * vocab;
+  float v = -INFINITY;
+  int32_t i = INT32_MAX;
+  if (threadIdx.x < vocab) {
+    v = row[threadIdx.x];
+    i = static_cast<int32_t>(threadIdx.x);
+  }
+  for (int64_t j = threadIdx.x + blockDim.x; j < vocab; j += blockDim.x) {
+    if (v < row[j]) {
+      v = row[j];
+      i = static_cast<int32_t>(j);
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    ArgmaxCombine(v, i, __shfl_xor_sync(0xffffffffu, v, o),
+                  __shfl_xor_sync(0xffffffffu, i, o));
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) {
+    red_v[warp] = v;
+    red_i[warp] = i;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    const bool have = lane < static_cast<int>(blockDim.x / 32);
+    v = have ? red_v[lane] : -INFINITY;
+    i = have ? red_i[lane] : INT32_MAX;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      ArgmaxCombine(v, i, __shfl_xor_sync(0xffffffffu, v, o),
+                    __shfl_xor_sync(0xffffffffu, i, o));
+    }
+    if (lane == 0) out[blockIdx.x] = i;
   }
 }
 
@@ -246,6 +304,17 @@ cudaError_t SiluMul(const float* gu, int64_t num_rows, int64_t inter, bf16* out,
   if (num_rows == 0) return cudaSuccess;
   KV_LAUNCH(GridFor(num_rows * inter), kThreads, 0, stream, SiluMulKernel)
   (gu, num_rows, inter, out);
+  return cudaGetLastError();
+}
+
+cudaError_t ArgmaxRows(const float* logits, int64_t rows, int64_t vocab,
+                       int32_t* out, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  if (vocab <= 0 || vocab > INT32_MAX || rows > INT32_MAX) {
+    return cudaErrorInvalidValue;
+  }
+  KV_LAUNCH(static_cast<int>(rows), kThreads, 0, stream, ArgmaxRowsKernel)
+  (logits, vocab, out);
   return cudaGetLastError();
 }
 

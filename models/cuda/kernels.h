@@ -119,6 +119,13 @@ cudaError_t AddRmsNorm(float* x, const float* delta, const float* w,
 cudaError_t SiluMul(const float* gu, int64_t num_rows, int64_t inter, bf16* out,
                     cudaStream_t stream);
 
+// out[r] = the index of the largest value of row r of `logits` (rows x
+// vocab, fp32, device), the lowest index on ties: the token
+// std::max_element picks from the same row on the host, so greedy decoding
+// can leave the logits on the device. Rows are expected NaN-free.
+cudaError_t ArgmaxRows(const float* logits, int64_t rows, int64_t vocab,
+                       int32_t* out, cudaStream_t stream);
+
 // x[t, :] = fp32(table[ids[t], :]).
 cudaError_t EmbeddingGather(const bf16* table, const int32_t* ids,
                             int64_t num_tokens, int64_t hidden, float* x,

@@ -32,6 +32,45 @@ TEST(SamplerTest, GreedyPicksArgmaxAndReportsLogprobs) {
   EXPECT_NEAR(r.logprob, -std::log(z), 1e-5);
 }
 
+// The device-argmax path (the CUDA backend's greedy rows) must be
+// indistinguishable from Sample: same token, same output counts, and the
+// random stream advanced the same way (a later sampled token agrees).
+TEST(SamplerTest, ArgmaxSufficesOnlyForPlainGreedy) {
+  SamplingParams p;
+  p.temperature = 0;
+  EXPECT_TRUE(ArgmaxSuffices(p));
+  SamplingParams q = p;
+  q.logprobs = 1;
+  EXPECT_FALSE(ArgmaxSuffices(q));
+  q = p;
+  q.repetition_penalty = 1.1f;
+  EXPECT_FALSE(ArgmaxSuffices(q));
+  q = p;
+  q.presence_penalty = 0.5f;
+  EXPECT_FALSE(ArgmaxSuffices(q));
+  q = p;
+  q.frequency_penalty = 0.5f;
+  EXPECT_FALSE(ArgmaxSuffices(q));
+  q = p;
+  q.temperature = 0.7f;
+  EXPECT_FALSE(ArgmaxSuffices(q));
+  q = p;
+  q.top_k = 5;  // irrelevant when greedy
+  q.top_p = 0.5f;
+  EXPECT_TRUE(ArgmaxSuffices(q));
+
+  SamplerState a(9), b(9);
+  std::vector<float> l = Logits();
+  const SampleResult full = Sample(absl::MakeSpan(l), p, {}, a);
+  const SampleResult device = SampleFromArgmax(1, b);
+  EXPECT_EQ(full.token, device.token);
+  EXPECT_TRUE(device.top.empty());
+  EXPECT_EQ(a.output_counts(), b.output_counts());
+  SamplingParams hot;
+  hot.temperature = 2.0f;
+  for (int i = 0; i < 16; ++i) EXPECT_EQ(Draw(hot, a), Draw(hot, b));
+}
+
 TEST(SamplerTest, SameSeedSameSequenceDifferentSeedDiffers) {
   SamplingParams p;
   p.temperature = 1.5f;

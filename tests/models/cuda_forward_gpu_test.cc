@@ -197,10 +197,15 @@ void CheckRandomModels() {
         b.logits_rows.push_back(b.token_ids.size() - 1);
         in_step.push_back(s);
       }
-      std::vector<float> logits;
-      const absl::Status st = (*m)->Forward(b, cache, &logits);
+      models::ForwardOutput out;
+      const absl::Status st = (*m)->Forward(b, cache, &out);
       ASSERT_TRUE(st.ok()) << st;
+      const std::vector<float>& logits = out.logits;
+      ASSERT_EQ(out.argmax.size(), in_step.size());
       for (size_t r = 0; r < in_step.size(); ++r) {
+        // The device argmax is the host's over the same row.
+        EXPECT_EQ(out.argmax[r],
+                  Argmax(logits.data() + r * cfg.vocab_size, cfg.vocab_size));
         const int s = in_step[r];
         const std::vector<double>& want = (s == 0 ? want0 : want1)[done[s] - 1];
         double num = 0, den = 0;
@@ -285,12 +290,44 @@ TEST(CudaForward, GreedyMatchesCpuOnDefaultModel) {
   ASSERT_GE(be.num_blocks(), blocks);
   EXPECT_GT(be.num_swap_slots(), 0);
   EXPECT_GT(be.seconds_per_prefill_token(), 0.0);
-  const auto got = Greedy(prompts, vocab, span,
-                          [&](const models::ForwardBatch& b, auto* logits) {
-                            absl::Status st = be.Forward(b, logits);
-                            EXPECT_TRUE(st.ok()) << st;
-                            return st.ok();
-                          });
+  int step = 0;
+  const auto got = Greedy(
+      prompts, vocab, span, [&](const models::ForwardBatch& b, auto* logits) {
+        // First decode step: with every other row argmax_only first (the
+        // same K/V is written again by the full run after it).
+        std::vector<int32_t> reduced;
+        if (step++ == 1) {
+          models::ForwardBatch half = b;
+          for (size_t r = 0; r < b.logits_rows.size(); ++r) {
+            half.argmax_only.push_back(r % 2 == 0);
+          }
+          models::ForwardOutput out;
+          const absl::Status st = be.Forward(half, &out);
+          EXPECT_TRUE(st.ok()) << st;
+          reduced = out.argmax;
+          *logits = std::move(out.logits);
+        }
+        models::ForwardOutput out;
+        const absl::Status st = be.Forward(b, &out);
+        EXPECT_TRUE(st.ok()) << st;
+        if (!st.ok()) return false;
+        EXPECT_EQ(out.argmax.size(), b.logits_rows.size());
+        for (size_t r = 0; r < out.argmax.size(); ++r) {
+          EXPECT_EQ(out.argmax[r], Argmax(out.logits.data() + r * vocab, vocab))
+              << "row " << r;
+          if (reduced.empty()) continue;
+          // argmax_only changes what is copied, never the result.
+          EXPECT_EQ(reduced[r], out.argmax[r]) << "row " << r;
+          if (r % 2 == 1) {
+            EXPECT_TRUE(std::equal(out.logits.begin() + r * vocab,
+                                   out.logits.begin() + (r + 1) * vocab,
+                                   logits->begin() + r * vocab))
+                << "row " << r << " (not argmax_only) was not copied whole";
+          }
+        }
+        *logits = std::move(out.logits);
+        return true;
+      });
   ASSERT_EQ(got.size(), prompts.size());
   int equal = 0;
   for (size_t i = 0; i < prompts.size(); ++i) {
@@ -331,15 +368,16 @@ TEST(CudaForward, GreedyMatchesCpuOnDefaultModel) {
     b.max_blocks_per_seq = span;
     for (int j = 0; j < span; ++j) b.block_tables.push_back(2 * blocks + j);
     b.logits_rows = {0};
-    std::vector<float> logits;
-    ASSERT_TRUE(be.Forward(b, &logits).ok());
+    models::ForwardOutput moved;
+    ASSERT_TRUE(be.Forward(b, &moved).ok());
     // The same step from the original blocks.
     models::ForwardBatch a = b;
     a.slot_mapping = {pos};
     for (int j = 0; j < span; ++j) a.block_tables[j] = j;
-    std::vector<float> logits_a;
-    ASSERT_TRUE(be.Forward(a, &logits_a).ok());
-    EXPECT_EQ(Argmax(logits.data(), vocab), Argmax(logits_a.data(), vocab));
+    models::ForwardOutput original;
+    ASSERT_TRUE(be.Forward(a, &original).ok());
+    EXPECT_EQ(Argmax(moved.logits.data(), vocab),
+              Argmax(original.logits.data(), vocab));
   }
 }
 

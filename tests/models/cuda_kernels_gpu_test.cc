@@ -548,6 +548,43 @@ TEST(CudaKernels, StageKvBlocksGathersAndScatters) {
   EXPECT_EQ(d.Down(data.size()), want);
 }
 
+// The device argmax picks what std::max_element picks on the host: the
+// first maximum. Rows: random (vocabularies that are not a multiple of the
+// block, one smaller than the block), a maximum tied at several indices
+// (two of them in one thread's share), the maximum in the last element, and
+// all -inf (index 0).
+TEST(CudaKernels, ArgmaxRowsMatchesMaxElement) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(12);
+  for (int64_t vocab : {int64_t{49152}, int64_t{128256 + 7}, int64_t{100}}) {
+    const int64_t rows = 6;
+    std::vector<float> logits = Random(rows * vocab, rng, -30.0f, 30.0f);
+    float* tied = logits.data() + 1 * vocab;
+    for (int64_t j : {vocab - 1, vocab / 2, int64_t{7}, int64_t{7 + 256}}) {
+      if (j < vocab) tied[j] = 99.0f;
+    }
+    logits[3 * vocab - 1] = 1e30f;
+    std::fill_n(logits.data() + 3 * vocab, vocab, -INFINITY);
+    float* low = logits.data() + 4 * vocab;  // every value equal
+    std::fill_n(low, vocab, -5.0f);
+    Dev<float> d(logits.size());
+    Dev<int32_t> out(rows);
+    d.Up(logits);
+    out.Poison();
+    CK(ArgmaxRows(d.get(), rows, vocab, out.get(), nullptr));
+    const std::vector<int32_t> got = out.Down(rows);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* row = logits.data() + r * vocab;
+      EXPECT_EQ(got[r], std::max_element(row, row + vocab) - row)
+          << "vocab " << vocab << " row " << r;
+    }
+    EXPECT_EQ(got[1], std::min<int64_t>(7, vocab - 1));
+    EXPECT_EQ(got[2], vocab - 1);
+    EXPECT_EQ(got[3], 0);
+    EXPECT_EQ(got[4], 0);
+  }
+}
+
 }  // namespace
 }  // namespace kvserve::models::cuda
 

@@ -44,15 +44,18 @@ class Server(KvserveProcess):
         self.channel.close()
         self.kill()
 
-    def generate(self, ids):
+    def generate(self, ids, logprobs=0):
+        """Greedy tokens; with logprobs > 0, (tokens, top-1 token of each
+        step's logprobs)."""
         sampling = PB.SamplingParams(temperature=0, max_tokens=NEW,
-                                     ignore_eos=True)
+                                     ignore_eos=True, logprobs=logprobs)
         req = PB.GenerateRequest(prompt_token_ids=PB.TokenIds(ids=ids),
                                  sampling=sampling)
-        out = []
+        out, top = [], []
         for msg in self.stub.Generate(req, timeout=900):
             out.extend(msg.token_ids)
-        return out
+            top.extend(lp.top[0].token for lp in msg.logprobs)
+        return (out, top) if logprobs else out
 
     def generate_all(self, prompts):
         return run_concurrently(self.generate, prompts)
@@ -65,10 +68,18 @@ class CudaDeviceTest(unittest.TestCase):
         try:
             reference = ref.generate_all(prompts)
             self.assertIn("on cuda:0", ref.text())
+            # Plain greedy takes its tokens from the device argmax (the
+            # logits rows stay on the GPU); asking for logprobs brings every
+            # row to the host and samples there: the same tokens (each run
+            # alone, so the GEMM shapes, and so the logits, are the same).
+            alone = ref.generate(prompts[0])
+            full, top = ref.generate(prompts[0], logprobs=1)
         finally:
             ref.close()
         for tokens in reference:
             self.assertEqual(len(tokens), NEW)
+        self.assertEqual(full, alone)
+        self.assertEqual(top, alone)
         # 10 blocks; the 4 requests need 16 at the end: some are swapped out.
         server = Server("--preemption-mode", "swap", "--swap-space-bytes",
                         "32MiB", kv_bytes=str(10 * BLOCK_BYTES))
