@@ -68,7 +68,9 @@ class CpuBackend final : public ModelBackend {
   absl::Status Forward(const models::ForwardBatch& batch,
                        models::ForwardOutput* out) override {
     out->argmax.clear();
-    return model_->Forward(batch, kv_->view(), &out->logits);
+    absl::Status st = model_->Forward(batch, kv_->view(), &logits_);
+    out->logits = absl::MakeSpan(logits_);
+    return st;
   }
   absl::Status CopyBlocks(absl::Span<const BlockMove> moves) override;
   absl::Status SwapOut(absl::Span<const BlockMove> moves) override;
@@ -89,6 +91,7 @@ class CpuBackend final : public ModelBackend {
   std::unique_ptr<models::LlamaModel> model_;
   std::unique_ptr<KvCacheStorage> kv_;
   std::unique_ptr<float[]> swap_;
+  std::vector<float> logits_;  // what Forward's output points to
   int32_t num_swap_slots_ = 0;
   double seconds_per_token_ = 1e-3;
   double swap_bps_ = 1e9;

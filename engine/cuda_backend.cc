@@ -48,11 +48,6 @@ class CudaBackend final : public ModelBackend {
  public:
   static absl::StatusOr<std::unique_ptr<ModelBackend>> Create(
       const BackendConfig& config, LoadedModel* model);
-  ~CudaBackend() override {
-    if (swap_host_ != nullptr) (void)cudaFreeHost(swap_host_);
-    if (pairs_host_ != nullptr) (void)cudaFreeHost(pairs_host_);
-  }
-
   std::string_view device_name() const override { return device_name_; }
   std::string_view kv_dtype() const override { return "bf16"; }
   int32_t num_blocks() const override { return kv_.num_blocks; }
@@ -101,13 +96,13 @@ class CudaBackend final : public ModelBackend {
   int64_t bytes_per_block_ = 0;  // all layers, K and V
   int64_t block_bytes_ = 0;      // one plane
   int32_t num_swap_slots_ = 0;
-  void* swap_host_ = nullptr;
+  mc::PinnedBuffer swap_host_;  // num_swap_slots_ blocks
   double seconds_per_prefill_token_ = 1e-4;
   double swap_bps_ = 25e9;
   int64_t step_ = 0;
   // Block ids / copy pairs for the copy kernels: pinned host and device.
   mc::DeviceBuffer pairs_;
-  int32_t* pairs_host_ = nullptr;
+  mc::PinnedBuffer pairs_host_;
   int64_t pairs_cap_ = 0;  // int pairs
   // Swap staging: staging_blocks_ whole blocks, each laid out like a host
   // swap slot, so that a block crosses PCIe in one copy (not 2 x layers).
@@ -209,15 +204,16 @@ absl::Status CudaBackend::AllocateSwap(const BackendConfig& config) {
     num_swap_slots_ = 0;
     return absl::OkStatus();
   }
-  KV_CUDA_RETURN_IF_ERROR(
-      cudaMallocHost(&swap_host_, num_swap_slots_ * bytes_per_block_));
+  KV_RETURN_IF_ERROR(swap_host_.Allocate(num_swap_slots_ * bytes_per_block_,
+                                         "host swap space"));
   // Measure device -> pinned host bandwidth once (up to 64 MiB).
   const int64_t bytes = std::min<int64_t>(
       {64LL << 20, num_swap_slots_ * bytes_per_block_,
        static_cast<int64_t>(kv_.num_blocks) * bytes_per_block_});
   const auto t0 = std::chrono::steady_clock::now();
-  KV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
-      swap_host_, kv_.base, bytes, cudaMemcpyDeviceToHost, model_->stream()));
+  KV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(swap_host_.as<void>(), kv_.base,
+                                          bytes, cudaMemcpyDeviceToHost,
+                                          model_->stream()));
   KV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(model_->stream()));
   const double secs =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
@@ -278,13 +274,14 @@ absl::Status CudaBackend::CopyBlocks(absl::Span<const BlockMove> moves) {
   const int64_t n = static_cast<int64_t>(moves.size());
   auto run = [&]() -> absl::Status {
     KV_RETURN_IF_ERROR(ReservePairs(n));
+    int32_t* pairs = pairs_host_.as<int32_t>();
     for (int64_t i = 0; i < n; ++i) {
-      pairs_host_[2 * i] = moves[i].src;
-      pairs_host_[2 * i + 1] = moves[i].dst;
+      pairs[2 * i] = moves[i].src;
+      pairs[2 * i + 1] = moves[i].dst;
     }
     cudaStream_t s = model_->stream();
-    KV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(pairs_.as<int32_t>(), pairs_host_,
-                                            n * 8, cudaMemcpyHostToDevice, s));
+    KV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(pairs_.as<int32_t>(), pairs, n * 8,
+                                            cudaMemcpyHostToDevice, s));
     KV_CUDA_RETURN_IF_ERROR(mc::CopyKvBlocks(
         kv_.base, kv_.plane_elems, 2 * model_->config().num_layers,
         block_bytes_ / 2, pairs_.as<int32_t>(), static_cast<int>(n), s));
@@ -298,11 +295,9 @@ absl::Status CudaBackend::CopyBlocks(absl::Span<const BlockMove> moves) {
 
 absl::Status CudaBackend::ReservePairs(int64_t pairs) {
   if (pairs <= pairs_cap_) return absl::OkStatus();
-  if (pairs_host_ != nullptr) (void)cudaFreeHost(pairs_host_);
-  pairs_host_ = nullptr;
   pairs_cap_ = 0;
-  KV_CUDA_RETURN_IF_ERROR(
-      cudaMallocHost(reinterpret_cast<void**>(&pairs_host_), pairs * 8));
+  KV_RETURN_IF_ERROR(
+      pairs_host_.Allocate(pairs * 8, "block copy pairs (host)"));
   KV_RETURN_IF_ERROR(pairs_.Allocate(pairs * 8, "block copy pairs"));
   pairs_cap_ = pairs;
   return absl::OkStatus();
@@ -328,13 +323,13 @@ absl::Status CudaBackend::Swap(absl::Span<const BlockMove> moves, bool out) {
     const int planes = 2 * model_->config().num_layers;
     const int64_t n = static_cast<int64_t>(moves.size());
     KV_RETURN_IF_ERROR(ReservePairs(n));
-    for (int64_t i = 0; i < n; ++i) {
-      pairs_host_[i] = out ? moves[i].src : moves[i].dst;
-    }
-    KV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(pairs_.as<int32_t>(), pairs_host_,
-                                            n * 4, cudaMemcpyHostToDevice, s));
+    int32_t* blocks = pairs_host_.as<int32_t>();
+    for (int64_t i = 0; i < n; ++i)
+      blocks[i] = out ? moves[i].src : moves[i].dst;
+    KV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(pairs_.as<int32_t>(), blocks, n * 4,
+                                            cudaMemcpyHostToDevice, s));
     auto* staging = staging_.as<uint8_t>();
-    auto* host = static_cast<uint8_t*>(swap_host_);
+    auto* host = swap_host_.as<uint8_t>();
     for (int64_t c0 = 0; c0 < n; c0 += staging_blocks_) {
       const int64_t cn = std::min(staging_blocks_, n - c0);
       for (int64_t i = 0; !out && i < cn; ++i) {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/types/span.h"
 
 namespace kvserve::models {
 
@@ -48,9 +49,11 @@ struct ForwardBatch {
 
 // What one step returns to the host.
 struct ForwardOutput {
-  // [logits_rows.size(), vocab] row-major fp32. Rows flagged argmax_only
-  // may be left unwritten by a backend that filled `argmax`.
-  std::vector<float> logits;
+  // [logits_rows.size(), vocab] row-major fp32, in host memory the backend
+  // owns (pinned on a GPU, so the copy runs at bus speed), valid until its
+  // next Forward. Rows flagged argmax_only may be left unwritten by a
+  // backend that filled `argmax`.
+  absl::Span<float> logits;
   // Empty, or [logits_rows.size()]: each row's argmax (the lowest index on
   // ties, as std::max_element), computed on the device for every row.
   std::vector<int32_t> argmax;

@@ -29,7 +29,6 @@ int64_t Align(int64_t n) { return (n + 255) / 256 * 256; }
 }  // namespace
 
 CudaLlamaModel::~CudaLlamaModel() {
-  if (meta_host_ != nullptr) (void)cudaFreeHost(meta_host_);
   if (cublas_ != nullptr) (void)cublasDestroy(cublas_);
   if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
 }
@@ -240,6 +239,9 @@ absl::Status CudaLlamaModel::Reserve(int64_t tokens, int64_t logits_rows) {
     KV_RETURN_IF_ERROR(
         logits_.Allocate(logits_rows * c.vocab_size * 4, "logits"));
     KV_RETURN_IF_ERROR(argmax_.Allocate(logits_rows * 4, "argmax"));
+    KV_RETURN_IF_ERROR(
+        logits_host_.Allocate(logits_rows * c.vocab_size * 4, "logits (host)"));
+    KV_RETURN_IF_ERROR(argmax_host_.Allocate(logits_rows * 4, "argmax (host)"));
     cap_rows_ = logits_rows;
   }
   return absl::OkStatus();
@@ -283,15 +285,11 @@ absl::Status CudaLlamaModel::UploadMeta(const ForwardBatch& batch,
     offsets[i] = total;
     total += Align(sizes[i]);
   }
-  if (total > meta_host_bytes_) {
-    if (meta_host_ != nullptr) (void)cudaFreeHost(meta_host_);
-    meta_host_ = nullptr;
-    meta_host_bytes_ = 0;
-    KV_CUDA_RETURN_IF_ERROR(cudaMallocHost(&meta_host_, total * 2));
-    meta_host_bytes_ = total * 2;
+  if (total > meta_host_.bytes()) {
+    KV_RETURN_IF_ERROR(meta_host_.Allocate(total * 2, "step metadata (host)"));
   }
-  KV_RETURN_IF_ERROR(meta_.Reserve(meta_host_bytes_, "step metadata"));
-  auto* host = static_cast<uint8_t*>(meta_host_);
+  KV_RETURN_IF_ERROR(meta_.Reserve(meta_host_.bytes(), "step metadata"));
+  auto* host = meta_host_.as<uint8_t>();
   for (int i = 0; i < 7; ++i) {
     if (sizes[i] > 0) std::memcpy(host + offsets[i], srcs[i], sizes[i]);
   }
@@ -369,12 +367,11 @@ absl::Status CudaLlamaModel::CopyOutputs(const ForwardBatch& batch,
                                          ForwardOutput* out) {
   const int64_t rows = static_cast<int64_t>(batch.logits_rows.size());
   const int64_t vocab = config_.vocab_size;
-  out->argmax.resize(rows);
-  out->logits.resize(rows * vocab);
+  out->logits = absl::MakeSpan(logits_host_.as<float>(), rows * vocab);
   if (rows == 0) return absl::OkStatus();
   KV_CUDA_RETURN_IF_ERROR(ArgmaxRows(logits_.as<float>(), rows, vocab,
                                      argmax_.as<int32_t>(), stream_));
-  KV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out->argmax.data(),
+  KV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(argmax_host_.as<int32_t>(),
                                           argmax_.as<int32_t>(), rows * 4,
                                           cudaMemcpyDeviceToHost, stream_));
   auto whole = [&](int64_t r) {
@@ -418,6 +415,8 @@ absl::Status CudaLlamaModel::Forward(const ForwardBatch& batch,
   KV_RETURN_IF_ERROR(RunLayers(batch, kv, plan));
   KV_RETURN_IF_ERROR(CopyOutputs(batch, out));
   KV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  const int32_t* argmax = argmax_host_.as<int32_t>();
+  out->argmax.assign(argmax, argmax + rows);
   return absl::OkStatus();
 }
 

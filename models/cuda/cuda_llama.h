@@ -67,10 +67,10 @@ class CudaLlamaModel {
 
   // Runs one step: writes the batch's K/V into `kv` at slot_mapping and
   // returns each logits row's argmax (reduced on the device) and logits
-  // [batch.logits_rows.size(), vocab], copied to the host for the rows not
-  // flagged argmax_only. Validates the batch (InvalidArgument); CUDA
-  // failures are Internal / ResourceExhausted naming the call.
-  // Synchronizes the stream.
+  // [batch.logits_rows.size(), vocab] in pinned host memory this model owns
+  // (valid until its next Forward), copied for the rows not flagged
+  // argmax_only. Validates the batch (InvalidArgument); CUDA failures are
+  // Internal / ResourceExhausted naming the call. Synchronizes the stream.
   [[nodiscard]] absl::Status Forward(const ForwardBatch& batch,
                                      const CudaKvCache& kv, ForwardOutput* out);
 
@@ -98,8 +98,9 @@ class CudaLlamaModel {
   [[nodiscard]] absl::Status RunLayers(const ForwardBatch& batch,
                                        const CudaKvCache& kv,
                                        const AttnPlan& plan);
-  // Argmax of every logits row, then the rows not flagged argmax_only, to
-  // the host (one copy per run of consecutive such rows).
+  // Enqueues the argmax of every logits row, then the rows not flagged
+  // argmax_only, to the pinned host buffers (one copy per run of consecutive
+  // such rows); points out->logits at them.
   [[nodiscard]] absl::Status CopyOutputs(const ForwardBatch& batch,
                                          ForwardOutput* out);
 
@@ -122,9 +123,11 @@ class CudaLlamaModel {
   int64_t cap_tokens_ = 0, cap_rows_ = 0;
   DeviceBuffer x_, h_, qkv_buf_, attn_, delta_, gu_, act_, hf_, logits_;
   DeviceBuffer argmax_;  // int32 [cap_rows_]
+  // What each step returns, in pinned memory: fp32 [cap_rows_][vocab] (the
+  // memory ForwardOutput::logits points to) and int32 [cap_rows_].
+  PinnedBuffer logits_host_, argmax_host_;
   DeviceBuffer attn_scratch_, meta_;
-  void* meta_host_ = nullptr;  // pinned staging for the step's metadata
-  int64_t meta_host_bytes_ = 0;
+  PinnedBuffer meta_host_;  // staging for the step's metadata
   // Device pointers into meta_ for the current step.
   const int32_t* d_tokens_ = nullptr;
   const int32_t* d_positions_ = nullptr;

@@ -52,16 +52,23 @@ inline absl::Status CublasStatus(cublasStatus_t st, const char* what) {
 
 namespace kvserve::models::cuda {
 
-// Owns one cudaMalloc allocation; movable, freed on destruction.
-class DeviceBuffer {
+// Where a CudaBuffer lives: device memory (cudaMalloc), or page-locked host
+// memory (cudaMallocHost), which the copy engines reach directly: copies to
+// and from it run at full bus speed and asynchronously, where pageable
+// memory is staged through a driver buffer.
+enum class CudaMemory { kDevice, kPinnedHost };
+
+// Owns one allocation; movable, freed on destruction.
+template <CudaMemory kWhere>
+class CudaBuffer {
  public:
-  DeviceBuffer() = default;
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  DeviceBuffer(DeviceBuffer&& o) noexcept
+  CudaBuffer() = default;
+  CudaBuffer(const CudaBuffer&) = delete;
+  CudaBuffer& operator=(const CudaBuffer&) = delete;
+  CudaBuffer(CudaBuffer&& o) noexcept
       : ptr_(std::exchange(o.ptr_, nullptr)),
         bytes_(std::exchange(o.bytes_, 0)) {}
-  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+  CudaBuffer& operator=(CudaBuffer&& o) noexcept {
     if (this != &o) {
       Reset();
       ptr_ = std::exchange(o.ptr_, nullptr);
@@ -69,21 +76,27 @@ class DeviceBuffer {
     }
     return *this;
   }
-  ~DeviceBuffer() { Reset(); }
+  ~CudaBuffer() { Reset(); }
 
   // Frees the old allocation, then allocates `bytes` (contents undefined).
   [[nodiscard]] absl::Status Allocate(int64_t bytes, const char* what) {
     Reset();
     if (bytes <= 0) return absl::OkStatus();
     void* p = nullptr;
-    const cudaError_t err = cudaMalloc(&p, static_cast<size_t>(bytes));
+    const cudaError_t err =
+        kWhere == CudaMemory::kDevice
+            ? cudaMalloc(&p, static_cast<size_t>(bytes))
+            : cudaMallocHost(&p, static_cast<size_t>(bytes));
     if (err != cudaSuccess) {
       (void)cudaGetLastError();  // clear the sticky-free allocation error
-      return absl::Status(err == cudaErrorMemoryAllocation
-                              ? absl::StatusCode::kResourceExhausted
-                              : absl::StatusCode::kInternal,
-                          absl::StrCat("cudaMalloc of ", bytes, " bytes for ",
-                                       what, ": ", cudaGetErrorString(err)));
+      return absl::Status(
+          err == cudaErrorMemoryAllocation
+              ? absl::StatusCode::kResourceExhausted
+              : absl::StatusCode::kInternal,
+          absl::StrCat(
+              kWhere == CudaMemory::kDevice ? "cudaMalloc" : "cudaMallocHost",
+              " of ", bytes, " bytes for ", what, ": ",
+              cudaGetErrorString(err)));
     }
     ptr_ = p;
     bytes_ = bytes;
@@ -95,7 +108,10 @@ class DeviceBuffer {
     return Allocate(bytes, what);
   }
   void Reset() {
-    if (ptr_ != nullptr) (void)cudaFree(ptr_);
+    if (ptr_ != nullptr) {
+      (void)(kWhere == CudaMemory::kDevice ? cudaFree(ptr_)
+                                           : cudaFreeHost(ptr_));
+    }
     ptr_ = nullptr;
     bytes_ = 0;
   }
@@ -110,5 +126,8 @@ class DeviceBuffer {
   void* ptr_ = nullptr;
   int64_t bytes_ = 0;
 };
+
+using DeviceBuffer = CudaBuffer<CudaMemory::kDevice>;
+using PinnedBuffer = CudaBuffer<CudaMemory::kPinnedHost>;
 
 }  // namespace kvserve::models::cuda
