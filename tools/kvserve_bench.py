@@ -21,7 +21,8 @@ Flags follow `vllm bench serve`. Examples:
 Prompts are token ids (`prompt_token_ids`) drawn uniformly from
 [0, vocab_size) by a generator seeded with --seed, so input lengths are
 exact; `sampling.ignore_eos` is on by default (--no-ignore-eos turns it off)
-so output lengths are exact too. Sampling is greedy.
+so output lengths are exact too. Sampling is greedy unless --temperature > 0
+(then --top-p / --top-k / --min-p apply, each request seeded from --seed).
 
 Datasets (all seeded, synthetic):
   fixed               every request: --input-len prompt, --output-len output.
@@ -190,6 +191,11 @@ def build_parser():
                    default=True, help="keep generating past EOS so output "
                    "lengths are exact (default on)")
     p.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="sampling temperature; 0 = greedy (default)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--min-p", type=float, default=0.0)
     p.add_argument("--timeout", type=float, default=600.0,
                    help="per-request gRPC deadline in seconds "
                    "(default %(default)s)")
@@ -407,8 +413,10 @@ async def one_request(stub, pb, grpc, idx, prompt, max_tokens, args, progress):
            "finish_reason": None, "error": None, "cached_prompt_tokens": 0}
     req = pb.GenerateRequest(
         prompt_token_ids=pb.TokenIds(ids=prompt),
-        sampling=pb.SamplingParams(max_tokens=max_tokens, temperature=0,
-                                   ignore_eos=args.ignore_eos),
+        sampling=pb.SamplingParams(
+            max_tokens=max_tokens, temperature=args.temperature,
+            top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
+            seed=args.seed * 100003 + idx, ignore_eos=args.ignore_eos),
         request_id=f"bench-{idx}")
     progress.in_flight += 1
     progress.update()
@@ -781,7 +789,10 @@ def main(argv=None):
     if args.json:
         obj = {"backend": args.backend, "target": args.target,
                "model": model, "seed": args.seed,
-               "ignore_eos": args.ignore_eos}
+               "ignore_eos": args.ignore_eos,
+               "sampling": {"temperature": args.temperature,
+                            "top_p": args.top_p, "top_k": args.top_k,
+                            "min_p": args.min_p}}
         if args.sweep:
             obj["sweep"] = results
         else:

@@ -1,8 +1,8 @@
 """kvserve-bench's OpenAI-compatible HTTP backend (--backend openai).
 
 One streamed POST /v1/completions per request (tools/sse_client.py, no HTTP
-package needed): prompt as a token-id array, max_tokens, temperature 0,
-ignore_eos, stream: true with stream_options.include_usage. The record it
+package needed): prompt as a token-id array, max_tokens, temperature / top_p / seed (and
+top_k / min_p, vLLM's extensions, only when set), ignore_eos, stream: true with stream_options.include_usage. The record it
 returns has the same fields as the gRPC path's, so the run loop, summary,
 table, JSON and plots in kvserve_bench.py are shared.
 """
@@ -41,9 +41,15 @@ async def one_request(args, model, idx, prompt, max_tokens, progress):
            "output_tokens": 0, "ttft": None, "itl": [], "e2e": None,
            "finish_reason": None, "error": None, "cached_prompt_tokens": 0}
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens,
-            "temperature": 0, "ignore_eos": args.ignore_eos, "stream": True,
+            "temperature": args.temperature, "top_p": args.top_p,
+            "seed": args.seed * 100003 + idx,
+            "ignore_eos": args.ignore_eos, "stream": True,
             "stream_options": {"include_usage": True},
             "user": f"bench-{idx}"}
+    if args.top_k > 0:
+        body["top_k"] = args.top_k
+    if args.min_p > 0:
+        body["min_p"] = args.min_p
     progress.in_flight += 1
     progress.update()
     start = time.perf_counter()

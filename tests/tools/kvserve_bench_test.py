@@ -108,6 +108,18 @@ class BenchTest(unittest.TestCase):
         self.assertLessEqual(out["peak_kv_usage"], 1)
         self.assertIn("done", res.stderr)  # the progress line
 
+    def test_sampled_workload(self):
+        res = run_bench("--target", self.target, "--metrics-url",
+                        self.metrics, "--num-requests", "4", "--concurrency",
+                        "4", "--input-len", "16", "--output-len", "6",
+                        "--temperature", "1.0", "--top-p", "0.95", "--json")
+        self.assertEqual(res.returncode, 0, res.stderr)
+        out = json.loads(res.stdout)
+        self.assertEqual(out["completed"], 4, res.stdout)
+        self.assertEqual(out["errors"], {})
+        self.assertEqual(out["total_output_tokens"], 24)
+        self.assertEqual(out["sampling"]["temperature"], 1.0)
+
     def test_table_output(self):
         res = run_bench("--target", self.target, "--metrics-url",
                         self.metrics, "--num-requests", "2", "--input-len",
@@ -136,10 +148,14 @@ class BenchTest(unittest.TestCase):
         res = run_bench("--backend", "openai", "--target", self.http,
                         "--vocab-size", "49152", "--num-requests", "4",
                         "--concurrency", "2", "--input-len", "16",
-                        "--output-len", "6", "--json")
+                        "--output-len", "6", "--temperature", "0.8",
+                        "--top-p", "0.9", "--top-k", "40", "--min-p", "0.02",
+                        "--json")
         self.assertEqual(res.returncode, 0, res.stderr)
         out = json.loads(res.stdout)
         self.assertEqual(out["backend"], "openai")
+        self.assertEqual(out["sampling"], {"temperature": 0.8, "top_p": 0.9,
+                                           "top_k": 40, "min_p": 0.02})
         self.assertEqual(out["completed"], 4, res.stdout)
         self.assertEqual(out["errors"], {})
         self.assertEqual(out["finish_reasons"], {"length": 4})
