@@ -212,7 +212,7 @@ int32_t SampleWithTemperature(absl::Span<const float> logits,
   const size_t vocab = logits.size();
   const float mx = MaxValue(logits);
   const float inv_temp = 1.0f / p.temperature;
-  const float floor = p.min_p;  // times the best's probability, 1
+  float floor = 0.0f;  // min_p times the best's probability (exp(0): 1)
   prob.resize(vocab);
   double kept = 0.0;
   bool ordered = true;  // ids holds the kept set in sampling order
@@ -221,6 +221,7 @@ int32_t SampleWithTemperature(absl::Span<const float> logits,
     double sum = 0.0;
     for (int32_t t : ids)
       sum += prob[t] = std::exp((logits[t] - mx) * inv_temp);
+    floor = p.min_p * prob[ids[0]];
     size_t keep = 0;
     while (keep < ids.size() && prob[ids[keep]] >= floor) ++keep;
     keep = std::max<size_t>(keep, 1);
@@ -234,6 +235,7 @@ int32_t SampleWithTemperature(absl::Span<const float> logits,
   } else {
     ShiftedExp(logits.data(), vocab, mx, inv_temp, prob.data());
     const double sum = SumAsDouble(prob.data(), vocab);
+    if (p.min_p > 0.0f) floor = p.min_p * MaxValue(prob);
     if (p.top_p < 1.0f) {
       kept = Nucleus(logits, prob, sum, p.top_p, floor, &ids);
     } else {

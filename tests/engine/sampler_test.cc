@@ -201,6 +201,8 @@ TEST(SamplerTest, TemperatureSamplingFollowsTheDefinitionOnAFullVocabulary) {
       {"T=1 min_p=0.1", 1.0f, 1.0f, 0.1f, 0},
       {"T=1 min_p=0.05 top_p=0.7", 1.0f, 0.7f, 0.05f, 0},
       {"T=1 top_k=8 min_p=0.2", 1.0f, 1.0f, 0.2f, 8},
+      {"T=1 min_p=1 (the best alone)", 1.0f, 1.0f, 1.0f, 0},
+      {"T=1 top_k=5 min_p=1", 1.0f, 1.0f, 1.0f, 5},
   };
   for (const Case& c : cases) {
     SamplingParams p;
