@@ -19,8 +19,9 @@ namespace kvserve::server {
 namespace {
 
 constexpr char kServiceName[] = "kvserve.v1.KvServe";
-// After the engine drained, only unary calls and the last writes remain.
-constexpr absl::Duration kGrpcShutdownGrace = absl::Seconds(5);
+// After the engine drained, only unary calls and the last writes remain
+// (gRPC and HTTP each get this long for them).
+constexpr absl::Duration kShutdownGrace = absl::Seconds(5);
 
 double SecondsSince(absl::Time t) {
   return absl::ToDoubleSeconds(absl::Now() - t);
@@ -189,11 +190,10 @@ void Daemon::Shutdown(absl::Duration drain_timeout) {
     engine_->Drain(drain_timeout);
   }
   if (grpc_server_ != nullptr) {
-    grpc_server_->Shutdown(
-        absl::ToChronoTime(absl::Now() + kGrpcShutdownGrace));
+    grpc_server_->Shutdown(absl::ToChronoTime(absl::Now() + kShutdownGrace));
     grpc_server_->Wait();
   }
-  if (http_ != nullptr) http_->Stop();
+  if (http_ != nullptr) http_->Stop(kShutdownGrace);
   spdlog::info("shut down in {:.2f} s", SecondsSince(t0));
 }
 

@@ -55,6 +55,9 @@ class SessionBase : public std::enable_shared_from_this<SessionBase> {
   // Closes the connection now (server stop); an open exchange's OnClose
   // callback runs.
   virtual void Close() = 0;
+  // Graceful stop: ends the connection after the response in progress is
+  // written (now, when there is none).
+  virtual void Shutdown() = 0;
 };
 
 struct HttpServer::Core {

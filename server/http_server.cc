@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "prometheus/text_serializer.h"
 #include "spdlog/spdlog.h"
 
@@ -148,19 +149,37 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
   return http;
 }
 
-void HttpServer::Stop() {
+void HttpServer::Stop(absl::Duration grace) {
   if (core_ == nullptr) return;
   std::vector<std::weak_ptr<SessionBase>> sessions;
   {
     absl::MutexLock lock(&core_->mu);
     if (core_->stopped) return;
-    core_->stopped = true;
-    sessions.swap(core_->sessions);
+    sessions = core_->sessions;
   }
   net::post(core_->acceptor->get_executor(), [core = core_] {
     boost::system::error_code ec;
     core->acceptor->close(ec);
   });
+  if (grace > absl::ZeroDuration()) {
+    // Writes still flow (Post works until `stopped`): a stream whose last
+    // tokens the engine produced just before the drain ended gets them out.
+    for (const std::weak_ptr<SessionBase>& weak : sessions) {
+      if (std::shared_ptr<SessionBase> s = weak.lock()) {
+        net::post(s->executor(), [s] { s->Shutdown(); });
+      }
+    }
+    const absl::Time deadline = absl::Now() + grace;
+    while (core_->connections.load() > 0 && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+  }
+  {
+    absl::MutexLock lock(&core_->mu);
+    core_->stopped = true;
+    sessions.clear();
+    sessions.swap(core_->sessions);
+  }
   for (const std::weak_ptr<SessionBase>& weak : sessions) {
     if (std::shared_ptr<SessionBase> s = weak.lock()) {
       net::post(s->executor(), [s] { s->Close(); });

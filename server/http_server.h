@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "prometheus/registry.h"
 #include "server/auth.h"
 #include "server/tls.h"
@@ -140,9 +141,12 @@ class HttpServer {
 
   // The bound port (the picked one when Options.port was 0).
   int port() const { return port_; }
-  // Stops accepting, closes every connection, and joins the I/O threads.
-  // Exchanges still held elsewhere do nothing afterwards. Idempotent.
-  void Stop();
+  // Stops accepting; with a `grace`, lets the responses in progress finish
+  // for up to that long (each connection closes after its current response,
+  // idle ones at once); then closes every connection and joins the I/O
+  // threads. Exchanges still held elsewhere do nothing afterwards.
+  // Idempotent.
+  void Stop(absl::Duration grace = absl::ZeroDuration());
 
   struct Core;  // the I/O context, listener and connections (.cc)
 

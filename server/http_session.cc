@@ -187,6 +187,11 @@ class Session final : public SessionBase {
     FireClose();
     CloseNow();
   }
+  void Shutdown() override {
+    if (closed_) return;
+    keep_alive_ = false;  // EndExchange lingers, then closes
+    if (!in_exchange_) CloseNow();
+  }
 
  private:
   struct Pending {

@@ -1,8 +1,8 @@
 // HttpServer (Boost.Beast) through real sockets: routing (404/405), the
 // checks before the body (auth, size, connection cap), keep-alive and
 // pipelining, 100-continue, streamed responses with their `sent`
-// callbacks, disconnect detection, and Stop() while a handler still holds
-// its exchange.
+// callbacks, disconnect detection, Stop() while a handler still holds its
+// exchange, and a graceful Stop that lets a stream finish.
 #include "server/http_server.h"
 
 #include <arpa/inet.h>
@@ -14,6 +14,7 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -164,9 +165,9 @@ TEST_F(HttpServerTest, ProbesRoutesAndMethodErrors) {
 TEST_F(HttpServerTest, BodyChunkedBodyAndContinue) {
   Start();
   Conn c(server_->port());
-  ASSERT_TRUE(c.Send(
-      "POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\n"
-      "Expect: 100-continue\r\n\r\n"));
+  ASSERT_TRUE(
+      c.Send("POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\n"
+             "Expect: 100-continue\r\n\r\n"));
   EXPECT_THAT(c.ReadUntil("100 Continue\r\n\r\n"),
               StartsWith("HTTP/1.1 100 Continue"));
   ASSERT_TRUE(c.Send("hello"));
@@ -195,8 +196,9 @@ TEST_F(HttpServerTest, SizeLimitAnswers413BeforeTheBody) {
   Conn c(server_->port());
   ASSERT_TRUE(c.Send(
       "POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
-      "50\r\n" + std::string(80, 'a') + "\r\n" +
-      "50\r\n" + std::string(80, 'b') + "\r\n0\r\n\r\n"));
+      "50\r\n" +
+      std::string(80, 'a') + "\r\n" + "50\r\n" + std::string(80, 'b') +
+      "\r\n0\r\n\r\n"));
   const std::string got = c.ReadUntil("}}");
   EXPECT_THAT(got, StartsWith("HTTP/1.1 413"));
   EXPECT_THAT(got, HasSubstr("over the limit of 100 bytes"));
@@ -236,8 +238,9 @@ TEST_F(HttpServerTest, ConnectionCapRefusesApiButServesProbes) {
   ASSERT_THAT(a.ReadUntil("ok\n"), HasSubstr("ok\n"));
   ASSERT_THAT(b.ReadUntil("ok\n"), HasSubstr("ok\n"));
   Conn c(server_->port());
-  ASSERT_TRUE(c.Send("POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 1"
-                     "\r\n\r\nx"));
+  ASSERT_TRUE(
+      c.Send("POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 1"
+             "\r\n\r\nx"));
   const std::string got = c.ReadUntil("}}");
   EXPECT_THAT(got, StartsWith("HTTP/1.1 429"));
   EXPECT_THAT(got, HasSubstr("--http-max-connections"));
@@ -285,6 +288,34 @@ TEST_F(HttpServerTest, StopWhileAnExchangeIsHeldElsewhere) {
   held_->EndStream();
   server_.reset();
   held_.reset();
+}
+
+// The daemon's shutdown: the engine has drained, but a stream's last
+// writes are still on their way. Stop(grace) closes idle connections at
+// once, lets the stream finish (every byte and the terminating chunk), and
+// returns once its connection is gone; a plain Stop() would cut it.
+TEST_F(HttpServerTest, GracefulStopLetsTheResponseInProgressFinish) {
+  Start();
+  Conn streaming(server_->port()), idle(server_->port());
+  ASSERT_TRUE(streaming.Send(Get("/hold")));
+  ASSERT_THAT(streaming.ReadUntil("held\n"), HasSubstr("held\n"));
+  ASSERT_TRUE(idle.Send(Get("/health")));
+  ASSERT_THAT(idle.ReadUntil("ok\n"), HasSubstr("ok\n"));
+  std::thread stopper([this] { server_->Stop(absl::Seconds(30)); });
+  EXPECT_TRUE(idle.ReadEof());  // closed by the stop, not by its timeout
+  {
+    absl::MutexLock lock(&mu_);
+    ASSERT_NE(held_, nullptr);
+    held_->Write("tail\n", [](bool) {});
+    held_->EndStream();
+    held_.reset();
+  }
+  const std::string got = streaming.ReadUntil("0\r\n\r\n");
+  EXPECT_THAT(got, HasSubstr("5\r\ntail\n\r\n0\r\n\r\n"));
+  EXPECT_TRUE(streaming.ReadEof());  // then the server ends the connection
+  streaming.Close();
+  stopper.join();  // returns when the connection is gone, well before 30 s
+  EXPECT_FALSE(closed_.HasBeenNotified());  // finished, not cut
 }
 
 }  // namespace
