@@ -20,7 +20,7 @@ namespace {
 
 constexpr char kServiceName[] = "kvserve.v1.KvServe";
 // After the engine drained, only unary calls and the last writes remain
-// (gRPC and HTTP each get this long for them).
+// (gRPC and HTTP together get this long for them).
 constexpr absl::Duration kShutdownGrace = absl::Seconds(5);
 
 double SecondsSince(absl::Time t) {
@@ -189,11 +189,15 @@ void Daemon::Shutdown(absl::Duration drain_timeout) {
                  s.waiting, absl::FormatDuration(drain_timeout));
     engine_->Drain(drain_timeout);
   }
+  // One deadline for both front ends' last writes.
+  const absl::Time close_by = absl::Now() + kShutdownGrace;
   if (grpc_server_ != nullptr) {
-    grpc_server_->Shutdown(absl::ToChronoTime(absl::Now() + kShutdownGrace));
+    grpc_server_->Shutdown(absl::ToChronoTime(close_by));
     grpc_server_->Wait();
   }
-  if (http_ != nullptr) http_->Stop(kShutdownGrace);
+  if (http_ != nullptr) {
+    http_->Stop(std::max(close_by - absl::Now(), absl::ZeroDuration()));
+  }
   spdlog::info("shut down in {:.2f} s", SecondsSince(t0));
 }
 
