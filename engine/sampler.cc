@@ -167,9 +167,9 @@ void TopK(absl::Span<const float> logits, float mx, size_t k,
 // The nucleus of top_p (the shortest prefix of the sampling order whose
 // probability reaches top_p of `sum`), restricted to prob >= floor:
 // gathered in bands of decreasing probability (each band 2^-8 of the
-// previous bound, sorted and appended), so a peaked distribution costs one
-// pass and a short sort. Returns the nucleus in sampling order in `out`
-// and its total probability.
+// previous bound, appended and ordered as far as the walk needs), so a
+// peaked distribution costs one pass and a short sort. Returns the nucleus in
+// sampling order in `out` and its total probability.
 double Nucleus(absl::Span<const float> logits, absl::Span<const float> prob,
                double sum, float top_p, float floor,
                std::vector<int32_t>* out) {
@@ -180,10 +180,18 @@ double Nucleus(absl::Span<const float> logits, absl::Span<const float> prob,
   size_t walked = 0;
   while (true) {
     lo = std::max(lo, floor);
-    const size_t first = out->size();
     CollectBand(prob, lo, hi, out);
-    std::sort(out->begin() + static_cast<ptrdiff_t>(first), out->end(), by);
+    // The band is put in order only as far as the walk goes: the next
+    // max(64, done so far) of it at a time.
+    size_t ordered = walked;
     for (; walked < out->size(); ++walked) {
+      if (walked == ordered) {
+        ordered = std::min(out->size(), walked + std::max<size_t>(64, walked));
+        const auto at = [&](size_t i) {
+          return out->begin() + static_cast<ptrdiff_t>(i);
+        };
+        std::partial_sort(at(walked), at(ordered), out->end(), by);
+      }
       cum += prob[(*out)[walked]];
       if (cum >= top_p * sum) {
         out->resize(walked + 1);
