@@ -71,7 +71,19 @@ void ApplyPenalties(absl::Span<float> logits, const SamplingParams& p,
   }
 }
 
-float MaxValue(absl::Span<const float> v);
+// The largest value (-inf for none; rows are expected NaN-free).
+float MaxValue(absl::Span<const float> v) {
+  const hn::ScalableTag<float> d;
+  const size_t lanes = hn::Lanes(d);
+  auto m = hn::Set(d, -std::numeric_limits<float>::infinity());
+  size_t i = 0;
+  for (; i + lanes <= v.size(); i += lanes) {
+    m = hn::Max(m, hn::LoadU(d, v.data() + i));
+  }
+  float mx = hn::GetLane(hn::MaxOfLanes(d, m));
+  for (; i < v.size(); ++i) mx = std::max(mx, v[i]);
+  return mx;
+}
 
 // log-softmax normalizer of `logits` (the vector exp: 1 ULP per term).
 double LogSumExp(absl::Span<const float> logits) {
@@ -97,20 +109,6 @@ void FillLogprobs(absl::Span<const float> raw, int32_t chosen, int32_t n,
   for (int32_t i = 0; i < n; ++i) {
     out.top.push_back({idx[i], static_cast<float>(raw[idx[i]] - lse)});
   }
-}
-
-// The largest value (-inf for none; rows are expected NaN-free).
-float MaxValue(absl::Span<const float> v) {
-  const hn::ScalableTag<float> d;
-  const size_t lanes = hn::Lanes(d);
-  auto m = hn::Set(d, -std::numeric_limits<float>::infinity());
-  size_t i = 0;
-  for (; i + lanes <= v.size(); i += lanes) {
-    m = hn::Max(m, hn::LoadU(d, v.data() + i));
-  }
-  float mx = hn::GetLane(hn::MaxOfLanes(d, m));
-  for (; i < v.size(); ++i) mx = std::max(mx, v[i]);
-  return mx;
 }
 
 // The first index of the largest value (std::max_element's answer), in two

@@ -43,22 +43,20 @@ TEST(SamplerTest, ArgmaxSufficesOnlyForPlainGreedy) {
   SamplingParams p;
   p.temperature = 0;
   EXPECT_TRUE(ArgmaxSuffices(p));
+  // Each of these needs the whole row.
+  const std::vector<void (*)(SamplingParams&)> whole_row = {
+      [](SamplingParams& q) { q.logprobs = 1; },
+      [](SamplingParams& q) { q.repetition_penalty = 1.1f; },
+      [](SamplingParams& q) { q.presence_penalty = 0.5f; },
+      [](SamplingParams& q) { q.frequency_penalty = 0.5f; },
+      [](SamplingParams& q) { q.temperature = 0.7f; },
+  };
+  for (size_t i = 0; i < whole_row.size(); ++i) {
+    SamplingParams q = p;
+    whole_row[i](q);
+    EXPECT_FALSE(ArgmaxSuffices(q)) << "case " << i;
+  }
   SamplingParams q = p;
-  q.logprobs = 1;
-  EXPECT_FALSE(ArgmaxSuffices(q));
-  q = p;
-  q.repetition_penalty = 1.1f;
-  EXPECT_FALSE(ArgmaxSuffices(q));
-  q = p;
-  q.presence_penalty = 0.5f;
-  EXPECT_FALSE(ArgmaxSuffices(q));
-  q = p;
-  q.frequency_penalty = 0.5f;
-  EXPECT_FALSE(ArgmaxSuffices(q));
-  q = p;
-  q.temperature = 0.7f;
-  EXPECT_FALSE(ArgmaxSuffices(q));
-  q = p;
   q.top_k = 5;  // irrelevant when greedy
   q.top_p = 0.5f;
   EXPECT_TRUE(ArgmaxSuffices(q));
