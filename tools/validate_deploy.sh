@@ -31,6 +31,9 @@ while [ $# -gt 0 ]; do
   esac
 done
 
+# The project's Python environment (deploy/setup.sh) holds the validators.
+VENV="${KVSERVE_VENV:-$ROOT/.venv}"
+[ -x "$VENV/bin/python3" ] && PATH="$VENV/bin:$PATH"
 missing=()
 command -v hadolint >/dev/null || missing+=(hadolint)
 command -v promtool >/dev/null || missing+=(promtool)
