@@ -73,13 +73,11 @@ absl::StatusOr<std::unique_ptr<cpu::PackedMatrix>> LlamaModel::PackFused(
                       row_bytes * rows};
     owned_.push_back(std::move(buf));
   }
-  // NOTE: one kernel family for every batch size (no separate prefill
-  // representation): a row's result must not depend on what else is in the
-  // batch, or greedy outputs of concurrent requests would differ from the
-  // same requests run alone.
-  cpu::PackOptions options;
-  options.prefill = false;
-  KV_ASSIGN_OR_RETURN(cpu::PackedMatrix m, cpu::PackMatrix(fused, options));
+  // NOTE: PackMatrix keeps one kernel family for every batch size (no
+  // separate prefill representation): a row's result must not depend on
+  // what else is in the batch, or greedy outputs of concurrent requests
+  // would differ from the same requests run alone.
+  KV_ASSIGN_OR_RETURN(cpu::PackedMatrix m, cpu::PackMatrix(fused));
   weight_bytes_ += m.bytes();
   return std::make_unique<cpu::PackedMatrix>(std::move(m));
 }

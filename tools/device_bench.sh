@@ -11,11 +11,10 @@
 #   tools/device_bench.sh --quick     fewer benchmark points
 #   tools/device_bench.sh --prepare   on a machine with the project's build
 #       dependencies: build the same binaries (portable: no -march=native)
-#       with the shared libraries they need (oneDNN alone is 38 MiB) into
-#       .devbench.tar.gz, so that a device machine without abseil / oneDNN /
-#       gRPC can run them: carry ".devbench.tar.gz" (ignored via
-#       .git/info/exclude; the carry limit is 64 MiB) with the run. It is
-#       unpacked to /tmp there.
+#       with the shared libraries they need into .devbench.tar.gz, so
+#       that a device machine without abseil / gRPC can run them: carry
+#       ".devbench.tar.gz" (ignored via .git/info/exclude; the carry limit
+#       is 64 MiB) with the run. It is unpacked to /tmp there.
 #
 # On the device machine the whole command is, e.g.:
 #   tools/device_bench.sh 2>&1 | tee $OUT/device_bench.log

@@ -258,16 +258,4 @@ absl::Status DequantizeRows(GgmlType type, const void* src, int64_t rows,
   return absl::OkStatus();
 }
 
-void ConvertToBf16(const float* src, int64_t n, uint16_t* dst) {
-  int64_t i = 0;
-#if defined(__AVX512BF16__) && defined(__AVX512VL__)
-  for (; i + 16 <= n; i += 16) {
-    const __m256bh v = _mm512_cvtneps_pbh(_mm512_loadu_ps(src + i));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
-                        reinterpret_cast<const __m256i&>(v));
-  }
-#endif
-  for (; i < n; ++i) dst[i] = Fp32ToBf16(src[i]);
-}
-
 }  // namespace kvserve::models::cpu::internal

@@ -1,7 +1,6 @@
 // Float-weight pieces of the CPU GEMM path: own AVX-512 kernel for F32/F16/
-// BF16 rows with fp32 accumulation (small m), ggml dequantization to fp32,
-// and fp32 -> bf16 conversion used when packing for oneDNN and when feeding
-// it activations. Scalar fallbacks where AVX-512 is not compiled in.
+// BF16 rows with fp32 accumulation, and ggml dequantization to fp32. Scalar
+// fallbacks where AVX-512 is not compiled in.
 #pragma once
 
 #include <cstdint>
@@ -33,8 +32,5 @@ void FloatMatMul(const float* x, int64_t m, const FloatRows& w, float* y,
 [[nodiscard]] absl::Status DequantizeRows(GgmlType type, const void* src,
                                           int64_t rows, int64_t cols,
                                           float* dst);
-
-// dst[i] = bf16(src[i]), round to nearest even.
-void ConvertToBf16(const float* src, int64_t n, uint16_t* dst);
 
 }  // namespace kvserve::models::cpu::internal

@@ -13,7 +13,6 @@
 namespace kvserve::models::cpu {
 namespace {
 
-using internal::OnednnWeights;
 using internal::PackedData;
 
 bool IsQuantized(GgmlType t) {
@@ -51,59 +50,20 @@ absl::Status ValidateTensor(const RawTensor& t, int64_t* rows, int64_t* cols) {
   return absl::OkStatus();
 }
 
-// The oneDNN copies: bf16 (prefill default for all but F32) and fp32.
-absl::Status PackOnednn(const RawTensor& t, const PackOptions& options,
-                        PackedData* d) {
-  const bool want_f32 =
-      options.all_paths || (options.prefill && t.type == GgmlType::kF32);
-  const bool want_bf16 =
-      options.all_paths || (options.prefill && t.type != GgmlType::kF32);
-  if (!want_f32 && !want_bf16) return absl::OkStatus();
-  std::vector<float> f32;
-  const float* rows_f32 = static_cast<const float*>(t.data);
-  if (t.type != GgmlType::kF32) {
-    f32.resize(static_cast<size_t>(d->rows * d->cols));
-    KV_RETURN_IF_ERROR(
-        internal::DequantizeRows(t.type, t.data, d->rows, d->cols, f32.data()));
-    rows_f32 = f32.data();
-  }
-  if (want_f32) {
-    KV_ASSIGN_OR_RETURN(d->onednn_f32,
-                        OnednnWeights::Create(OnednnWeights::Kind::kF32,
-                                              rows_f32, d->rows, d->cols));
-  }
-  if (want_bf16) {
-    std::vector<uint16_t> bf16;
-    const void* src = t.data;
-    if (t.type != GgmlType::kBF16) {
-      bf16.resize(static_cast<size_t>(d->rows * d->cols));
-      internal::ConvertToBf16(rows_f32, d->rows * d->cols, bf16.data());
-      src = bf16.data();
-    }
-    KV_ASSIGN_OR_RETURN(d->onednn_bf16,
-                        OnednnWeights::Create(OnednnWeights::Kind::kBf16, src,
-                                              d->rows, d->cols));
-  }
-  if (options.all_paths && !d->float_rows) {
-    d->float_rows = internal::FloatRowsFromF32(rows_f32, d->rows, d->cols);
-  }
+// all_paths: fp32 rows of quantized weights for kOwnFloat.
+absl::Status PackAllPaths(const RawTensor& t, const PackOptions& options,
+                          PackedData* d) {
+  if (!options.all_paths || d->float_rows) return absl::OkStatus();
+  std::vector<float> f32(static_cast<size_t>(d->rows * d->cols));
+  KV_RETURN_IF_ERROR(
+      internal::DequantizeRows(t.type, t.data, d->rows, d->cols, f32.data()));
+  d->float_rows = internal::FloatRowsFromF32(f32.data(), d->rows, d->cols);
   return absl::OkStatus();
 }
 
-MatMulPath ChoosePath(const PackedData& d, int64_t m) {
-  if (m >= OnednnMinRows(d.type)) {
-    if (d.type == GgmlType::kF32) {
-      if (d.onednn_f32) return MatMulPath::kOnednnF32;
-    } else if (d.onednn_bf16) {
-      return MatMulPath::kOnednnBf16;
-    }
-  }
-  return d.tiles ? MatMulPath::kInt8Vnni : MatMulPath::kOwnFloat;
-}
-
-// Small-m kernels: always available (tiles or float rows).
-void SmallMatMul(const float* x, int64_t m, const PackedData& d, float* y,
-                 MatMulPath path) {
+// kInt8Vnni on tiles, kOwnFloat on float rows; kAuto: tiles when present.
+void RunMatMul(const float* x, int64_t m, const PackedData& d, float* y,
+               MatMulPath path) {
   if (path == MatMulPath::kInt8Vnni ||
       (path != MatMulPath::kOwnFloat && d.tiles.has_value())) {
     thread_local internal::QuantizedActs acts;
@@ -124,10 +84,6 @@ const char* PathName(MatMulPath p) {
       return "int8_vnni";
     case MatMulPath::kOwnFloat:
       return "own_float";
-    case MatMulPath::kOnednnBf16:
-      return "onednn_bf16";
-    case MatMulPath::kOnednnF32:
-      return "onednn_f32";
   }
   return "unknown";
 }
@@ -152,10 +108,6 @@ bool PackedMatrix::Supports(MatMulPath path) const {
       return data_->tiles.has_value();
     case MatMulPath::kOwnFloat:
       return data_->float_rows.has_value();
-    case MatMulPath::kOnednnBf16:
-      return data_->onednn_bf16 != nullptr;
-    case MatMulPath::kOnednnF32:
-      return data_->onednn_f32 != nullptr;
   }
   return false;
 }
@@ -175,7 +127,7 @@ absl::StatusOr<PackedMatrix> PackMatrix(const RawTensor& t,
     KV_ASSIGN_OR_RETURN(d->float_rows,
                         internal::PackFloatRows(t.type, t.data, rows, cols));
   }
-  absl::Status st = PackOnednn(t, options, d.get());
+  absl::Status st = PackAllPaths(t, options, d.get());
   if (!st.ok()) {
     return absl::Status(
         st.code(), absl::StrCat("PackMatrix: ", t.name, ": ", st.message()));
@@ -192,19 +144,7 @@ void MatMulWithPath(const float* x, int64_t m, const PackedMatrix& w, float* y,
   KV_CHECK(w.Supports(path), "MatMul: path ", PathName(path),
            " not packed for this matrix");
   if (m <= 0) return;
-  const PackedData& d = w.data();
-  if (path == MatMulPath::kAuto) path = ChoosePath(d, m);
-  switch (path) {
-    case MatMulPath::kOnednnBf16:
-      if (d.onednn_bf16->MatMul(x, m, y)) return;
-      break;
-    case MatMulPath::kOnednnF32:
-      if (d.onednn_f32->MatMul(x, m, y)) return;
-      break;
-    default:
-      break;
-  }
-  SmallMatMul(x, m, d, y, path);
+  RunMatMul(x, m, w.data(), y, path);
 }
 
 absl::StatusOr<std::vector<float>> DequantizeToF32(const RawTensor& t) {

@@ -1,16 +1,14 @@
 // CPU linear layers: weight matrices repacked once at load (PackMatrix) and
 // y = x * W^T (MatMul) for the Llama forward. Owns the choice of kernel per
-// batch size; does not own activations, threads (common/parallel.h) or the
+// weight type; does not own activations, threads (common/parallel.h) or the
 // weight source (everything needed is copied at pack time).
 //
-// Paths (measured, see docs/PERFORMANCE.md "CPU GEMM path"):
-//   m <  OnednnMinRows : Q4_0/Q4_1/Q8_0 -> int8 AVX-512 VNNI on weights kept
-//                        4/8-bit in a 16-row interleaved layout, activations
-//                        quantized to int8 per 32-block (as llama.cpp);
-//                        F32/F16/BF16 -> own AVX-512 kernel, fp32 accumulate.
-//   m >= OnednnMinRows : oneDNN matmul (AMX on Sapphire Rapids): bf16
-//                        weights dequantized at load, bf16 activations, fp32
-//                        output; F32 weights use oneDNN fp32.
+// Paths (measured, see docs/PERFORMANCE.md "CPU GEMM path"), the same for
+// every m, so a row's result does not depend on the rest of its batch:
+//   Q4_0/Q4_1/Q8_0 -> int8 AVX-512 VNNI on weights kept 4/8-bit in a 16-row
+//                     interleaved layout, activations quantized to int8 per
+//                     32-block (as llama.cpp);
+//   F32/F16/BF16   -> own AVX-512 kernel, fp32 accumulate.
 #pragma once
 
 #include <cstddef>
@@ -28,44 +26,21 @@ namespace internal {
 struct PackedData;
 }  // namespace internal
 
-// Kernel families; kAuto picks by type and m. The others exist for tests
-// and benchmarks and require the matching representation (PackOptions).
+// Kernel families; kAuto picks by type (kInt8Vnni for quantized types,
+// kOwnFloat for float types). The others exist for tests and benchmarks and
+// require the matching representation (PackOptions).
 enum class MatMulPath {
   kAuto,
-  kInt8Vnni,    // quantized types only: int8 activations x 4/8-bit weights
-  kOwnFloat,    // F32/F16/BF16 weights: own AVX-512 kernel, fp32 accumulate
-  kOnednnBf16,  // oneDNN (AMX) on bf16 weights, bf16 activations
-  kOnednnF32,   // oneDNN on fp32 weights (F32 type, or all_paths)
+  kInt8Vnni,  // quantized types only: int8 activations x 4/8-bit weights
+  kOwnFloat,  // F32/F16/BF16 weights (or all_paths): own AVX-512 kernel,
+              // fp32 accumulate
 };
 // "auto", "int8_vnni", ... (benchmark names, messages).
 const char* PathName(MatMulPath p);
 
-// Batch size (rows of x) from which kAuto uses the oneDNN path for weights
-// of `type` (measured, 2 threads, whole-model sweeps, docs/PERFORMANCE.md):
-//   quantized: 48. Below it int8 wins by streaming 4x fewer weight bytes
-//     than bf16; int8 was faster at m = 40, even at 48..56, AMX from 64.
-//   F16/BF16:  4. Both stream 2 bytes per weight; the own fp32-accumulate
-//     kernel is faster at m <= 2 (and exact), AMX from m = 4 on.
-//   F32:       32 (own kernel vs oneDNN fp32; bf16 would break 1e-5).
-constexpr int64_t OnednnMinRows(GgmlType type) {
-  switch (type) {
-    case GgmlType::kF16:
-    case GgmlType::kBF16:
-      return 4;
-    case GgmlType::kF32:
-      return 32;
-    default:
-      return 48;
-  }
-}
-
 struct PackOptions {
-  // Keep the oneDNN (bf16 / fp32) copy used for m >= OnednnMinRows(type).
-  // Without it every m runs the small-m kernels (slower prefill, less
-  // memory).
-  bool prefill = true;
-  // Also build every other representation (fp32 rows for kOwnFloat and
-  // kOnednnF32 on quantized types, bf16 for F32): benchmarks and tests.
+  // Also keep fp32 rows of quantized weights, for kOwnFloat: benchmarks and
+  // tests.
   bool all_paths = false;
 };
 

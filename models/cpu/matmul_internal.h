@@ -1,15 +1,13 @@
 // Internal representations behind PackedMatrix, shared by the kernel files
-// of the CPU GEMM path (quant_kernels, float_kernels, onednn_matmul). Not for
+// of the CPU GEMM path (quant_kernels, float_kernels). Not for
 // use outside models/cpu/.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <optional>
 
 #include "models/cpu/aligned_buffer.h"
-#include "models/cpu/onednn_matmul.h"
 #include "models/ggml_types.h"
 
 namespace kvserve::models::cpu::internal {
@@ -62,15 +60,11 @@ struct PackedData {
   GgmlType type = GgmlType::kF32;
   std::optional<QuantTiles> tiles;      // quantized types
   std::optional<FloatRows> float_rows;  // float types (or all_paths)
-  std::unique_ptr<OnednnWeights> onednn_bf16;
-  std::unique_ptr<OnednnWeights> onednn_f32;
 
   size_t Bytes() const {
     size_t n = 0;
     if (tiles) n += tiles->buf.size();
     if (float_rows) n += float_rows->buf.size();
-    if (onednn_bf16) n += onednn_bf16->bytes();
-    if (onednn_f32) n += onednn_f32->bytes();
     return n;
   }
 };

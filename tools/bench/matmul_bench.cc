@@ -1,4 +1,4 @@
-// CPU GEMM path benchmarks: every candidate kernel family on the SmolLM2-135M
+// CPU GEMM path benchmarks: both kernel families on the SmolLM2-135M
 // linear-layer shapes and a 4096x4096 one, m = 1, 8, 64, 512, so choices are
 // made on same-run ratios; plus whole-model sweeps (30 layers + output head,
 // distinct weights, so caches behave as in a real forward).
@@ -14,15 +14,12 @@
 // --benchmark_enable_random_interleaving=true --benchmark_repetitions=N so
 // that candidates are sampled alternately.
 //
-// Paths: int8_vnni, onednn_bf16, own_float (own AVX-512 fp32 kernel; on
-// dequantized fp32 weights for quantized types), onednn_f32, and
-// openblas_f32 (cblas_sgemm from libopenblas.so.0, loaded with dlopen so the
-// library never links OpenBLAS).
-#include <dlfcn.h>
-
+// Paths: int8_vnni (quantized types) and own_float (own AVX-512 fp32 kernel;
+// on dequantized fp32 weights for quantized types).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <random>
@@ -95,98 +92,48 @@ double Seconds(D d) {
   return std::chrono::duration<double>(d).count();
 }
 
-using SgemmFn = void (*)(int, int, int, int, int, int, float, const float*, int,
-                         const float*, int, float, float*, int);
-SgemmFn Sgemm() {
-  static SgemmFn fn = [] {
-    void* h = dlopen("libopenblas.so.0", RTLD_NOW | RTLD_LOCAL);
-    return h ? reinterpret_cast<SgemmFn>(dlsym(h, "cblas_sgemm")) : nullptr;
-  }();
-  return fn;
-}
-
 // Matrices with every representation, shared by all benchmarks of a shape.
-struct Entry {
-  PackedMatrix packed;
-  std::vector<float> f32;  // dequantized rows, for OpenBLAS
-};
-Entry& GetEntry(GgmlType type, int64_t rows, int64_t cols) {
+PackedMatrix& GetPacked(GgmlType type, int64_t rows, int64_t cols) {
   static auto* cache =
-      new std::map<std::tuple<GgmlType, int64_t, int64_t>, Entry>();
+      new std::map<std::tuple<GgmlType, int64_t, int64_t>, PackedMatrix>();
   auto it = cache->find({type, rows, cols});
   if (it != cache->end()) return it->second;
-  const std::vector<uint8_t> bytes = RandomWeights(type, rows, cols, 42);
-  const RawTensor t{"bench", type, {cols, rows}, bytes.data(), bytes.size()};
-  Entry e{*PackMatrix(t, {.all_paths = true}), *DequantizeToF32(t)};
-  return cache->emplace(std::make_tuple(type, rows, cols), std::move(e))
+  PackedMatrix p = MakePacked(type, rows, cols, 42, {.all_paths = true});
+  return cache->emplace(std::make_tuple(type, rows, cols), std::move(p))
       .first->second;
 }
 
-enum class Cand { kInt8, kBf16, kOwnFloat, kOnednnF32, kBlas };
-constexpr Cand kCands[] = {Cand::kInt8, Cand::kBf16, Cand::kOwnFloat,
-                           Cand::kOnednnF32, Cand::kBlas};
-const char* CandName(Cand c) {
-  switch (c) {
-    case Cand::kInt8:
-      return "int8_vnni";
-    case Cand::kBf16:
-      return "onednn_bf16";
-    case Cand::kOwnFloat:
-      return "own_float";
-    case Cand::kOnednnF32:
-      return "onednn_f32";
-    case Cand::kBlas:
-      return "openblas_f32";
-  }
-  return "";
-}
+constexpr MatMulPath kPaths[] = {MatMulPath::kInt8Vnni, MatMulPath::kOwnFloat};
 
-// Bytes of weights candidate `c` streams per call.
-double WeightBytes(Cand c, const Entry& e) {
-  const double n = static_cast<double>(e.packed.rows() * e.packed.cols());
-  switch (c) {
-    case Cand::kInt8:
-      return n * TypeTraits(e.packed.source_type()).type_size / 32.0;
-    case Cand::kBf16:
-      return 2 * n;
-    case Cand::kOwnFloat:
-      return e.packed.source_type() == GgmlType::kF16 ||
-                     e.packed.source_type() == GgmlType::kBF16
-                 ? 2 * n
-                 : 4 * n;
-    default:
-      return 4 * n;
+// Bytes of weights `path` streams per call.
+double WeightBytes(MatMulPath path, const PackedMatrix& w) {
+  const double n = static_cast<double>(w.rows() * w.cols());
+  if (path == MatMulPath::kInt8Vnni) {
+    return n * TypeTraits(w.source_type()).type_size / 32.0;
   }
+  return w.source_type() == GgmlType::kF16 || w.source_type() == GgmlType::kBF16
+             ? 2 * n
+             : 4 * n;
 }
 
 void BM_Matmul(benchmark::State& state, GgmlType type, int64_t rows,
-               int64_t cols, int64_t m, Cand c) {
-  Entry& e = GetEntry(type, rows, cols);
+               int64_t cols, int64_t m, MatMulPath path) {
+  PackedMatrix& w = GetPacked(type, rows, cols);
   const std::vector<float> x = RandomActs(m * cols);
   std::vector<float> y(m * rows);
-  const MatMulPath path = c == Cand::kInt8       ? MatMulPath::kInt8Vnni
-                          : c == Cand::kBf16     ? MatMulPath::kOnednnBf16
-                          : c == Cand::kOwnFloat ? MatMulPath::kOwnFloat
-                                                 : MatMulPath::kOnednnF32;
-  if (!e.packed.Supports(path) || (c == Cand::kBlas && Sgemm() == nullptr)) {
+  if (!w.Supports(path)) {
     state.SkipWithError("path not available");
     return;
   }
   double best = 1e30;
   for (auto _ : state) {
     const auto t0 = std::chrono::steady_clock::now();
-    if (c == Cand::kBlas) {
-      // Row-major y (m x rows) = x (m x cols) * W^T, W rows x cols.
-      Sgemm()(101, 111, 112, m, rows, cols, 1.0f, x.data(), cols, e.f32.data(),
-              cols, 0.0f, y.data(), rows);
-    } else {
-      MatMulWithPath(x.data(), m, e.packed, y.data(), path);
-    }
+    MatMulWithPath(x.data(), m, w, y.data(), path);
     benchmark::DoNotOptimize(y.data());
     best = std::min(best, Seconds(std::chrono::steady_clock::now() - t0));
   }
   state.counters["best_us"] = best * 1e6;
-  state.counters["GBps"] = WeightBytes(c, e) * 1e-9 / best;
+  state.counters["GBps"] = WeightBytes(path, w) * 1e-9 / best;
   state.counters["GFLOPs"] = 2e-9 * m * rows * cols / best;
 }
 
@@ -265,19 +212,18 @@ void RegisterAll() {
         quant ? std::vector<int64_t>{1, 8, 64, 512}
               : std::vector<int64_t>{1, 2, 4, 8, 64, 512};
     for (int64_t m : ms) {
-      for (Cand c : kCands) {
+      for (MatMulPath path : kPaths) {
         const std::string name =
             absl::StrCat("Matmul/", std::string(TypeName(s.type)), "/", s.rows,
-                         "x", s.cols, "/m:", m, "/", CandName(c));
+                         "x", s.cols, "/m:", m, "/", PathName(path));
         benchmark::RegisterBenchmark(name.c_str(), BM_Matmul, s.type, s.rows,
-                                     s.cols, m, c)
+                                     s.cols, m, path)
             ->Unit(benchmark::kMicrosecond)
             ->UseRealTime();
       }
     }
   }
-  for (MatMulPath p :
-       {MatMulPath::kAuto, MatMulPath::kInt8Vnni, MatMulPath::kOnednnBf16}) {
+  for (MatMulPath p : {MatMulPath::kAuto, MatMulPath::kInt8Vnni}) {
     for (int64_t m : {1, 2, 4, 8}) {
       benchmark::RegisterBenchmark(
           absl::StrCat("DecodeSweep/", PathName(p), "/m:", m).c_str(), BM_Sweep,
