@@ -3,7 +3,8 @@
 // parseable, the key matches the certificate) so that a bad file fails the
 // start with the flag's name instead of failing every handshake later, and
 // the credentials each server library takes: grpc::SslServerCredentials for
-// gRPC and an OpenSSL SSL_CTX set-up for cpp-httplib's SSLServer.
+// gRPC and the set-up of the OpenSSL SSL_CTX inside the HTTP listener's
+// boost::asio::ssl::context (server/http_server.cc).
 // With a client CA, both listeners require and verify a client certificate
 // signed by it (mutual TLS). TLS 1.2 is the lowest version offered.
 #pragma once

@@ -5,14 +5,13 @@ event (TTFT) and stream duration percentiles, and the server's peak thread
 count and RSS (read from /proc/PID/status every 50 ms).
 
 Used to choose kvserve's HTTP library (issue 8: "choose by a load test with
-1,000 concurrent streams"). Targets: kvserve's --http-port, or the two
-prototypes in tools/http_proto/ (cpp-httplib and Boost.Beast serving the same
-synthetic events), started by --spawn so the tool knows the server's PID:
+1,000 concurrent streams"; the prototypes it compared, cpp-httplib and
+Boost.Beast serving the same synthetic events, were removed after the choice:
+docs/PERFORMANCE.md). Target: kvserve's --http-port, started by --spawn so
+the tool knows the server's PID, or an address and a PID:
 
     tools/http_stream_loadtest.py --streams 1000 --spawn \\
         "build/server/kvserve --port 0 --http-port 0 --http-threads 1"
-    tools/http_stream_loadtest.py --streams 1000 --spawn \\
-        "build/http_proto/beast_sse --threads 1 --chunks 8 --delay-ms 50"
     tools/http_stream_loadtest.py --streams 1000 --target 127.0.0.1:9090 \\
         --pid $(pidof kvserve)
 

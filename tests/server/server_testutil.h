@@ -12,6 +12,17 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/address_v4.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/core/tcp_stream.hpp>
+#include <boost/beast/http/empty_body.hpp>
+#include <boost/beast/http/parser.hpp>
+#include <boost/beast/http/read.hpp>
+#include <boost/beast/http/string_body.hpp>
+#include <boost/beast/http/write.hpp>
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <functional>
@@ -32,7 +43,6 @@
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
-#include "httplib.h"
 #include "kvserve/v1/kvserve.grpc.pb.h"
 
 extern char** environ;
@@ -206,14 +216,53 @@ class ServerProcess {
   bool eof_ = false;    // guarded by mu_
 };
 
-// GET http://127.0.0.1:port/path: {status, body}; status -1 if unreachable.
+// GET http://127.0.0.1:port/path: {status, body}; status -1 if unreachable
+// (5 s to connect, then 10 s for the request and the whole response). One
+// connection per call ("Connection: close"). Blocking: Beast's asynchronous
+// operations on a private io_context, because only they honour the stream's
+// timeouts.
 inline std::pair<int, std::string> HttpGet(int port, const std::string& path) {
-  httplib::Client client("127.0.0.1", port);
-  client.set_connection_timeout(5);
-  client.set_read_timeout(10);
-  httplib::Result res = client.Get(path.c_str());
-  if (!res) return {-1, ""};
-  return {res->status, res->body};
+  namespace beast = boost::beast;
+  namespace http = boost::beast::http;
+  namespace net = boost::asio;
+  net::io_context ioc;
+  beast::tcp_stream stream(ioc);
+  beast::error_code ec;
+  // Starts one operation (its handler stores the error in `ec`) and runs it
+  // to completion: true when it succeeded.
+  auto run = [&](auto start) {
+    ioc.restart();
+    start();
+    ioc.run();
+    return !ec;
+  };
+  const net::ip::tcp::endpoint endpoint(net::ip::address_v4::loopback(),
+                                        static_cast<unsigned short>(port));
+  stream.expires_after(std::chrono::seconds(5));
+  if (!run([&] {
+        stream.async_connect(endpoint, [&](beast::error_code e) { ec = e; });
+      })) {
+    return {-1, ""};
+  }
+  http::request<http::empty_body> request(http::verb::get, path, 11);
+  request.set(http::field::host, absl::StrCat("127.0.0.1:", port));
+  request.keep_alive(false);
+  beast::flat_buffer buffer;
+  http::response_parser<http::string_body> parser;
+  parser.body_limit(64 << 20);
+  stream.expires_after(std::chrono::seconds(10));
+  if (!run([&] {
+        http::async_write(stream, request,
+                          [&](beast::error_code e, size_t) { ec = e; });
+      }) ||
+      !run([&] {
+        http::async_read(stream, buffer, parser,
+                         [&](beast::error_code e, size_t) { ec = e; });
+      })) {
+    return {-1, ""};
+  }
+  stream.socket().shutdown(net::ip::tcp::socket::shutdown_both, ec);
+  return {parser.get().result_int(), parser.get().body()};
 }
 
 // Prometheus text -> {"name{labels}": value} (samples only).
