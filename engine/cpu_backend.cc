@@ -18,16 +18,20 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cstring>
-#include <new>
+#include <optional>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/page_buffer.h"
 #include "common/status_macros.h"
 #include "engine/kv_cache_storage.h"
 #include "engine/loaded_model.h"
 #include "kvcache/kv_sizing.h"
 #include "models/llama_model.h"
+#include "spdlog/spdlog.h"
 
 namespace kvserve::engine {
 namespace {
@@ -45,6 +49,25 @@ double SecondsSince(std::chrono::steady_clock::time_point t0) {
       .count();
 }
 
+}  // namespace
+
+absl::StatusOr<kvcache::KvDtype> CpuKvDtype(
+    std::optional<kvcache::KvDtype> requested, int head_dim) {
+  const kvcache::KvDtype d = requested.value_or(kDefaultCpuKvDtype);
+  if (d == kvcache::KvDtype::kFP8) {
+    return absl::InvalidArgumentError(
+        "--kv-cache-dtype fp8: the CPU backend stores f32, bf16, fp16, int8 "
+        "or int4 KV (fp8 is a CUDA dtype)");
+  }
+  if (absl::Status s = kvcache::CheckKvDtypeShape(d, head_dim); !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kv-cache-dtype: ", s.message()));
+  }
+  return d;
+}
+
+namespace {
+
 class CpuBackend final : public ModelBackend {
  public:
   CpuBackend(std::unique_ptr<models::LlamaModel> model,
@@ -54,7 +77,9 @@ class CpuBackend final : public ModelBackend {
   absl::Status Init(int64_t swap_space_bytes);
 
   std::string_view device_name() const override { return "cpu"; }
-  std::string_view kv_dtype() const override { return "f32"; }
+  std::string_view kv_dtype() const override {
+    return kvcache::KvDtypeName(kv_->dtype());
+  }
   int32_t num_blocks() const override { return kv_->num_blocks(); }
   int32_t block_size() const override { return kv_->block_size(); }
   int64_t bytes_per_block() const override { return kv_->bytes_per_block(); }
@@ -77,20 +102,17 @@ class CpuBackend final : public ModelBackend {
   absl::Status SwapIn(absl::Span<const BlockMove> moves) override;
 
  private:
-  // Floats of one layer's K (or V) in one block.
-  int64_t LayerBlockFloats() const {
-    return static_cast<int64_t>(kv_->block_size()) * kv_->view().SlotStride();
-  }
-  float* Slot(int32_t slot) {
-    return swap_.get() + static_cast<int64_t>(slot) * 2 * kv_->view().k.size() *
-                             LayerBlockFloats();
+  // A swap slot: one block of every layer, K then V per layer.
+  std::byte* Slot(int32_t slot) {
+    return reinterpret_cast<std::byte*>(swap_.data()) +
+           static_cast<int64_t>(slot) * kv_->bytes_per_block();
   }
   absl::Status CheckBlock(const char* what, int32_t id, int32_t limit) const;
   void MeasureCosts();
 
   std::unique_ptr<models::LlamaModel> model_;
   std::unique_ptr<KvCacheStorage> kv_;
-  std::unique_ptr<float[]> swap_;
+  PageBuffer swap_;  // num_swap_slots_ blocks, committed as they are used
   std::vector<float> logits_;  // what Forward's output points to
   int32_t num_swap_slots_ = 0;
   double seconds_per_token_ = 1e-3;
@@ -102,17 +124,17 @@ absl::Status CpuBackend::Init(int64_t swap_space_bytes) {
       std::max<int64_t>(swap_space_bytes, 0) / kv_->bytes_per_block(),
       INT32_MAX / 2);
   if (slots > 0) {
-    // Not zero-filled: pages are only touched when a block is swapped out.
-    const int64_t floats = slots * kv_->bytes_per_block() / sizeof(float);
-    swap_.reset(new (std::nothrow) float[floats]);
-    if (swap_ == nullptr) {
-      return absl::ResourceExhaustedError(absl::StrFormat(
-          "--swap-space-bytes: cannot allocate %d bytes of host swap space",
-          swap_space_bytes));
-    }
+    KV_ASSIGN_OR_RETURN(
+        swap_, PageBuffer::Reserve(slots * kv_->bytes_per_block(),
+                                   "--swap-space-bytes (host swap space)"));
   }
   num_swap_slots_ = static_cast<int32_t>(slots);
   MeasureCosts();
+  spdlog::info(
+      "cpu kv: {:.1f} MiB of KV blocks and {:.1f} MiB of swap space reserved; "
+      "memory is committed as blocks are first written ({:.1f} MiB now)",
+      kv_->total_bytes() / 1048576.0, swap_.size() / 1048576.0,
+      (kv_->ResidentBytes() + swap_.ResidentBytes()) / 1048576.0);
   return absl::OkStatus();
 }
 
@@ -141,12 +163,8 @@ void CpuBackend::MeasureCosts() {
     const double s = std::max(SecondsSince(t0) / tokens, 1e-7);
     seconds_per_token_ = i == 0 ? s : std::min(seconds_per_token_, s);
   }
-  // Leave the probed blocks as a fresh pool has them: zeros.
-  const int64_t n = LayerBlockFloats();
-  for (size_t l = 0; l < kv_->view().k.size(); ++l) {
-    std::memset(kv_->view().k[l], 0, blocks * n * sizeof(float));
-    std::memset(kv_->view().v[l], 0, blocks * n * sizeof(float));
-  }
+  // Leave the probed blocks as a fresh pool has them: zeros, not resident.
+  kv_->ZeroBlocks(0, blocks);
   // Host copy bandwidth.
   const int64_t bytes =
       std::max<int64_t>(kv_->bytes_per_block(), int64_t{8} << 20);
@@ -179,30 +197,30 @@ absl::Status CpuBackend::CopyBlocks(absl::Span<const BlockMove> moves) {
 }
 
 absl::Status CpuBackend::SwapOut(absl::Span<const BlockMove> moves) {
-  const int64_t n = LayerBlockFloats();
   const models::KvCacheView& v = kv_->view();
+  const int64_t n = v.BlockBytes();
   for (const BlockMove& m : moves) {
     KV_RETURN_IF_ERROR(CheckBlock("SwapOut: src block", m.src, num_blocks()));
     KV_RETURN_IF_ERROR(CheckBlock("SwapOut: dst slot", m.dst, num_swap_slots_));
-    float* dst = Slot(m.dst);
+    std::byte* dst = Slot(m.dst);
     for (size_t l = 0; l < v.k.size(); ++l) {
-      std::memcpy(dst + (2 * l) * n, v.k[l] + m.src * n, n * sizeof(float));
-      std::memcpy(dst + (2 * l + 1) * n, v.v[l] + m.src * n, n * sizeof(float));
+      std::memcpy(dst + (2 * l) * n, v.k[l] + m.src * n, n);
+      std::memcpy(dst + (2 * l + 1) * n, v.v[l] + m.src * n, n);
     }
   }
   return absl::OkStatus();
 }
 
 absl::Status CpuBackend::SwapIn(absl::Span<const BlockMove> moves) {
-  const int64_t n = LayerBlockFloats();
   const models::KvCacheView& v = kv_->view();
+  const int64_t n = v.BlockBytes();
   for (const BlockMove& m : moves) {
     KV_RETURN_IF_ERROR(CheckBlock("SwapIn: src slot", m.src, num_swap_slots_));
     KV_RETURN_IF_ERROR(CheckBlock("SwapIn: dst block", m.dst, num_blocks()));
-    const float* src = Slot(m.src);
+    const std::byte* src = Slot(m.src);
     for (size_t l = 0; l < v.k.size(); ++l) {
-      std::memcpy(v.k[l] + m.dst * n, src + (2 * l) * n, n * sizeof(float));
-      std::memcpy(v.v[l] + m.dst * n, src + (2 * l + 1) * n, n * sizeof(float));
+      std::memcpy(v.k[l] + m.dst * n, src + (2 * l) * n, n);
+      std::memcpy(v.v[l] + m.dst * n, src + (2 * l + 1) * n, n);
     }
   }
   return absl::OkStatus();
@@ -223,9 +241,11 @@ absl::StatusOr<std::unique_ptr<ModelBackend>> CreateCpuBackend(
     budget =
         static_cast<int64_t>(PhysicalMemoryBytes() * config.kv_cache_fraction);
   }
+  KV_ASSIGN_OR_RETURN(const kvcache::KvDtype dtype,
+                      CpuKvDtype(config.kv_dtype, c.head_dim));
   KV_ASSIGN_OR_RETURN(
       auto kv, KvCacheStorage::Create({c.num_layers, c.num_kv_heads, c.head_dim,
-                                       config.block_size, 0, budget}));
+                                       config.block_size, 0, budget, dtype}));
   auto backend =
       std::make_unique<CpuBackend>(std::move(model->model), std::move(kv));
   KV_RETURN_IF_ERROR(backend->Init(config.swap_space_bytes));

@@ -224,6 +224,14 @@ absl::Status CudaBackend::AllocateSwap(const BackendConfig& config) {
 
 absl::StatusOr<std::unique_ptr<ModelBackend>> CudaBackend::Create(
     const BackendConfig& config, LoadedModel* model) {
+  if (config.kv_dtype.has_value() &&
+      *config.kv_dtype != kvcache::KvDtype::kBF16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--kv-cache-dtype ",
+        std::string(kvcache::KvDtypeName(*config.kv_dtype)),
+        ": the CUDA backend stores bf16 KV only (use auto or bf16, or "
+        "--device cpu for f32, fp16, int8 and int4)"));
+  }
   // LoadModel(..., "cuda") keeps the weights; a model loaded for the CPU
   // is re-opened from its path (the packed CPU copy is then dropped).
   std::unique_ptr<models::WeightSource> weights = std::move(model->weights);

@@ -73,6 +73,7 @@ absl::Status Engine::Impl::Init(
   bc.max_num_batched_tokens = config_.max_num_batched_tokens;
   bc.max_num_seqs = config_.max_num_seqs;
   bc.swap_space_bytes = config_.swap_space_bytes;
+  bc.kv_dtype = config_.kv_cache_dtype;
   KV_ASSIGN_OR_RETURN(backend_, CreateBackend(bc, &model_));
   const int32_t num_blocks = backend_->num_blocks();
   const int64_t per_token = backend_->bytes_per_block() / config_.block_size;

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "engine/loaded_model.h"
 #include "engine/request_spec.h"
 #include "engine/stream_state.h"
+#include "kvcache/kv_sizing.h"
 
 namespace prometheus {
 class Registry;
@@ -32,13 +34,13 @@ inline constexpr int32_t kMaxCompletions = 16;
 
 struct EngineConfig {
   int32_t block_size = 16;
-  int64_t kv_cache_bytes = 0;     // 0: derive from kv_cache_fraction
+  int64_t kv_cache_bytes = 0;       // 0: derive from kv_cache_fraction
   double kv_cache_fraction = 0.25;  // of physical memory, when bytes == 0
   int32_t max_num_seqs = 64;
   int32_t max_num_batched_tokens = 512;
   int32_t max_queued_requests = 1024;
-  int32_t max_model_len = 0;      // 0: the model's max context
-  double watermark = 0.01;        // fraction of blocks kept free at admission
+  int32_t max_model_len = 0;  // 0: the model's max context
+  double watermark = 0.01;    // fraction of blocks kept free at admission
   std::string scheduling_policy = "fcfs";  // fcfs | priority
   bool enable_prefix_caching = true;
   // paged | max-length (each request holds a max_model_len slab: the
@@ -49,6 +51,8 @@ struct EngineConfig {
   double gpu_memory_fraction = 0.9;
   // Host swap space for preemption by swap; 0 disables swapping.
   int64_t swap_space_bytes = 0;
+  // KV element type (--kv-cache-dtype); nullopt: the backend's default.
+  std::optional<kvcache::KvDtype> kv_cache_dtype;
   std::string preemption_mode = "auto";  // auto | recompute | swap
   // A request preempted this many times in a row is readmitted only when
   // its whole remaining prefill fits (0: the scheduler's default).

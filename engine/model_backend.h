@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -19,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "kvcache/block_pool.h"
+#include "kvcache/kv_sizing.h"
 #include "models/forward_batch.h"
 
 namespace kvserve::engine {
@@ -42,6 +44,9 @@ struct BackendConfig {
   int32_t max_num_batched_tokens = 512;  // profiling forward size (CUDA)
   int32_t max_num_seqs = 64;
   int64_t swap_space_bytes = 0;  // host swap space; 0 disables swapping
+  // KV element type; nullopt: the backend's default (CPU fp16, CUDA bf16).
+  // A dtype the backend cannot store is refused at creation.
+  std::optional<kvcache::KvDtype> kv_dtype;
 };
 
 class ModelBackend {
@@ -49,7 +54,8 @@ class ModelBackend {
   virtual ~ModelBackend() = default;
 
   virtual std::string_view device_name() const = 0;  // "cpu", "cuda:0"
-  virtual std::string_view kv_dtype() const = 0;     // "f32", "bf16"
+  // kvcache::KvDtypeName of the stored KV: "fp16", "int8", "bf16", ...
+  virtual std::string_view kv_dtype() const = 0;
   virtual int32_t num_blocks() const = 0;
   virtual int32_t block_size() const = 0;
   // Bytes one block holds across all layers, K and V.

@@ -38,24 +38,46 @@ absl::StatusOr<KvDtype> ParseKvDtype(std::string_view name) {
   if (s == "fp8" || s == "f8" || s == "fp8_e4m3" || s == "e4m3") {
     return KvDtype::kFP8;
   }
-  if (s == "int8" || s == "i8") return KvDtype::kInt8;
+  if (s == "int8" || s == "i8" || s == "q8_0") return KvDtype::kInt8;
+  if (s == "int4" || s == "i4" || s == "q4_0") return KvDtype::kInt4;
   return absl::InvalidArgumentError(absl::StrFormat(
-      "unknown KV dtype '%s' (expected one of bf16, fp16, fp8, int8, f32)",
+      "unknown KV dtype '%s' (expected one of bf16, fp16, fp8, int8, int4, "
+      "f32)",
       name));
 }
 
-int KvDtypeBytes(KvDtype dtype) {
+double KvBytesPerElement(KvDtype dtype) {
+  return static_cast<double>(KvRowBytes(dtype, kKvQuantGroup)) / kKvQuantGroup;
+}
+
+int64_t KvRowBytes(KvDtype dtype, int head_dim) {
+  const int64_t d = head_dim;
+  const int64_t groups = (d + kKvQuantGroup - 1) / kKvQuantGroup;
   switch (dtype) {
     case KvDtype::kF32:
-      return 4;
+      return 4 * d;
     case KvDtype::kBF16:
     case KvDtype::kF16:
-      return 2;
+      return 2 * d;
     case KvDtype::kFP8:
+      return d;
     case KvDtype::kInt8:
-      return 1;
+      return groups * (kKvQuantGroup + 2);
+    case KvDtype::kInt4:
+      return groups * (kKvQuantGroup / 2 + 2);
   }
   KV_CHECK(false, "bad KvDtype ", static_cast<int>(dtype));
+}
+
+absl::Status CheckKvDtypeShape(KvDtype dtype, int head_dim) {
+  if ((dtype == KvDtype::kInt8 || dtype == KvDtype::kInt4) &&
+      head_dim % kKvQuantGroup != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "KV dtype %s stores groups of %d elements: head_dim %d is not a "
+        "multiple of %d",
+        KvDtypeName(dtype), kKvQuantGroup, head_dim, kKvQuantGroup));
+  }
+  return absl::OkStatus();
 }
 
 std::string_view KvDtypeName(KvDtype dtype) {
@@ -70,6 +92,8 @@ std::string_view KvDtypeName(KvDtype dtype) {
       return "fp8";
     case KvDtype::kInt8:
       return "int8";
+    case KvDtype::kInt4:
+      return "int4";
   }
   KV_CHECK(false, "bad KvDtype ", static_cast<int>(dtype));
 }
@@ -84,8 +108,8 @@ int64_t KvBytesPerToken(const KvShape& shape, KvDtype dtype, int tp) {
   KV_CHECK(shape.num_layers >= 1 && shape.head_dim >= 1,
            "num_layers=", shape.num_layers, " head_dim=", shape.head_dim);
   return int64_t{2} * shape.num_layers *
-         KvHeadsPerRank(shape.num_kv_heads, tp) * shape.head_dim *
-         KvDtypeBytes(dtype);
+         KvHeadsPerRank(shape.num_kv_heads, tp) *
+         KvRowBytes(dtype, shape.head_dim);
 }
 
 int64_t KvBytesPerBlock(const KvShape& shape, KvDtype dtype, int block_size,
@@ -114,9 +138,9 @@ absl::Status ValidateKvPlanInput(const KvPlanInput& in) {
         CheckRange("budget_bytes", in.budget_bytes, 0, int64_t{1} << 60)}) {
     if (!s.ok()) return s;
   }
-  const double per_token = 2.0 * in.shape.num_layers *
-                           KvHeadsPerRank(in.shape.num_kv_heads, in.tp) *
-                           in.shape.head_dim * KvDtypeBytes(in.dtype);
+  const double per_token =
+      2.0 * in.shape.num_layers * KvHeadsPerRank(in.shape.num_kv_heads, in.tp) *
+      static_cast<double>(KvRowBytes(in.dtype, in.shape.head_dim));
   const double longest = static_cast<double>(
       std::max(NaiveMaxLen(in),
                BlocksForTokens(in.context_len, in.block_size) * in.block_size));

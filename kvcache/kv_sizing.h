@@ -14,15 +14,29 @@
 
 namespace kvserve::kvcache {
 
-enum class KvDtype { kF32, kBF16, kF16, kFP8, kInt8 };
+// KV element types. kInt8 and kInt4 are stored in groups of kKvQuantGroup
+// elements along head_dim, each group with one fp16 scale: the layouts of
+// llama.cpp's q8_0 (34 bytes per 32) and q4_0 (18 bytes per 32), so kvserve
+// and llama.cpp hold the same number of tokens in the same bytes.
+enum class KvDtype { kF32, kBF16, kF16, kFP8, kInt8, kInt4 };
+inline constexpr int kKvQuantGroup = 32;
 
 // Accepts (case-insensitive) "f32"/"fp32"/"float32", "bf16"/"bfloat16",
-// "f16"/"fp16"/"float16"/"half", "fp8"/"f8"/"fp8_e4m3"/"e4m3", "int8"/"i8".
-// InvalidArgument listing the accepted names otherwise.
+// "f16"/"fp16"/"float16"/"half", "fp8"/"f8"/"fp8_e4m3"/"e4m3",
+// "int8"/"i8"/"q8_0", "int4"/"i4"/"q4_0". InvalidArgument listing the
+// accepted names otherwise.
 [[nodiscard]] absl::StatusOr<KvDtype> ParseKvDtype(std::string_view name);
-// Bytes per KV element: 4, 2, 2, 1, 1.
-[[nodiscard]] int KvDtypeBytes(KvDtype dtype);
-// Canonical short name: "f32", "bf16", "fp16", "fp8", "int8".
+// Storage bytes per KV element, group scales included: 4, 2, 2, 1, 1.0625,
+// 0.5625.
+[[nodiscard]] double KvBytesPerElement(KvDtype dtype);
+// Bytes of one KV head's K (or V) row of `head_dim` elements, scales
+// included. Quantized dtypes round head_dim up to whole groups (a shape that
+// is not a multiple of the group is refused by CheckKvDtypeShape).
+[[nodiscard]] int64_t KvRowBytes(KvDtype dtype, int head_dim);
+// OK iff rows of `head_dim` elements can be stored as `dtype`; otherwise
+// InvalidArgument naming the dtype and the constraint.
+[[nodiscard]] absl::Status CheckKvDtypeShape(KvDtype dtype, int head_dim);
+// Canonical short name: "f32", "bf16", "fp16", "fp8", "int8", "int4".
 [[nodiscard]] std::string_view KvDtypeName(KvDtype dtype);
 
 // The attention shape that determines KV size.
@@ -40,8 +54,8 @@ struct KvShape {
 [[nodiscard]] int KvHeadsPerRank(int num_kv_heads, int tp);
 
 // Bytes of K and V one token occupies on one rank:
-// 2 (K and V) x num_layers x KvHeadsPerRank(num_kv_heads, tp) x head_dim x
-// KvDtypeBytes(dtype). Preconditions: positive shape, tp >= 1.
+// 2 (K and V) x num_layers x KvHeadsPerRank(num_kv_heads, tp) x
+// KvRowBytes(dtype, head_dim). Preconditions: positive shape, tp >= 1.
 [[nodiscard]] int64_t KvBytesPerToken(const KvShape& shape, KvDtype dtype,
                                       int tp = 1);
 // KvBytesPerToken x block_size (all layers of one block). block_size >= 1.

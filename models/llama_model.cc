@@ -6,10 +6,11 @@
 #include "absl/strings/str_cat.h"
 #include "common/parallel.h"
 #include "common/status_macros.h"
+#include "models/cpu/kv_rows.h"
 #include "models/cpu/ops.h"
+#include "models/cpu/paged_attention.h"
 #include "models/dequant.h"
 #include "models/model_files.h"
-#include "models/paged_attention.h"
 
 namespace kvserve::models {
 namespace {
@@ -150,8 +151,9 @@ void LlamaModel::AttentionBlock(const Layer& layer, int layer_index,
   });
   cpu::MatMul(h_.data(), n, *layer.qkv, qkv_.data());
 
-  float* kc = kv.k[layer_index];
-  float* vc = kv.v[layer_index];
+  std::byte* kc = kv.k[layer_index];
+  std::byte* vc = kv.v[layer_index];
+  const int64_t row_bytes = kv.RowBytes();
   ParallelFor(n, 1, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
       float* q = qkv_.data() + i * qkv_dim;
@@ -167,15 +169,18 @@ void LlamaModel::AttentionBlock(const Layer& layer, int layer_index,
       rope_.Apply(k, c.num_kv_heads, cos_.data() + i * half,
                   sin_.data() + i * half);
       const int64_t slot = batch.slot_mapping[i];
-      std::memcpy(kc + slot * kv_dim, k, kv_dim * sizeof(float));
-      std::memcpy(vc + slot * kv_dim, v, kv_dim * sizeof(float));
+      for (int h = 0; h < c.num_kv_heads; ++h) {
+        const int64_t row = (slot * c.num_kv_heads + h) * row_bytes;
+        cpu::EncodeKvRow(kv.dtype, k + h * d, c.head_dim, kc + row);
+        cpu::EncodeKvRow(kv.dtype, v + h * d, c.head_dim, vc + row);
+      }
     }
   });
 
   AttentionParams ap{c.num_heads, c.num_kv_heads, c.head_dim,
                      1.0f / std::sqrt(static_cast<float>(c.head_dim)),
                      c.sliding_window};
-  PagedAttention(ap, batch, qkv_.data(), qkv_dim, kc, vc, kv.block_size,
+  PagedAttention(ap, batch, qkv_.data(), qkv_dim, kv, layer_index,
                  attn_.data());
   // Output projection into h_, then the residual add.
   cpu::MatMul(attn_.data(), n, *layer.wo, h_.data());
@@ -217,6 +222,11 @@ absl::Status LlamaModel::Forward(const ForwardBatch& batch,
         "KV cache view does not match the model's layers, KV heads or "
         "head_dim");
   }
+  if (kv.dtype == kvcache::KvDtype::kFP8) {
+    return absl::InvalidArgumentError(
+        "KV cache view: fp8 KV has no CPU format");
+  }
+  KV_RETURN_IF_ERROR(kvcache::CheckKvDtypeShape(kv.dtype, c.head_dim));
   KV_RETURN_IF_ERROR(
       batch.Validate(kv.num_blocks, kv.block_size, c.vocab_size));
   const int64_t n = batch.num_tokens();

@@ -2,18 +2,22 @@
 
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/cli_args.h"
 #include "common/parallel.h"
 #include "common/status_macros.h"
+#include "engine/cpu_backend.h"
 #include "engine/kv_cache_storage.h"
 #include "engine/loaded_model.h"
 #include "engine/sampler.h"
 #include "engine/sequence_runner.h"
+#include "kvcache/kv_sizing.h"
 #include "models/chat_template.h"
 #include "models/detokenizer.h"
 
@@ -33,6 +37,7 @@ struct GenerateFlags {
   int64_t seed = -1;
   int64_t threads = 0;
   int64_t block_size = 16;
+  std::string kv_cache_dtype = "auto";
 };
 
 using Clock = std::chrono::steady_clock;
@@ -72,13 +77,25 @@ absl::Status Generate(const GenerateFlags& f) {
         "model's context of %d",
         prompt.size(), f.max_tokens, m.config.max_position));
   }
+  std::optional<kvcache::KvDtype> requested;
+  if (f.kv_cache_dtype != "auto") {
+    absl::StatusOr<kvcache::KvDtype> d =
+        kvcache::ParseKvDtype(f.kv_cache_dtype);
+    if (!d.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--kv-cache-dtype: ", d.status().message()));
+    }
+    requested = *d;
+  }
+  KV_ASSIGN_OR_RETURN(const kvcache::KvDtype dtype,
+                      engine::CpuKvDtype(requested, m.config.head_dim));
   KV_ASSIGN_OR_RETURN(
       auto kv,
       engine::KvCacheStorage::Create(
           {m.config.num_layers, m.config.num_kv_heads, m.config.head_dim,
            static_cast<int32_t>(f.block_size),
-           static_cast<int32_t>((total + f.block_size - 1) / f.block_size),
-           0}));
+           static_cast<int32_t>((total + f.block_size - 1) / f.block_size), 0,
+           dtype}));
   std::fprintf(stderr, "model: %s (%s) loaded in %.2f s, %d threads\n",
                m.path.c_str(), m.format.c_str(), Seconds(t_load, Clock::now()),
                NumThreads());
@@ -150,6 +167,8 @@ int RunGenerateCommand(int argc, const char* const* argv) {
   args.Bool("ignore-eos", &f.ignore_eos, "keep going past end of sequence");
   args.Int("threads", &f.threads, "CPU threads (default: all)", 0, 1024);
   args.Int("block-size", &f.block_size, "KV block size in tokens", 1, 1024);
+  args.String("kv-cache-dtype", &f.kv_cache_dtype,
+              "KV element type: auto (fp16), f32, fp16, bf16, int8, int4");
   args.Bool("help", &help, "show this help");
   absl::Status s = args.Parse(argc, argv, 2);
   if (help) {

@@ -104,7 +104,9 @@ absl::Status SetFlag(PlanFlags& f, std::string_view flag,
     f.model = std::string(value);
   } else if (flag == "--kv-dtype") {
     absl::StatusOr<KvDtype> d = kvcache::ParseKvDtype(value);
-    if (!d.ok()) return FlagError(flag, value, "bf16, fp16, fp8, int8 or f32");
+    if (!d.ok()) {
+      return FlagError(flag, value, "bf16, fp16, fp8, int8, int4 or f32");
+    }
     f.kv_dtype = *d;
   } else if (flag == "--context") {
     KV_ASSIGN_OR_RETURN(f.context, ParseIntFlag(flag, value, 1, kMaxTokens));
@@ -393,9 +395,9 @@ std::string FormatPlan(const Plan& p) {
            absl::StrFormat("%s (L=%d, H=%d, H_kv=%d, D=%d, %s params)",
                            p.model_label, c.num_layers, c.num_heads,
                            c.num_kv_heads, c.head_dim, ParamCount(p.params)));
-  const int elem_bytes = kvcache::KvDtypeBytes(p.flags.kv_dtype);
+  const double elem_bytes = kvcache::KvBytesPerElement(p.flags.kv_dtype);
   std::string dtype = absl::StrFormat(
-      "%s (%d byte%s), tp=%d", kvcache::KvDtypeName(p.flags.kv_dtype),
+      "%s (%g byte%s), tp=%d", kvcache::KvDtypeName(p.flags.kv_dtype),
       elem_bytes, elem_bytes == 1 ? "" : "s", p.flags.tp);
   if (p.flags.tp > 1) {
     absl::StrAppend(&dtype, ": ", kv.kv_heads_per_rank, " of ", c.num_kv_heads,
@@ -448,7 +450,7 @@ std::string FormatPlanJson(const Plan& p) {
                        {"head_dim", c.head_dim},
                        {"params", p.params}};
   j["kv_dtype"] = std::string(kvcache::KvDtypeName(p.flags.kv_dtype));
-  j["kv_dtype_bytes"] = kvcache::KvDtypeBytes(p.flags.kv_dtype);
+  j["kv_dtype_bytes"] = kvcache::KvBytesPerElement(p.flags.kv_dtype);
   j["tp"] = p.flags.tp;
   j["kv_heads_per_rank"] = kv.kv_heads_per_rank;
   j["block_size"] = p.flags.block_size;
@@ -499,7 +501,8 @@ std::string PlanUsage() {
       "  --model NAME|PATH    preset (",
       models::PresetNames(),
       "), HF repo id, .gguf file or HF directory\n"
-      "  --kv-dtype D         bf16 (default), fp16, fp8, int8, f32\n"
+      "  --kv-dtype D         bf16 (default), fp16, fp8, int8 (q8_0 layout),\n"
+      "                       int4 (q4_0 layout), f32\n"
       "  --context N          tokens per sequence; default min(8192, model "
       "max)\n"
       "  --concurrency N      sequences to hold at once\n"

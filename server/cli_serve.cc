@@ -11,11 +11,13 @@
 #include <string>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "common/cli_args.h"
 #include "common/parallel.h"
+#include "kvcache/kv_sizing.h"
 #include "server/daemon.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
@@ -40,6 +42,7 @@ struct ServeFlags {
   // KV features (issue 4): -1 = auto (see RegisterKvFlags).
   int64_t swap_space_bytes = -1, thrash_preemption_limit = 0;
   double kv_high_watermark = 0, gpu_memory_fraction = 0.9;
+  std::string kv_cache_dtype = "auto";
   bool help = false;
 };
 
@@ -76,6 +79,10 @@ void RegisterKvFlags(ServeFlags* f, CliArgs* args) {
               0, 1);
   args->String("device", &e.device,
                "where the model runs: cpu, cuda, or auto (default cpu)");
+  args->String("kv-cache-dtype", &f->kv_cache_dtype,
+               "KV element type: auto (CPU fp16, CUDA bf16), f32, fp16, "
+               "bf16, int8 (q8_0 layout) or int4 (q4_0 layout) on the CPU; "
+               "bf16 on CUDA (default auto)");
   args->Float("gpu-memory-fraction", &f->gpu_memory_fraction,
               "share of GPU memory for weights, activations and KV with "
               "--device=cuda (default 0.9)",
@@ -226,6 +233,15 @@ absl::Status FinishFlags(ServeFlags* f) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "--preemption-mode: '%s' must be auto, recompute, or swap",
         e.preemption_mode));
+  }
+  if (f->kv_cache_dtype != "auto") {
+    absl::StatusOr<kvcache::KvDtype> d =
+        kvcache::ParseKvDtype(f->kv_cache_dtype);
+    if (!d.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--kv-cache-dtype: ", d.status().message()));
+    }
+    e.kv_cache_dtype = *d;
   }
   if (e.device != "cpu" && e.device != "cuda" && e.device != "auto") {
     return absl::InvalidArgumentError(

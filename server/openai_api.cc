@@ -104,7 +104,7 @@ void OpenAiApi::Mount(HttpRoutes& routes, std::function<OpenAiApi*()> api) {
 
 void OpenAiApi::HandleModels(HttpExchange& ex) const {
   HttpResponse r;
-  r.body = ModelsBody(model_name_, created_);
+  r.body = ModelsBody(model_name_, created_, engine_->model_info());
   ex.Respond(std::move(r));
 }
 

@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "engine/engine.h"
 #include "engine/request_spec.h"
 #include "kvserve/v1/kvserve.pb.h"
 #include "models/tokenizer.h"
@@ -98,6 +99,7 @@ struct OpenAiResult {
                                        const absl::Status& error);
 
 // GET /v1/models.
-[[nodiscard]] std::string ModelsBody(const std::string& model, int64_t created);
+[[nodiscard]] std::string ModelsBody(const std::string& model, int64_t created,
+                                     const engine::ModelInfo& info);
 
 }  // namespace kvserve::server

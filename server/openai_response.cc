@@ -287,11 +287,20 @@ std::string StreamEvents(const OpenAiCallInfo& call,
   return out;
 }
 
-std::string ModelsBody(const std::string& model, int64_t created) {
+std::string ModelsBody(const std::string& model, int64_t created,
+                       const engine::ModelInfo& info) {
   json entry = {{"id", model},
                 {"object", "model"},
                 {"created", created},
-                {"owned_by", "kvserve"}};
+                {"owned_by", "kvserve"},
+                {"max_model_len", info.max_context},
+                // Extension: the KV cache behind the model.
+                {"kvserve",
+                 {{"kv_cache_dtype", info.kv_dtype},
+                  {"kv_bytes_per_token", info.kv_bytes_per_token},
+                  {"block_size", info.block_size},
+                  {"num_blocks", info.num_blocks},
+                  {"device", info.device}}}};
   return Dump({{"object", "list"}, {"data", json::array({std::move(entry)})}});
 }
 

@@ -22,24 +22,40 @@ TEST(KvDtypeTest, ParsesNamesAndAliases) {
   EXPECT_EQ(*ParseKvDtype("FP8"), KvDtype::kFP8);
   EXPECT_EQ(*ParseKvDtype("e4m3"), KvDtype::kFP8);
   EXPECT_EQ(*ParseKvDtype("int8"), KvDtype::kInt8);
+  EXPECT_EQ(*ParseKvDtype("q8_0"), KvDtype::kInt8);
+  EXPECT_EQ(*ParseKvDtype("int4"), KvDtype::kInt4);
+  EXPECT_EQ(*ParseKvDtype("Q4_0"), KvDtype::kInt4);
   EXPECT_EQ(*ParseKvDtype("f32"), KvDtype::kF32);
-  absl::StatusOr<KvDtype> bad = ParseKvDtype("int4");
+  absl::StatusOr<KvDtype> bad = ParseKvDtype("int3");
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(bad.status().message(), HasSubstr("'int4'"));
-  EXPECT_THAT(bad.status().message(), HasSubstr("bf16, fp16, fp8, int8, f32"));
+  EXPECT_THAT(bad.status().message(), HasSubstr("'int3'"));
+  EXPECT_THAT(bad.status().message(),
+              HasSubstr("bf16, fp16, fp8, int8, int4, f32"));
 }
 
 TEST(KvDtypeTest, BytesAndNamesRoundTrip) {
   for (KvDtype d : {KvDtype::kF32, KvDtype::kBF16, KvDtype::kF16, KvDtype::kFP8,
-                    KvDtype::kInt8}) {
+                    KvDtype::kInt8, KvDtype::kInt4}) {
     EXPECT_EQ(*ParseKvDtype(KvDtypeName(d)), d);
   }
-  EXPECT_EQ(KvDtypeBytes(KvDtype::kF32), 4);
-  EXPECT_EQ(KvDtypeBytes(KvDtype::kBF16), 2);
-  EXPECT_EQ(KvDtypeBytes(KvDtype::kF16), 2);
-  EXPECT_EQ(KvDtypeBytes(KvDtype::kFP8), 1);
-  EXPECT_EQ(KvDtypeBytes(KvDtype::kInt8), 1);
+  EXPECT_EQ(KvBytesPerElement(KvDtype::kF32), 4);
+  EXPECT_EQ(KvBytesPerElement(KvDtype::kBF16), 2);
+  EXPECT_EQ(KvBytesPerElement(KvDtype::kF16), 2);
+  EXPECT_EQ(KvBytesPerElement(KvDtype::kFP8), 1);
+  EXPECT_EQ(KvBytesPerElement(KvDtype::kInt8), 34.0 / 32);  // q8_0
+  EXPECT_EQ(KvBytesPerElement(KvDtype::kInt4), 18.0 / 32);  // q4_0
+  EXPECT_EQ(KvRowBytes(KvDtype::kInt8, 128), 136);
+  EXPECT_EQ(KvRowBytes(KvDtype::kInt4, 64), 36);
+  EXPECT_EQ(KvRowBytes(KvDtype::kF16, 64), 128);
+}
+
+TEST(KvDtypeTest, QuantizedDtypesNeedWholeGroups) {
+  EXPECT_TRUE(CheckKvDtypeShape(KvDtype::kInt8, 64).ok());
+  EXPECT_TRUE(CheckKvDtypeShape(KvDtype::kF16, 8).ok());
+  const absl::Status st = CheckKvDtypeShape(KvDtype::kInt4, 48);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(st.message(), HasSubstr("head_dim 48 is not a multiple of 32"));
 }
 
 TEST(KvSizingTest, Llama3_70BBf16) {
@@ -55,10 +71,15 @@ TEST(KvSizingTest, L64Fp16) {
 
 TEST(KvSizingTest, SmolLM2AndQuantizedKvHalvesBf16) {
   EXPECT_EQ(KvBytesPerToken(kSmolLM2_135M, KvDtype::kBF16), 23'040);
+  // llama.cpp's bytes per token on the same model with -ctk/-ctv q8_0, q4_0.
+  EXPECT_EQ(KvBytesPerToken(kSmolLM2_135M, KvDtype::kInt8), 12'240);
+  EXPECT_EQ(KvBytesPerToken(kSmolLM2_135M, KvDtype::kInt4), 6'480);
   for (const KvShape& s : {kLlama3_70B, kL64, kSmolLM2_135M}) {
     const int64_t bf16 = KvBytesPerToken(s, KvDtype::kBF16);
     EXPECT_EQ(KvBytesPerToken(s, KvDtype::kFP8) * 2, bf16);
-    EXPECT_EQ(KvBytesPerToken(s, KvDtype::kInt8) * 2, bf16);
+    // Group scales: 34 bytes per 32 elements (int8), 18 per 32 (int4).
+    EXPECT_EQ(KvBytesPerToken(s, KvDtype::kInt8) * 64, bf16 * 34);
+    EXPECT_EQ(KvBytesPerToken(s, KvDtype::kInt4) * 64, bf16 * 18);
     EXPECT_EQ(KvBytesPerToken(s, KvDtype::kF32), bf16 * 2);
   }
 }

@@ -17,10 +17,11 @@
 #include <cuda_runtime.h>
 
 #include "models/cpu/ops.h"
+#include "models/cpu/paged_attention.h"
 #include "models/cuda/kernels.h"
 #include "models/forward_batch.h"
+#include "models/kv_view.h"
 #include "models/model_config.h"
-#include "models/paged_attention.h"
 #include "models/rope.h"
 #include "tests/models/require_gpu.h"
 
@@ -342,8 +343,16 @@ void RunAttention(const AttnCase& c, std::mt19937& rng) {
   const std::vector<float> q = Random(t * q_stride, rng, -2.0f, 2.0f);
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.d));
   std::vector<float> ref(t * c.h * c.d);
+  KvCacheView ref_kv;  // the CPU kernel over the same (bf16-exact) values
+  ref_kv.num_blocks = num_blocks;
+  ref_kv.block_size = bs;
+  ref_kv.num_kv_heads = c.hkv;
+  ref_kv.head_dim = c.d;
+  ref_kv.dtype = kvcache::KvDtype::kF32;
+  ref_kv.k = {reinterpret_cast<std::byte*>(kf.data())};
+  ref_kv.v = {reinterpret_cast<std::byte*>(vf.data())};
   PagedAttention(AttentionParams{c.h, c.hkv, c.d, scale, c.window}, b, q.data(),
-                 q_stride, kf.data(), vf.data(), bs, ref.data());
+                 q_stride, ref_kv, 0, ref.data());
 
   const AttnShape shape{c.h, c.hkv, c.d, bs, max_blocks, c.window, scale};
   const int sms = c.num_sms > 0 ? c.num_sms : NumSms();

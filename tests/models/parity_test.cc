@@ -31,8 +31,14 @@ constexpr char kGolden[] = KVSERVE_SOURCE_DIR "/tests/data/parity/";
 // matches that forward to 3e-6. Two independent ~5% perturbations cannot
 // agree to 1e-2; they agree to ~5%. Per-step greedy agreement under teacher
 // forcing is 96% (247 of 256), 60 of 64 in the first 8 steps: the misses
-// are near-ties between the top two logits.
-constexpr double kLogitsTolerance = 0.08;
+// are near-ties between the top two logits. The int8 activations also make
+// the last-position logits of these short prompts sensitive to float
+// rounding upstream: moving every attention output by one ULP (random sign,
+// five seeds) moved the 5-token case between 3.8% and 8.3% from llama.cpp,
+// and the flash-style attention kernel (same math, another summation order,
+// outputs within 1 ULP of the two-pass kernel's) puts it at 9.6%, the
+// 8-token case at 10.4% from the fp64 forward. Hence 12%, not 8%.
+constexpr double kLogitsTolerance = 0.12;
 constexpr double kTokenAgreement = 0.95;
 constexpr double kFirst8Agreement = 0.90;
 

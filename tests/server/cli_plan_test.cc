@@ -126,13 +126,15 @@ TEST(PlanReportTest, FileConfigThroughTheLoaderHook) {
 TEST(PlanReportTest, KvDtypesAndSmallModels) {
   EXPECT_THAT(RunArgs({"--model", "smollm2-135m"}).out,
               HasSubstr("bytes per token  23,040 (22.5 KiB)\n"));
-  for (const char* dtype : {"fp8", "int8"}) {
-    const Result r = RunArgs({"--model", "llama3-70b", "--kv-dtype", dtype});
-    EXPECT_THAT(r.out, HasSubstr("bytes per token  163,840 (160.0 KiB)"))
-        << dtype;
-    EXPECT_THAT(r.out, HasSubstr(std::string(dtype) + " (1 byte), tp=1"))
-        << dtype;
-  }
+  const Result fp8 = RunArgs({"--model", "llama3-70b", "--kv-dtype", "fp8"});
+  EXPECT_THAT(fp8.out, HasSubstr("bytes per token  163,840 (160.0 KiB)"));
+  EXPECT_THAT(fp8.out, HasSubstr("fp8 (1 byte), tp=1"));
+  // int8 and int4 carry an fp16 scale per 32 elements (q8_0 / q4_0).
+  const Result i8 = RunArgs({"--model", "llama3-70b", "--kv-dtype", "int8"});
+  EXPECT_THAT(i8.out, HasSubstr("bytes per token  174,080 (170.0 KiB)"));
+  EXPECT_THAT(i8.out, HasSubstr("int8 (1.0625 bytes), tp=1"));
+  const Result i4 = RunArgs({"--model", "llama3-70b", "--kv-dtype", "int4"});
+  EXPECT_THAT(i4.out, HasSubstr("bytes per token  92,160 (90.0 KiB)"));
   EXPECT_THAT(RunArgs({"--model", "llama3-70b", "--kv-dtype", "f32"}).out,
               HasSubstr("655,360 (640.0 KiB)"));
   // The default context is the model's max_position when below 8,192.
@@ -244,9 +246,9 @@ TEST(PlanFlagsTest, BadFlagsNameTheFlag) {
       {{"--model", "llama3-70b", "--context", "0"},
        "invalid value '0' for --context"},
       {{"--model", "llama3-70b", "--context"}, "flag --context needs a value"},
-      {{"--model", "llama3-70b", "--kv-dtype", "int4"},
-       "invalid value 'int4' for --kv-dtype: expected bf16, fp16, fp8, int8 "
-       "or f32"},
+      {{"--model", "llama3-70b", "--kv-dtype", "int3"},
+       "invalid value 'int3' for --kv-dtype: expected bf16, fp16, fp8, int8, "
+       "int4 or f32"},
       {{"--model", "llama3-70b", "--gpu", "a100"},
        "invalid value 'a100' for --gpu: expected h100 or h200"},
       {{"--model", "llama3-70b", "--memory", "lots"},

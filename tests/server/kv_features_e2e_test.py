@@ -24,15 +24,16 @@ ARGS = None
 PB = None
 PB_GRPC = None
 BLOCK = 16
-# SmolLM2-135M: 30 layers x 3 KV heads x 64 x (K, V) x fp32 per token.
-BLOCK_BYTES = 30 * 3 * 64 * 2 * 4 * BLOCK
+# SmolLM2-135M: 30 layers x 3 KV heads x 64 x (K, V) x fp16 per token (the
+# servers below pin --kv-cache-dtype fp16, so block counts are exact).
+BLOCK_BYTES = 30 * 3 * 64 * 2 * 2 * BLOCK
 
 
 class Server(KvserveProcess):
     def __init__(self, *extra, kv_bytes="256MiB"):
         super().__init__(ARGS.binary, ARGS.source_dir, "--threads", "2",
                          "--kv-cache-bytes", kv_bytes, "--max-model-len",
-                         "2048", *extra)
+                         "2048", "--kv-cache-dtype", "fp16", *extra)
         import grpc
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.grpc_port}")
         self.stub = PB_GRPC.KvServeStub(self.channel)

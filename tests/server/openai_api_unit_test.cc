@@ -118,10 +118,25 @@ TEST(OpenAiJsonTest, MapsStatusToHttp) {
 }
 
 TEST(OpenAiJsonTest, ModelsBody) {
-  nlohmann::json j = nlohmann::json::parse(ModelsBody("m", 5), nullptr, false);
+  engine::ModelInfo info;
+  info.max_context = 8192;
+  info.kv_dtype = "int8";
+  info.kv_bytes_per_token = 12240;
+  info.block_size = 16;
+  info.num_blocks = 321;
+  info.device = "cpu";
+  nlohmann::json j =
+      nlohmann::json::parse(ModelsBody("m", 5, info), nullptr, false);
   EXPECT_EQ(j["object"], "list");
   EXPECT_EQ(j["data"][0]["id"], "m");
   EXPECT_EQ(j["data"][0]["owned_by"], "kvserve");
+  EXPECT_EQ(j["data"][0]["max_model_len"], 8192);
+  const nlohmann::json& kv = j["data"][0]["kvserve"];
+  EXPECT_EQ(kv["kv_cache_dtype"], "int8");
+  EXPECT_EQ(kv["kv_bytes_per_token"], 12240);
+  EXPECT_EQ(kv["block_size"], 16);
+  EXPECT_EQ(kv["num_blocks"], 321);
+  EXPECT_EQ(kv["device"], "cpu");
 }
 
 }  // namespace

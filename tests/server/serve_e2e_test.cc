@@ -10,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kvcache/kv_sizing.h"
 #include "tests/server/server_testutil.h"
 
 namespace kvserve::server::testing {
@@ -217,13 +218,6 @@ TEST_F(ServeE2eTest, TokenizeDetokenizeRoundTrip) {
   EXPECT_GT(Tokenize(*stub_, "<|im_start|>").size(), 1u);
 }
 
-int KvDtypeBytes(const std::string& dtype) {
-  if (dtype == "f32" || dtype == "fp32" || dtype == "float32") return 4;
-  if (dtype == "bf16" || dtype == "f16" || dtype == "fp16") return 2;
-  if (dtype == "fp8" || dtype == "int8" || dtype == "q8") return 1;
-  return 0;
-}
-
 TEST_F(ServeE2eTest, ModelInfoNumbers) {
   grpc::ClientContext ctx;
   v1::ModelInfo info;
@@ -237,9 +231,12 @@ TEST_F(ServeE2eTest, ModelInfoNumbers) {
   EXPECT_EQ(info.max_context(), kMaxModelLen);
   EXPECT_EQ(info.block_size(), 16);
   EXPECT_EQ(info.format(), "gguf");
-  const int dtype_bytes = KvDtypeBytes(info.kv_dtype());
-  ASSERT_GT(dtype_bytes, 0) << "unknown kv_dtype " << info.kv_dtype();
-  EXPECT_EQ(info.kv_bytes_per_token(), 2 * 30 * 3 * 64 * dtype_bytes);
+  const absl::StatusOr<kvcache::KvDtype> dtype =
+      kvcache::ParseKvDtype(info.kv_dtype());
+  ASSERT_TRUE(dtype.ok()) << dtype.status();
+  // 2 (K, V) x 30 layers x 3 KV heads x one 64-element row.
+  EXPECT_EQ(info.kv_bytes_per_token(),
+            2 * 30 * 3 * kvcache::KvRowBytes(*dtype, 64));
   EXPECT_GT(info.num_blocks(), 0);
   EXPECT_LE(int64_t{info.num_blocks()} * info.block_size() *
                 info.kv_bytes_per_token(),

@@ -1,0 +1,48 @@
+// CPU grouped-query attention over the paged KV cache, flash-attention
+// style. Work is split into items of (sequence, query tile of up to
+// kAttnQueryTile of its tokens, KV head, key split of kAttnSplitKeys
+// positions rounded up to whole blocks); an item walks its split block by
+// block, decodes each K and V page once into a small tile (any KV dtype:
+// models/cpu/kv_rows.h), scores it against all of the tile's query heads of
+// that KV head, and keeps an online softmax. Items run in parallel and
+// write partial (max, sum, accumulator) rows; a combine merges each query
+// head's splits in order. Decode thus spreads one sequence's context over
+// all threads (flash-decoding), and a prefill tile reads each K/V row once
+// for its whole group of query rows.
+//
+// Batch- and thread-invariant: a query row's result depends only on its own
+// query, position and keys. Split and page boundaries are positions, every
+// sum runs in key order, and keys a row must not see are skipped, so the
+// bits do not depend on the tiling, the batch, or the thread count.
+// Does not write the cache (the forward does that first).
+#pragma once
+
+#include <cstdint>
+
+#include "models/forward_batch.h"
+#include "models/kv_view.h"
+
+namespace kvserve::models {
+
+struct AttentionParams {
+  int num_heads = 0;  // query heads
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  float scale = 1.0f;      // usually 1 / sqrt(head_dim)
+  int sliding_window = 0;  // 0 = attend to the whole prefix
+};
+
+// Keys per split (rounded up to a multiple of the block size) and query
+// tokens per tile.
+inline constexpr int32_t kAttnSplitKeys = 256;
+inline constexpr int32_t kAttnQueryTile = 16;
+
+// out[i, h * D + d] for every token i of `batch`: causal softmax attention of
+// query head h (q row i, stride q_stride floats) over KV positions
+// [window_start, position_i] of token i's sequence, read from layer `layer`
+// of `kv`. out rows are H * D floats, contiguous.
+void PagedAttention(const AttentionParams& p, const ForwardBatch& batch,
+                    const float* q, int64_t q_stride, const KvCacheView& kv,
+                    int layer, float* out);
+
+}  // namespace kvserve::models

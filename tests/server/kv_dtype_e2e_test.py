@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""--kv-cache-dtype end to end through the real binary, for every CPU dtype.
+
+For f32, fp16, bf16, int8 and int4: the daemon on a 64 MiB KV budget
+reports the dtype and its bytes per token in GetModelInfo, /v1/models and
+the kvserve_cache_config_info gauge; its block count is the one `kvserve
+plan --memory 64MiB --kv-dtype D` computes (plan and pool agree to the
+block); a greedy completion of "The capital of France is" over HTTP starts
+with " Paris" (all but int4, whose answer is only checked to be text).
+`kvserve generate` takes the flag too. Combinations that cannot run are
+refused at start, naming the flag: fp8 on the CPU, an unknown name.
+
+    kv_dtype_e2e_test.py --binary build/server/kvserve --source-dir .
+"""
+
+import json
+import os
+import subprocess
+import sys
+import unittest
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kvserve_process import KvserveProcess, run_unittests  # noqa: E402
+
+ARGS = None
+PB = None
+PB_GRPC = None
+BUDGET = 64 << 20
+# SmolLM2-135M: 2 (K, V) x 30 layers x 3 KV heads x one 64-element row.
+BYTES_PER_TOKEN = {"f32": 46080, "fp16": 23040, "bf16": 23040,
+                   "int8": 12240, "int4": 6480}
+
+
+def plan_blocks(dtype):
+    out = subprocess.run(
+        [ARGS.binary, "plan", "--model", "smollm2-135m", "--kv-dtype", dtype,
+         "--memory", str(BUDGET), "--json"],
+        capture_output=True, text=True, timeout=60, cwd=ARGS.source_dir)
+    assert out.returncode == 0, out.stderr
+    plan = json.loads(out.stdout)
+    assert plan["bytes_per_token"] == BYTES_PER_TOKEN[dtype], plan
+    return plan["concurrency"]["budget_blocks"]
+
+
+class KvDtypes(unittest.TestCase):
+    def test_every_cpu_dtype_end_to_end(self):
+        import grpc
+        for dtype, per_token in BYTES_PER_TOKEN.items():
+            with self.subTest(dtype=dtype):
+                server = KvserveProcess(
+                    ARGS.binary, ARGS.source_dir, "--kv-cache-dtype", dtype,
+                    "--kv-cache-bytes", str(BUDGET), "--swap-space-bytes",
+                    "0")
+                try:
+                    chan = grpc.insecure_channel(
+                        f"127.0.0.1:{server.grpc_port}")
+                    info = PB_GRPC.KvServeStub(chan).GetModelInfo(
+                        PB.GetModelInfoRequest(), timeout=30)
+                    self.assertEqual(info.kv_dtype, dtype)
+                    self.assertEqual(info.kv_bytes_per_token, per_token)
+                    self.assertEqual(info.num_blocks, plan_blocks(dtype))
+                    self.assertEqual(info.num_blocks,
+                                     BUDGET // (16 * per_token))
+                    base = f"http://127.0.0.1:{server.http_port}"
+                    with urllib.request.urlopen(base + "/v1/models",
+                                                timeout=30) as r:
+                        kv = json.loads(r.read())["data"][0]["kvserve"]
+                    self.assertEqual(kv["kv_cache_dtype"], dtype)
+                    self.assertEqual(kv["num_blocks"], info.num_blocks)
+                    gauge = [k for k in server.metrics()
+                             if k.startswith("kvserve_cache_config_info")]
+                    self.assertEqual(len(gauge), 1)
+                    self.assertIn(f'kv_dtype="{dtype}"', gauge[0])
+                    req = urllib.request.Request(
+                        base + "/v1/completions",
+                        data=json.dumps({
+                            "prompt": "The capital of France is",
+                            "max_tokens": 4, "temperature": 0}).encode(),
+                        headers={"Content-Type": "application/json"})
+                    with urllib.request.urlopen(req, timeout=60) as r:
+                        text = json.loads(r.read())["choices"][0]["text"]
+                    if dtype != "int4":
+                        self.assertTrue(text.startswith(" Paris"), text)
+                    else:
+                        self.assertTrue(text)
+                    chan.close()
+                finally:
+                    server.kill()
+
+    def test_generate_takes_the_flag(self):
+        out = subprocess.run(
+            [ARGS.binary, "generate", "--model", "smollm2-135m", "--no-chat",
+             "--temperature", "0", "--max-tokens", "3", "--kv-cache-dtype",
+             "int8", "--prompt", "The capital of France is"],
+            capture_output=True, text=True, timeout=120,
+            cwd=ARGS.source_dir)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertTrue(out.stdout.startswith(" Paris"), out.stdout)
+
+    def test_impossible_dtypes_are_refused_at_start(self):
+        cases = [("fp8", "CPU backend stores f32, bf16, fp16, int8 or int4"),
+                 ("int3", "unknown KV dtype 'int3'")]
+        for dtype, why in cases:
+            with self.subTest(dtype=dtype):
+                out = subprocess.run(
+                    [ARGS.binary, "--model", "smollm2-135m", "--port", "0",
+                     "--metrics-port", "0", "--kv-cache-dtype", dtype],
+                    capture_output=True, text=True, timeout=120,
+                    cwd=ARGS.source_dir)
+                self.assertNotEqual(out.returncode, 0)
+                err = out.stdout + out.stderr
+                self.assertIn("--kv-cache-dtype", err)
+                self.assertIn(why, err)
+                self.assertNotIn("kvserve: listening", err)
+
+
+def main():
+    def setup(args, pb, pb_grpc):
+        global ARGS, PB, PB_GRPC
+        ARGS, PB, PB_GRPC = args, pb, pb_grpc
+
+    return run_unittests(__doc__, setup)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
