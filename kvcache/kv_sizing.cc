@@ -6,6 +6,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_format.h"
 #include "common/check.h"
+#include "common/status_macros.h"
 
 namespace kvserve::kvcache {
 namespace {
@@ -105,6 +106,13 @@ int KvHeadsPerRank(int num_kv_heads, int tp) {
 }
 
 int64_t KvBytesPerToken(const KvShape& shape, KvDtype dtype, int tp) {
+  KV_CHECK(tp >= 1, "tp=", tp);
+  if (shape.IsLatent()) {
+    KV_CHECK(shape.num_layers >= 1 && shape.qk_rope_head_dim >= 0,
+             "num_layers=", shape.num_layers,
+             " qk_rope_head_dim=", shape.qk_rope_head_dim);
+    return int64_t{shape.num_layers} * KvRowBytes(dtype, shape.LatentDim());
+  }
   KV_CHECK(shape.num_layers >= 1 && shape.head_dim >= 1,
            "num_layers=", shape.num_layers, " head_dim=", shape.head_dim);
   return int64_t{2} * shape.num_layers *
@@ -124,11 +132,25 @@ int64_t BlocksForTokens(int64_t tokens, int block_size) {
   return (tokens + block_size - 1) / block_size;
 }
 
+// The per-layer part of the shape: GQA heads, or the MLA latent row (whose
+// dtype groups must tile it).
+absl::Status ValidateKvRows(const KvPlanInput& in) {
+  if (!in.shape.IsLatent()) {
+    KV_RETURN_IF_ERROR(
+        CheckRange("num_kv_heads", in.shape.num_kv_heads, 1, 65536));
+    return CheckRange("head_dim", in.shape.head_dim, 1, 65536);
+  }
+  KV_RETURN_IF_ERROR(
+      CheckRange("kv_lora_rank", in.shape.kv_lora_rank, 1, 65536));
+  KV_RETURN_IF_ERROR(
+      CheckRange("qk_rope_head_dim", in.shape.qk_rope_head_dim, 0, 65536));
+  return CheckKvDtypeShape(in.dtype, in.shape.LatentDim());
+}
+
 absl::Status ValidateKvPlanInput(const KvPlanInput& in) {
+  KV_RETURN_IF_ERROR(ValidateKvRows(in));
   for (absl::Status s :
        {CheckRange("num_layers", in.shape.num_layers, 1, 4096),
-        CheckRange("num_kv_heads", in.shape.num_kv_heads, 1, 65536),
-        CheckRange("head_dim", in.shape.head_dim, 1, 65536),
         CheckRange("tp", in.tp, 1, 4096),
         CheckRange("block_size", in.block_size, 1, 1 << 20),
         CheckRange("context_len", in.context_len, 1, int64_t{1} << 40),
@@ -139,8 +161,12 @@ absl::Status ValidateKvPlanInput(const KvPlanInput& in) {
     if (!s.ok()) return s;
   }
   const double per_token =
-      2.0 * in.shape.num_layers * KvHeadsPerRank(in.shape.num_kv_heads, in.tp) *
-      static_cast<double>(KvRowBytes(in.dtype, in.shape.head_dim));
+      in.shape.IsLatent()
+          ? 1.0 * in.shape.num_layers *
+                static_cast<double>(KvRowBytes(in.dtype, in.shape.LatentDim()))
+          : 2.0 * in.shape.num_layers *
+                KvHeadsPerRank(in.shape.num_kv_heads, in.tp) *
+                static_cast<double>(KvRowBytes(in.dtype, in.shape.head_dim));
   const double longest = static_cast<double>(
       std::max(NaiveMaxLen(in),
                BlocksForTokens(in.context_len, in.block_size) * in.block_size));
@@ -158,7 +184,8 @@ KvPlan ComputeKvPlan(const KvPlanInput& in) {
   const absl::Status valid = ValidateKvPlanInput(in);
   KV_CHECK(valid.ok(), "", valid.ToString());
   KvPlan p;
-  p.kv_heads_per_rank = KvHeadsPerRank(in.shape.num_kv_heads, in.tp);
+  p.kv_heads_per_rank =
+      in.shape.IsLatent() ? 1 : KvHeadsPerRank(in.shape.num_kv_heads, in.tp);
   p.bytes_per_token = KvBytesPerToken(in.shape, in.dtype, in.tp);
   p.bytes_per_block = p.bytes_per_token * in.block_size;
   p.bytes_per_seq = p.bytes_per_token * in.context_len;

@@ -39,11 +39,24 @@ inline constexpr int kKvQuantGroup = 32;
 // Canonical short name: "f32", "bf16", "fp16", "fp8", "int8", "int4".
 [[nodiscard]] std::string_view KvDtypeName(KvDtype dtype);
 
-// The attention shape that determines KV size.
+// The attention shape that determines KV size. GQA/MHA: num_kv_heads K and V
+// rows of head_dim per layer, kv_lora_rank = qk_rope_head_dim = 0.
+// Multi-head latent attention (MLA, DeepSeek-V2/V3): kv_lora_rank > 0; each
+// layer caches one row of kv_lora_rank + qk_rope_head_dim elements (the
+// compressed latent and the decoupled RoPE key, shared by all heads) and
+// num_kv_heads / head_dim are ignored.
 struct KvShape {
   int num_layers = 0;
   int num_kv_heads = 0;
   int head_dim = 0;
+  int kv_lora_rank = 0;
+  int qk_rope_head_dim = 0;
+
+  [[nodiscard]] constexpr bool IsLatent() const { return kv_lora_rank > 0; }
+  // Elements of the one MLA row per layer: kv_lora_rank + qk_rope_head_dim.
+  [[nodiscard]] constexpr int LatentDim() const {
+    return kv_lora_rank + qk_rope_head_dim;
+  }
 };
 
 // KV heads one tensor-parallel rank stores: ceil(num_kv_heads / tp).
@@ -53,9 +66,13 @@ struct KvShape {
 // Preconditions: num_kv_heads >= 1, tp >= 1.
 [[nodiscard]] int KvHeadsPerRank(int num_kv_heads, int tp);
 
-// Bytes of K and V one token occupies on one rank:
+// Bytes of K and V one token occupies on one rank. GQA/MHA:
 // 2 (K and V) x num_layers x KvHeadsPerRank(num_kv_heads, tp) x
-// KvRowBytes(dtype, head_dim). Preconditions: positive shape, tp >= 1.
+// KvRowBytes(dtype, head_dim). MLA: num_layers x KvRowBytes(dtype,
+// LatentDim()), the latent row stored like one head row (int8/int4 put a
+// scale on every 32 elements of it). The latent is not split across heads,
+// so every tensor-parallel rank stores all of it: tp does not change the MLA
+// figure. Preconditions: positive shape, tp >= 1.
 [[nodiscard]] int64_t KvBytesPerToken(const KvShape& shape, KvDtype dtype,
                                       int tp = 1);
 // KvBytesPerToken x block_size (all layers of one block). block_size >= 1.
@@ -83,6 +100,7 @@ struct KvPlanInput {
 };
 
 struct KvPlan {
+  // KvHeadsPerRank; 1 for MLA (the latent row, whole on every rank).
   int kv_heads_per_rank = 0;
   int64_t bytes_per_token = 0;
   int64_t bytes_per_block = 0;

@@ -167,15 +167,108 @@ absl::Status ReadOptions(const Fields& f, ModelConfig* c) {
   return absl::OkStatus();
 }
 
-}  // namespace
+constexpr std::string_view kMlaArchitectures[] = {"DeepseekV2ForCausalLM",
+                                                  "DeepseekV3ForCausalLM"};
 
-absl::StatusOr<ModelConfig> ParseHfConfig(std::string_view json_text,
-                                          const std::string& origin) {
-  const json j = json::parse(json_text.begin(), json_text.end(), nullptr,
-                             /*allow_exceptions=*/false);
+bool IsMla(const json& j) {
+  const auto rank = j.find("kv_lora_rank");
+  if (rank != j.end() && rank->is_number_integer() &&
+      rank->get<int64_t>() > 0) {
+    return true;
+  }
+  const auto archs = j.find("architectures");
+  if (archs != j.end() && archs->is_array()) {
+    for (const json& a : *archs) {
+      if (!a.is_string()) continue;
+      for (std::string_view mla : kMlaArchitectures) {
+        if (a.get<std::string>() == mla) return true;
+      }
+    }
+  }
+  const auto type = j.find("model_type");
+  return type != j.end() && type->is_string() &&
+         (*type == "deepseek_v2" || *type == "deepseek_v3");
+}
+
+std::string ArchitectureLabel(const json& j) {
+  const auto archs = j.find("architectures");
+  if (archs != j.end() && archs->is_array() && !archs->empty() &&
+      archs->front().is_string()) {
+    return archs->front().get<std::string>();
+  }
+  const auto type = j.find("model_type");
+  return type != j.end() && type->is_string() ? type->get<std::string>()
+                                              : "this model";
+}
+
+absl::Status ReadMlaShape(const Fields& f, ModelConfig* c) {
+  KV_ASSIGN_OR_RETURN(c->num_layers, f.Int("num_hidden_layers", std::nullopt));
+  KV_ASSIGN_OR_RETURN(c->hidden_size, f.Int("hidden_size", std::nullopt));
+  KV_ASSIGN_OR_RETURN(c->num_heads, f.Int("num_attention_heads", std::nullopt));
+  KV_ASSIGN_OR_RETURN(c->num_kv_heads,
+                      f.Int("num_key_value_heads", c->num_heads));
+  KV_ASSIGN_OR_RETURN(c->intermediate_size,
+                      f.Int("intermediate_size", std::nullopt));
+  KV_ASSIGN_OR_RETURN(c->vocab_size, f.Int("vocab_size", std::nullopt));
+  KV_ASSIGN_OR_RETURN(c->max_position,
+                      f.Int("max_position_embeddings", std::nullopt));
+  KV_ASSIGN_OR_RETURN(c->kv_lora_rank, f.Int("kv_lora_rank", std::nullopt));
+  KV_ASSIGN_OR_RETURN(c->qk_rope_head_dim,
+                      f.Int("qk_rope_head_dim", std::nullopt, 0));
+  KV_ASSIGN_OR_RETURN(c->qk_nope_head_dim,
+                      f.Int("qk_nope_head_dim", std::nullopt, 0));
+  KV_ASSIGN_OR_RETURN(c->v_head_dim, f.Int("v_head_dim", std::nullopt));
+  c->head_dim = c->qk_nope_head_dim + c->qk_rope_head_dim;
+  KV_ASSIGN_OR_RETURN(c->tied_embeddings, f.Bool("tie_word_embeddings", false));
+  KV_ASSIGN_OR_RETURN(c->weight_dtype_bytes, DtypeBytes(f));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<json> ParseObject(std::string_view json_text,
+                                 const std::string& origin) {
+  json j = json::parse(json_text.begin(), json_text.end(), nullptr,
+                       /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
     return absl::InvalidArgumentError(
         absl::StrCat(origin, ": not a valid JSON object"));
+  }
+  return j;
+}
+
+}  // namespace
+
+bool IsMlaHfConfig(std::string_view json_text) {
+  const json j = json::parse(json_text.begin(), json_text.end(), nullptr,
+                             /*allow_exceptions=*/false);
+  return !j.is_discarded() && j.is_object() && IsMla(j);
+}
+
+absl::StatusOr<ModelConfig> ParseHfSizingConfig(std::string_view json_text,
+                                                const std::string& origin) {
+  KV_ASSIGN_OR_RETURN(const json j, ParseObject(json_text, origin));
+  if (!IsMla(j)) return ParseHfConfig(json_text, origin);
+  const Fields f(j, origin);
+  ModelConfig c;
+  KV_ASSIGN_OR_RETURN(c.architecture, f.String("model_type", ""));
+  KV_ASSIGN_OR_RETURN(c.name, f.String("_name_or_path", ""));
+  KV_RETURN_IF_ERROR(ReadMlaShape(f, &c));
+  absl::Status valid = c.Validate();
+  if (!valid.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(origin, ": ", valid.message()));
+  }
+  return c;
+}
+
+absl::StatusOr<ModelConfig> ParseHfConfig(std::string_view json_text,
+                                          const std::string& origin) {
+  KV_ASSIGN_OR_RETURN(const json j, ParseObject(json_text, origin));
+  if (IsMla(j)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        origin, ": ", ArchitectureLabel(j),
+        " uses multi-head latent attention (MLA), which kvserve cannot load "
+        "or serve (llama, mistral, qwen2 only); 'kvserve plan --model' sizes "
+        "its KV cache from config.json"));
   }
   const Fields f(j, origin);
   ModelConfig c;

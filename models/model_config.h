@@ -46,8 +46,16 @@ struct ModelConfig {
   int sliding_window = 0;  // 0 = full attention
   // Bytes per element of the checkpoint's native dtype (2 for bf16/fp16).
   int weight_dtype_bytes = 2;
+  // Multi-head latent attention (DeepSeek-V2/V3; architecture "deepseek_v2"
+  // or "deepseek_v3"), all 0 for GQA/MHA. Such configs are read for sizing
+  // only (kvserve plan); no forward pass implements them.
+  int kv_lora_rank = 0;      // compressed KV latent cached per layer
+  int qk_rope_head_dim = 0;  // decoupled RoPE key, shared by all heads
+  int qk_nope_head_dim = 0;  // per-head key part without RoPE
+  int v_head_dim = 0;        // per-head value
 
   int GroupSize() const { return num_heads / num_kv_heads; }
+  bool IsMla() const { return kv_lora_rank > 0; }
   [[nodiscard]] absl::Status Validate() const;
 };
 

@@ -370,7 +370,9 @@ int64_t EstimateParameterCount(const ModelConfig& c) {
 kvcache::KvShape KvShapeOf(const ModelConfig& c) {
   return {.num_layers = c.num_layers,
           .num_kv_heads = c.num_kv_heads,
-          .head_dim = c.head_dim};
+          .head_dim = c.head_dim,
+          .kv_lora_rank = c.kv_lora_rank,
+          .qk_rope_head_dim = c.qk_rope_head_dim};
 }
 
 }  // namespace kvserve::models

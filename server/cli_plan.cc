@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <iterator>
 #include <optional>
 #include <utility>
@@ -14,6 +15,8 @@
 #include "absl/strings/str_join.h"
 #include "common/cli_args.h"
 #include "common/status_macros.h"
+#include "models/hf_config.h"
+#include "models/mapped_file.h"
 #include "models/model_resolver.h"
 #include "models/presets.h"
 #include "nlohmann/json.hpp"
@@ -241,9 +244,18 @@ void ApplyGpuBudget(Plan& p) {
   }
 }
 
-void AddModelNotes(Plan& p) {
+void AddKvHeadNotes(Plan& p) {
   const models::ModelConfig& c = p.config;
   const int tp = p.flags.tp;
+  if (c.IsMla()) {
+    if (tp > 1) {
+      p.notes.push_back(absl::StrFormat(
+          "tp=%d: the MLA latent is not split across heads; every rank stores "
+          "all of it",
+          tp));
+    }
+    return;
+  }
   if (tp > c.num_kv_heads) {
     p.notes.push_back(absl::StrFormat(
         "tp=%d exceeds the %d KV heads: KV heads are replicated, each rank "
@@ -254,6 +266,17 @@ void AddModelNotes(Plan& p) {
         "tp=%d does not divide the %d KV heads: ranks hold up to %d heads and "
         "are sized for the largest",
         tp, c.num_kv_heads, p.kv.kv_heads_per_rank));
+  }
+}
+
+void AddModelNotes(Plan& p) {
+  const models::ModelConfig& c = p.config;
+  const int tp = p.flags.tp;
+  AddKvHeadNotes(p);
+  if (c.IsMla()) {
+    p.notes.push_back(
+        "parameter count not computed: the estimate counts dense layers only, "
+        "not MLA projections or MoE experts");
   }
   if (c.num_heads % tp != 0) {
     p.notes.push_back(absl::StrFormat(
@@ -271,6 +294,24 @@ void AddModelNotes(Plan& p) {
         "%s bytes; these figures keep the full context",
         WithCommas(c.sliding_window),
         WithCommas(c.sliding_window * p.kv.bytes_per_token)));
+  }
+}
+
+// Per-token KV of `kv_heads` full heads (K of qk_nope + qk_rope, V of
+// v_head_dim) on one of p.flags.tp ranks, at the plan's dtype.
+int64_t FullHeadBytesPerToken(const Plan& p, int kv_heads) {
+  const models::ModelConfig& c = p.config;
+  const KvDtype d = p.flags.kv_dtype;
+  return int64_t{c.num_layers} * kvcache::KvHeadsPerRank(kv_heads, p.flags.tp) *
+         (kvcache::KvRowBytes(d, c.qk_nope_head_dim + c.qk_rope_head_dim) +
+          kvcache::KvRowBytes(d, c.v_head_dim));
+}
+
+void SetMlaComparison(Plan& p) {
+  p.mha_equivalent_bytes_per_token =
+      FullHeadBytesPerToken(p, p.config.num_heads);
+  if (p.config.num_heads > 8) {
+    p.gqa8_equivalent_bytes_per_token = FullHeadBytesPerToken(p, 8);
   }
 }
 
@@ -295,7 +336,12 @@ absl::StatusOr<Plan> BuildPlan(const std::string& model_label,
                         p.flags.mean_len, p.flags.context));
   }
   KV_RETURN_IF_ERROR(config.Validate());
-  p.params = models::EstimateParameterCount(config);
+  if (config.IsMla() && !p.flags.gpu.empty()) {
+    return absl::InvalidArgumentError(
+        "--gpu subtracts the weights, but kvserve does not count the "
+        "parameters of an MLA/MoE model; pass the KV budget with --memory");
+  }
+  p.params = config.IsMla() ? 0 : models::EstimateParameterCount(config);
   if (!p.flags.gpu.empty()) {
     ApplyGpuBudget(p);
   } else if (p.flags.memory > 0) {
@@ -313,6 +359,7 @@ absl::StatusOr<Plan> BuildPlan(const std::string& model_label,
                                    .budget_bytes = p.budget_bytes};
   KV_RETURN_IF_ERROR(kvcache::ValidateKvPlanInput(in));
   p.kv = kvcache::ComputeKvPlan(in);
+  if (config.IsMla()) SetMlaComparison(p);
   AddModelNotes(p);
   return p;
 }
@@ -384,30 +431,80 @@ std::string RequestedText(const Plan& p) {
   return text;
 }
 
-}  // namespace
-
-std::string FormatPlan(const Plan& p) {
+std::string ModelText(const Plan& p) {
   const models::ModelConfig& c = p.config;
-  const kvcache::KvPlan& kv = p.kv;
-  const char* per_rank = p.flags.tp > 1 ? " per rank" : "";
-  std::string out =
-      Line("model",
-           absl::StrFormat("%s (L=%d, H=%d, H_kv=%d, D=%d, %s params)",
-                           p.model_label, c.num_layers, c.num_heads,
-                           c.num_kv_heads, c.head_dim, ParamCount(p.params)));
+  if (c.IsMla()) {
+    return absl::StrFormat(
+        "%s (L=%d, H=%d, MLA kv_lora_rank=%d qk_rope=%d qk_nope=%d v=%d, "
+        "params not counted)",
+        p.model_label, c.num_layers, c.num_heads, c.kv_lora_rank,
+        c.qk_rope_head_dim, c.qk_nope_head_dim, c.v_head_dim);
+  }
+  return absl::StrFormat("%s (L=%d, H=%d, H_kv=%d, D=%d, %s params)",
+                         p.model_label, c.num_layers, c.num_heads,
+                         c.num_kv_heads, c.head_dim, ParamCount(p.params));
+}
+
+std::string DtypeText(const Plan& p) {
   const double elem_bytes = kvcache::KvBytesPerElement(p.flags.kv_dtype);
   std::string dtype = absl::StrFormat(
       "%s (%g byte%s), tp=%d", kvcache::KvDtypeName(p.flags.kv_dtype),
       elem_bytes, elem_bytes == 1 ? "" : "s", p.flags.tp);
-  if (p.flags.tp > 1) {
-    absl::StrAppend(&dtype, ": ", kv.kv_heads_per_rank, " of ", c.num_kv_heads,
-                    " KV heads per rank");
+  if (p.flags.tp > 1 && p.config.IsMla()) {
+    absl::StrAppend(&dtype, ": the whole MLA latent on every rank");
+  } else if (p.flags.tp > 1) {
+    absl::StrAppend(&dtype, ": ", p.kv.kv_heads_per_rank, " of ",
+                    p.config.num_kv_heads, " KV heads per rank");
   }
-  absl::StrAppend(&out, Line("kv dtype", dtype));
+  return dtype;
+}
+
+// "71.1x": how many times the MLA figure `bytes` is.
+std::string Ratio(const Plan& p, int64_t bytes) {
+  return absl::StrFormat("%.1fx",
+                         static_cast<double>(bytes) / p.kv.bytes_per_token);
+}
+
+// MLA only: the latent and what full K/V heads would cache instead.
+std::string AttentionLines(const Plan& p) {
+  const models::ModelConfig& c = p.config;
+  const char* per_rank = p.flags.tp > 1 ? " per rank" : "";
+  std::string out = Line(
+      "attention",
+      absl::StrFormat("MLA: latent %d + rope %d per layer; as MHA it would "
+                      "need %s bytes/token%s (%s)",
+                      c.kv_lora_rank, c.qk_rope_head_dim,
+                      WithCommas(p.mha_equivalent_bytes_per_token), per_rank,
+                      Ratio(p, p.mha_equivalent_bytes_per_token)));
+  const std::string heads =
+      absl::StrFormat("KV heads x (K %d + V %d) x %d layers at %s",
+                      c.qk_nope_head_dim + c.qk_rope_head_dim, c.v_head_dim,
+                      c.num_layers, kvcache::KvDtypeName(p.flags.kv_dtype));
+  absl::StrAppend(&out,
+                  Line("as MHA", absl::StrFormat("%d %s", c.num_heads, heads)));
+  if (p.gqa8_equivalent_bytes_per_token > 0) {
+    absl::StrAppend(
+        &out, Line("as GQA-8",
+                   absl::StrFormat(
+                       "8 %s = %s bytes/token%s (%s)", heads,
+                       WithCommas(p.gqa8_equivalent_bytes_per_token), per_rank,
+                       Ratio(p, p.gqa8_equivalent_bytes_per_token))));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string FormatPlan(const Plan& p) {
+  const kvcache::KvPlan& kv = p.kv;
+  const char* per_rank = p.flags.tp > 1 ? " per rank" : "";
+  std::string out = Line("model", ModelText(p));
+  absl::StrAppend(&out, Line("kv dtype", DtypeText(p)));
   absl::StrAppend(
       &out, Line("bytes per token",
                  absl::StrFormat("%s (%s)%s", WithCommas(kv.bytes_per_token),
                                  BinaryBytes(kv.bytes_per_token), per_rank)));
+  if (p.config.IsMla()) absl::StrAppend(&out, AttentionLines(p));
   std::string seq =
       absl::StrFormat("%s tokens = %s bytes (%s)%s, %s blocks of %d",
                       WithCommas(p.flags.context), WithCommas(kv.bytes_per_seq),
@@ -449,6 +546,20 @@ std::string FormatPlanJson(const Plan& p) {
                        {"num_kv_heads", c.num_kv_heads},
                        {"head_dim", c.head_dim},
                        {"params", p.params}};
+  if (c.IsMla()) {
+    j["architecture"]["params"] = nullptr;  // not counted
+    j["attention"] = "mla";
+    j["kv_lora_rank"] = c.kv_lora_rank;
+    j["qk_rope_head_dim"] = c.qk_rope_head_dim;
+    j["qk_nope_head_dim"] = c.qk_nope_head_dim;
+    j["v_head_dim"] = c.v_head_dim;
+    j["mha_equivalent_bytes_per_token"] = p.mha_equivalent_bytes_per_token;
+    if (p.gqa8_equivalent_bytes_per_token > 0) {
+      j["gqa8_equivalent_bytes_per_token"] = p.gqa8_equivalent_bytes_per_token;
+    }
+  } else {
+    j["attention"] = c.num_kv_heads == c.num_heads ? "mha" : "gqa";
+  }
   j["kv_dtype"] = std::string(kvcache::KvDtypeName(p.flags.kv_dtype));
   j["kv_dtype_bytes"] = kvcache::KvBytesPerElement(p.flags.kv_dtype);
   j["tp"] = p.flags.tp;
@@ -519,6 +630,24 @@ std::string PlanUsage() {
 
 namespace {
 
+// The config of an HF directory whose config.json is MLA, read without
+// weights (the file loader refuses MLA); nullopt for anything else.
+absl::StatusOr<std::optional<models::ModelConfig>> LoadMlaConfig(
+    const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path config = fs::path(path) / "config.json";
+  if (!fs::is_directory(path, ec) || !fs::is_regular_file(config, ec)) {
+    return std::nullopt;
+  }
+  KV_ASSIGN_OR_RETURN(const std::string text,
+                      models::ReadFileToString(config.string()));
+  if (!models::IsMlaHfConfig(text)) return std::nullopt;
+  KV_ASSIGN_OR_RETURN(models::ModelConfig c,
+                      models::ParseHfSizingConfig(text, config.string()));
+  return c;
+}
+
 // Architecture numbers for --model: a preset needs no files; anything else
 // is resolved to a path and read by `loader`.
 absl::StatusOr<std::pair<std::string, models::ModelConfig>> LoadPlanConfig(
@@ -527,6 +656,9 @@ absl::StatusOr<std::pair<std::string, models::ModelConfig>> LoadPlanConfig(
     return std::make_pair(preset->name, preset->config);
   }
   KV_ASSIGN_OR_RETURN(std::string path, models::ResolveModelPath(model));
+  KV_ASSIGN_OR_RETURN(std::optional<models::ModelConfig> mla,
+                      LoadMlaConfig(path));
+  if (mla.has_value()) return std::make_pair(path, *std::move(mla));
   if (!loader) {
     return absl::UnimplementedError(absl::StrCat(
         "model '", model, "' resolved to ", path,

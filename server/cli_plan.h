@@ -65,14 +65,22 @@ struct PlanFlags {
 struct Plan {
   std::string model_label;  // preset name or the path given
   models::ModelConfig config;
-  int64_t params = 0;  // models::EstimateParameterCount(config)
-  PlanFlags flags;     // with context resolved
+  // models::EstimateParameterCount(config); 0 for MLA configs, whose MoE
+  // experts it does not count.
+  int64_t params = 0;
+  PlanFlags flags;  // with context resolved
   enum class Budget { kNone, kMemory, kGpu } budget = Budget::kNone;
   int64_t hbm_bytes = 0;              // --gpu only
   int64_t weight_bytes_per_rank = 0;  // --gpu only
   int64_t reserve_bytes = 0;          // --gpu only
   int64_t budget_bytes = 0;  // KV bytes per rank; 0 if none or none left
   kvcache::KvPlan kv;
+  // MLA only (0 otherwise): what the same model would cache per token per
+  // rank with full K/V heads at the same dtype and tp. MHA:
+  // L x KvHeadsPerRank(H, tp) x (KvRowBytes(qk_nope + qk_rope) +
+  // KvRowBytes(v_head_dim)); GQA-8 the same with 8 KV heads (0 unless H > 8).
+  int64_t mha_equivalent_bytes_per_token = 0;
+  int64_t gqa8_equivalent_bytes_per_token = 0;
   std::vector<std::string> notes;
 };
 
@@ -93,10 +101,11 @@ struct Plan {
 // The whole subcommand without process I/O: parses `args` (after "plan"),
 // looks up the preset or resolves the path (models::ResolveModelPath) and
 // calls `loader` (error "loading config from files is not wired yet" if it is
-// empty), builds and formats the plan. Appends the report to *out and errors
-// to *err. Returns 0 on success, 2 for usage errors (bad or unknown flags,
-// values that do not fit the model), 1 for other failures (model not found,
-// loader errors).
+// empty); an HF directory whose config.json is MLA (models::IsMlaHfConfig) is
+// read by models::ParseHfSizingConfig instead, weights or not, builds and
+// formats the plan. Appends the report to *out and errors to *err. Returns 0 on
+// success, 2 for usage errors (bad or unknown flags, values that do not fit the
+// model), 1 for other failures (model not found, loader errors).
 [[nodiscard]] int RunPlan(const std::vector<std::string>& args,
                           const ConfigLoader& loader, std::string* out,
                           std::string* err);

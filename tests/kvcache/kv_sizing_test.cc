@@ -13,6 +13,13 @@ constexpr KvShape kLlama3_70B{
 constexpr KvShape kL64{.num_layers = 64, .num_kv_heads = 8, .head_dim = 128};
 constexpr KvShape kSmolLM2_135M{
     .num_layers = 30, .num_kv_heads = 3, .head_dim = 64};
+// DeepSeek-V3: MLA latent 512 + RoPE key 64 per layer; the 128 KV heads of
+// its config.json do not enter the cache size.
+constexpr KvShape kDeepSeekV3{.num_layers = 61,
+                              .num_kv_heads = 128,
+                              .head_dim = 192,
+                              .kv_lora_rank = 512,
+                              .qk_rope_head_dim = 64};
 
 TEST(KvDtypeTest, ParsesNamesAndAliases) {
   EXPECT_EQ(*ParseKvDtype("bf16"), KvDtype::kBF16);
@@ -100,6 +107,56 @@ TEST(KvSizingTest, TensorParallelSplitsThenReplicatesKvHeads) {
   EXPECT_EQ(KvBytesPerToken(kLlama3_70B, KvDtype::kBF16, 16), 327'680 / 8);
   EXPECT_EQ(KvBytesPerBlock(kLlama3_70B, KvDtype::kBF16, 16, 2),
             16 * 327'680 / 2);
+}
+
+TEST(KvSizingTest, MlaCachesOneLatentRowPerLayer) {
+  EXPECT_TRUE(kDeepSeekV3.IsLatent());
+  EXPECT_FALSE(kLlama3_70B.IsLatent());
+  EXPECT_EQ(kDeepSeekV3.LatentDim(), 576);
+  EXPECT_EQ(KvBytesPerToken(kDeepSeekV3, KvDtype::kBF16), 61 * 576 * 2);
+  EXPECT_EQ(KvBytesPerToken(kDeepSeekV3, KvDtype::kBF16), 70'272);
+  EXPECT_EQ(KvBytesPerToken(kDeepSeekV3, KvDtype::kFP8), 61 * 576);
+  // q8_0 over the latent row: 576 / 32 = 18 groups of 34 bytes.
+  EXPECT_EQ(KvBytesPerToken(kDeepSeekV3, KvDtype::kInt8), 61 * (576 / 32 * 34));
+  EXPECT_EQ(KvBytesPerToken(kDeepSeekV3, KvDtype::kInt4), 61 * (576 / 32 * 18));
+  // The latent is not split across heads: every rank stores all of it.
+  for (int tp : {2, 8, 128}) {
+    EXPECT_EQ(KvBytesPerToken(kDeepSeekV3, KvDtype::kBF16, tp), 70'272) << tp;
+  }
+}
+
+TEST(KvPlanTest, MlaPlansLikeGqa) {
+  const KvPlan p = ComputeKvPlan({.shape = kDeepSeekV3,
+                                  .dtype = KvDtype::kBF16,
+                                  .tp = 2,
+                                  .block_size = 16,
+                                  .context_len = 8192,
+                                  .budget_bytes = 70'272 * 16 * 1000});
+  EXPECT_EQ(p.kv_heads_per_rank, 1);
+  EXPECT_EQ(p.bytes_per_token, 70'272);
+  EXPECT_EQ(p.bytes_per_block, 70'272 * 16);
+  EXPECT_EQ(p.bytes_per_seq, int64_t{70'272} * 8192);
+  EXPECT_EQ(p.blocks_per_seq, 512);
+  EXPECT_EQ(p.budget_blocks, 1000);
+  EXPECT_EQ(p.paged_seqs_at_context, 1);
+}
+
+TEST(KvPlanTest, MlaLatentMustTileQuantGroups) {
+  KvShape odd = kDeepSeekV3;
+  odd.qk_rope_head_dim = 48;  // 560 elements: not whole groups of 32
+  const absl::Status st = ValidateKvPlanInput(
+      {.shape = odd, .dtype = KvDtype::kInt8, .context_len = 16});
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(st.message(), HasSubstr("560 is not a multiple of 32"));
+  EXPECT_TRUE(ValidateKvPlanInput(
+                  {.shape = odd, .dtype = KvDtype::kBF16, .context_len = 16})
+                  .ok());
+  // MLA shapes need no KV heads.
+  KvShape latent_only = kDeepSeekV3;
+  latent_only.num_kv_heads = 0;
+  latent_only.head_dim = 0;
+  EXPECT_TRUE(
+      ValidateKvPlanInput({.shape = latent_only, .context_len = 16}).ok());
 }
 
 TEST(KvSizingTest, BlocksForTokensRoundsUp) {

@@ -9,6 +9,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "models/model_files.h"
 #include "models/presets.h"
 #include "nlohmann/json.hpp"
 
@@ -335,6 +336,130 @@ TEST(ByteSizeTest, UnitsAndErrors) {
   EXPECT_EQ(*GpuHbmBytes("h100"), 80'000'000'000);
   EXPECT_EQ(*GpuHbmBytes("H200"), 141'000'000'000);
   EXPECT_FALSE(GpuHbmBytes("v100").ok());
+}
+
+// DeepSeek-V3's config.json (MoE and quantization keys included: plan must
+// ignore what it does not size).
+constexpr char kDeepSeekV3Config[] = R"({
+  "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+  "vocab_size": 129280, "hidden_size": 7168, "intermediate_size": 18432,
+  "moe_intermediate_size": 2048, "num_hidden_layers": 61,
+  "num_attention_heads": 128, "num_key_value_heads": 128,
+  "n_shared_experts": 1, "n_routed_experts": 256, "num_experts_per_tok": 8,
+  "first_k_dense_replace": 3, "q_lora_rank": 1536, "kv_lora_rank": 512,
+  "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+  "max_position_embeddings": 163840, "rms_norm_eps": 1e-06,
+  "rope_theta": 10000, "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16",
+  "rope_scaling": {"type": "yarn", "factor": 40,
+                   "original_max_position_embeddings": 4096},
+  "quantization_config": {"quant_method": "fp8", "fmt": "e4m3"}})";
+
+constexpr char kDeepSeekV2LiteConfig[] = R"({
+  "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2",
+  "vocab_size": 102400, "hidden_size": 2048, "intermediate_size": 10944,
+  "moe_intermediate_size": 1408, "num_hidden_layers": 27,
+  "num_attention_heads": 16, "num_key_value_heads": 16,
+  "n_shared_experts": 2, "n_routed_experts": 64, "q_lora_rank": null,
+  "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+  "v_head_dim": 128, "max_position_embeddings": 163840,
+  "torch_dtype": "bfloat16"})";
+
+// A directory holding only `config_json` as config.json.
+std::string ConfigOnlyDir(const std::string& name, const char* config_json) {
+  const std::string dir =
+      ::testing::TempDir() + "/plan_" + name + "_" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/config.json") << config_json;
+  return dir;
+}
+
+// A loader that must not run: MLA directories are read by plan itself.
+const ConfigLoader kRefusingLoader =
+    [](const std::string& path) -> absl::StatusOr<models::ModelConfig> {
+  return absl::InternalError("loader called for " + path);
+};
+
+TEST(PlanMlaTest, DeepSeekV3FromConfigJson) {
+  const std::string dir = ConfigOnlyDir("dsv3", kDeepSeekV3Config);
+  const Result r = RunArgs({"--model", dir}, kRefusingLoader);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_THAT(r.out,
+              HasSubstr("model            " + dir +
+                        " (L=61, H=128, MLA kv_lora_rank=512 qk_rope=64 "
+                        "qk_nope=128 v=128, params not counted)\n"
+                        "kv dtype         bf16 (2 bytes), tp=1\n"
+                        "bytes per token  70,272 (68.6 KiB)\n"
+                        "attention        MLA: latent 512 + rope 64 per layer; "
+                        "as MHA it would need 4,997,120 bytes/token (71.1x)\n"
+                        "as MHA           128 KV heads x (K 192 + V 128) x 61 "
+                        "layers at bf16\n"
+                        "as GQA-8         8 KV heads x (K 192 + V 128) x 61 "
+                        "layers at bf16 = 312,320 bytes/token (4.4x)\n"
+                        "per sequence     8,192 tokens = 575,668,224 bytes "
+                        "(576 MB), 512 blocks of 16\n"));
+  EXPECT_THAT(r.out, HasSubstr("note             parameter count not "
+                               "computed"));
+  const Result j = RunArgs({"--model", dir, "--json"}, kRefusingLoader);
+  ASSERT_EQ(j.rc, 0) << j.err;
+  const nlohmann::json js = nlohmann::json::parse(j.out);
+  EXPECT_EQ(js["attention"], "mla");
+  EXPECT_EQ(js["kv_lora_rank"], 512);
+  EXPECT_EQ(js["qk_rope_head_dim"], 64);
+  EXPECT_EQ(js["bytes_per_token"], 70272);
+  EXPECT_EQ(js["mha_equivalent_bytes_per_token"], 4997120);
+  EXPECT_EQ(js["gqa8_equivalent_bytes_per_token"], 312320);
+  EXPECT_TRUE(js["architecture"]["params"].is_null());
+  EXPECT_EQ(nlohmann::json::parse(
+                RunArgs({"--model", "llama3-70b", "--json"}).out)["attention"],
+            "gqa");
+}
+
+TEST(PlanMlaTest, DeepSeekV3QuantizedAndTensorParallel) {
+  const std::string dir = ConfigOnlyDir("dsv3q", kDeepSeekV3Config);
+  const Result q = RunArgs({"--model", dir, "--kv-dtype", "int8"});
+  ASSERT_EQ(q.rc, 0) << q.err;
+  EXPECT_THAT(q.out, HasSubstr("bytes per token  37,332 (36.5 KiB)\n"));
+  const Result tp = RunArgs({"--model", dir, "--tp", "8", "--memory", "80GB"});
+  ASSERT_EQ(tp.rc, 0) << tp.err;
+  EXPECT_THAT(tp.out, HasSubstr("tp=8: the whole MLA latent on every rank\n"
+                                "bytes per token  70,272 (68.6 KiB) per "
+                                "rank\n"));
+  // MHA at tp=8 splits its 128 heads: 16 per rank.
+  EXPECT_THAT(tp.out, HasSubstr("as MHA it would need 624,640 bytes/token per "
+                                "rank (8.9x)"));
+  EXPECT_THAT(tp.out, HasSubstr("the MLA latent is not split across heads"));
+  const Result gpu = RunArgs({"--model", dir, "--gpu", "h200"});
+  EXPECT_EQ(gpu.rc, 2);
+  EXPECT_THAT(gpu.err, HasSubstr("pass the KV budget with --memory"));
+}
+
+TEST(PlanMlaTest, DeepSeekV2Lite) {
+  const std::string dir = ConfigOnlyDir("dsv2lite", kDeepSeekV2LiteConfig);
+  const Result r = RunArgs({"--model", dir, "--json"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["bytes_per_token"], 27 * 576 * 2);
+  EXPECT_EQ(j["mha_equivalent_bytes_per_token"], 27 * 16 * 320 * 2);
+  EXPECT_EQ(j["gqa8_equivalent_bytes_per_token"], 27 * 8 * 320 * 2);
+  const Result text = RunArgs({"--model", dir});
+  EXPECT_THAT(text.out,
+              HasSubstr("bytes per token  31,104 (30.4 KiB)\n"
+                        "attention        MLA: latent 512 + rope 64 per layer; "
+                        "as MHA it would need 276,480 bytes/token (8.9x)\n"));
+}
+
+TEST(PlanMlaTest, ServingAnMlaDirIsRefusedNamingMla) {
+  const std::string dir = ConfigOnlyDir("dsv3serve", kDeepSeekV3Config);
+  models::OpenModelFilesOptions options;
+  options.check_weights = false;
+  const absl::StatusOr<models::ModelFiles> files =
+      models::OpenModelFiles(dir, options);
+  ASSERT_FALSE(files.ok());
+  EXPECT_EQ(files.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(files.status().message(),
+              HasSubstr("DeepseekV3ForCausalLM uses multi-head latent "
+                        "attention (MLA), which kvserve cannot load or serve"));
 }
 
 TEST(RunPlanCommandTest, PrintsToStdout) {
