@@ -5,6 +5,7 @@
 
 #include "common/status_macros.h"
 #include "models/model_files.h"
+#include "server/cli_eval.h"
 #include "server/cli_generate.h"
 #include "server/cli_plan.h"
 #include "server/cli_serve.h"
@@ -17,6 +18,8 @@ constexpr char kUsage[] =
     "  serve      the gRPC serving daemon: --model NAME|PATH [--port N] ...\n"
     "  generate   one-shot generation: --model NAME|PATH --prompt TEXT\n"
     "  plan       KV-cache sizing: --model NAME|PATH [--context N] ...\n"
+    "  eval       KV-cache quality: perplexity and KL divergence vs f32 KV\n"
+    "             per KV dtype: --model NAME|PATH [--kv-cache-dtype LIST]\n"
     "run 'kvserve <command> --help' for the flags of a command\n";
 }  // namespace
 
@@ -32,6 +35,9 @@ int main(int argc, char** argv) {
   }
   if (cmd == "generate") {
     return kvserve::server::RunGenerateCommand(argc, argv);
+  }
+  if (cmd == "eval") {
+    return kvserve::server::RunEvalCommand(argc, argv);
   }
   if (cmd == "plan") {
     // Paths (.gguf, HF directories) are sized from their own config; the
