@@ -121,11 +121,13 @@ prepare_root() {
   cp /etc/resolv.conf "$R/etc/resolv.conf" || return 1
   if compgen -G "/etc/apt/sources.list.d/*.sources" >/dev/null; then
     rm -f "$R/etc/apt/sources.list"
-    cp /etc/apt/sources.list.d/*.sources "$R/etc/apt/sources.list.d/"
+    cp /etc/apt/sources.list.d/*.sources "$R/etc/apt/sources.list.d/" ||
+      return 1
   fi
   if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then
-    cp /usr/local/share/ca-certificates/*.crt \
-      "$R/usr/local/share/ca-certificates/"
+    mkdir -p "$R/usr/local/share/ca-certificates" &&
+      cp /usr/local/share/ca-certificates/*.crt \
+        "$R/usr/local/share/ca-certificates/" || return 1
   fi
   local m
   for m in proc dev dev/pts; do
@@ -140,7 +142,17 @@ prepare_root() {
 step "prepare the root (resolver, apt sources, CA certificates, mounts, clone of HEAD)" \
   prepare_root
 
-step "README: $build_cmd" in_root "$build_cmd"
+# The README's command, its output in a log (apt and the build are long);
+# the log's tail is printed when it fails.
+run_readme() {
+  local rc=0
+  in_root "$build_cmd" >"$WORK/readme.log" 2>&1 || rc=$?
+  grep -E '^setup: ' "$WORK/readme.log" | sed 's/^/    /'
+  [ "$rc" = 0 ] && return 0
+  tail -n 60 "$WORK/readme.log"
+  return 1
+}
+step "README: $build_cmd" run_readme
 
 check_paris() {
   local out
