@@ -612,6 +612,8 @@ std::string PlanUsage() {
       "  --model NAME|PATH    preset (",
       models::PresetNames(),
       "), HF repo id, .gguf file or HF directory\n"
+      "                       (DeepSeek-V2/V3 MLA: config.json alone is "
+      "enough)\n"
       "  --kv-dtype D         bf16 (default), fp16, fp8, int8 (q8_0 layout),\n"
       "                       int4 (q4_0 layout), f32\n"
       "  --context N          tokens per sequence; default min(8192, model "
