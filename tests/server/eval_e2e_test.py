@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""`kvserve eval` end to end: the real binary on the default model.
+
+One run of two 128-token windows of the default text (tests/data/eval/
+gpl-3.0.txt) with --json, for every CPU KV dtype: the f32 row is the
+reference itself (delta PPL and mean KLD exactly 0, top-1 agreement 100%);
+every other dtype has KLD > 0 and int4 more than int8; fp16 and bf16 stay
+well below int4; perplexities are finite and > 1; bytes per token are
+SmolLM2-135M's (2 x 30 layers x 3 KV heads x one 64-element row) and
+blocks per GiB follow from them at block size 16. The text table prints the
+same rows. Bad flags are refused with a non-zero exit naming the flag.
+
+    eval_e2e_test.py --binary build/server/kvserve --source-dir .
+"""
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+ARGS = None
+MODEL = "SmolLM2-135M-Instruct.Q4_1.gguf"
+BYTES_PER_TOKEN = {"f32": 46080, "fp16": 23040, "bf16": 23040,
+                   "int8": 12240, "int4": 6480}
+
+
+def run_eval(*flags, timeout=120):
+    return subprocess.run(
+        [ARGS.binary, "eval", "--model",
+         os.path.join(ARGS.source_dir, "weights", MODEL), *flags],
+        capture_output=True, text=True, timeout=timeout)
+
+
+class Eval(unittest.TestCase):
+    result = None
+
+    @classmethod
+    def setUpClass(cls):
+        out = run_eval("--context", "128", "--max-windows", "2", "--json")
+        assert out.returncode == 0, out.stderr
+        cls.result = json.loads(out.stdout)
+        cls.rows = {r["kv_dtype"]: r for r in cls.result["results"]}
+
+    def test_default_dtypes_in_order(self):
+        self.assertEqual([r["kv_dtype"] for r in self.result["results"]],
+                         ["f32", "fp16", "bf16", "int8", "int4"])
+        self.assertEqual(self.result["windows"], 2)
+        self.assertGreater(self.result["windows_available"], 2)
+        self.assertTrue(self.result["text"].endswith(
+            "tests/data/eval/gpl-3.0.txt"))
+
+    def test_f32_is_the_reference(self):
+        f32 = self.rows["f32"]
+        self.assertEqual(f32["delta_ppl_pct"], 0.0)
+        self.assertEqual(f32["mean_kld"], 0.0)
+        self.assertEqual(f32["top1_agreement_pct"], 100.0)
+
+    def test_quantized_kv_diverges_in_order(self):
+        for dtype in ("fp16", "bf16", "int8", "int4"):
+            self.assertGreater(self.rows[dtype]["mean_kld"], 0.0, dtype)
+        # 16-bit KV stays far below int4 (the int8 activations of the
+        # Q4_1 matmuls amplify any KV rounding; see docs/PERFORMANCE.md).
+        for dtype in ("fp16", "bf16"):
+            self.assertLess(self.rows[dtype]["mean_kld"], 0.05, dtype)
+        self.assertGreater(self.rows["int4"]["mean_kld"],
+                           self.rows["int8"]["mean_kld"])
+        self.assertGreater(self.rows["int4"]["mean_kld"],
+                           4 * self.rows["fp16"]["mean_kld"])
+
+    def test_f32_perplexity_is_the_measured_one(self):
+        # 29.157 on the x86-64 AVX-512 machine this was written on; other
+        # kernels round differently, hence 3%. Scoring the wrong half of the
+        # windows, or the wrong targets, lands far outside.
+        self.assertAlmostEqual(self.rows["f32"]["ppl"], 29.157,
+                               delta=0.03 * 29.157)
+
+    def test_perplexity_and_sizes(self):
+        # Windows of 128 score positions 64..126: 63 per window.
+        for dtype, row in self.rows.items():
+            self.assertTrue(math.isfinite(row["ppl"]), dtype)
+            self.assertGreater(row["ppl"], 1.0, dtype)
+            self.assertGreater(row["ppl_stderr"], 0.0, dtype)
+            self.assertEqual(row["tokens_scored"], 2 * 63, dtype)
+            self.assertEqual(row["bytes_per_token"], BYTES_PER_TOKEN[dtype])
+            self.assertEqual(row["blocks_per_gib"],
+                             (1 << 30) // (16 * BYTES_PER_TOKEN[dtype]))
+            self.assertLessEqual(row["top1_agreement_pct"], 100.0)
+
+    def test_table_matches_json(self):
+        out = run_eval("--context", "128", "--max-windows", "1",
+                       "--kv-cache-dtype", "f32,int8", "--chunk", "32")
+        self.assertEqual(out.returncode, 0, out.stderr)
+        lines = [ln.split() for ln in out.stdout.splitlines()]
+        table = {ln[0]: ln for ln in lines if ln and ln[0] in ("f32", "int8")}
+        self.assertEqual(set(table), {"f32", "int8"})
+        self.assertEqual(table["f32"][4:6], ["+0.000%", "0.000000"])
+        self.assertEqual(table["int8"][-2:], ["12240", "5482"])
+
+    def test_bad_flags_are_refused(self):
+        short = os.path.join(self.tmp, "short.txt")
+        with open(short, "w", encoding="utf-8") as f:
+            f.write("Only a few words here.\n")
+        cases = [
+            (["--kv-cache-dtype", "fp8"], "--kv-cache-dtype fp8"),
+            (["--kv-cache-dtype", "f32,int3"], "--kv-cache-dtype"),
+            (["--context", "127", "--chunk", "32"], "--context 127"),
+            (["--context", "96"], "--context 96"),  # < 2 x chunk 64
+            (["--text", short], "fewer than one window of --context"),
+            (["--text", os.path.join(self.tmp, "absent.txt")], "--text"),
+            (["--chunk", "0"], "--chunk"),
+        ]
+        for flags, needle in cases:
+            with self.subTest(flags=flags):
+                out = run_eval(*flags, timeout=60)
+                self.assertNotEqual(out.returncode, 0, out.stdout)
+                self.assertIn(needle, out.stderr)
+        out = run_eval("--text", short, timeout=60)
+        self.assertRegex(out.stderr, r": \d+ tokens, fewer")
+
+
+
+def main():
+    global ARGS
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--binary", required=True)
+    parser.add_argument("--source-dir", required=True)
+    ARGS, rest = parser.parse_known_args()
+    if not os.path.exists(os.path.join(ARGS.source_dir, "weights", MODEL)):
+        print(f"SKIP: weights/{MODEL} missing (run deploy/setup.sh)")
+        return 77
+    with tempfile.TemporaryDirectory() as tmp:
+        Eval.tmp = tmp
+        prog = unittest.main(argv=[sys.argv[0], *rest], exit=False,
+                             verbosity=2)
+    return 0 if prog.result.wasSuccessful() else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
