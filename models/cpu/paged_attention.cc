@@ -24,25 +24,6 @@ using DF = hn::ScalableTag<float>;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr int kGroup = kvcache::kKvQuantGroup;
 
-// sum_i a[i] * b[i], lanes then a fixed tree: depends on n alone.
-float Dot(const float* a, const float* b, int n) {
-  const DF d;
-  const int lanes = static_cast<int>(hn::Lanes(d));
-  auto acc0 = hn::Zero(d), acc1 = hn::Zero(d);
-  int i = 0;
-  for (; i + 2 * lanes <= n; i += 2 * lanes) {
-    acc0 = hn::MulAdd(hn::LoadU(d, a + i), hn::LoadU(d, b + i), acc0);
-    acc1 = hn::MulAdd(hn::LoadU(d, a + i + lanes), hn::LoadU(d, b + i + lanes),
-                      acc1);
-  }
-  for (; i + lanes <= n; i += lanes) {
-    acc0 = hn::MulAdd(hn::LoadU(d, a + i), hn::LoadU(d, b + i), acc0);
-  }
-  float s = hn::GetLane(hn::SumOfLanes(d, hn::Add(acc0, acc1)));
-  for (; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
-
 // y[i] = y[i] * alpha + p * x[i] (alpha == 1: no rescale).
 void ScaleAxpy(float alpha, float p, const float* x, float* y, int n) {
   const DF d;
@@ -162,8 +143,61 @@ struct Layout {
 
 // Per-thread scratch of one item.
 struct Scratch {
-  std::vector<float> q, k, v, scores, m, l, acc;
+  std::vector<float> q, k, kt, v, scores, m, l, acc;
 };
+
+// The decoded K page [nk][dd] transposed into chunks of `lanes` keys:
+// kt[(c * dd + e) * lanes + j] = k[(c * lanes + j) * dd + e], zero padded.
+void TransposeKeys(const float* k, int nk, int dd, int lanes, float* kt) {
+  const int chunks = (nk + lanes - 1) / lanes;
+  std::fill_n(kt, static_cast<int64_t>(chunks) * dd * lanes, 0.0f);
+  for (int t = 0; t < nk; ++t) {
+    float* col = kt + static_cast<int64_t>(t / lanes) * dd * lanes + t % lanes;
+    const float* row = k + static_cast<int64_t>(t) * dd;
+    for (int e = 0; e < dd; ++e) col[static_cast<int64_t>(e) * lanes] = row[e];
+  }
+}
+
+// scores[r * stride + j] = q_r . k_j for the keys of the transposed page:
+// each lane runs one key's dot product as an FMA chain over head_dim in
+// order, so a score does not depend on its lane, row block or tile. Four
+// rows at a time keep four chains in flight.
+void ScoreTile(const float* q, int rows, int dd, const float* kt, int nk,
+               float* scores, int64_t stride) {
+  const DF d;
+  const int lanes = static_cast<int>(hn::Lanes(d));
+  const int chunks = (nk + lanes - 1) / lanes;
+  for (int c = 0; c < chunks; ++c) {
+    const float* ktc = kt + static_cast<int64_t>(c) * dd * lanes;
+    float* out = scores + c * lanes;
+    int r = 0;
+    for (; r + 4 <= rows; r += 4) {
+      const float* q0 = q + static_cast<int64_t>(r) * dd;
+      auto a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d),
+           a3 = hn::Zero(d);
+      for (int e = 0; e < dd; ++e) {
+        const auto kv = hn::LoadU(d, ktc + static_cast<int64_t>(e) * lanes);
+        a0 = hn::MulAdd(hn::Set(d, q0[e]), kv, a0);
+        a1 = hn::MulAdd(hn::Set(d, q0[dd + e]), kv, a1);
+        a2 = hn::MulAdd(hn::Set(d, q0[2 * dd + e]), kv, a2);
+        a3 = hn::MulAdd(hn::Set(d, q0[3 * dd + e]), kv, a3);
+      }
+      hn::StoreU(a0, d, out + r * stride);
+      hn::StoreU(a1, d, out + (r + 1) * stride);
+      hn::StoreU(a2, d, out + (r + 2) * stride);
+      hn::StoreU(a3, d, out + (r + 3) * stride);
+    }
+    for (; r < rows; ++r) {
+      const float* qr = q + static_cast<int64_t>(r) * dd;
+      auto a = hn::Zero(d);
+      for (int e = 0; e < dd; ++e) {
+        a = hn::MulAdd(hn::Set(d, qr[e]),
+                       hn::LoadU(d, ktc + static_cast<int64_t>(e) * lanes), a);
+      }
+      hn::StoreU(a, d, out + r * stride);
+    }
+  }
+}
 
 const std::byte* KvRow(const Layout& L, const std::byte* plane, int32_t seq,
                        int32_t t, int kv_head) {
@@ -176,18 +210,15 @@ const std::byte* KvRow(const Layout& L, const std::byte* plane, int32_t seq,
   return plane + (slot * L.kv.num_kv_heads + kv_head) * L.row_bytes;
 }
 
-// Folds keys [k0, k1) (within one block) into row r's online softmax.
+// Folds keys [k0, k1) (within one block; their scores in sc[0, k1 - k0))
+// into row r's online softmax.
 void FoldPage(const Layout& L, const QueryRef& ref, int32_t k0, int32_t k1,
-              const float* qr, Scratch& s, int r) {
+              float* sc, Scratch& s, int r) {
   const int dd = L.p.head_dim;
   const int32_t lo = std::max(k0, ref.lo), hi = std::min(k1 - 1, ref.pos);
   if (lo > hi) return;  // nothing this row may see: as if not visited
-  float* sc = s.scores.data();
   float page_max = kNegInf;
-  for (int32_t t = lo; t <= hi; ++t) {
-    sc[t - k0] = Dot(qr, s.k.data() + static_cast<int64_t>(t - k0) * dd, dd);
-    page_max = std::max(page_max, sc[t - k0]);
-  }
+  for (int32_t t = lo; t <= hi; ++t) page_max = std::max(page_max, sc[t - k0]);
   const float m_old = s.m[r];
   const float m_new = std::max(m_old, page_max);
   const float alpha = m_old == kNegInf ? 0.0f : std::exp(m_old - m_new);
@@ -240,9 +271,12 @@ void RunItem(const Layout& L, const std::vector<QueryRef>& refs, const Item& it,
   s.acc.assign(static_cast<size_t>(rows) * dd, 0.0f);
   s.m.assign(rows, kNegInf);
   s.l.assign(rows, 0.0f);
+  const int lanes = static_cast<int>(hn::Lanes(DF()));
+  const int64_t score_stride = (bs + lanes - 1) / lanes * lanes;
   s.k.resize(static_cast<size_t>(bs) * dd);
+  s.kt.resize(static_cast<size_t>(score_stride) * dd);
   s.v.resize(static_cast<size_t>(bs) * dd);
-  s.scores.resize(bs + hn::Lanes(DF()));
+  s.scores.resize(static_cast<size_t>(rows) * score_stride + lanes);
   for (int32_t i = it.tok_begin; i < it.tok_end; ++i) {
     for (int j = 0; j < g; ++j) {
       const float* src = q + i * q_stride + (it.kv_head * g + j) * dd;
@@ -260,9 +294,12 @@ void RunItem(const Layout& L, const std::vector<QueryRef>& refs, const Item& it,
       DecodeRow(L.kv.dtype, KvRow(L, L.v_plane, it.seq, t, it.kv_head), dd,
                 s.v.data() + off);
     }
+    TransposeKeys(s.k.data(), k1 - k0, dd, lanes, s.kt.data());
+    ScoreTile(s.q.data(), rows, dd, s.kt.data(), k1 - k0, s.scores.data(),
+              score_stride);
     for (int r = 0; r < rows; ++r) {
       const QueryRef& ref = refs[it.tok_begin + r / g];
-      FoldPage(L, ref, k0, k1, s.q.data() + static_cast<int64_t>(r) * dd, s, r);
+      FoldPage(L, ref, k0, k1, s.scores.data() + r * score_stride, s, r);
     }
   }
   for (int r = 0; r < rows; ++r) {
