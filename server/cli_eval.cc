@@ -393,6 +393,7 @@ absl::StatusOr<EvalResult> Evaluate(const EvalFlags& f) {
   r.windows = f.max_windows > 0 ? std::min(f.max_windows, r.windows_available)
                                 : r.windows_available;
   std::vector<Lane*> order;
+  order.reserve(lanes.size());
   for (Lane& l : lanes) order.push_back(&l);
   std::vector<int32_t> window(f.context);
   const auto t0 = std::chrono::steady_clock::now();
@@ -403,7 +404,7 @@ absl::StatusOr<EvalResult> Evaluate(const EvalFlags& f) {
         RunWindow(m.model.get(), window, static_cast<int32_t>(f.chunk), order));
     std::fprintf(
         stderr, "window %lld/%lld: f32 ppl so far %.4f (%.1f s)\n",
-        static_cast<long long>(w + 1), static_cast<long long>(r.windows),
+        static_cast<long long>(w) + 1, static_cast<long long>(r.windows),
         Ppl(lanes[0].stats),
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
             .count());

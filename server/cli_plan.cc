@@ -274,7 +274,7 @@ void AddModelNotes(Plan& p) {
   const int tp = p.flags.tp;
   AddKvHeadNotes(p);
   if (c.IsMla()) {
-    p.notes.push_back(
+    p.notes.emplace_back(
         "parameter count not computed: the estimate counts dense layers only, "
         "not MLA projections or MoE experts");
   }
