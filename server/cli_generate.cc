@@ -7,7 +7,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/cli_args.h"
 #include "common/parallel.h"
@@ -20,6 +19,7 @@
 #include "kvcache/kv_sizing.h"
 #include "models/chat_template.h"
 #include "models/detokenizer.h"
+#include "server/kv_dtype_flag.h"
 
 namespace kvserve::server {
 namespace {
@@ -77,16 +77,8 @@ absl::Status Generate(const GenerateFlags& f) {
         "model's context of %d",
         prompt.size(), f.max_tokens, m.config.max_position));
   }
-  std::optional<kvcache::KvDtype> requested;
-  if (f.kv_cache_dtype != "auto") {
-    absl::StatusOr<kvcache::KvDtype> d =
-        kvcache::ParseKvDtype(f.kv_cache_dtype);
-    if (!d.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--kv-cache-dtype: ", d.status().message()));
-    }
-    requested = *d;
-  }
+  KV_ASSIGN_OR_RETURN(const std::optional<kvcache::KvDtype> requested,
+                      ParseKvCacheDtypeFlag(f.kv_cache_dtype));
   KV_ASSIGN_OR_RETURN(const kvcache::KvDtype dtype,
                       engine::CpuKvDtype(requested, m.config.head_dim));
   KV_ASSIGN_OR_RETURN(

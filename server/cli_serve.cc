@@ -11,14 +11,15 @@
 #include <string>
 #include <thread>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "common/cli_args.h"
 #include "common/parallel.h"
+#include "common/status_macros.h"
 #include "kvcache/kv_sizing.h"
 #include "server/daemon.h"
+#include "server/kv_dtype_flag.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 
@@ -234,15 +235,8 @@ absl::Status FinishFlags(ServeFlags* f) {
         "--preemption-mode: '%s' must be auto, recompute, or swap",
         e.preemption_mode));
   }
-  if (f->kv_cache_dtype != "auto") {
-    absl::StatusOr<kvcache::KvDtype> d =
-        kvcache::ParseKvDtype(f->kv_cache_dtype);
-    if (!d.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--kv-cache-dtype: ", d.status().message()));
-    }
-    e.kv_cache_dtype = *d;
-  }
+  KV_ASSIGN_OR_RETURN(e.kv_cache_dtype,
+                      ParseKvCacheDtypeFlag(f->kv_cache_dtype));
   if (e.device != "cpu" && e.device != "cuda" && e.device != "auto") {
     return absl::InvalidArgumentError(
         absl::StrFormat("--device: '%s' must be cpu, cuda, or auto", e.device));
