@@ -23,6 +23,9 @@ using kvcache::KvDtype;
 using DF = hn::ScalableTag<float>;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr int kGroup = kvcache::kKvQuantGroup;
+// Fully unrolls a loop of compile-time trip count so that arrays of
+// vectors indexed by its counter stay in registers.
+#define KV_UNROLL _Pragma("GCC unroll 16")
 
 // y[i] = y[i] * alpha + p * x[i] (alpha == 1: no rescale).
 void ScaleAxpy(float alpha, float p, const float* x, float* y, int n) {
@@ -39,7 +42,8 @@ void ScaleAxpy(float alpha, float p, const float* x, float* y, int n) {
 
 // Decodes one KV row of `dtype` into out[0, dd) in registers, lanes at a
 // time (element order and values as DecodeKvRow).
-void DecodeRow(KvDtype dtype, const std::byte* row, int dd, float* out) {
+HWY_INLINE void DecodeRow(KvDtype dtype, const std::byte* row, int dd,
+                          float* out) {
   const DF d;
   const int lanes = static_cast<int>(hn::Lanes(d));
   switch (dtype) {
@@ -141,167 +145,440 @@ struct Layout {
   int64_t partial_stride;  // floats per partial: m, l, acc[D]
 };
 
-// Per-thread scratch of one item.
-struct Scratch {
-  std::vector<float> q, k, kt, v, scores, m, l, acc;
+// The keys of a tile row r may see, as [lo, hi) relative to the tile's
+// first position (lo >= hi: none).
+struct RowRange {
+  int lo, hi;
 };
 
-// The decoded K page [nk][dd] transposed into chunks of `lanes` keys:
-// kt[(c * dd + e) * lanes + j] = k[(c * lanes + j) * dd + e], zero padded.
-void TransposeKeys(const float* k, int nk, int dd, int lanes, float* kt) {
-  const int chunks = (nk + lanes - 1) / lanes;
-  std::fill_n(kt, static_cast<int64_t>(chunks) * dd * lanes, 0.0f);
-  for (int t = 0; t < nk; ++t) {
-    float* col = kt + static_cast<int64_t>(t / lanes) * dd * lanes + t % lanes;
-    const float* row = k + static_cast<int64_t>(t) * dd;
-    for (int e = 0; e < dd; ++e) col[static_cast<int64_t>(e) * lanes] = row[e];
+// Per-thread scratch of one item. Tiles are padded to `dp` floats a row
+// (head_dim rounded up to the vector width) with zero tails.
+struct Scratch {
+  std::vector<float> q, k, v, scores, m, l, acc;
+  std::vector<const std::byte*> krows, vrows;  // the tile's rows in the cache
+  std::vector<RowRange> ranges;
+};
+
+// Keys per KV tile: an item folds its split this many positions at a
+// time (tiles start at the split's first position), amortizing the
+// softmax rescale and the accumulator loads over several blocks.
+constexpr int kTileKeys = 64;
+static_assert(kAttnSplitKeys % kTileKeys == 0, "tiles never cross a split");
+
+// Pointers to the KV rows (of `kv_head`, in `plane`) of positions
+// [t0, t0 + n) of sequence `seq`.
+void TileRowPointers(const Layout& L, const std::byte* plane, int32_t seq,
+                     int32_t t0, int n, int kv_head, const std::byte** out) {
+  const int32_t bs = L.kv.block_size;
+  const int32_t* table = L.batch.block_tables.data() +
+                         static_cast<int64_t>(seq) * L.batch.max_blocks_per_seq;
+  const int64_t slot_bytes = L.kv.num_kv_heads * L.row_bytes;
+  const std::byte* head = plane + kv_head * L.row_bytes;
+  int32_t b = t0 / bs, off = t0 % bs;
+  for (int t = 0; t < n; ++t) {
+    out[t] = head + (static_cast<int64_t>(table[b]) * bs + off) * slot_bytes;
+    if (++off == bs) off = 0, ++b;
   }
 }
 
-// scores[r * stride + j] = q_r . k_j for the keys of the transposed page:
-// each lane runs one key's dot product as an FMA chain over head_dim in
-// order, so a score does not depend on its lane, row block or tile. Four
-// rows at a time keep four chains in flight.
-void ScoreTile(const float* q, int rows, int dd, const float* kt, int nk,
-               float* scores, int64_t stride) {
+// Where a KV tile's rows are read from, vector c of row t at a time: a
+// decoded f32 tile, or the cache rows in place for the float dtypes
+// (converted in registers). Both give the same values, so which one a tile
+// uses does not change a bit of the result.
+struct TileRows {
+  const float* p;
+  int64_t stride;  // floats between rows
+  HWY_INLINE hn::Vec<DF> Load(int t, int c) const {
+    const DF d;
+    return hn::LoadU(d, p + t * stride + c * hn::Lanes(d));
+  }
+};
+template <typename T>  // float, hwy::float16_t or hwy::bfloat16_t
+struct CacheRows {
+  const std::byte* const* rows;  // the tile's rows in the cache
+  HWY_INLINE hn::Vec<DF> Load(int t, int c) const {
+    const DF d;
+    const T* p = reinterpret_cast<const T*>(rows[t]) + c * hn::Lanes(d);
+    if constexpr (std::is_same_v<T, float>) {
+      return hn::LoadU(d, p);
+    } else {
+      return hn::PromoteTo(d, hn::LoadU(hn::Rebind<T, DF>(), p));
+    }
+  }
+};
+
+// Sums of the lanes of x[0, V) (V = lanes) as one vector, lane j the sum
+// of x[j]: log2(V) levels of adding adjacent lanes, so each sum is the same
+// balanced tree over its vector's lanes in order, whatever j is.
+HWY_INLINE hn::Vec<DF> SumEachOfLanes(hn::Vec<DF>* x) {
+  const DF d;
+  KV_UNROLL
+  for (size_t n = hn::MaxLanes(d); n > 1; n /= 2) {
+    KV_UNROLL
+    for (size_t i = 0; i < n / 2; ++i) {
+      x[i] = hn::Add(hn::ConcatEven(d, x[2 * i + 1], x[2 * i]),
+                     hn::ConcatOdd(d, x[2 * i + 1], x[2 * i]));
+    }
+  }
+  return x[0];
+}
+
+// R query rows (stride dp) against keys [0, n) of a page:
+// sc[r * sc_stride + t] = q_r . k_t. Every score is the same chain, a
+// lane-wise FMA over the row's vectors in order and then the lane tree of
+// SumEachOfLanes, so it does not depend on R, the page source or the rows
+// beside it. Keys go kKeys at a time (R * kKeys <= lanes accumulators; the
+// last group repeats key n - 1 and drops it). NC > 0 fixes the vectors per
+// row at compile time; 0 reads `nc`.
+template <int R, int NC, typename Src>
+void ScoreRows(const float* q, int dp, int nc, const Src& k, int n, float* sc,
+               int64_t sc_stride) {
+  const DF d;
+  constexpr int kLanes = static_cast<int>(hn::MaxLanes(DF()));
+  constexpr int kRows = R == 1 ? 1 : R == 2 ? 2 : 4;  // R rounded to 2^k
+  constexpr int kKeys = kLanes / kRows > 0 ? kLanes / kRows : 1;
+  static_assert(kRows * kKeys == kLanes, "one accumulator per lane");
+  if constexpr (NC > 0) nc = NC;
+  // The query rows in registers when their size is known.
+  constexpr int kQ = NC > 0 ? R * NC : 1;
+  hn::Vec<DF> qv[kQ];
+  if constexpr (NC > 0) {
+    KV_UNROLL
+    for (int i = 0; i < kQ; ++i) {
+      qv[i] = hn::LoadU(d, q + (i / NC) * dp + (i % NC) * kLanes);
+    }
+  }
+  auto qload = [&](int r, int c) HWY_ATTR {
+    if constexpr (NC > 0) {
+      return qv[r * NC + c];
+    } else {
+      return hn::LoadU(d, q + r * dp + c * kLanes);
+    }
+  };
+  HWY_ALIGN float out[kLanes];
+  for (int t0 = 0; t0 < n; t0 += kKeys) {
+    hn::Vec<DF> acc[kLanes];
+    KV_UNROLL
+    for (int a = 0; a < kLanes; ++a) acc[a] = hn::Zero(d);
+    KV_UNROLL
+    for (int j = 0; j < kKeys; ++j) {
+      const int t = std::min(t0 + j, n - 1);
+      KV_UNROLL
+      for (int c = 0; c < nc; ++c) {
+        const auto kv = k.Load(t, c);
+        KV_UNROLL
+        for (int r = 0; r < R; ++r) {
+          acc[r * kKeys + j] = hn::MulAdd(qload(r, c), kv, acc[r * kKeys + j]);
+        }
+      }
+    }
+    hn::Store(SumEachOfLanes(acc), d, out);
+    const int m = std::min(kKeys, n - t0);
+    for (int r = 0; r < R; ++r) {
+      std::copy_n(out + r * kKeys, m, sc + r * sc_stride + t0);
+    }
+  }
+}
+
+// acc_r += p[r * p_stride + t] * v_t for keys t in [t0, t1) in order, R
+// rows at once (accumulators in registers for NC > 0). Per element the same
+// FMA sequence as one row alone.
+template <int R, int NC, typename Src>
+void AccumRows(const float* p, int64_t p_stride, const Src& v, int dp, int nc,
+               int t0, int t1, float* acc) {
   const DF d;
   const int lanes = static_cast<int>(hn::Lanes(d));
-  const int chunks = (nk + lanes - 1) / lanes;
-  for (int c = 0; c < chunks; ++c) {
-    const float* ktc = kt + static_cast<int64_t>(c) * dd * lanes;
-    float* out = scores + c * lanes;
-    int r = 0;
-    for (; r + 4 <= rows; r += 4) {
-      const float* q0 = q + static_cast<int64_t>(r) * dd;
-      auto a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d),
-           a3 = hn::Zero(d);
-      for (int e = 0; e < dd; ++e) {
-        const auto kv = hn::LoadU(d, ktc + static_cast<int64_t>(e) * lanes);
-        a0 = hn::MulAdd(hn::Set(d, q0[e]), kv, a0);
-        a1 = hn::MulAdd(hn::Set(d, q0[dd + e]), kv, a1);
-        a2 = hn::MulAdd(hn::Set(d, q0[2 * dd + e]), kv, a2);
-        a3 = hn::MulAdd(hn::Set(d, q0[3 * dd + e]), kv, a3);
+  if constexpr (NC > 0) {
+    hn::Vec<DF> a[R][NC];
+    KV_UNROLL
+    for (int r = 0; r < R; ++r) {
+      KV_UNROLL
+      for (int c = 0; c < NC; ++c) {
+        a[r][c] = hn::LoadU(d, acc + r * dp + c * lanes);
       }
-      hn::StoreU(a0, d, out + r * stride);
-      hn::StoreU(a1, d, out + (r + 1) * stride);
-      hn::StoreU(a2, d, out + (r + 2) * stride);
-      hn::StoreU(a3, d, out + (r + 3) * stride);
     }
-    for (; r < rows; ++r) {
-      const float* qr = q + static_cast<int64_t>(r) * dd;
-      auto a = hn::Zero(d);
-      for (int e = 0; e < dd; ++e) {
-        a = hn::MulAdd(hn::Set(d, qr[e]),
-                       hn::LoadU(d, ktc + static_cast<int64_t>(e) * lanes), a);
+    for (int t = t0; t < t1; ++t) {
+      KV_UNROLL
+      for (int c = 0; c < NC; ++c) {
+        const auto vc = v.Load(t, c);
+        KV_UNROLL
+        for (int r = 0; r < R; ++r) {
+          a[r][c] = hn::MulAdd(hn::Set(d, p[r * p_stride + t]), vc, a[r][c]);
+        }
       }
-      hn::StoreU(a, d, out + r * stride);
+    }
+    KV_UNROLL
+    for (int r = 0; r < R; ++r) {
+      KV_UNROLL
+      for (int c = 0; c < NC; ++c) {
+        hn::StoreU(a[r][c], d, acc + r * dp + c * lanes);
+      }
+    }
+  } else {
+    KV_UNROLL
+    for (int r = 0; r < R; ++r) {
+      float* ar = acc + r * dp;
+      for (int t = t0; t < t1; ++t) {
+        const auto pv = hn::Set(d, p[r * p_stride + t]);
+        for (int c = 0; c < nc; ++c) {
+          hn::StoreU(hn::MulAdd(pv, v.Load(t, c), hn::LoadU(d, ar + c * lanes)),
+                     d, ar + c * lanes);
+        }
+      }
     }
   }
 }
 
-const std::byte* KvRow(const Layout& L, const std::byte* plane, int32_t seq,
-                       int32_t t, int kv_head) {
-  const int32_t bs = L.kv.block_size;
-  const int32_t block =
-      L.batch
-          .block_tables[static_cast<int64_t>(seq) * L.batch.max_blocks_per_seq +
-                        t / bs];
-  const int64_t slot = static_cast<int64_t>(block) * bs + t % bs;
-  return plane + (slot * L.kv.num_kv_heads + kv_head) * L.row_bytes;
+// Calls Op<R, NC>::Run(args...) for a row block of R = 1..4 rows and the
+// compile-time vector count matching nc (0: run time).
+template <template <int, int> class Op, int NC, typename... Args>
+void ForRows(int rows, Args&&... args) {
+  switch (rows) {
+    case 1:
+      Op<1, NC>::Run(args...);
+      break;
+    case 2:
+      Op<2, NC>::Run(args...);
+      break;
+    case 3:
+      Op<3, NC>::Run(args...);
+      break;
+    default:
+      Op<4, NC>::Run(args...);
+      break;
+  }
 }
+template <template <int, int> class Op, typename... Args>
+void ForRowsNc(int rows, int nc, Args&&... args) {
+  switch (nc) {
+    case 2:
+      ForRows<Op, 2>(rows, args...);
+      break;
+    case 4:
+      ForRows<Op, 4>(rows, args...);
+      break;
+    case 8:
+      ForRows<Op, 8>(rows, args...);
+      break;
+    default:
+      ForRows<Op, 0>(rows, args...);
+      break;
+  }
+}
+template <int R, int NC>
+struct ScoreOp {
+  template <typename Src>
+  static void Run(const float* q, int dp, int nc, const Src& k, int n,
+                  float* sc, int64_t sc_stride) {
+    ScoreRows<R, NC>(q, dp, nc, k, n, sc, sc_stride);
+  }
+};
+template <int R, int NC>
+struct AccumOp {
+  template <typename Src>
+  static void Run(const float* p, int64_t p_stride, const Src& v, int dp,
+                  int nc, int t0, int t1, float* acc) {
+    AccumRows<R, NC>(p, p_stride, v, dp, nc, t0, t1, acc);
+  }
+};
 
-// Folds keys [k0, k1) (within one block; their scores in sc[0, k1 - k0))
-// into row r's online softmax.
-void FoldPage(const Layout& L, const QueryRef& ref, int32_t k0, int32_t k1,
-              float* sc, Scratch& s, int r) {
-  const int dd = L.p.head_dim;
-  const int32_t lo = std::max(k0, ref.lo), hi = std::min(k1 - 1, ref.pos);
-  if (lo > hi) return;  // nothing this row may see: as if not visited
-  float page_max = kNegInf;
-  for (int32_t t = lo; t <= hi; ++t) page_max = std::max(page_max, sc[t - k0]);
+// Row r's online softmax over its visible keys of the page: exponentiates
+// its scores in place (relative to the new running max; keys it may not
+// see become 0), adds them to l and rescales its accumulator by
+// exp(m_old - m_new). `sc` spans whole vectors (sc_stride floats). Lane j
+// of vector c is the page's key c * lanes + j, so the sum of a page is the
+// same tree of the same positions however the batch was tiled.
+void SoftmaxPage(float* sc, int64_t sc_stride, RowRange rr, int dp, Scratch& s,
+                 int r) {
+  const DF d;
+  const int lanes = static_cast<int>(hn::Lanes(d));
+  const hn::RebindToSigned<DF> di;
+  const auto iota = hn::Iota(di, 0);
+  const auto lo = hn::Set(di, rr.lo), hi = hn::Set(di, rr.hi);
+  auto visible = [&](int c) {
+    const auto pos = hn::Add(iota, hn::Set(di, c));
+    return hn::RebindMask(d, hn::AndNot(hn::Lt(pos, lo), hn::Lt(pos, hi)));
+  };
+  auto vmax = hn::Set(d, kNegInf);
+  for (int c = rr.lo / lanes * lanes; c < rr.hi; c += lanes) {
+    vmax = hn::Max(vmax, hn::IfThenElse(visible(c), hn::LoadU(d, sc + c),
+                                        hn::Set(d, kNegInf)));
+  }
   const float m_old = s.m[r];
-  const float m_new = std::max(m_old, page_max);
+  const float m_new = std::max(m_old, hn::GetLane(hn::MaxOfLanes(d, vmax)));
   const float alpha = m_old == kNegInf ? 0.0f : std::exp(m_old - m_new);
-  const DF d;
-  const int lanes = static_cast<int>(hn::Lanes(d));
   const auto vm = hn::Set(d, m_new);
-  int32_t t = lo;
-  for (; t + lanes <= hi + 1; t += lanes) {
-    float* x = sc + (t - k0);
-    hn::StoreU(hn::Exp(d, hn::Sub(hn::LoadU(d, x), vm)), d, x);
+  auto vsum = hn::Zero(d);
+  for (int c = 0; c < sc_stride; c += lanes) {
+    const auto mask = visible(c);
+    const auto x = hn::IfThenElse(mask, hn::LoadU(d, sc + c), vm);
+    const auto p = hn::IfThenElseZero(mask, hn::Exp(d, hn::Sub(x, vm)));
+    vsum = hn::Add(vsum, p);
+    hn::StoreU(p, d, sc + c);
   }
-  if (t <= hi) {  // the tail through the same vector exp
-    HWY_ALIGN float tail[HWY_MAX_BYTES / sizeof(float)];
-    std::fill_n(tail, lanes, m_new);
-    std::copy(sc + (t - k0), sc + (hi + 1 - k0), tail);
-    hn::Store(hn::Exp(d, hn::Sub(hn::Load(d, tail), vm)), d, tail);
-    std::copy_n(tail, hi + 1 - t, sc + (t - k0));
-  }
-  float* acc = s.acc.data() + static_cast<int64_t>(r) * dd;
-  float l = s.l[r] * alpha;
-  float a = alpha;
-  for (t = lo; t <= hi; ++t) {
-    const float pt = sc[t - k0];
-    l += pt;
-    ScaleAxpy(a, pt, s.v.data() + static_cast<int64_t>(t - k0) * dd, acc, dd);
-    a = 1.0f;
-  }
-  s.l[r] = l;
+  s.l[r] = s.l[r] * alpha + hn::GetLane(hn::SumOfLanes(d, vsum));
   s.m[r] = m_new;
+  float* acc = s.acc.data() + static_cast<int64_t>(r) * dp;
+  const auto va = hn::Set(d, alpha);
+  for (int c = 0; c < dp; c += lanes) {
+    hn::StoreU(hn::Mul(hn::LoadU(d, acc + c), va), d, acc + c);
+  }
 }
 
-// Runs one item: fills the partials of its tokens' query heads for its
-// split.
-void RunItem(const Layout& L, const std::vector<QueryRef>& refs, const Item& it,
-             const float* q, int64_t q_stride, float* partials, Scratch& s) {
-  const int dd = L.p.head_dim, g = L.group;
-  const int32_t bs = L.kv.block_size;
-  const int rows = (it.tok_end - it.tok_begin) * g;
-  const int32_t split_lo = it.split * L.split_keys;
-  int32_t key_lo = std::numeric_limits<int32_t>::max(), key_hi = -1;
-  for (int32_t i = it.tok_begin; i < it.tok_end; ++i) {
-    key_lo = std::min(key_lo, refs[i].lo);
-    key_hi = std::max(key_hi, refs[i].pos);
+// Adds the page's weighted V rows to rows [r0, r0 + n): the keys all of
+// them see together as one block, the rest of each row's range (before and
+// after, in key order) row by row.
+template <typename Src>
+void AccumBlock(const float* sc, int64_t sc_stride, const RowRange* rr, int r0,
+                int n, const Src& v, int dp, int nc, float* acc_base) {
+  int ilo = 0, ihi = std::numeric_limits<int>::max();
+  for (int i = 0; i < n; ++i) {
+    ilo = std::max(ilo, rr[r0 + i].lo);
+    ihi = std::min(ihi, rr[r0 + i].hi);
   }
-  key_lo = std::max(key_lo, split_lo);
-  key_hi = std::min(key_hi, split_lo + L.split_keys - 1);
-  if (key_lo > key_hi) return;
+  if (ilo >= ihi) ilo = ihi = rr[r0].hi;  // no common keys: all row by row
+  auto one_row = [&](int r, int t0, int t1) {
+    if (t0 < t1) {
+      ForRowsNc<AccumOp>(1, nc, sc + r * sc_stride, sc_stride, v, dp, nc, t0,
+                         t1, acc_base + static_cast<int64_t>(r) * dp);
+    }
+  };
+  for (int i = 0; i < n; ++i) {
+    one_row(r0 + i, rr[r0 + i].lo, std::min(rr[r0 + i].hi, ilo));
+  }
+  if (ilo < ihi) {
+    ForRowsNc<AccumOp>(n, nc, sc + r0 * sc_stride, sc_stride, v, dp, nc, ilo,
+                       ihi, acc_base + static_cast<int64_t>(r0) * dp);
+  }
+  for (int i = 0; i < n; ++i) {
+    one_row(r0 + i, std::max(rr[r0 + i].lo, ihi), rr[r0 + i].hi);
+  }
+}
 
-  s.q.resize(static_cast<size_t>(rows) * dd);
-  s.acc.assign(static_cast<size_t>(rows) * dd, 0.0f);
+// Decodes KV rows rows[0, n) into a tile of rows `dp` floats apart.
+template <KvDtype kDtype>
+void DecodeTileAs(const std::byte* const* rows, int n, int dd, int dp,
+                  float* out) {
+  for (int t = 0; t < n; ++t) {
+    DecodeRow(kDtype, rows[t], dd, out + static_cast<int64_t>(t) * dp);
+  }
+}
+void DecodeTile(KvDtype dtype, const std::byte* const* rows, int n, int dd,
+                int dp, float* out) {
+  switch (dtype) {
+    case KvDtype::kF32:
+      return DecodeTileAs<KvDtype::kF32>(rows, n, dd, dp, out);
+    case KvDtype::kF16:
+      return DecodeTileAs<KvDtype::kF16>(rows, n, dd, dp, out);
+    case KvDtype::kBF16:
+      return DecodeTileAs<KvDtype::kBF16>(rows, n, dd, dp, out);
+    case KvDtype::kInt8:
+      return DecodeTileAs<KvDtype::kInt8>(rows, n, dd, dp, out);
+    case KvDtype::kInt4:
+      return DecodeTileAs<KvDtype::kInt4>(rows, n, dd, dp, out);
+    case KvDtype::kFP8:
+      return DecodeTileAs<KvDtype::kFP8>(rows, n, dd, dp, out);
+  }
+}
+
+// Rows scored together: as many as keep their query vectors and the
+// accumulators in registers (a decode group at once; pairs for a prefill
+// tile, which then fill all accumulators).
+int ScoreBlockRows(int rows, int nc) {
+  const int max_rows = nc <= 2 ? 4 : nc <= 4 ? 3 : 1;
+  if (rows <= max_rows) return rows;
+  return nc <= 2 ? 4 : std::min(max_rows, 2);
+}
+
+// One page of an item, its K and V rows read through `k` and `v`: scores
+// of every row, each row's online softmax over the keys it may see, and
+// the weighted V rows added in key order.
+template <typename Src>
+void FoldPage(const Src& k, const Src& v, int n, int rows, int dp, int nc,
+              int64_t sc_stride, const RowRange* rr, Scratch& s) {
+  float* sc = s.scores.data();
+  const int rb = ScoreBlockRows(rows, nc);
+  for (int r0 = 0; r0 < rows; r0 += rb) {
+    ForRowsNc<ScoreOp>(std::min(rb, rows - r0), nc, s.q.data() + r0 * dp, dp,
+                       nc, k, n, sc + r0 * sc_stride, sc_stride);
+  }
+  for (int r = 0; r < rows; ++r) {
+    if (rr[r].lo < rr[r].hi) {
+      SoftmaxPage(sc + r * sc_stride, sc_stride, rr[r], dp, s, r);
+    }
+  }
+  for (int r0 = 0; r0 < rows; r0 += 4) {
+    AccumBlock(sc, sc_stride, rr, r0, std::min(4, rows - r0), v, dp, nc,
+               s.acc.data());
+  }
+}
+
+// Sizes the item's scratch and loads its query rows, pre-scaled.
+void PrepareItem(const Layout& L, const Item& it, const float* q,
+                 int64_t q_stride, int rows, int dp, int64_t sc_stride,
+                 Scratch& s) {
+  const int dd = L.p.head_dim, g = L.group;
+  const int32_t bs = kTileKeys;
+  s.krows.resize(kTileKeys);
+  s.vrows.resize(kTileKeys);
+  s.q.assign(static_cast<size_t>(rows) * dp, 0.0f);
+  s.acc.assign(static_cast<size_t>(rows) * dp, 0.0f);
   s.m.assign(rows, kNegInf);
   s.l.assign(rows, 0.0f);
-  const int lanes = static_cast<int>(hn::Lanes(DF()));
-  const int64_t score_stride = (bs + lanes - 1) / lanes * lanes;
-  s.k.resize(static_cast<size_t>(bs) * dd);
-  s.kt.resize(static_cast<size_t>(score_stride) * dd);
-  s.v.resize(static_cast<size_t>(bs) * dd);
-  s.scores.resize(static_cast<size_t>(rows) * score_stride + lanes);
+  if (dp != dd) {  // zero tails; decoding writes only [0, dd) of a row
+    s.k.assign(static_cast<size_t>(bs) * dp, 0.0f);
+    s.v.assign(static_cast<size_t>(bs) * dp, 0.0f);
+  } else {
+    s.k.resize(static_cast<size_t>(bs) * dp);
+    s.v.resize(static_cast<size_t>(bs) * dp);
+  }
+  s.scores.resize(static_cast<size_t>(rows) * sc_stride);
   for (int32_t i = it.tok_begin; i < it.tok_end; ++i) {
     for (int j = 0; j < g; ++j) {
       const float* src = q + i * q_stride + (it.kv_head * g + j) * dd;
-      float* dst = s.q.data() + ((i - it.tok_begin) * g + j) * dd;
+      float* dst = s.q.data() + ((i - it.tok_begin) * g + j) * dp;
       for (int e = 0; e < dd; ++e) dst[e] = src[e] * L.p.scale;
     }
   }
-  for (int32_t b0 = key_lo / bs * bs; b0 <= key_hi; b0 += bs) {
-    const int32_t k0 = std::max(b0, key_lo);
-    const int32_t k1 = std::min(b0 + bs, key_hi + 1);
-    for (int32_t t = k0; t < k1; ++t) {
-      const int64_t off = static_cast<int64_t>(t - k0) * dd;
-      DecodeRow(L.kv.dtype, KvRow(L, L.k_plane, it.seq, t, it.kv_head), dd,
-                s.k.data() + off);
-      DecodeRow(L.kv.dtype, KvRow(L, L.v_plane, it.seq, t, it.kv_head), dd,
-                s.v.data() + off);
-    }
-    TransposeKeys(s.k.data(), k1 - k0, dd, lanes, s.kt.data());
-    ScoreTile(s.q.data(), rows, dd, s.kt.data(), k1 - k0, s.scores.data(),
-              score_stride);
-    for (int r = 0; r < rows; ++r) {
-      const QueryRef& ref = refs[it.tok_begin + r / g];
-      FoldPage(L, ref, k0, k1, s.scores.data() + r * score_stride, s, r);
-    }
+}
+
+// Folds keys [t0, t0 + n) into the item's rows (rr: each row's visible
+// keys relative to t0), reading the float dtypes in place when the rows
+// are few, otherwise decoding the tile once.
+void FoldTile(const Layout& L, const Item& it, int32_t t0, int n, int rows,
+              int dp, int nc, const RowRange* rr, Scratch& s) {
+  const int dd = L.p.head_dim;
+  const std::byte** krows = s.krows.data();
+  const std::byte** vrows = s.vrows.data();
+  TileRowPointers(L, L.k_plane, it.seq, t0, n, it.kv_head, krows);
+  TileRowPointers(L, L.v_plane, it.seq, t0, n, it.kv_head, vrows);
+  const bool direct = rows <= 4 && dd == dp;
+  switch (direct ? L.kv.dtype : KvDtype::kFP8) {
+    case KvDtype::kF16:
+      using F16 = hwy::float16_t;
+      return FoldPage(CacheRows<F16>{krows}, CacheRows<F16>{vrows}, n, rows, dp,
+                      nc, kTileKeys, rr, s);
+    case KvDtype::kBF16:
+      using BF16 = hwy::bfloat16_t;
+      return FoldPage(CacheRows<BF16>{krows}, CacheRows<BF16>{vrows}, n, rows,
+                      dp, nc, kTileKeys, rr, s);
+    case KvDtype::kF32:
+      return FoldPage(CacheRows<float>{krows}, CacheRows<float>{vrows}, n, rows,
+                      dp, nc, kTileKeys, rr, s);
+    default:
+      DecodeTile(L.kv.dtype, krows, n, dd, dp, s.k.data());
+      DecodeTile(L.kv.dtype, vrows, n, dd, dp, s.v.data());
+      return FoldPage(TileRows{s.k.data(), dp}, TileRows{s.v.data(), dp}, n,
+                      rows, dp, nc, kTileKeys, rr, s);
   }
+}
+
+// Writes the item's (max, sum, accumulator) rows into the partials of its
+// tokens that see its split.
+void WritePartials(const Layout& L, const std::vector<QueryRef>& refs,
+                   const Item& it, int rows, int dp, const Scratch& s,
+                   float* partials) {
+  const int dd = L.p.head_dim, g = L.group;
   for (int r = 0; r < rows; ++r) {
     const int32_t i = it.tok_begin + r / g;
     const QueryRef& ref = refs[i];
@@ -315,9 +592,45 @@ void RunItem(const Layout& L, const std::vector<QueryRef>& refs, const Item& it,
             L.partial_stride;
     dst[0] = s.m[r];
     dst[1] = s.l[r];
-    std::memcpy(dst + 2, s.acc.data() + static_cast<int64_t>(r) * dd,
+    std::memcpy(dst + 2, s.acc.data() + static_cast<int64_t>(r) * dp,
                 sizeof(float) * dd);
   }
+}
+
+// Runs one item: fills the partials of its tokens' query heads for its
+// split, kTileKeys positions at a time from the split's start. A tile
+// covers its positions up to the last key any row sees (earlier keys of
+// the tile are scored and masked), so a key's lane is its position in the
+// tile whatever the rows are.
+void RunItem(const Layout& L, const std::vector<QueryRef>& refs, const Item& it,
+             const float* q, int64_t q_stride, float* partials, Scratch& s) {
+  const int dd = L.p.head_dim, g = L.group;
+  const int rows = (it.tok_end - it.tok_begin) * g;
+  const int32_t split_lo = it.split * L.split_keys;
+  int32_t key_lo = std::numeric_limits<int32_t>::max(), key_hi = -1;
+  for (int32_t i = it.tok_begin; i < it.tok_end; ++i) {
+    key_lo = std::min(key_lo, refs[i].lo);
+    key_hi = std::max(key_hi, refs[i].pos);
+  }
+  key_lo = std::max(key_lo, split_lo);
+  key_hi = std::min(key_hi, split_lo + L.split_keys - 1);
+  if (key_lo > key_hi) return;
+
+  const int lanes = static_cast<int>(hn::Lanes(DF()));
+  const int nc = (dd + lanes - 1) / lanes, dp = nc * lanes;
+  PrepareItem(L, it, q, q_stride, rows, dp, kTileKeys, s);
+  std::vector<RowRange>& rr = s.ranges;
+  rr.resize(rows);
+  const int32_t first = split_lo + (key_lo - split_lo) / kTileKeys * kTileKeys;
+  for (int32_t t0 = first; t0 <= key_hi; t0 += kTileKeys) {
+    const int32_t k1 = std::min(t0 + kTileKeys, key_hi + 1);
+    for (int r = 0; r < rows; ++r) {
+      const QueryRef& ref = refs[it.tok_begin + r / g];
+      rr[r] = {std::max(t0, ref.lo) - t0, std::min(k1 - 1, ref.pos) + 1 - t0};
+    }
+    FoldTile(L, it, t0, k1 - t0, rows, dp, nc, rr.data(), s);
+  }
+  WritePartials(L, refs, it, rows, dp, s, partials);
 }
 
 // out row i, head h: the splits' partials merged in split order.
@@ -353,8 +666,7 @@ void Combine(const Layout& L, const QueryRef& ref, const float* partials,
 void PagedAttention(const AttentionParams& p, const ForwardBatch& batch,
                     const float* q, int64_t q_stride, const KvCacheView& kv,
                     int layer, float* out) {
-  const int32_t bs = kv.block_size;
-  const int32_t split_keys = (kAttnSplitKeys + bs - 1) / bs * bs;
+  const int32_t split_keys = kAttnSplitKeys;
   const Layout L{p,
                  batch,
                  kv,

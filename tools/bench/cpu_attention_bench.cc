@@ -1,0 +1,119 @@
+// The CPU paged attention kernel (models/cpu/paged_attention.h) on the
+// default model's attention shape (9 query / 3 KV heads, head_dim 64,
+// block 16): one layer's decode for `seqs` sequences of `context` keys, and
+// one prefill chunk of `chunk` query tokens at the end of `context` keys, per
+// KV dtype. Items/s counts attended (query token, key) pairs per KV head, so
+// figures compare across contexts.
+//
+//   build/tools/cpu_attention_bench --benchmark_filter=Decode
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "benchmark/benchmark.h"
+#include "kvcache/kv_sizing.h"
+#include "models/cpu/kv_rows.h"
+#include "models/cpu/paged_attention.h"
+#include "models/forward_batch.h"
+#include "models/kv_view.h"
+
+namespace kvserve::models {
+namespace {
+
+using kvcache::KvDtype;
+
+constexpr int kHeads = 9, kKvHeads = 3, kDim = 64, kBlock = 16;
+
+// Random K/V for `seqs` sequences of `context` keys each, on shuffled
+// blocks, and the batch whose last `chunk` tokens of each sequence query.
+struct Setup {
+  std::vector<std::byte> k, v;
+  KvCacheView view;
+  ForwardBatch batch;
+  std::vector<float> q, out;
+
+  Setup(KvDtype dtype, int seqs, int context, int chunk) {
+    const int32_t per_seq = (context + kBlock - 1) / kBlock;
+    const int32_t blocks = per_seq * seqs;
+    const int64_t row = kvcache::KvRowBytes(dtype, kDim);
+    const int64_t slots = static_cast<int64_t>(blocks) * kBlock;
+    k.resize(slots * kKvHeads * row);
+    v.resize(slots * kKvHeads * row);
+    std::mt19937 rng(7);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    std::vector<float> x(kDim);
+    for (int64_t r = 0; r < slots * kKvHeads; ++r) {
+      for (float& e : x) e = u(rng);
+      cpu::EncodeKvRow(dtype, x.data(), kDim, k.data() + r * row);
+      for (float& e : x) e = u(rng);
+      cpu::EncodeKvRow(dtype, x.data(), kDim, v.data() + r * row);
+    }
+    view = {blocks, kBlock, kKvHeads, kDim, dtype, {k.data()}, {v.data()}};
+    std::vector<int32_t> perm(blocks);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    batch.block_tables = perm;
+    batch.max_blocks_per_seq = per_seq;
+    batch.seq_starts.push_back(0);
+    for (int s = 0; s < seqs; ++s) {
+      for (int i = context - chunk; i < context; ++i) {
+        batch.token_ids.push_back(1);
+        batch.positions.push_back(i);
+        batch.slot_mapping.push_back(0);
+      }
+      batch.seq_starts.push_back(batch.num_tokens());
+      batch.context_lens.push_back(context);
+    }
+    q.resize(static_cast<size_t>(batch.num_tokens()) * kHeads * kDim);
+    for (float& e : q) e = u(rng);
+    out.resize(q.size());
+  }
+};
+
+void Run(benchmark::State& state, int seqs, int chunk) {
+  const auto dtype = static_cast<KvDtype>(state.range(0));
+  const int context = static_cast<int>(state.range(1));
+  Setup s(dtype, seqs, context, chunk);
+  const AttentionParams p{kHeads, kKvHeads, kDim, 1.0f / std::sqrt(kDim), 0};
+  for (auto _ : state) {
+    PagedAttention(p, s.batch, s.q.data(), kHeads * kDim, s.view, 0,
+                   s.out.data());
+    benchmark::DoNotOptimize(s.out.data());
+  }
+  // Attended (token, key) pairs per KV head: causal within the chunk.
+  const double pairs = static_cast<double>(seqs) * chunk *
+                       (context - chunk + (chunk + 1) / 2.0) * kKvHeads;
+  state.SetItemsProcessed(static_cast<int64_t>(pairs) * state.iterations());
+  state.SetLabel(std::string(kvcache::KvDtypeName(dtype)));
+}
+
+void BM_Decode(benchmark::State& state) { Run(state, 1, 1); }
+void BM_Decode4(benchmark::State& state) { Run(state, 4, 1); }
+void BM_Prefill(benchmark::State& state) { Run(state, 1, 256); }
+
+void DtypeArgs(benchmark::internal::Benchmark* b,
+               std::initializer_list<int64_t> contexts) {
+  for (KvDtype d : {KvDtype::kF32, KvDtype::kF16, KvDtype::kBF16,
+                    KvDtype::kInt8, KvDtype::kInt4}) {
+    for (int64_t c : contexts) b->Args({static_cast<int64_t>(d), c});
+  }
+}
+
+BENCHMARK(BM_Decode)->Apply([](benchmark::internal::Benchmark* b) {
+  DtypeArgs(b, {256, 4096, 16384});
+});
+BENCHMARK(BM_Decode4)->Apply([](benchmark::internal::Benchmark* b) {
+  DtypeArgs(b, {4096});
+});
+BENCHMARK(BM_Prefill)->Apply([](benchmark::internal::Benchmark* b) {
+  DtypeArgs(b, {256, 4096});
+});
+
+}  // namespace
+}  // namespace kvserve::models
+
+BENCHMARK_MAIN();
