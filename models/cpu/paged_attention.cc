@@ -155,7 +155,7 @@ struct RowRange {
 // (head_dim rounded up to the vector width) with zero tails.
 struct Scratch {
   std::vector<float> q, k, v, scores, m, l, acc;
-  std::vector<const std::byte*> krows, vrows;  // the tile's rows in the cache
+  std::vector<int64_t> row_offsets;  // of the tile's rows in a plane
   std::vector<RowRange> ranges;
 };
 
@@ -165,19 +165,22 @@ struct Scratch {
 constexpr int kTileKeys = 64;
 static_assert(kAttnSplitKeys % kTileKeys == 0, "tiles never cross a split");
 
-// Pointers to the KV rows (of `kv_head`, in `plane`) of positions
-// [t0, t0 + n) of sequence `seq`.
-void TileRowPointers(const Layout& L, const std::byte* plane, int32_t seq,
-                     int32_t t0, int n, int kv_head, const std::byte** out) {
+// Byte offsets, within a layer's K (or V) plane, of the rows of `kv_head`
+// at positions [t0, t0 + n) of sequence `seq`.
+void TileRowOffsets(const Layout& L, int32_t seq, int32_t t0, int n,
+                    int kv_head, int64_t* out) {
   const int32_t bs = L.kv.block_size;
   const int32_t* table = L.batch.block_tables.data() +
                          static_cast<int64_t>(seq) * L.batch.max_blocks_per_seq;
   const int64_t slot_bytes = L.kv.num_kv_heads * L.row_bytes;
-  const std::byte* head = plane + kv_head * L.row_bytes;
-  int32_t b = t0 / bs, off = t0 % bs;
-  for (int t = 0; t < n; ++t) {
-    out[t] = head + (static_cast<int64_t>(table[b]) * bs + off) * slot_bytes;
-    if (++off == bs) off = 0, ++b;
+  const int64_t head = kv_head * L.row_bytes;
+  for (int t = 0; t < n;) {
+    const int32_t pos = t0 + t, off = pos % bs;
+    const int len = std::min(n - t, bs - off);
+    int64_t o =
+        (static_cast<int64_t>(table[pos / bs]) * bs + off) * slot_bytes + head;
+    for (int j = 0; j < len; ++j, o += slot_bytes) out[t + j] = o;
+    t += len;
   }
 }
 
@@ -195,10 +198,12 @@ struct TileRows {
 };
 template <typename T>  // float, hwy::float16_t or hwy::bfloat16_t
 struct CacheRows {
-  const std::byte* const* rows;  // the tile's rows in the cache
+  const std::byte* plane;
+  const int64_t* offsets;  // of the tile's rows in the plane
   HWY_INLINE hn::Vec<DF> Load(int t, int c) const {
     const DF d;
-    const T* p = reinterpret_cast<const T*>(rows[t]) + c * hn::Lanes(d);
+    const T* p =
+        reinterpret_cast<const T*>(plane + offsets[t]) + c * hn::Lanes(d);
     if constexpr (std::is_same_v<T, float>) {
       return hn::LoadU(d, p);
     } else {
@@ -455,29 +460,30 @@ void AccumBlock(const float* sc, int64_t sc_stride, const RowRange* rr, int r0,
   }
 }
 
-// Decodes KV rows rows[0, n) into a tile of rows `dp` floats apart.
+// Decodes the KV rows at plane + rows[0, n) into a tile of rows `dp`
+// floats apart.
 template <KvDtype kDtype>
-void DecodeTileAs(const std::byte* const* rows, int n, int dd, int dp,
-                  float* out) {
+void DecodeTileAs(const std::byte* plane, const int64_t* rows, int n, int dd,
+                  int dp, float* out) {
   for (int t = 0; t < n; ++t) {
-    DecodeRow(kDtype, rows[t], dd, out + static_cast<int64_t>(t) * dp);
+    DecodeRow(kDtype, plane + rows[t], dd, out + static_cast<int64_t>(t) * dp);
   }
 }
-void DecodeTile(KvDtype dtype, const std::byte* const* rows, int n, int dd,
-                int dp, float* out) {
+void DecodeTile(KvDtype dtype, const std::byte* plane, const int64_t* rows,
+                int n, int dd, int dp, float* out) {
   switch (dtype) {
     case KvDtype::kF32:
-      return DecodeTileAs<KvDtype::kF32>(rows, n, dd, dp, out);
+      return DecodeTileAs<KvDtype::kF32>(plane, rows, n, dd, dp, out);
     case KvDtype::kF16:
-      return DecodeTileAs<KvDtype::kF16>(rows, n, dd, dp, out);
+      return DecodeTileAs<KvDtype::kF16>(plane, rows, n, dd, dp, out);
     case KvDtype::kBF16:
-      return DecodeTileAs<KvDtype::kBF16>(rows, n, dd, dp, out);
+      return DecodeTileAs<KvDtype::kBF16>(plane, rows, n, dd, dp, out);
     case KvDtype::kInt8:
-      return DecodeTileAs<KvDtype::kInt8>(rows, n, dd, dp, out);
+      return DecodeTileAs<KvDtype::kInt8>(plane, rows, n, dd, dp, out);
     case KvDtype::kInt4:
-      return DecodeTileAs<KvDtype::kInt4>(rows, n, dd, dp, out);
+      return DecodeTileAs<KvDtype::kInt4>(plane, rows, n, dd, dp, out);
     case KvDtype::kFP8:
-      return DecodeTileAs<KvDtype::kFP8>(rows, n, dd, dp, out);
+      return DecodeTileAs<KvDtype::kFP8>(plane, rows, n, dd, dp, out);
   }
 }
 
@@ -519,8 +525,7 @@ void PrepareItem(const Layout& L, const Item& it, const float* q,
                  Scratch& s) {
   const int dd = L.p.head_dim, g = L.group;
   const int32_t bs = kTileKeys;
-  s.krows.resize(kTileKeys);
-  s.vrows.resize(kTileKeys);
+  s.row_offsets.resize(kTileKeys);
   s.q.assign(static_cast<size_t>(rows) * dp, 0.0f);
   s.acc.assign(static_cast<size_t>(rows) * dp, 0.0f);
   s.m.assign(rows, kNegInf);
@@ -548,26 +553,27 @@ void PrepareItem(const Layout& L, const Item& it, const float* q,
 void FoldTile(const Layout& L, const Item& it, int32_t t0, int n, int rows,
               int dp, int nc, const RowRange* rr, Scratch& s) {
   const int dd = L.p.head_dim;
-  const std::byte** krows = s.krows.data();
-  const std::byte** vrows = s.vrows.data();
-  TileRowPointers(L, L.k_plane, it.seq, t0, n, it.kv_head, krows);
-  TileRowPointers(L, L.v_plane, it.seq, t0, n, it.kv_head, vrows);
+  const int64_t* rows_at = s.row_offsets.data();
+  TileRowOffsets(L, it.seq, t0, n, it.kv_head, s.row_offsets.data());
+  const std::byte *kp = L.k_plane, *vp = L.v_plane;
   const bool direct = rows <= 4 && dd == dp;
   switch (direct ? L.kv.dtype : KvDtype::kFP8) {
     case KvDtype::kF16:
       using F16 = hwy::float16_t;
-      return FoldPage(CacheRows<F16>{krows}, CacheRows<F16>{vrows}, n, rows, dp,
-                      nc, kTileKeys, rr, s);
+      return FoldPage(CacheRows<F16>{kp, rows_at}, CacheRows<F16>{vp, rows_at},
+                      n, rows, dp, nc, kTileKeys, rr, s);
     case KvDtype::kBF16:
       using BF16 = hwy::bfloat16_t;
-      return FoldPage(CacheRows<BF16>{krows}, CacheRows<BF16>{vrows}, n, rows,
-                      dp, nc, kTileKeys, rr, s);
+      return FoldPage(CacheRows<BF16>{kp, rows_at},
+                      CacheRows<BF16>{vp, rows_at}, n, rows, dp, nc, kTileKeys,
+                      rr, s);
     case KvDtype::kF32:
-      return FoldPage(CacheRows<float>{krows}, CacheRows<float>{vrows}, n, rows,
-                      dp, nc, kTileKeys, rr, s);
+      return FoldPage(CacheRows<float>{kp, rows_at},
+                      CacheRows<float>{vp, rows_at}, n, rows, dp, nc, kTileKeys,
+                      rr, s);
     default:
-      DecodeTile(L.kv.dtype, krows, n, dd, dp, s.k.data());
-      DecodeTile(L.kv.dtype, vrows, n, dd, dp, s.v.data());
+      DecodeTile(L.kv.dtype, kp, rows_at, n, dd, dp, s.k.data());
+      DecodeTile(L.kv.dtype, vp, rows_at, n, dd, dp, s.v.data());
       return FoldPage(TileRows{s.k.data(), dp}, TileRows{s.v.data(), dp}, n,
                       rows, dp, nc, kTileKeys, rr, s);
   }
