@@ -4,7 +4,12 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
+
+#ifdef __F16C__
+#include <immintrin.h>
+#endif
 
 #include "common/parallel.h"
 #include "kvcache/kv_sizing.h"
@@ -209,6 +214,54 @@ struct CacheRows {
     } else {
       return hn::PromoteTo(d, hn::LoadU(hn::Rebind<T, DF>(), p));
     }
+  }
+};
+
+// The fp16 scale of a quantized group, as DecodeRow reads it (the
+// conversion is exact, so the hardware one gives the same value).
+HWY_INLINE float GroupScale(const std::byte* b) {
+  uint16_t h;
+  std::memcpy(&h, b, 2);
+#ifdef __F16C__
+  return _cvtsh_ss(h);
+#else
+  return cpu::HalfToFloat(h);
+#endif
+}
+
+// q8_0 / q4_0 rows in place: vector c of a row lies inside one group of
+// kGroup elements (lanes divide 16), scaled as DecodeRow scales it.
+struct Int8Rows {
+  const std::byte* plane;
+  const int64_t* offsets;
+  HWY_INLINE hn::Vec<DF> Load(int t, int c) const {
+    const DF d;
+    const int e = c * static_cast<int>(hn::Lanes(d));
+    const std::byte* b = plane + offsets[t] + e / kGroup * (kGroup + 2);
+    const auto* q = reinterpret_cast<const int8_t*>(b + 2) + e % kGroup;
+    const auto v =
+        hn::ConvertTo(d, hn::PromoteTo(hn::RebindToSigned<DF>(),
+                                       hn::LoadU(hn::Rebind<int8_t, DF>(), q)));
+    return hn::Mul(v, hn::Set(d, GroupScale(b)));
+  }
+};
+struct Int4Rows {
+  const std::byte* plane;
+  const int64_t* offsets;
+  HWY_INLINE hn::Vec<DF> Load(int t, int c) const {
+    const DF d;
+    const hn::RebindToSigned<DF> di;
+    const int e = c * static_cast<int>(hn::Lanes(d));
+    const std::byte* b = plane + offsets[t] + e / kGroup * (kGroup / 2 + 2);
+    const int j = e % kGroup;  // elements j < 16: low nibbles of byte j
+    const auto* qs = reinterpret_cast<const uint8_t*>(b + 2) + j % (kGroup / 2);
+    const auto bytes = hn::BitCast(
+        di, hn::PromoteTo(hn::RebindToUnsigned<DF>(),
+                          hn::LoadU(hn::Rebind<uint8_t, DF>(), qs)));
+    const auto nib = j < kGroup / 2 ? hn::And(bytes, hn::Set(di, 0xf))
+                                    : hn::ShiftRight<4>(bytes);
+    return hn::Mul(hn::ConvertTo(d, hn::Sub(nib, hn::Set(di, 8))),
+                   hn::Set(d, GroupScale(b)));
   }
 };
 
@@ -556,8 +609,16 @@ void FoldTile(const Layout& L, const Item& it, int32_t t0, int n, int rows,
   const int64_t* rows_at = s.row_offsets.data();
   TileRowOffsets(L, it.seq, t0, n, it.kv_head, s.row_offsets.data());
   const std::byte *kp = L.k_plane, *vp = L.v_plane;
-  const bool direct = rows <= 4 && dd == dp;
+  // Quantized groups hold whole vectors when lanes divide half a group.
+  const bool direct =
+      rows <= 4 && dd == dp && (kGroup / 2) % hn::Lanes(DF()) == 0;
   switch (direct ? L.kv.dtype : KvDtype::kFP8) {
+    case KvDtype::kInt8:
+      return FoldPage(Int8Rows{kp, rows_at}, Int8Rows{vp, rows_at}, n, rows, dp,
+                      nc, kTileKeys, rr, s);
+    case KvDtype::kInt4:
+      return FoldPage(Int4Rows{kp, rows_at}, Int4Rows{vp, rows_at}, n, rows, dp,
+                      nc, kTileKeys, rr, s);
     case KvDtype::kF16:
       using F16 = hwy::float16_t;
       return FoldPage(CacheRows<F16>{kp, rows_at}, CacheRows<F16>{vp, rows_at},
