@@ -10,8 +10,12 @@
 #                              (clang and its sanitizer runtime, clang-tidy,
 #                              promtool, shellcheck); tools/test.sh uses it
 #   deploy/setup.sh --bench    also requirements-bench.txt (llama-cpp-python
-#                              compiles llama.cpp: slow), linux-perf, and
-#                              guidellm in its own venv (venv/guidellm)
+#                              compiles llama.cpp: slow), llama.cpp's
+#                              llama-server, llama-perplexity, llama-quantize
+#                              and llama-cli from the same version
+#                              (tools/build_llama_cpp.sh: build-llama/bin/),
+#                              linux-perf, and guidellm in its own venv
+#                              (venv/guidellm)
 #   deploy/setup.sh --apt-only only the Debian packages (container builders)
 #
 # The Python environment is a virtual environment because a Debian python3
@@ -95,6 +99,10 @@ if [ "$WITH_BENCH" = 1 ]; then
 -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" \
     "${PIP[@]}" install -q -r "$ROOT/requirements-bench.txt" ||
     fail "pip install -r requirements-bench.txt"
+  # The same llama.cpp as command-line tools, same GGML flags (keep the two
+  # lists alike): tools/bench_vs_llama_server.py runs its llama-server.
+  KVSERVE_VENV="$VENV" "$ROOT/tools/build_llama_cpp.sh" ||
+    fail "tools/build_llama_cpp.sh (llama.cpp tools in build-llama/bin)"
   # guidellm (an external OpenAI-API load tool, run next to kvserve-bench)
   # pins its own dependency versions: keep them out of the project's venv.
   GUIDELLM_VENV="${KVSERVE_GUIDELLM_VENV:-$ROOT/venv/guidellm}"

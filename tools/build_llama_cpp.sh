@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# Builds llama.cpp's command-line tools (llama-server, llama-perplexity,
+# llama-quantize, llama-cli) from the llama.cpp vendored in the PyPI sdist of
+# llama-cpp-python, at the version requirements-bench.txt pins, with the same
+# GGML CPU flags deploy/setup.sh passes to the pip build of that package. So
+# the llama-server that tools/bench_vs_llama_server.py runs is the llama.cpp
+# behind the Python reference and peer of docs/PERFORMANCE.md.
+#
+#   tools/build_llama_cpp.sh      binaries in build-llama/bin/
+#
+# CMake + Ninja, Release, static libraries, only the needed targets; no CURL,
+# no OpenSSL, no web UI (nothing is fetched at build time). A quick no-op when
+# the binaries exist and build-llama/stamp records the same version and flags.
+#
+# Environment:
+#   KVSERVE_LLAMA_SDIST      an already downloaded llama_cpp_python-VER.tar.gz
+#                            (default: pip download into build-llama/sdist/)
+#   KVSERVE_LLAMA_BUILD_DIR  where to build (default: $ROOT/build-llama)
+#   KVSERVE_LLAMA_JOBS       parallel compile jobs (default: nproc)
+#   KVSERVE_VENV             the project's Python environment (default .venv)
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+OUT="${KVSERVE_LLAMA_BUILD_DIR:-$ROOT/build-llama}"
+VENV="${KVSERVE_VENV:-$ROOT/.venv}"
+JOBS="${KVSERVE_LLAMA_JOBS:-$(nproc)}"
+TARGETS=(llama-server llama-perplexity llama-quantize llama-cli)
+
+step() { echo "setup: $*"; }
+fail() { echo "setup: FAILED: $*" >&2; exit 1; }
+
+VERSION="$(sed -n 's/^llama-cpp-python==\([^[:space:]]*\).*/\1/p' \
+  "$ROOT/requirements-bench.txt")"
+[ -n "$VERSION" ] ||
+  fail "no 'llama-cpp-python==VERSION' pin in $ROOT/requirements-bench.txt"
+
+# The GGML flags of deploy/setup.sh's CMAKE_ARGS for the llama-cpp-python
+# build (keep the two lists the same): AVX-512 (VNNI, BF16, VBMI) on, AMX off,
+# less what this CPU lacks (below).
+GGML_FLAGS=(
+  -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON
+  -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON
+  -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON -DGGML_AMX_TILE=OFF
+  -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
+)
+
+# Extensions this CPU lacks are turned off (with a note), or the binaries die
+# with SIGILL in their first matmul: some AMD EPYC (Zen 4) machines have
+# AVX-512 VNNI/BF16 but neither AVX512_VBMI nor the VEX-coded AVX-VNNI (ggml
+# then uses the EVEX-coded VNNI of AVX512_VNNI + AVX512VL). deploy/setup.sh's
+# llama-cpp-python build keeps its flags as they are.
+set_off() {
+  local opt i
+  for opt in "$@"; do
+    for i in "${!GGML_FLAGS[@]}"; do
+      [ "${GGML_FLAGS[i]}" != "-DGGML_$opt=ON" ] || GGML_FLAGS[i]="-DGGML_$opt=OFF"
+    done
+  done
+}
+drop_missing_isa() {
+  [ -r /proc/cpuinfo ] && [ "$(uname -m)" = x86_64 ] || return 0
+  local pair opt feat dropped=()
+  for pair in AVX:avx AVX2:avx2 FMA:fma F16C:f16c AVX512:avx512f \
+              AVX512:avx512bw AVX512:avx512vl AVX512:avx512dq \
+              AVX512_VBMI:avx512_vbmi AVX512_VNNI:avx512_vnni \
+              AVX512_BF16:avx512_bf16 AVX_VNNI:avx_vnni; do
+    opt="${pair%%:*}" feat="${pair#*:}"
+    grep -qw "$feat" /proc/cpuinfo && continue
+    set_off "$opt"
+    [ "$opt" != AVX512 ] || set_off AVX512_VBMI AVX512_VNNI AVX512_BF16
+    dropped+=("$feat")
+  done
+  [ ${#dropped[@]} -eq 0 ] ||
+    step "note: this CPU lacks ${dropped[*]}: llama.cpp is built without them"
+}
+drop_missing_isa
+LLAMA_FLAGS=(
+  -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF
+  -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF
+  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF
+  -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON
+)
+STAMP_TEXT="llama-cpp-python==$VERSION
+targets: ${TARGETS[*]}
+flags: ${GGML_FLAGS[*]} ${LLAMA_FLAGS[*]}"
+STAMP="$OUT/stamp"
+
+up_to_date() {
+  [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$STAMP_TEXT" ] || return 1
+  local t
+  for t in "${TARGETS[@]}"; do [ -x "$OUT/bin/$t" ] || return 1; done
+}
+if up_to_date; then
+  step "llama.cpp from llama-cpp-python==$VERSION is built ($OUT/bin)"
+  exit 0
+fi
+
+command -v cmake >/dev/null || fail "cmake not found (run deploy/setup.sh)"
+command -v ninja >/dev/null || fail "ninja not found (run deploy/setup.sh)"
+
+# A build of another version: start over (the CMake cache names its sources).
+if [ -f "$STAMP" ] && [ "$(head -n1 "$STAMP")" != "llama-cpp-python==$VERSION" ]; then
+  step "removing the llama.cpp build of $(head -n1 "$STAMP")"
+  find "$OUT" -mindepth 1 -maxdepth 1 ! -name sdist -exec rm -rf {} +
+fi
+mkdir -p "$OUT"
+rm -f "$STAMP"
+
+sdist="${KVSERVE_LLAMA_SDIST:-$OUT/sdist/llama_cpp_python-$VERSION.tar.gz}"
+if [ ! -f "$sdist" ]; then
+  [ -z "${KVSERVE_LLAMA_SDIST:-}" ] ||
+    fail "KVSERVE_LLAMA_SDIST=$KVSERVE_LLAMA_SDIST is not a file"
+  "$VENV/bin/python" -c "" 2>/dev/null ||
+    fail "no Python environment at $VENV (run deploy/setup.sh)"
+  step "downloading the llama-cpp-python==$VERSION sdist"
+  "$VENV/bin/python" -m pip --disable-pip-version-check download -q \
+    --no-binary :all: --no-deps "llama-cpp-python==$VERSION" -d "$OUT/sdist" ||
+    fail "pip download llama-cpp-python==$VERSION"
+  [ -f "$sdist" ] || fail "pip download did not produce $sdist"
+fi
+
+src_parent="$OUT/src"
+src="$src_parent/llama_cpp_python-$VERSION/vendor/llama.cpp"
+if [ ! -f "$src/CMakeLists.txt" ]; then
+  step "unpacking vendor/llama.cpp from $(basename "$sdist")"
+  rm -rf "$src_parent"
+  mkdir -p "$src_parent"
+  tar -xzf "$sdist" -C "$src_parent" "llama_cpp_python-$VERSION/vendor/llama.cpp" ||
+    fail "unpacking $sdist (no llama_cpp_python-$VERSION/vendor/llama.cpp in it?)"
+fi
+
+step "building llama.cpp (${TARGETS[*]}) from llama-cpp-python==$VERSION, $JOBS jobs"
+start=$SECONDS
+cmake -S "$src" -B "$OUT" -G Ninja -Wno-dev "${GGML_FLAGS[@]}" "${LLAMA_FLAGS[@]}" \
+  >"$OUT/configure.log" 2>&1 ||
+  fail "configuring llama.cpp (see $OUT/configure.log)"
+cmake --build "$OUT" --parallel "$JOBS" --target "${TARGETS[@]}" ||
+  fail "building llama.cpp (${TARGETS[*]})"
+for t in "${TARGETS[@]}"; do
+  [ -x "$OUT/bin/$t" ] || fail "the build did not produce $OUT/bin/$t"
+done
+printf '%s\n' "$STAMP_TEXT" >"$STAMP"
+step "llama.cpp built in $((SECONDS - start)) s: $OUT/bin/{$(IFS=,; echo "${TARGETS[*]}")}"
