@@ -81,7 +81,7 @@ struct RowRange {
 // (head_dim rounded up to the vector width) with zero tails.
 struct Scratch {
   std::vector<float> q, k, v, scores, m, l, acc;
-  std::vector<int64_t> row_offsets;  // of the tile's rows in a plane
+  std::vector<int64_t> row_offsets;  // of this and the next tile's rows
   std::vector<RowRange> ranges;
 };
 
@@ -90,6 +90,17 @@ struct Scratch {
 // softmax rescale and the accumulator loads over several blocks.
 constexpr int kTileKeys = 64;
 static_assert(kAttnSplitKeys % kTileKeys == 0, "tiles never cross a split");
+
+// Prefetches the K and V rows at the offsets rows[0, n) into the cache.
+void PrefetchRows(const Layout& L, const int64_t* rows, int n) {
+  constexpr int64_t kLine = 64;
+  for (int t = 0; t < n; ++t) {
+    for (int64_t b = 0; b < L.row_bytes; b += kLine) {
+      __builtin_prefetch(L.k_plane + rows[t] + b);
+      __builtin_prefetch(L.v_plane + rows[t] + b);
+    }
+  }
+}
 
 // Byte offsets, within a layer's K (or V) plane, of the rows of `kv_head`
 // at positions [t0, t0 + n) of sequence `seq`.
@@ -396,7 +407,7 @@ void PrepareItem(const Layout& L, const Item& it, const float* q,
                  Scratch& s) {
   const int dd = L.p.head_dim, g = L.group;
   const int32_t bs = kTileKeys;
-  s.row_offsets.resize(kTileKeys);
+  s.row_offsets.resize(2 * kTileKeys);
   s.q.assign(static_cast<size_t>(rows) * dp, 0.0f);
   s.acc.assign(static_cast<size_t>(rows) * dp, 0.0f);
   s.m.assign(rows, kNegInf);
@@ -421,11 +432,9 @@ void PrepareItem(const Layout& L, const Item& it, const float* q,
 // Folds keys [t0, t0 + n) into the item's rows (rr: each row's visible
 // keys relative to t0), reading the float dtypes in place when the rows
 // are few, otherwise decoding the tile once.
-void FoldTile(const Layout& L, const Item& it, int32_t t0, int n, int rows,
-              int dp, int nc, const RowRange* rr, Scratch& s) {
+void FoldTile(const Layout& L, const int64_t* rows_at, int n, int rows, int dp,
+              int nc, const RowRange* rr, Scratch& s) {
   const int dd = L.p.head_dim;
-  const int64_t* rows_at = s.row_offsets.data();
-  TileRowOffsets(L, it.seq, t0, n, it.kv_head, s.row_offsets.data());
   const std::byte *kp = L.k_plane, *vp = L.v_plane;
   // Quantized groups hold whole vectors when lanes divide half a group.
   const bool direct =
@@ -507,13 +516,26 @@ void RunItem(const Layout& L, const std::vector<QueryRef>& refs, const Item& it,
   std::vector<RowRange>& rr = s.ranges;
   rr.resize(rows);
   const int32_t first = split_lo + (key_lo - split_lo) / kTileKeys * kTileKeys;
+  auto tile_end = [&](int32_t t0) {
+    return std::min(t0 + kTileKeys, key_hi + 1);
+  };
+  int64_t* cur = s.row_offsets.data();
+  int64_t* next = cur + kTileKeys;
+  TileRowOffsets(L, it.seq, first, tile_end(first) - first, it.kv_head, cur);
   for (int32_t t0 = first; t0 <= key_hi; t0 += kTileKeys) {
-    const int32_t k1 = std::min(t0 + kTileKeys, key_hi + 1);
+    const int32_t k1 = tile_end(t0);
+    // The pages are scattered, so the hardware prefetcher cannot find the
+    // next tile; ask for it while this one is folded.
+    if (const int32_t n0 = t0 + kTileKeys; n0 <= key_hi) {
+      TileRowOffsets(L, it.seq, n0, tile_end(n0) - n0, it.kv_head, next);
+      PrefetchRows(L, next, tile_end(n0) - n0);
+    }
     for (int r = 0; r < rows; ++r) {
       const QueryRef& ref = refs[it.tok_begin + r / g];
       rr[r] = {std::max(t0, ref.lo) - t0, std::min(k1 - 1, ref.pos) + 1 - t0};
     }
-    FoldTile(L, it, t0, k1 - t0, rows, dp, nc, rr.data(), s);
+    FoldTile(L, cur, k1 - t0, rows, dp, nc, rr.data(), s);
+    std::swap(cur, next);
   }
   WritePartials(L, refs, it, rows, dp, s, partials);
 }

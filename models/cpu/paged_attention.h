@@ -1,20 +1,23 @@
 // CPU grouped-query attention over the paged KV cache, flash-attention
 // style. Work is split into items of (sequence, query tile of up to
 // kAttnQueryTile of its tokens, KV head, key split of kAttnSplitKeys
-// positions rounded up to whole blocks); an item walks its split block by
-// block, decodes each K and V page once into a small tile (any KV dtype:
-// models/cpu/kv_rows.h), scores it against all of the tile's query heads of
-// that KV head, and keeps an online softmax. Items run in parallel and
-// write partial (max, sum, accumulator) rows; a combine merges each query
-// head's splits in order. Decode thus spreads one sequence's context over
-// all threads (flash-decoding), and a prefill tile reads each K/V row once
-// for its whole group of query rows.
+// positions); an item walks its split in KV tiles of 64 positions (across
+// blocks, through per-row offsets into the pages), scores each tile against
+// all of its query rows of that KV head (the head's query group as a small
+// matrix, so each K/V row is read once per group), and keeps an online
+// softmax. Decode reads f32/f16/bf16/q8_0/q4_0 rows in place, converting in
+// registers; a prefill tile decodes each KV tile once into f32
+// (models/cpu/kv_tile_rows-inl.h). Items run in parallel and write partial
+// (max, sum, accumulator) rows; a combine merges each query head's splits
+// in order, so decode spreads one sequence's context over all threads
+// (flash-decoding).
 //
 // Batch- and thread-invariant: a query row's result depends only on its own
-// query, position and keys. Split and page boundaries are positions, every
-// sum runs in key order, and keys a row must not see are skipped, so the
-// bits do not depend on the tiling, the batch, or the thread count.
-// Does not write the cache (the forward does that first).
+// query, position and keys. Split and tile boundaries are positions, a key's
+// lane in a tile is its position, every sum has a fixed order, and keys a
+// row must not see are masked, so the bits do not depend on the tiling, the
+// batch, or the thread count. Does not write the cache (the forward does
+// that first).
 #pragma once
 
 #include <cstdint>

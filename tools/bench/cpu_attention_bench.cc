@@ -1,9 +1,11 @@
 // The CPU paged attention kernel (models/cpu/paged_attention.h) on the
 // default model's attention shape (9 query / 3 KV heads, head_dim 64,
-// block 16): one layer's decode for `seqs` sequences of `context` keys, and
-// one prefill chunk of `chunk` query tokens at the end of `context` keys, per
-// KV dtype. Items/s counts attended (query token, key) pairs per KV head, so
-// figures compare across contexts.
+// block 16, 30 layers): the attention of one step over all layers, for the
+// decode of `seqs` sequences of `context` keys and for one prefill chunk of
+// `chunk` query tokens at the end of `context` keys, per KV dtype. Each
+// layer has its own pages, so from 4K keys on the cache outgrows the L3 as
+// in a real model. Items/s counts attended (query token, key) pairs per KV
+// head and layer, so figures compare across contexts.
 //
 //   build/tools/cpu_attention_bench --benchmark_filter=Decode
 #include <algorithm>
@@ -26,7 +28,7 @@ namespace {
 
 using kvcache::KvDtype;
 
-constexpr int kHeads = 9, kKvHeads = 3, kDim = 64, kBlock = 16;
+constexpr int kHeads = 9, kKvHeads = 3, kDim = 64, kBlock = 16, kLayers = 30;
 
 // Random K/V for `seqs` sequences of `context` keys each, on shuffled
 // blocks, and the batch whose last `chunk` tokens of each sequence query.
@@ -41,8 +43,9 @@ struct Setup {
     const int32_t blocks = per_seq * seqs;
     const int64_t row = kvcache::KvRowBytes(dtype, kDim);
     const int64_t slots = static_cast<int64_t>(blocks) * kBlock;
-    k.resize(slots * kKvHeads * row);
-    v.resize(slots * kKvHeads * row);
+    const int64_t plane = slots * kKvHeads * row;
+    k.resize(plane * kLayers);
+    v.resize(plane * kLayers);
     std::mt19937 rng(7);
     std::uniform_real_distribution<float> u(-1.0f, 1.0f);
     std::vector<float> x(kDim);
@@ -52,7 +55,15 @@ struct Setup {
       for (float& e : x) e = u(rng);
       cpu::EncodeKvRow(dtype, x.data(), kDim, v.data() + r * row);
     }
-    view = {blocks, kBlock, kKvHeads, kDim, dtype, {k.data()}, {v.data()}};
+    view = {blocks, kBlock, kKvHeads, kDim, dtype, {}, {}};
+    for (int l = 0; l < kLayers; ++l) {  // the same contents on every layer
+      if (l > 0) {
+        std::copy_n(k.data(), plane, k.data() + l * plane);
+        std::copy_n(v.data(), plane, v.data() + l * plane);
+      }
+      view.k.push_back(k.data() + l * plane);
+      view.v.push_back(v.data() + l * plane);
+    }
     std::vector<int32_t> perm(blocks);
     std::iota(perm.begin(), perm.end(), 0);
     std::shuffle(perm.begin(), perm.end(), rng);
@@ -80,13 +91,16 @@ void Run(benchmark::State& state, int seqs, int chunk) {
   Setup s(dtype, seqs, context, chunk);
   const AttentionParams p{kHeads, kKvHeads, kDim, 1.0f / std::sqrt(kDim), 0};
   for (auto _ : state) {
-    PagedAttention(p, s.batch, s.q.data(), kHeads * kDim, s.view, 0,
-                   s.out.data());
+    for (int l = 0; l < kLayers; ++l) {
+      PagedAttention(p, s.batch, s.q.data(), kHeads * kDim, s.view, l,
+                     s.out.data());
+    }
     benchmark::DoNotOptimize(s.out.data());
   }
   // Attended (token, key) pairs per KV head: causal within the chunk.
   const double pairs = static_cast<double>(seqs) * chunk *
-                       (context - chunk + (chunk + 1) / 2.0) * kKvHeads;
+                       (context - chunk + (chunk + 1) / 2.0) * kKvHeads *
+                       kLayers;
   state.SetItemsProcessed(static_cast<int64_t>(pairs) * state.iterations());
   state.SetLabel(std::string(kvcache::KvDtypeName(dtype)));
 }
