@@ -53,10 +53,11 @@ struct QueryRef {
   int64_t partial_base;  // first partial row of this token (x num_heads)
 };
 
-// A work item: tokens [tok_begin, tok_end) of one sequence, one KV head, one
-// key split.
+// A work item: tokens [tok_begin, tok_end) of one sequence, KV heads
+// [kv_head_begin, kv_head_end), one key split. Its rows are head-major:
+// row (h - kv_head_begin) * tokens * group + token * group + j.
 struct Item {
-  int32_t seq, tok_begin, tok_end, kv_head, split;
+  int32_t seq, tok_begin, tok_end, kv_head_begin, kv_head_end, split;
 };
 
 struct Layout {
@@ -91,31 +92,31 @@ struct Scratch {
 constexpr int kTileKeys = 64;
 static_assert(kAttnSplitKeys % kTileKeys == 0, "tiles never cross a split");
 
-// Prefetches the K and V rows at the offsets rows[0, n) into the cache.
-void PrefetchRows(const Layout& L, const int64_t* rows, int n) {
+// Prefetches the item's K and V rows of the slots at rows[0, n).
+void PrefetchRows(const Layout& L, const Item& it, const int64_t* rows, int n) {
   constexpr int64_t kLine = 64;
+  const int64_t b0 = it.kv_head_begin * L.row_bytes;
+  const int64_t b1 = it.kv_head_end * L.row_bytes;
   for (int t = 0; t < n; ++t) {
-    for (int64_t b = 0; b < L.row_bytes; b += kLine) {
+    for (int64_t b = b0; b < b1; b += kLine) {
       __builtin_prefetch(L.k_plane + rows[t] + b);
       __builtin_prefetch(L.v_plane + rows[t] + b);
     }
   }
 }
 
-// Byte offsets, within a layer's K (or V) plane, of the rows of `kv_head`
-// at positions [t0, t0 + n) of sequence `seq`.
+// Byte offsets, within a layer's K (or V) plane, of the slots (KV head 0's
+// rows) at positions [t0, t0 + n) of sequence `seq`.
 void TileRowOffsets(const Layout& L, int32_t seq, int32_t t0, int n,
-                    int kv_head, int64_t* out) {
+                    int64_t* out) {
   const int32_t bs = L.kv.block_size;
   const int32_t* table = L.batch.block_tables.data() +
                          static_cast<int64_t>(seq) * L.batch.max_blocks_per_seq;
   const int64_t slot_bytes = L.kv.num_kv_heads * L.row_bytes;
-  const int64_t head = kv_head * L.row_bytes;
   for (int t = 0; t < n;) {
     const int32_t pos = t0 + t, off = pos % bs;
     const int len = std::min(n - t, bs - off);
-    int64_t o =
-        (static_cast<int64_t>(table[pos / bs]) * bs + off) * slot_bytes + head;
+    int64_t o = (static_cast<int64_t>(table[pos / bs]) * bs + off) * slot_bytes;
     for (int j = 0; j < len; ++j, o += slot_bytes) out[t + j] = o;
     t += len;
   }
@@ -382,22 +383,23 @@ int ScoreBlockRows(int rows, int nc) {
 // of every row, each row's online softmax over the keys it may see, and
 // the weighted V rows added in key order.
 template <typename Src>
-void FoldPage(const Src& k, const Src& v, int n, int rows, int dp, int nc,
-              int64_t sc_stride, const RowRange* rr, Scratch& s) {
-  float* sc = s.scores.data();
+void FoldPage(const Src& k, const Src& v, int n, int rows, int row0, int dp,
+              int nc, int64_t sc_stride, const RowRange* rr, Scratch& s) {
+  float* sc = s.scores.data() + row0 * sc_stride;
+  const float* q = s.q.data() + static_cast<int64_t>(row0) * dp;
   const int rb = ScoreBlockRows(rows, nc);
   for (int r0 = 0; r0 < rows; r0 += rb) {
-    ForRowsNc<ScoreOp>(std::min(rb, rows - r0), nc, s.q.data() + r0 * dp, dp,
-                       nc, k, n, sc + r0 * sc_stride, sc_stride);
+    ForRowsNc<ScoreOp>(std::min(rb, rows - r0), nc, q + r0 * dp, dp, nc, k, n,
+                       sc + r0 * sc_stride, sc_stride);
   }
   for (int r = 0; r < rows; ++r) {
     if (rr[r].lo < rr[r].hi) {
-      SoftmaxPage(sc + r * sc_stride, sc_stride, rr[r], dp, s, r);
+      SoftmaxPage(sc + r * sc_stride, sc_stride, rr[r], dp, s, row0 + r);
     }
   }
   for (int r0 = 0; r0 < rows; r0 += 4) {
     AccumBlock(sc, sc_stride, rr, r0, std::min(4, rows - r0), v, dp, nc,
-               s.acc.data());
+               s.acc.data() + static_cast<int64_t>(row0) * dp);
   }
 }
 
@@ -420,11 +422,13 @@ void PrepareItem(const Layout& L, const Item& it, const float* q,
     s.v.resize(static_cast<size_t>(bs) * dp);
   }
   s.scores.resize(static_cast<size_t>(rows) * sc_stride);
-  for (int32_t i = it.tok_begin; i < it.tok_end; ++i) {
-    for (int j = 0; j < g; ++j) {
-      const float* src = q + i * q_stride + (it.kv_head * g + j) * dd;
-      float* dst = s.q.data() + ((i - it.tok_begin) * g + j) * dp;
-      for (int e = 0; e < dd; ++e) dst[e] = src[e] * L.p.scale;
+  float* dst = s.q.data();
+  for (int h = it.kv_head_begin; h < it.kv_head_end; ++h) {
+    for (int32_t i = it.tok_begin; i < it.tok_end; ++i) {
+      for (int j = 0; j < g; ++j, dst += dp) {
+        const float* src = q + i * q_stride + (h * g + j) * dd;
+        for (int e = 0; e < dd; ++e) dst[e] = src[e] * L.p.scale;
+      }
     }
   }
 }
@@ -432,38 +436,46 @@ void PrepareItem(const Layout& L, const Item& it, const float* q,
 // Folds keys [t0, t0 + n) into the item's rows (rr: each row's visible
 // keys relative to t0), reading the float dtypes in place when the rows
 // are few, otherwise decoding the tile once.
-void FoldTile(const Layout& L, const int64_t* rows_at, int n, int rows, int dp,
-              int nc, const RowRange* rr, Scratch& s) {
+void FoldTile(const Layout& L, const Item& it, const int64_t* rows_at, int n,
+              int rows, int dp, int nc, const RowRange* rr, Scratch& s) {
   const int dd = L.p.head_dim;
-  const std::byte *kp = L.k_plane, *vp = L.v_plane;
   // Quantized groups hold whole vectors when lanes divide half a group.
   const bool direct =
       rows <= 4 && dd == dp && (kGroup / 2) % hn::Lanes(DF()) == 0;
-  switch (direct ? L.kv.dtype : KvDtype::kFP8) {
-    case KvDtype::kInt8:
-      return FoldPage(Int8Rows{kp, rows_at}, Int8Rows{vp, rows_at}, n, rows, dp,
-                      nc, kTileKeys, rr, s);
-    case KvDtype::kInt4:
-      return FoldPage(Int4Rows{kp, rows_at}, Int4Rows{vp, rows_at}, n, rows, dp,
-                      nc, kTileKeys, rr, s);
-    case KvDtype::kF16:
-      using F16 = hwy::float16_t;
-      return FoldPage(CacheRows<F16>{kp, rows_at}, CacheRows<F16>{vp, rows_at},
-                      n, rows, dp, nc, kTileKeys, rr, s);
-    case KvDtype::kBF16:
-      using BF16 = hwy::bfloat16_t;
-      return FoldPage(CacheRows<BF16>{kp, rows_at},
-                      CacheRows<BF16>{vp, rows_at}, n, rows, dp, nc, kTileKeys,
-                      rr, s);
-    case KvDtype::kF32:
-      return FoldPage(CacheRows<float>{kp, rows_at},
-                      CacheRows<float>{vp, rows_at}, n, rows, dp, nc, kTileKeys,
-                      rr, s);
-    default:
-      DecodeTile(L.kv.dtype, kp, rows_at, n, dd, dp, s.k.data());
-      DecodeTile(L.kv.dtype, vp, rows_at, n, dd, dp, s.v.data());
-      return FoldPage(TileRows{s.k.data(), dp}, TileRows{s.v.data(), dp}, n,
-                      rows, dp, nc, kTileKeys, rr, s);
+  const int64_t tk = kTileKeys;
+  for (int h = it.kv_head_begin; h < it.kv_head_end; ++h) {
+    const std::byte* kp = L.k_plane + h * L.row_bytes;
+    const std::byte* vp = L.v_plane + h * L.row_bytes;
+    const int row0 = (h - it.kv_head_begin) * rows;
+    switch (direct ? L.kv.dtype : KvDtype::kFP8) {
+      case KvDtype::kInt8:
+        FoldPage(Int8Rows{kp, rows_at}, Int8Rows{vp, rows_at}, n, rows, row0,
+                 dp, nc, tk, rr, s);
+        break;
+      case KvDtype::kInt4:
+        FoldPage(Int4Rows{kp, rows_at}, Int4Rows{vp, rows_at}, n, rows, row0,
+                 dp, nc, tk, rr, s);
+        break;
+      case KvDtype::kF16:
+        FoldPage(CacheRows<hwy::float16_t>{kp, rows_at},
+                 CacheRows<hwy::float16_t>{vp, rows_at}, n, rows, row0, dp, nc,
+                 tk, rr, s);
+        break;
+      case KvDtype::kBF16:
+        FoldPage(CacheRows<hwy::bfloat16_t>{kp, rows_at},
+                 CacheRows<hwy::bfloat16_t>{vp, rows_at}, n, rows, row0, dp, nc,
+                 tk, rr, s);
+        break;
+      case KvDtype::kF32:
+        FoldPage(CacheRows<float>{kp, rows_at}, CacheRows<float>{vp, rows_at},
+                 n, rows, row0, dp, nc, tk, rr, s);
+        break;
+      default:
+        DecodeTile(L.kv.dtype, kp, rows_at, n, dd, dp, s.k.data());
+        DecodeTile(L.kv.dtype, vp, rows_at, n, dd, dp, s.v.data());
+        FoldPage(TileRows{s.k.data(), dp}, TileRows{s.v.data(), dp}, n, rows,
+                 row0, dp, nc, tk, rr, s);
+    }
   }
 }
 
@@ -473,13 +485,14 @@ void WritePartials(const Layout& L, const std::vector<QueryRef>& refs,
                    const Item& it, int rows, int dp, const Scratch& s,
                    float* partials) {
   const int dd = L.p.head_dim, g = L.group;
+  const int per_head = (it.tok_end - it.tok_begin) * g;
   for (int r = 0; r < rows; ++r) {
-    const int32_t i = it.tok_begin + r / g;
-    const QueryRef& ref = refs[i];
+    const int kv_head = it.kv_head_begin + r / per_head, w = r % per_head;
+    const QueryRef& ref = refs[it.tok_begin + w / g];
     if (it.split < ref.first_split || it.split > ref.pos / L.split_keys) {
       continue;
     }
-    const int h = it.kv_head * g + r % g;
+    const int h = kv_head * g + w % g;
     float* dst =
         partials +
         ((ref.partial_base + it.split - ref.first_split) * L.p.num_heads + h) *
@@ -499,7 +512,8 @@ void WritePartials(const Layout& L, const std::vector<QueryRef>& refs,
 void RunItem(const Layout& L, const std::vector<QueryRef>& refs, const Item& it,
              const float* q, int64_t q_stride, float* partials, Scratch& s) {
   const int dd = L.p.head_dim, g = L.group;
-  const int rows = (it.tok_end - it.tok_begin) * g;
+  const int rows = (it.tok_end - it.tok_begin) * g;  // per KV head
+  const int all_rows = rows * (it.kv_head_end - it.kv_head_begin);
   const int32_t split_lo = it.split * L.split_keys;
   int32_t key_lo = std::numeric_limits<int32_t>::max(), key_hi = -1;
   for (int32_t i = it.tok_begin; i < it.tok_end; ++i) {
@@ -512,7 +526,7 @@ void RunItem(const Layout& L, const std::vector<QueryRef>& refs, const Item& it,
 
   const int lanes = static_cast<int>(hn::Lanes(DF()));
   const int nc = (dd + lanes - 1) / lanes, dp = nc * lanes;
-  PrepareItem(L, it, q, q_stride, rows, dp, kTileKeys, s);
+  PrepareItem(L, it, q, q_stride, all_rows, dp, kTileKeys, s);
   std::vector<RowRange>& rr = s.ranges;
   rr.resize(rows);
   const int32_t first = split_lo + (key_lo - split_lo) / kTileKeys * kTileKeys;
@@ -521,23 +535,23 @@ void RunItem(const Layout& L, const std::vector<QueryRef>& refs, const Item& it,
   };
   int64_t* cur = s.row_offsets.data();
   int64_t* next = cur + kTileKeys;
-  TileRowOffsets(L, it.seq, first, tile_end(first) - first, it.kv_head, cur);
+  TileRowOffsets(L, it.seq, first, tile_end(first) - first, cur);
   for (int32_t t0 = first; t0 <= key_hi; t0 += kTileKeys) {
     const int32_t k1 = tile_end(t0);
     // The pages are scattered, so the hardware prefetcher cannot find the
     // next tile; ask for it while this one is folded.
     if (const int32_t n0 = t0 + kTileKeys; n0 <= key_hi) {
-      TileRowOffsets(L, it.seq, n0, tile_end(n0) - n0, it.kv_head, next);
-      PrefetchRows(L, next, tile_end(n0) - n0);
+      TileRowOffsets(L, it.seq, n0, tile_end(n0) - n0, next);
+      PrefetchRows(L, it, next, tile_end(n0) - n0);
     }
     for (int r = 0; r < rows; ++r) {
       const QueryRef& ref = refs[it.tok_begin + r / g];
       rr[r] = {std::max(t0, ref.lo) - t0, std::min(k1 - 1, ref.pos) + 1 - t0};
     }
-    FoldTile(L, cur, k1 - t0, rows, dp, nc, rr.data(), s);
+    FoldTile(L, it, cur, k1 - t0, rows, dp, nc, rr.data(), s);
     std::swap(cur, next);
   }
-  WritePartials(L, refs, it, rows, dp, s, partials);
+  WritePartials(L, refs, it, all_rows, dp, s, partials);
 }
 
 // out row i, head h: the splits' partials merged in split order.
@@ -568,6 +582,23 @@ void Combine(const Layout& L, const QueryRef& ref, const float* partials,
   }
 }
 
+// All KV heads in one item, so that a thread reads each slot's rows
+// together (contiguous in the page), unless that leaves fewer than two
+// items per thread; then one head per item. Only the work split depends on
+// this, never a result.
+int HeadsPerItem(const AttentionParams& p, const ForwardBatch& batch,
+                 int32_t split_keys) {
+  int64_t items = 0;
+  for (int32_t s = 0; s < batch.num_seqs(); ++s) {
+    const int32_t begin = batch.seq_starts[s], end = batch.seq_starts[s + 1];
+    for (int32_t tb = begin; tb < end; tb += kAttnQueryTile) {
+      const int32_t te = std::min(end, tb + kAttnQueryTile);
+      items += batch.positions[te - 1] / split_keys + 1;
+    }
+  }
+  return items >= 2 * NumThreads() ? p.num_kv_heads : 1;
+}
+
 }  // namespace
 
 void PagedAttention(const AttentionParams& p, const ForwardBatch& batch,
@@ -586,6 +617,7 @@ void PagedAttention(const AttentionParams& p, const ForwardBatch& batch,
   const int32_t num_tokens = batch.num_tokens();
   std::vector<QueryRef> refs(num_tokens);
   std::vector<Item> items;
+  const int heads_per_item = HeadsPerItem(p, batch, split_keys);
   int64_t partial_rows = 0;
   for (int32_t s = 0; s < batch.num_seqs(); ++s) {
     const int32_t begin = batch.seq_starts[s], end = batch.seq_starts[s + 1];
@@ -603,9 +635,11 @@ void PagedAttention(const AttentionParams& p, const ForwardBatch& batch,
         first = std::min(first, refs[i].first_split);
         last = std::max(last, refs[i].pos / split_keys);
       }
-      for (int h = 0; h < p.num_kv_heads; ++h) {
-        for (int32_t j = first; j <= last; ++j)
-          items.push_back({s, tb, te, h, j});
+      for (int h = 0; h < p.num_kv_heads; h += heads_per_item) {
+        const int he = std::min(p.num_kv_heads, h + heads_per_item);
+        for (int32_t j = first; j <= last; ++j) {
+          items.push_back({s, tb, te, h, he, j});
+        }
       }
     }
   }
