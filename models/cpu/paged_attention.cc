@@ -89,7 +89,7 @@ struct Scratch {
 // Keys per KV tile: an item folds its split this many positions at a
 // time (tiles start at the split's first position), amortizing the
 // softmax rescale and the accumulator loads over several blocks.
-constexpr int kTileKeys = 64;
+constexpr int kTileKeys = 128;
 static_assert(kAttnSplitKeys % kTileKeys == 0, "tiles never cross a split");
 
 // Prefetches the item's K and V rows of the slots at rows[0, n).

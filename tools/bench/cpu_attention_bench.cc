@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "benchmark/benchmark.h"
+#include "common/page_buffer.h"
 #include "kvcache/kv_sizing.h"
 #include "models/cpu/kv_rows.h"
 #include "models/cpu/paged_attention.h"
@@ -33,7 +34,8 @@ constexpr int kHeads = 9, kKvHeads = 3, kDim = 64, kBlock = 16, kLayers = 30;
 // Random K/V for `seqs` sequences of `context` keys each, on shuffled
 // blocks, and the batch whose last `chunk` tokens of each sequence query.
 struct Setup {
-  std::vector<std::byte> k, v;
+  PageBuffer k_buf, v_buf;  // as the engine's pool allocates its planes
+  std::byte *k = nullptr, *v = nullptr;
   KvCacheView view;
   ForwardBatch batch;
   std::vector<float> q, out;
@@ -44,25 +46,27 @@ struct Setup {
     const int64_t row = kvcache::KvRowBytes(dtype, kDim);
     const int64_t slots = static_cast<int64_t>(blocks) * kBlock;
     const int64_t plane = slots * kKvHeads * row;
-    k.resize(plane * kLayers);
-    v.resize(plane * kLayers);
+    k_buf = *PageBuffer::Reserve(plane * kLayers, "bench K");
+    v_buf = *PageBuffer::Reserve(plane * kLayers, "bench V");
+    k = reinterpret_cast<std::byte*>(k_buf.data());
+    v = reinterpret_cast<std::byte*>(v_buf.data());
     std::mt19937 rng(7);
     std::uniform_real_distribution<float> u(-1.0f, 1.0f);
     std::vector<float> x(kDim);
     for (int64_t r = 0; r < slots * kKvHeads; ++r) {
       for (float& e : x) e = u(rng);
-      cpu::EncodeKvRow(dtype, x.data(), kDim, k.data() + r * row);
+      cpu::EncodeKvRow(dtype, x.data(), kDim, k + r * row);
       for (float& e : x) e = u(rng);
-      cpu::EncodeKvRow(dtype, x.data(), kDim, v.data() + r * row);
+      cpu::EncodeKvRow(dtype, x.data(), kDim, v + r * row);
     }
     view = {blocks, kBlock, kKvHeads, kDim, dtype, {}, {}};
     for (int l = 0; l < kLayers; ++l) {  // the same contents on every layer
       if (l > 0) {
-        std::copy_n(k.data(), plane, k.data() + l * plane);
-        std::copy_n(v.data(), plane, v.data() + l * plane);
+        std::copy_n(k, plane, k + l * plane);
+        std::copy_n(v, plane, v + l * plane);
       }
-      view.k.push_back(k.data() + l * plane);
-      view.v.push_back(v.data() + l * plane);
+      view.k.push_back(k + l * plane);
+      view.v.push_back(v + l * plane);
     }
     std::vector<int32_t> perm(blocks);
     std::iota(perm.begin(), perm.end(), 0);
