@@ -90,17 +90,25 @@ step "installing requirements.txt into $VENV"
   fail "pip install -r requirements.txt (a pin without a wheel for $("$VENV/bin/python" -V)?)"
 if [ "$WITH_BENCH" = 1 ]; then
   step "installing requirements-bench.txt (llama-cpp-python compiles llama.cpp: minutes)"
-  # AVX-512 (VNNI, BF16, VBMI) on, AMX off: ggml's AMX matmul segfaults on
-  # machines without AMX tiles enabled, so the reference and the peer use
-  # llama.cpp's AVX-512 path.
-  CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON \
--DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON \
--DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON -DGGML_AMX_TILE=OFF \
--DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" \
-    "${PIP[@]}" install -q -r "$ROOT/requirements-bench.txt" ||
+  # The GGML flags for this CPU (deploy/ggml_flags.sh). pip keeps an
+  # installed llama-cpp-python whatever flags built it, so a change of flags
+  # (another CPU, or an older setup) forces a rebuild, bypassing pip's cache
+  # of the wheel built with the old ones.
+  GGML_ARGS="$("$ROOT/deploy/ggml_flags.sh")" || fail "deploy/ggml_flags.sh"
+  CMAKE_ARGS="$GGML_ARGS" "${PIP[@]}" install -q -r "$ROOT/requirements-bench.txt" ||
     fail "pip install -r requirements-bench.txt"
-  # The same llama.cpp as command-line tools, same GGML flags (keep the two
-  # lists alike): tools/bench_vs_llama_server.py runs its llama-server.
+  LLAMA_STAMP="$VENV/.llama-cpp-python-cmake-args"
+  if [ "$(cat "$LLAMA_STAMP" 2>/dev/null)" != "$GGML_ARGS" ]; then
+    step "rebuilding llama-cpp-python for this CPU's flags"
+    LLAMA_PIN="$(grep -o '^llama-cpp-python==[^[:space:]]*' \
+      "$ROOT/requirements-bench.txt")"
+    CMAKE_ARGS="$GGML_ARGS" "${PIP[@]}" install -q --force-reinstall \
+      --no-deps --no-cache-dir "$LLAMA_PIN" ||
+      fail "pip install --force-reinstall $LLAMA_PIN"
+    echo "$GGML_ARGS" > "$LLAMA_STAMP"
+  fi
+  # The same llama.cpp as command-line tools, built with the same flags:
+  # tools/bench_vs_llama_server.py runs its llama-server.
   KVSERVE_VENV="$VENV" "$ROOT/tools/build_llama_cpp.sh" ||
     fail "tools/build_llama_cpp.sh (llama.cpp tools in build-llama/bin)"
   # guidellm (an external OpenAI-API load tool, run next to kvserve-bench)

@@ -34,46 +34,10 @@ VERSION="$(sed -n 's/^llama-cpp-python==\([^[:space:]]*\).*/\1/p' \
 [ -n "$VERSION" ] ||
   fail "no 'llama-cpp-python==VERSION' pin in $ROOT/requirements-bench.txt"
 
-# The GGML flags of deploy/setup.sh's CMAKE_ARGS for the llama-cpp-python
-# build (keep the two lists the same): AVX-512 (VNNI, BF16, VBMI) on, AMX off,
-# less what this CPU lacks (below).
-GGML_FLAGS=(
-  -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON
-  -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON
-  -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON -DGGML_AMX_TILE=OFF
-  -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
-)
-
-# Extensions this CPU lacks are turned off (with a note), or the binaries die
-# with SIGILL in their first matmul: some AMD EPYC (Zen 4) machines have
-# AVX-512 VNNI/BF16 but neither AVX512_VBMI nor the VEX-coded AVX-VNNI (ggml
-# then uses the EVEX-coded VNNI of AVX512_VNNI + AVX512VL). deploy/setup.sh's
-# llama-cpp-python build keeps its flags as they are.
-set_off() {
-  local opt i
-  for opt in "$@"; do
-    for i in "${!GGML_FLAGS[@]}"; do
-      [ "${GGML_FLAGS[i]}" != "-DGGML_$opt=ON" ] || GGML_FLAGS[i]="-DGGML_$opt=OFF"
-    done
-  done
-}
-drop_missing_isa() {
-  [ -r /proc/cpuinfo ] && [ "$(uname -m)" = x86_64 ] || return 0
-  local pair opt feat dropped=()
-  for pair in AVX:avx AVX2:avx2 FMA:fma F16C:f16c AVX512:avx512f \
-              AVX512:avx512bw AVX512:avx512vl AVX512:avx512dq \
-              AVX512_VBMI:avx512_vbmi AVX512_VNNI:avx512_vnni \
-              AVX512_BF16:avx512_bf16 AVX_VNNI:avx_vnni; do
-    opt="${pair%%:*}" feat="${pair#*:}"
-    grep -qw "$feat" /proc/cpuinfo && continue
-    set_off "$opt"
-    [ "$opt" != AVX512 ] || set_off AVX512_VBMI AVX512_VNNI AVX512_BF16
-    dropped+=("$feat")
-  done
-  [ ${#dropped[@]} -eq 0 ] ||
-    step "note: this CPU lacks ${dropped[*]}: llama.cpp is built without them"
-}
-drop_missing_isa
+# The GGML flags deploy/setup.sh also gives the llama-cpp-python build
+# (AVX-512 on, AMX off, less what this CPU lacks).
+read -r -a GGML_FLAGS <<< "$("$ROOT/deploy/ggml_flags.sh")" ||
+  fail "deploy/ggml_flags.sh"
 LLAMA_FLAGS=(
   -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF
   -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF
