@@ -61,9 +61,16 @@ absl::StatusOr<scheduler::SchedulerConfig> Engine::Impl::SchedulerConfigFor()
 absl::Status Engine::Impl::Init(
     const std::shared_ptr<prometheus::Registry>& registry) {
   const models::ModelConfig& c = model_.config;
-  max_model_len_ = config_.max_model_len > 0
-                       ? std::min(config_.max_model_len, c.max_position)
-                       : c.max_position;
+  // Positions past the trained context would run with RoPE angles the model
+  // never saw: refused, as vLLM does, not clamped behind the user's back.
+  if (config_.max_model_len > c.max_position) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--max-model-len %d exceeds the model's context of %d tokens "
+        "(max_position_embeddings)",
+        config_.max_model_len, c.max_position));
+  }
+  max_model_len_ =
+      config_.max_model_len > 0 ? config_.max_model_len : c.max_position;
   BackendConfig bc;
   bc.device = config_.device;
   bc.block_size = config_.block_size;

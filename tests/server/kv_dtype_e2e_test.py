@@ -114,6 +114,19 @@ class KvDtypes(unittest.TestCase):
                 self.assertIn(why, err)
                 self.assertNotIn("kvserve: listening", err)
 
+    def test_context_longer_than_the_model_is_refused_at_start(self):
+        # The default model's max_position_embeddings is 8192: a longer
+        # --max-model-len is an error, never silently clamped.
+        out = subprocess.run(
+            [ARGS.binary, "--model", "smollm2-135m", "--port", "0",
+             "--metrics-port", "0", "--max-model-len", "16400"],
+            capture_output=True, text=True, timeout=120, cwd=ARGS.source_dir)
+        self.assertNotEqual(out.returncode, 0)
+        err = out.stdout + out.stderr
+        self.assertIn("--max-model-len 16400 exceeds the model's context of "
+                      "8192 tokens", err)
+        self.assertNotIn("kvserve: listening", err)
+
 
 def main():
     def setup(args, pb, pb_grpc):
