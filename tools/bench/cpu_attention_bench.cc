@@ -93,7 +93,8 @@ void Run(benchmark::State& state, int seqs, int chunk) {
   const auto dtype = static_cast<KvDtype>(state.range(0));
   const int context = static_cast<int>(state.range(1));
   Setup s(dtype, seqs, context, chunk);
-  const AttentionParams p{kHeads, kKvHeads, kDim, 1.0f / std::sqrt(kDim), 0};
+  const AttentionParams p{kHeads, kKvHeads, kDim,
+                          1.0f / std::sqrt(static_cast<float>(kDim)), 0};
   for (auto _ : state) {
     for (int l = 0; l < kLayers; ++l) {
       PagedAttention(p, s.batch, s.q.data(), kHeads * kDim, s.view, l,
