@@ -23,8 +23,10 @@ import unittest
 
 import fault_util as fu
 
-DRAIN_TIMEOUT_S = 8
-SHORT, LONG = 16, 480
+# A long stream must not finish within the drain: 1,900 tokens in 4 s would
+# be 475 tokens/s for each of 4 streams, several times what a CPU does.
+DRAIN_TIMEOUT_S = 4
+SHORT, LONG = 16, 1900
 
 
 class Stream(threading.Thread):
@@ -54,8 +56,8 @@ class DrainTest(unittest.TestCase):
     def test_sigterm_drain_under_load(self):
         import grpc
         server = fu.Server("--max-num-seqs", "4", "--drain-timeout",
-                           str(DRAIN_TIMEOUT_S), "--kv-cache-bytes", "64MiB",
-                           "--max-model-len", "512")
+                           str(DRAIN_TIMEOUT_S), "--kv-cache-bytes", "512MiB",
+                           "--max-model-len", "2048")
         channel = server.channel()
         try:
             stub = fu.PB_GRPC.KvServeStub(channel)
