@@ -40,7 +40,7 @@ struct ServeFlags {
   int64_t max_request_bytes = 4 << 20, max_prompt_tokens = 0;
   int64_t max_tokens_limit = 0, max_concurrent_streams = 0;
   std::string model_dirs;
-  // KV features (issue 4): -1 = auto (see RegisterKvFlags).
+  // KV features: -1 = auto (see RegisterKvFlags).
   int64_t swap_space_bytes = -1, thrash_preemption_limit = 0;
   double kv_high_watermark = 0, gpu_memory_fraction = 0.9;
   std::string kv_cache_dtype = "auto";

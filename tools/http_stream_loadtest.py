@@ -4,8 +4,8 @@ how the HTTP server copes: streams completed, errors by kind, time to first
 event (TTFT) and stream duration percentiles, and the server's peak thread
 count and RSS (read from /proc/PID/status every 50 ms).
 
-Used to choose kvserve's HTTP library (issue 8: "choose by a load test with
-1,000 concurrent streams"; the prototypes it compared, cpp-httplib and
+Used to choose kvserve's HTTP library by a load test with 1,000 concurrent
+streams (the prototypes it compared, cpp-httplib and
 Boost.Beast serving the same synthetic events, were removed after the choice:
 docs/PERFORMANCE.md). Target: kvserve's --http-port, started by --spawn so
 the tool knows the server's PID, or an address and a PID:

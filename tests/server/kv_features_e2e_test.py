@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""End-to-end tests of KV sharing through the real kvserve binary (issue 4):
+"""End-to-end tests of KV sharing through the real kvserve binary:
 prefix caching saves prefill and keeps greedy outputs, cache_salt isolates
 tenants, preemption by swap and by recompute keeps greedy outputs, and n > 1
 completions equal separate requests with derived seeds while holding fewer

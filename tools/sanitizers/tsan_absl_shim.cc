@@ -7,8 +7,8 @@
 // and reports every pair of accesses that an absl::Mutex orders as a race
 // (the "data races" in the engine's queue counters, which are all read and
 // written under one mutex). The spawned TSan-built daemon then died of
-// halt_on_error in the middle of the e2e tests (the "stops answering
-// mid-stream" of issue 7).
+// halt_on_error in the middle of the e2e tests (it seemed to stop answering
+// mid-stream).
 //
 // How: the executable defines the member functions the project calls; each
 // calls the real one (found with dlsym(RTLD_NEXT), after this executable in
