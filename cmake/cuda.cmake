@@ -15,7 +15,7 @@ option(KVSERVE_CUDA "Build the CUDA backend (needs nvcc; runs without a GPU)"
        ${_kvserve_cuda_default})
 
 # The same backend compiled by the host compiler against the SIMT emulator
-# (models/cuda/emu/): the kernels run on the CPU, so the `gpu` tests run
+# (tests/support/cuda_emu/): the kernels run on the CPU, so the `gpu` tests run
 # where no GPU exists (the sanitizer build of CI). Needs only the CUDA headers.
 option(KVSERVE_CUDA_EMU
        "Build the CUDA backend against the CPU SIMT emulator (testing)" OFF)
@@ -50,7 +50,7 @@ else()
 endif()
 
 # kvserve_cuda_library(): models/cuda/*.cu and *.cc as one static library
-# on top of kvserve_models. Called from models/CMakeLists.txt.
+# on top of kvserve_loader. Called from models/CMakeLists.txt.
 function(kvserve_cuda_library)
   file(GLOB cu_srcs CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/cuda/*.cu)
   file(GLOB cc_srcs CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/cuda/*.cc)
@@ -60,7 +60,7 @@ function(kvserve_cuda_library)
   endif()
   add_library(kvserve_cuda STATIC ${cu_srcs} ${cc_srcs})
   target_include_directories(kvserve_cuda PUBLIC ${CMAKE_SOURCE_DIR})
-  target_link_libraries(kvserve_cuda PUBLIC kvserve_models CUDA::cudart
+  target_link_libraries(kvserve_cuda PUBLIC kvserve_loader kvserve_model_core CUDA::cudart
                         CUDA::cublas CUDA::cublasLt)
   target_compile_definitions(kvserve_cuda PUBLIC KVSERVE_CUDA=1)
   # The directory's host flags (-march=native, -Wextra, sanitizers) are not
@@ -78,25 +78,25 @@ function(kvserve_cuda_library)
 endfunction()
 
 # The emulated kvserve_cuda: the .cu files compiled as C++ with
-# models/cuda/emu/simt.h force-included, plus the emulator's runtime and
+# tests/support/cuda_emu/simt.h force-included, plus the emulator's runtime and
 # cuBLAS subset instead of libcudart and libcublas. It also defines
 # KVSERVE_CUDA, so the engine and the `gpu` tests use it like the real one.
 function(kvserve_cuda_emu_library cu_srcs cc_srcs)
-  file(GLOB emu_srcs CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/cuda/emu/*.cc)
+  file(GLOB emu_srcs CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/support/cuda_emu/*.cc)
   set_source_files_properties(${cu_srcs} PROPERTIES LANGUAGE CXX
     COMPILE_OPTIONS
-    "-xc++;-include;${CMAKE_SOURCE_DIR}/models/cuda/emu/simt.h;-Wno-unknown-pragmas")
+    "-xc++;-include;${CMAKE_SOURCE_DIR}/tests/support/cuda_emu/simt.h;-Wno-unknown-pragmas")
   # The GEMM stand-in is the emulator's hot loop and not code under test:
   # optimized and uninstrumented even in sanitizer builds (its arguments are
   # validated like cuBLAS validates them).
-  set_source_files_properties(${CMAKE_CURRENT_SOURCE_DIR}/cuda/emu/cublas.cc
+  set_source_files_properties(${CMAKE_SOURCE_DIR}/tests/support/cuda_emu/cublas.cc
     PROPERTIES COMPILE_OPTIONS "-O3;-fno-sanitize=all")
   add_library(kvserve_cuda STATIC ${cu_srcs} ${cc_srcs} ${emu_srcs})
   target_include_directories(kvserve_cuda PUBLIC ${CMAKE_SOURCE_DIR})
   target_include_directories(kvserve_cuda SYSTEM PUBLIC
                              ${CUDAToolkit_INCLUDE_DIRS})
   find_package(Boost 1.74 REQUIRED COMPONENTS context)
-  target_link_libraries(kvserve_cuda PUBLIC kvserve_models
+  target_link_libraries(kvserve_cuda PUBLIC kvserve_loader kvserve_model_core
                         PRIVATE Boost::context)
   target_compile_definitions(kvserve_cuda PUBLIC KVSERVE_CUDA=1
                              KVSERVE_CUDA_EMU=1)

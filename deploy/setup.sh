@@ -8,6 +8,7 @@
 #   deploy/setup.sh            build and run dependencies, .venv, the model
 #   deploy/setup.sh --test     also the tools only the test suite needs
 #                              (clang and its sanitizer runtime, clang-tidy,
+#                              clang-format,
 #                              promtool, shellcheck); tools/test.sh uses it
 #   deploy/setup.sh --bench    also requirements-bench.txt (llama-cpp-python
 #                              compiles llama.cpp: slow), llama.cpp's
@@ -53,7 +54,7 @@ APT_PACKAGES=(
   python3 python3-venv
 )
 if [ "$WITH_TEST" = 1 ]; then
-  APT_PACKAGES+=(clang libclang-rt-14-dev libomp-dev clang-tidy prometheus
+  APT_PACKAGES+=(clang libclang-rt-14-dev libomp-dev clang-tidy clang-format prometheus
                  shellcheck systemd)
 fi
 if [ "$WITH_BENCH" = 1 ]; then

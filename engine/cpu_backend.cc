@@ -1,4 +1,4 @@
-// The CPU backend. Owns the packed LlamaModel (moved out of LoadedModel),
+// The CPU backend. Owns the packed CpuLlamaModel (moved out of LoadedModel),
 // the fp32 KV blocks (KvCacheStorage) and a host swap area of whole blocks.
 // A swap slot holds one block of every layer, K then V per layer, laid out
 // contiguously: [layer][K|V][block_size * kv_heads * head_dim] fp32.
@@ -14,8 +14,6 @@
 //     is larger) between two host buffers, after a warm-up copy.
 #include "engine/cpu_backend.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
@@ -25,29 +23,20 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/clock.h"
 #include "common/page_buffer.h"
 #include "common/status_macros.h"
+#include "common/system.h"
 #include "engine/kv_cache_storage.h"
 #include "engine/loaded_model.h"
 #include "kvcache/kv_sizing.h"
-#include "models/llama_model.h"
+#include "models/cpu/cpu_llama_model.h"
 #include "spdlog/spdlog.h"
 
 namespace kvserve::engine {
 namespace {
 
 constexpr int32_t kProbeTokens = 32;
-
-int64_t PhysicalMemoryBytes() {
-  const long pages = sysconf(_SC_PHYS_PAGES);
-  const long page = sysconf(_SC_PAGE_SIZE);
-  return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
-}
-
-double SecondsSince(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
-      .count();
-}
 
 }  // namespace
 
@@ -70,7 +59,7 @@ namespace {
 
 class CpuBackend final : public ModelBackend {
  public:
-  CpuBackend(std::unique_ptr<models::LlamaModel> model,
+  CpuBackend(std::unique_ptr<models::CpuLlamaModel> model,
              std::unique_ptr<KvCacheStorage> kv)
       : model_(std::move(model)), kv_(std::move(kv)) {}
 
@@ -110,7 +99,7 @@ class CpuBackend final : public ModelBackend {
   absl::Status CheckBlock(const char* what, int32_t id, int32_t limit) const;
   void MeasureCosts();
 
-  std::unique_ptr<models::LlamaModel> model_;
+  std::unique_ptr<models::CpuLlamaModel> model_;
   std::unique_ptr<KvCacheStorage> kv_;
   PageBuffer swap_;  // num_swap_slots_ blocks, committed as they are used
   std::vector<float> logits_;  // what Forward's output points to

@@ -1,4 +1,4 @@
-// The CPU backend: the packed LlamaModel, KV blocks in host memory
+// The CPU backend: the packed CpuLlamaModel, KV blocks in host memory
 // (KvCacheStorage, in the configured KV dtype), and a host swap area of
 // whole blocks.
 #pragma once

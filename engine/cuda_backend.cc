@@ -16,7 +16,7 @@
 #include "engine/loaded_model.h"
 #include "models/cuda/cuda_llama.h"
 #include "models/cuda/cuda_status.h"
-#include "models/model_files.h"
+#include "models/loader/model_files.h"
 #include "spdlog/spdlog.h"
 
 namespace kvserve::engine {

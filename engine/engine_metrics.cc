@@ -11,7 +11,7 @@ using prometheus::BuildHistogram;
 using prometheus::Histogram;
 
 Histogram::BucketBoundaries LatencyBuckets() {
-  return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+  return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,  0.25,
           0.5,   1.0,    2.5,   5.0,  10.0,  30.0, 60.0, 120.0};
 }
 
@@ -21,8 +21,9 @@ EngineMetrics::EngineMetrics(prometheus::Registry& r,
                              const CacheConfigInfo& info) {
   auto& blocks = BuildGauge()
                      .Name("kvserve_kv_blocks")
-                     .Help("KV cache blocks by state; active + cached + free "
-                           "= kvserve_kv_blocks_capacity")
+                     .Help(
+                         "KV cache blocks by state; active + cached + free "
+                         "= kvserve_kv_blocks_capacity")
                      .Register(r);
   blocks_active_ = &blocks.Add({{"state", "active"}});
   blocks_cached_ = &blocks.Add({{"state", "cached"}});
@@ -42,14 +43,16 @@ EngineMetrics::EngineMetrics(prometheus::Registry& r,
                 .Add({});
   reserved_ = &BuildGauge()
                    .Name("kvserve_kv_reserved_slots")
-                   .Help("Token slots in the blocks allocated to running "
-                         "requests")
+                   .Help(
+                       "Token slots in the blocks allocated to running "
+                       "requests")
                    .Register(r)
                    .Add({});
   unwritten_ = &BuildGauge()
                     .Name("kvserve_kv_reserved_unwritten_slots")
-                    .Help("Token slots in allocated blocks not yet written "
-                          "(internal fragmentation)")
+                    .Help(
+                        "Token slots in allocated blocks not yet written "
+                        "(internal fragmentation)")
                     .Register(r)
                     .Add({});
   auto& reqs = BuildGauge()
@@ -66,8 +69,9 @@ EngineMetrics::EngineMetrics(prometheus::Registry& r,
   preempt_swap_ = &pre.Add({{"mode", "swap"}});
   recomputed_tokens_ = &BuildCounter()
                             .Name("kvserve_preemption_recomputed_tokens_total")
-                            .Help("Tokens whose KV was dropped by preemption "
-                                  "and must be recomputed")
+                            .Help(
+                                "Tokens whose KV was dropped by preemption "
+                                "and must be recomputed")
                             .Register(r)
                             .Add({});
   prompt_tokens_ = &BuildCounter()
@@ -87,8 +91,9 @@ EngineMetrics::EngineMetrics(prometheus::Registry& r,
                 .Add({});
   rejected_ = &BuildCounter()
                    .Name("kvserve_requests_rejected_total")
-                   .Help("Requests refused at submission (queue full, too "
-                         "long, draining)")
+                   .Help(
+                       "Requests refused at submission (queue full, too "
+                       "long, draining)")
                    .Register(r)
                    .Add({});
   prefix_queries_ = &BuildCounter()
@@ -104,49 +109,55 @@ EngineMetrics::EngineMetrics(prometheus::Registry& r,
   prefix_uncacheable_ =
       &BuildCounter()
            .Name("kvserve_prefix_cache_uncacheable_tokens_total")
-           .Help("Prompt tokens in a partial last block, which cannot be "
-                 "cached")
+           .Help(
+               "Prompt tokens in a partial last block, which cannot be "
+               "cached")
            .Register(r)
            .Add({});
   forward_seconds_ = &BuildCounter()
-                         .Name("kvserve_engine_forward_seconds_total")
-                         .Help("Wall time spent in the model forward pass")
-                         .Register(r)
-                         .Add({});
+                          .Name("kvserve_engine_forward_seconds_total")
+                          .Help("Wall time spent in the model forward pass")
+                          .Register(r)
+                          .Add({});
   auto& deadline = BuildCounter()
                        .Name("kvserve_deadline_exceeded_total")
-                       .Help("Requests stopped by their deadline, by phase: "
-                             "queued (never scheduled) or running")
+                       .Help(
+                           "Requests stopped by their deadline, by phase: "
+                           "queued (never scheduled) or running")
                        .Register(r);
   deadline_queued_ = &deadline.Add({{"phase", "queued"}});
   deadline_running_ = &deadline.Add({{"phase", "running"}});
   bytes_per_block_ = info.bytes_per_block;
   auto& swap = BuildGauge()
                    .Name("kvserve_swap_blocks")
-                   .Help("Host swap space in KV blocks: used (holding a "
-                         "preempted request's blocks) and total")
+                   .Help(
+                       "Host swap space in KV blocks: used (holding a "
+                       "preempted request's blocks) and total")
                    .Register(r);
   swap_used_ = &swap.Add({{"state", "used"}});
   swap_total_ = &swap.Add({{"state", "total"}});
   swap_total_->Set(info.num_swap_slots);
   auto& swap_bytes = BuildCounter()
                          .Name("kvserve_swap_bytes_total")
-                         .Help("KV bytes copied to (out) and from (in) the "
-                               "host swap space")
+                         .Help(
+                             "KV bytes copied to (out) and from (in) the "
+                             "host swap space")
                          .Register(r);
   swap_out_bytes_ = &swap_bytes.Add({{"direction", "out"}});
   swap_in_bytes_ = &swap_bytes.Add({{"direction", "in"}});
   prompt_computed_ = &BuildCounter()
                           .Name("kvserve_prompt_tokens_computed_total")
-                          .Help("Prompt tokens the model computed (prefill, "
-                                "including recompute after preemption; "
-                                "prefix-cache hits excluded)")
+                          .Help(
+                              "Prompt tokens the model computed (prefill, "
+                              "including recompute after preemption; "
+                              "prefix-cache hits excluded)")
                           .Register(r)
                           .Add({});
   blocks_active_peak_ = &BuildGauge()
                              .Name("kvserve_kv_blocks_active_peak")
-                             .Help("Most KV blocks held by requests at once "
-                                   "since start-up")
+                             .Help(
+                                 "Most KV blocks held by requests at once "
+                                 "since start-up")
                              .Register(r)
                              .Add({});
   request_preemptions_ =
@@ -160,8 +171,8 @@ EngineMetrics::EngineMetrics(prometheus::Registry& r,
                   .Help("Finished requests by reason")
                   .Register(r);
   for (int i = 0; i < 6; ++i) {
-    finished_[i] = &fin.Add(
-        {{"reason", FinishReasonName(static_cast<FinishReason>(i))}});
+    finished_[i] =
+        &fin.Add({{"reason", FinishReasonName(static_cast<FinishReason>(i))}});
   }
   auto hist = [&](const char* name, const char* help,
                   const Histogram::BucketBoundaries& b) {
@@ -171,8 +182,8 @@ EngineMetrics::EngineMetrics(prometheus::Registry& r,
                "Arrival to first generated token", LatencyBuckets());
   itl_ = hist("kvserve_inter_token_latency_seconds",
               "Time between consecutive tokens of a request", LatencyBuckets());
-  e2e_ = hist("kvserve_e2e_request_latency_seconds",
-              "Arrival to finish", LatencyBuckets());
+  e2e_ = hist("kvserve_e2e_request_latency_seconds", "Arrival to finish",
+              LatencyBuckets());
   queue_ = hist("kvserve_request_queue_time_seconds",
                 "Arrival to first scheduled", LatencyBuckets());
   step_time_ = hist("kvserve_engine_step_duration_seconds",

@@ -2,9 +2,9 @@
 
 #include "common/status_macros.h"
 #include "engine/model_backend.h"
-#include "models/model_files.h"
-#include "models/model_resolver.h"
-#include "models/tokenizer_json.h"
+#include "models/loader/model_files.h"
+#include "models/loader/model_resolver.h"
+#include "models/tokenizer/tokenizer_json.h"
 
 namespace kvserve::engine {
 
@@ -32,7 +32,7 @@ absl::StatusOr<LoadedModel> LoadModel(std::string_view name_or_path,
     out.weights = std::move(files.weights);
     return out;
   }
-  KV_ASSIGN_OR_RETURN(out.model, models::LlamaModel::Create(
+  KV_ASSIGN_OR_RETURN(out.model, models::CpuLlamaModel::Create(
                                      out.config, std::move(files.weights)));
   return out;
 }

@@ -8,10 +8,10 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
-#include "models/chat_template.h"
-#include "models/llama_model.h"
+#include "models/cpu/cpu_llama_model.h"
 #include "models/model_config.h"
-#include "models/tokenizer.h"
+#include "models/tokenizer/chat_template.h"
+#include "models/tokenizer/tokenizer.h"
 
 namespace kvserve::engine {
 
@@ -22,7 +22,7 @@ struct LoadedModel {
   std::unique_ptr<models::Tokenizer> tokenizer;
   models::ChatFormat chat_format = models::ChatFormat::kNone;
   std::string chat_template;  // the model's own template text, if any
-  std::unique_ptr<models::LlamaModel> model;  // CPU: the packed model
+  std::unique_ptr<models::CpuLlamaModel> model;  // CPU: the packed model
   // GPU loads: the raw weights, kept for the backend's upload instead of
   // packing a CPU model (model stays null); the backend releases them.
   std::unique_ptr<models::WeightSource> weights;

@@ -9,8 +9,8 @@
 
 #include "engine/request_spec.h"
 #include "engine/sampler.h"
-#include "models/detokenizer.h"
-#include "models/tokenizer.h"
+#include "models/tokenizer/detokenizer.h"
+#include "models/tokenizer/tokenizer.h"
 
 namespace kvserve::engine {
 

@@ -8,7 +8,7 @@
 
 namespace kvserve::engine {
 
-SequenceRunner::SequenceRunner(models::LlamaModel* model,
+SequenceRunner::SequenceRunner(models::CpuLlamaModel* model,
                                KvCacheStorage* storage, int32_t prefill_chunk)
     : model_(model),
       storage_(storage),

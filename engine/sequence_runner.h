@@ -1,4 +1,4 @@
-// Drives one sequence through a LlamaModel over a KvCacheStorage: chunked
+// Drives one sequence through a CpuLlamaModel over a KvCacheStorage: chunked
 // prefill, then one decode token per step. Blocks are taken in order from
 // the storage (no sharing, no preemption): this is the one-shot path of
 // `kvserve generate`, the parity tests, and the benchmarks. The serving
@@ -11,14 +11,14 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "engine/kv_cache_storage.h"
-#include "models/llama_model.h"
+#include "models/cpu/cpu_llama_model.h"
 
 namespace kvserve::engine {
 
 class SequenceRunner {
  public:
   // `prefill_chunk`: most prompt tokens per forward call.
-  SequenceRunner(models::LlamaModel* model, KvCacheStorage* storage,
+  SequenceRunner(models::CpuLlamaModel* model, KvCacheStorage* storage,
                  int32_t prefill_chunk = 512);
 
   // Appends `tokens` to the sequence and returns the logits after the last
@@ -34,7 +34,7 @@ class SequenceRunner {
   }
 
  private:
-  models::LlamaModel* model_;
+  models::CpuLlamaModel* model_;
   KvCacheStorage* storage_;
   int32_t prefill_chunk_;
   int32_t length_ = 0;

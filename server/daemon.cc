@@ -7,12 +7,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/clock.h"
 #include "common/status_macros.h"
 #include "engine/loaded_model.h"
 #include "engine/model_backend.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
-#include "models/model_resolver.h"
+#include "models/loader/model_resolver.h"
 #include "spdlog/spdlog.h"
 
 namespace kvserve::server {
@@ -22,10 +23,6 @@ constexpr char kServiceName[] = "kvserve.v1.KvServe";
 // After the engine drained, only unary calls and the last writes remain
 // (gRPC and HTTP together get this long for them).
 constexpr absl::Duration kShutdownGrace = absl::Seconds(5);
-
-double SecondsSince(absl::Time t) {
-  return absl::ToDoubleSeconds(absl::Now() - t);
-}
 
 HttpServer::Options HttpOptions(const ServeOptions& o, const BearerAuth* auth) {
   HttpServer::Options h;

@@ -43,7 +43,8 @@ struct ServeOptions {
   bool auth_metrics = false;            // /metrics needs a token too
   int64_t max_request_bytes = 4 << 20;  // gRPC message / HTTP body
   int max_concurrent_streams = 0;       // per gRPC connection; 0: gRPC default
-  // Non-empty: --model resolves only inside these (models/model_resolver.h).
+  // Non-empty: --model resolves only inside these
+  // (models/loader/model_resolver.h).
   std::vector<std::string> model_dirs;
 };
 

@@ -10,6 +10,7 @@
 #include "common/status_macros.h"
 #include "common/tsan_annotations.h"
 #include "server/proto_convert.h"
+#include "server/served_model.h"
 #include "server/status_mapping.h"
 #include "server/wire_codec.h"
 #include "spdlog/spdlog.h"
@@ -177,15 +178,6 @@ class GenerateReactor final
   grpc::StatusCode code_ = grpc::StatusCode::OK;
 };
 
-ServedModel MakeServedModel(const engine::Engine& engine) {
-  ServedModel m;
-  m.tokenizer = &engine.tokenizer();
-  m.chat_format = engine.model().chat_format;
-  m.chat_template = engine.model().chat_template;
-  m.max_context = engine.model_info().max_context;
-  return m;
-}
-
 }  // namespace
 
 KvServeService::KvServeService(engine::Engine* engine, ServerMetrics* metrics,
@@ -193,7 +185,7 @@ KvServeService::KvServeService(engine::Engine* engine, ServerMetrics* metrics,
     : engine_(engine),
       metrics_(metrics),
       limits_(limits),
-      model_(MakeServedModel(*engine)),
+      model_(ServedModelOf(*engine)),
       auth_(auth) {}
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* KvServeService::Generate(

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "server/served_model.h"
 #include "server/status_mapping.h"
 
 namespace kvserve::server {
@@ -40,15 +41,6 @@ void Accumulate(engine::StreamDelta& d, OpenAiResult* out) {
   }
 }
 
-ServedModel MakeServedModel(const engine::Engine& engine) {
-  ServedModel m;
-  m.tokenizer = &engine.tokenizer();
-  m.chat_format = engine.model().chat_format;
-  m.chat_template = engine.model().chat_template;
-  m.max_context = engine.model_info().max_context;
-  return m;
-}
-
 }  // namespace
 
 OpenAiApi::OpenAiApi(engine::Engine* engine, RequestLimits limits,
@@ -58,7 +50,7 @@ OpenAiApi::OpenAiApi(engine::Engine* engine, RequestLimits limits,
       model_name_(std::move(model_name)),
       alias_(std::move(alias)),
       created_(absl::ToUnixSeconds(absl::Now())),
-      model_(MakeServedModel(*engine)) {}
+      model_(ServedModelOf(*engine)) {}
 
 void OpenAiApi::Mount(HttpRoutes& routes, std::function<OpenAiApi*()> api) {
   auto with_api = [api](auto handler) {

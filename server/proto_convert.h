@@ -7,7 +7,7 @@
 #include "engine/engine.h"
 #include "engine/request_spec.h"
 #include "kvserve/v1/kvserve.pb.h"
-#include "models/tokenizer.h"
+#include "models/tokenizer/tokenizer.h"
 
 namespace kvserve::server {
 

@@ -9,8 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
-#include "models/chat_template.h"
-#include "models/utf8.h"
+#include "models/tokenizer/chat_template.h"
+#include "models/tokenizer/utf8.h"
 
 namespace kvserve::server {
 namespace {

@@ -18,7 +18,7 @@
 #include "engine/request_spec.h"
 #include "kvserve/v1/kvserve.pb.h"
 #include "models/model_config.h"
-#include "models/tokenizer.h"
+#include "models/tokenizer/tokenizer.h"
 
 namespace kvserve::server {
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs clang-tidy (configuration: .clang-tidy at the repository root) over
 # the project's own .cc files listed in BUILD_DIR/compile_commands.json
-# (common, kvcache, models, scheduler, engine, server, tools; not tests,
+# (common, kvcache, models, scheduler, engine, server, cli, tools; not tests,
 # generated proto code or third-party code). Every enabled check is an error
 # (WarningsAsErrors), so the script fails on any finding.
 #
@@ -33,7 +33,7 @@ else
   mapfile -t files < <(python3 - "$DB" "$ROOT" <<'PY'
 import json, os, re, sys
 db, root = sys.argv[1], os.path.realpath(sys.argv[2])
-keep = re.compile(r"^(common|kvcache|models|scheduler|engine|server|tools)/.*\.cc$")
+keep = re.compile(r"^(common|kvcache|models|scheduler|engine|server|cli|tools)/.*\.cc$")
 seen = set()
 for entry in json.load(open(db)):
     path = os.path.realpath(os.path.join(entry["directory"], entry["file"]))

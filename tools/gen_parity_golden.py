@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Regenerates tests/data/parity/: llama.cpp reference outputs for the
-default model (SmolLM2-135M-Instruct Q4_1), used by tests/models/parity_test.
+default model (SmolLM2-135M-Instruct Q4_1), used by tests/engine/parity_test.
 
 For each fixed prompt: llama.cpp's prompt token ids, its greedy 32-token
 continuation (argmax of llama.cpp's own logits, one token at a time), and the

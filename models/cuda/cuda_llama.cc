@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "models/dequant.h"
-#include "models/model_files.h"
+#include "models/loader/model_files.h"
 #include "models/rope.h"
 
 namespace kvserve::models::cuda {

@@ -5,7 +5,7 @@
 //
 // Numerics: residual stream fp32; GEMM inputs bf16, cuBLAS GEMMs with fp32
 // accumulation and fp32 outputs; attention in fp32 over bf16 K/V; logits
-// fp32. Same semantics as models::LlamaModel (RoPE style, GQA, qkv bias,
+// fp32. Same semantics as models::CpuLlamaModel (RoPE style, GQA, qkv bias,
 // sliding window, tied head). Not thread-safe: one (engine) thread calls it.
 #pragma once
 

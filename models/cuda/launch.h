@@ -1,5 +1,5 @@
 // Kernel launch and dynamic shared memory, spelled once for nvcc and for the
-// SIMT emulator (models/cuda/emu/simt.h, option KVSERVE_CUDA_EMU):
+// SIMT emulator (tests/support/cuda_emu/simt.h, option KVSERVE_CUDA_EMU):
 //
 //   const dim3 grid(...);
 //   KV_LAUNCH(grid, threads, smem_bytes, stream, Kernel<D>)(args...);

@@ -9,7 +9,7 @@
   PodMonitor, PrometheusRule, HTTPRoute) and Kustomization against the
   hand-written subset schemas in tests/deploy/schemas/.
 - The contracts between the files and kvserve's source: every kvserve flag
-  used exists in server/cli_serve.cc; gRPC probes ask for the health service
+  used exists in cli/cli_serve.cc; gRPC probes ask for the health service
   names server/daemon.cc registers; grace periods cover preStop + drain +
   the gRPC close grace; InferencePool / PodMonitor / Service / EPP point at
   ports and labels that exist.
@@ -37,7 +37,8 @@ import kubernetes_validate
 import yaml
 
 K8S_VERSIONS = ("1.31", "1.37")  # oldest and newest supported
-SOURCE_DIRS = ("common", "engine", "kvcache", "models", "scheduler", "server")
+SOURCE_DIRS = ("cli", "common", "engine", "kvcache", "models", "scheduler",
+               "server")
 METRIC_RE = re.compile(r"\bkvserve_[a-z0-9_]+\b")
 
 
@@ -87,7 +88,7 @@ def known_series(src):
 
 def serve_flags(src):
     """Flag names `kvserve serve` accepts (--no-X for booleans too)."""
-    text = read(os.path.join(src, "server", "cli_serve.cc"))
+    text = read(os.path.join(src, "cli", "cli_serve.cc"))
     flags = set()
     for kind, name in re.findall(r'args->(\w+)\(\s*"([a-z0-9-]+)"', text):
         flags.add(name)

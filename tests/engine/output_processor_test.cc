@@ -2,8 +2,8 @@
 #include "engine/output_processor.h"
 
 #include "gtest/gtest.h"
-#include "models/gguf.h"
-#include "models/gguf_config.h"
+#include "models/loader/gguf.h"
+#include "models/loader/gguf_config.h"
 
 namespace kvserve::engine {
 namespace {

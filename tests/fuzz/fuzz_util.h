@@ -11,10 +11,10 @@
 #include <memory>
 #include <string>
 
-#include "models/gguf.h"
-#include "models/gguf_config.h"
-#include "models/tokenizer.h"
-#include "models/tokenizer_json.h"
+#include "models/loader/gguf.h"
+#include "models/loader/gguf_config.h"
+#include "models/tokenizer/tokenizer.h"
+#include "models/tokenizer/tokenizer_json.h"
 
 namespace kvserve::fuzz {
 

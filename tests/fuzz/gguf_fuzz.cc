@@ -4,8 +4,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "models/gguf.h"
-#include "models/gguf_config.h"
+#include "models/loader/gguf.h"
+#include "models/loader/gguf_config.h"
 #include "tests/fuzz/fuzz_util.h"
 
 namespace kvserve::models {

@@ -10,7 +10,7 @@
 
 #include "absl/status/status.h"
 #include "google/protobuf/stubs/logging.h"
-#include "models/chat_template.h"
+#include "models/tokenizer/chat_template.h"
 #include "server/request_validation.h"
 #include "tests/fuzz/fuzz_util.h"
 

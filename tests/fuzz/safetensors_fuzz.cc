@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <string_view>
 
-#include "models/hf_config.h"
-#include "models/safetensors.h"
+#include "models/loader/hf_config.h"
+#include "models/loader/safetensors.h"
 #include "tests/fuzz/fuzz_util.h"
 
 namespace kvserve::models {

@@ -15,7 +15,7 @@
 #include <string_view>
 #include <vector>
 
-#include "models/utf8.h"
+#include "models/tokenizer/utf8.h"
 #include "tests/fuzz/fuzz_util.h"
 
 namespace {

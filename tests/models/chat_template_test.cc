@@ -2,7 +2,7 @@
 // of the SmolLM2 GGUF template and Meta's Llama-3 / Llama-2 templates
 // (tests/data/tokenizer/chat_golden.json), format detection, the default
 // system prompt, and role validation.
-#include "models/chat_template.h"
+#include "models/tokenizer/chat_template.h"
 
 #include <fstream>
 #include <sstream>
@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "models/gguf.h"
-#include "models/gguf_config.h"
+#include "models/loader/gguf.h"
+#include "models/loader/gguf_config.h"
 #include "nlohmann/json.hpp"
 
 namespace kvserve::models {

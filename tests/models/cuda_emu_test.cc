@@ -1,10 +1,10 @@
-// The SIMT emulator's own contract (models/cuda/emu/, KVSERVE_CUDA_EMU
+// The SIMT emulator's own contract (tests/support/cuda_emu/, KVSERVE_CUDA_EMU
 // builds only; elsewhere the file compiles to no tests): barriers and warp
 // shuffles exchange values like a GPU, a barrier some threads never reach is
 // reported, launch limits and copies outside an allocation fail with the CUDA
 // runtime's errors, and fresh device memory is NaN garbage, not zeros.
 #if defined(KVSERVE_CUDA_EMU)
-#include "models/cuda/emu/simt.h"  // first: before any CUDA header
+#include "tests/support/cuda_emu/simt.h"  // first: before any CUDA header
 #endif
 
 #include <cmath>

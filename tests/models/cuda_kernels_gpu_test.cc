@@ -23,7 +23,7 @@
 #include "models/kv_view.h"
 #include "models/model_config.h"
 #include "models/rope.h"
-#include "tests/models/require_gpu.h"
+#include "tests/support/require_gpu.h"
 
 namespace kvserve::models::cuda {
 namespace {

@@ -9,8 +9,8 @@
 #include <cmath>
 #include <cstring>
 
-#include "models/gguf.h"
-#include "models/mapped_file.h"
+#include "models/loader/gguf.h"
+#include "models/loader/mapped_file.h"
 #include "nlohmann/json.hpp"
 #include "tests/models/model_writer_testutil.h"
 

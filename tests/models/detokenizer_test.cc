@@ -1,7 +1,7 @@
 // Incremental detokenizer tests: characters split across byte tokens are
 // held until complete, deltas are always valid UTF-8, and the stream equals
 // Tokenizer::Decode on the real SmolLM2 vocab and a small SentencePiece BPE.
-#include "models/detokenizer.h"
+#include "models/tokenizer/detokenizer.h"
 
 #include <fstream>
 #include <sstream>
@@ -10,10 +10,10 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "models/gguf.h"
-#include "models/gguf_config.h"
-#include "models/tokenizer_json.h"
-#include "models/utf8.h"
+#include "models/loader/gguf.h"
+#include "models/loader/gguf_config.h"
+#include "models/tokenizer/tokenizer_json.h"
+#include "models/tokenizer/utf8.h"
 #include "nlohmann/json.hpp"
 
 namespace kvserve::models {

@@ -1,6 +1,6 @@
 // GGUF reader, GGUF -> ModelConfig / TokenizerData: the real default model
 // and synthetic files written at test time.
-#include "models/gguf.h"
+#include "models/loader/gguf.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <map>
 
-#include "models/gguf_config.h"
+#include "models/loader/gguf_config.h"
 #include "tests/models/model_writer_testutil.h"
 
 namespace kvserve::models {

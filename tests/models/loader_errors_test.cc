@@ -5,9 +5,9 @@
 #include <gtest/gtest.h>
 
 #include "models/dequant.h"
-#include "models/gguf.h"
-#include "models/model_files.h"
-#include "models/safetensors.h"
+#include "models/loader/gguf.h"
+#include "models/loader/model_files.h"
+#include "models/loader/safetensors.h"
 #include "tests/models/model_writer_testutil.h"
 
 namespace kvserve::models {

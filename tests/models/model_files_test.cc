@@ -1,6 +1,6 @@
 // OpenModelFiles and CheckWeights over the real default model, tiny GGUF
 // files in every supported weight type, and tiny HF directories.
-#include "models/model_files.h"
+#include "models/loader/model_files.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

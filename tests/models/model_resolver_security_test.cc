@@ -10,7 +10,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "models/model_resolver.h"
+#include "models/loader/model_resolver.h"
 
 namespace kvserve::models {
 namespace {

@@ -1,4 +1,4 @@
-#include "models/model_resolver.h"
+#include "models/loader/model_resolver.h"
 
 #include <unistd.h>
 

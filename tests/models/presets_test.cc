@@ -1,4 +1,4 @@
-#include "models/presets.h"
+#include "models/loader/presets.h"
 
 #include <string>
 #include <vector>

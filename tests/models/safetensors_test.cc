@@ -1,6 +1,6 @@
 // safetensors reader, HF -> GGUF tensor names, sharded HF directories, and
 // config.json parsing.
-#include "models/safetensors.h"
+#include "models/loader/safetensors.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -8,7 +8,7 @@
 #include <cstring>
 
 #include "models/dequant.h"
-#include "models/hf_config.h"
+#include "models/loader/hf_config.h"
 #include "tests/models/model_writer_testutil.h"
 
 namespace kvserve::models {

@@ -2,7 +2,7 @@
 // (tools/gen_tokenizer_golden.py) for the SmolLM2 GGUF vocab, a small
 // SentencePiece-style BPE (rank- and score-driven) and a small byte-level
 // BPE with the Llama-3 split; plus contracts, errors, speed and threads.
-#include "models/tokenizer.h"
+#include "models/tokenizer/tokenizer.h"
 
 #include <unistd.h>
 
@@ -18,9 +18,9 @@
 #include "absl/container/flat_hash_map.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "models/gguf.h"
-#include "models/gguf_config.h"
-#include "models/tokenizer_json.h"
+#include "models/loader/gguf.h"
+#include "models/loader/gguf_config.h"
+#include "models/tokenizer/tokenizer_json.h"
 #include "nlohmann/json.hpp"
 
 namespace kvserve::models {

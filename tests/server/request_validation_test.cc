@@ -10,9 +10,9 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "models/chat_template.h"
-#include "models/gguf.h"
-#include "models/gguf_config.h"
+#include "models/loader/gguf.h"
+#include "models/loader/gguf_config.h"
+#include "models/tokenizer/chat_template.h"
 
 namespace kvserve::server {
 namespace {

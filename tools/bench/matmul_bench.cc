@@ -138,7 +138,7 @@ void BM_Matmul(benchmark::State& state, GgmlType type, int64_t rows,
 }
 
 // One forward's matmuls for SmolLM2-135M (fused QKV and gate/up, as
-// models/llama_model.cc packs them): 30 x {960x576, 576x576, 3072x576,
+// models/cpu/cpu_llama_model.cc packs them): 30 x {960x576, 576x576, 3072x576,
 // 576x1536} Q4_1 + the 49152x576 Q8_0 head (head only at decode, m rows).
 struct Model {
   std::vector<PackedMatrix> layers;

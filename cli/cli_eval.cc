@@ -1,0 +1,464 @@
+#include "cli/cli_eval.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/types/span.h"
+#include "common/cli_args.h"
+#include "common/parallel.h"
+#include "common/status_macros.h"
+#include "engine/cpu_backend.h"
+#include "engine/kv_cache_storage.h"
+#include "engine/loaded_model.h"
+#include "kvcache/kv_sizing.h"
+#include "models/cpu/cpu_llama_model.h"
+#include "models/forward_batch.h"
+#include "nlohmann/json.hpp"
+
+// The default text, baked in at build time as an absolute path into the
+// source tree (server/CMakeLists.txt); a binary built without it looks in
+// the working directory.
+#ifndef KVSERVE_EVAL_DEFAULT_TEXT
+#define KVSERVE_EVAL_DEFAULT_TEXT "tests/data/eval/gpl-3.0.txt"
+#endif
+
+namespace kvserve::cli {
+namespace {
+
+constexpr int32_t kBlockSize = 16;
+
+struct EvalFlags {
+  std::string model = "smollm2-135m";
+  std::string text = KVSERVE_EVAL_DEFAULT_TEXT;
+  std::string kv_cache_dtype = "f32,fp16,bf16,int8,int4";
+  int64_t context = 512;
+  int64_t chunk = 64;
+  int64_t max_windows = 0;
+  int64_t threads = 0;
+  bool json = false;
+};
+
+// Sums over the scored positions of one KV dtype.
+struct DtypeStats {
+  double sum_nll = 0.0, sum_nll2 = 0.0, sum_kld = 0.0;
+  int64_t agree = 0, scored = 0;
+};
+
+// One KV dtype's own cache, the logits of its latest chunk, and its sums.
+struct Lane {
+  kvcache::KvDtype dtype = kvcache::KvDtype::kF32;
+  std::unique_ptr<engine::KvCacheStorage> kv;
+  std::vector<float> logits;
+  DtypeStats stats;
+};
+
+// What one scored position contributes to one lane.
+struct RowScore {
+  double nll = 0.0, kld = 0.0;
+  bool agree = false;
+};
+
+// Names, in order and without repeats, of the dtypes in `list`; errors name
+// --kv-cache-dtype.
+absl::StatusOr<std::vector<kvcache::KvDtype>> ParseDtypeList(
+    const std::string& list) {
+  std::vector<kvcache::KvDtype> out;
+  for (absl::string_view name : absl::StrSplit(list, ',')) {
+    name = absl::StripAsciiWhitespace(name);
+    if (name.empty()) continue;
+    absl::StatusOr<kvcache::KvDtype> d =
+        kvcache::ParseKvDtype(std::string_view(name.data(), name.size()));
+    if (!d.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--kv-cache-dtype: ", d.status().message()));
+    }
+    if (std::find(out.begin(), out.end(), *d) == out.end()) out.push_back(*d);
+  }
+  if (out.empty()) {
+    return absl::InvalidArgumentError("--kv-cache-dtype: no dtype given");
+  }
+  return out;
+}
+
+absl::Status ValidateFlags(const EvalFlags& f) {
+  if (f.context % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--context %d: must be even (its second half is scored)", f.context));
+  }
+  if (f.context < 2 * f.chunk) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--context %d: must be at least 2 x --chunk (%d)",
+                        f.context, 2 * f.chunk));
+  }
+  return ParseDtypeList(f.kv_cache_dtype).status();
+}
+
+absl::StatusOr<std::string> ReadText(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--text ", path, ": cannot be read"));
+  }
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Natural-log probabilities of `logits`, in double.
+void LogSoftmax(absl::Span<const float> logits, std::vector<double>* out) {
+  out->resize(logits.size());
+  double max = -INFINITY;
+  for (float x : logits) max = std::max(max, static_cast<double>(x));
+  double sum = 0.0;
+  for (float x : logits) sum += std::exp(static_cast<double>(x) - max);
+  const double lse = max + std::log(sum);
+  for (size_t i = 0; i < logits.size(); ++i) (*out)[i] = logits[i] - lse;
+}
+
+// The lowest index of the largest logit (std::max_element's tie rule).
+int64_t Argmax(absl::Span<const float> row) {
+  return std::max_element(row.begin(), row.end()) - row.begin();
+}
+
+// Scores row `row` of `lane` against the reference's log-probabilities:
+// NLL of `target`, KL(reference || lane) over the whole vocabulary, and
+// whether both put their largest logit on the same token.
+RowScore ScoreRow(const Lane& lane, int64_t row, int64_t vocab, int32_t target,
+                  const std::vector<double>& ref_lp, int64_t ref_argmax,
+                  std::vector<double>* lp) {
+  const absl::Span<const float> logits(lane.logits.data() + row * vocab, vocab);
+  LogSoftmax(logits, lp);
+  RowScore s;
+  s.nll = -(*lp)[target];
+  for (int64_t j = 0; j < vocab; ++j) {
+    s.kld += std::exp(ref_lp[j]) * (ref_lp[j] - (*lp)[j]);
+  }
+  s.agree = Argmax(logits) == ref_argmax;
+  return s;
+}
+
+// Scores every logits row of the chunk for every lane (lanes[0] is the f32
+// reference, scored against itself), rows in parallel, then adds the
+// scores to each lane's sums in row order so the totals do not depend on
+// the thread count. targets[i] is the token row i predicts.
+void ScoreChunk(absl::Span<const int32_t> targets, int64_t vocab,
+                std::vector<Lane*>& lanes) {
+  const int64_t rows = static_cast<int64_t>(targets.size());
+  std::vector<RowScore> scores(rows * lanes.size());
+  ParallelForEach(rows, [&](int64_t r) {
+    std::vector<double> ref_lp, lp;
+    const Lane& ref = *lanes[0];
+    LogSoftmax({ref.logits.data() + r * vocab, static_cast<size_t>(vocab)},
+               &ref_lp);
+    const int64_t ref_argmax =
+        Argmax({ref.logits.data() + r * vocab, static_cast<size_t>(vocab)});
+    for (size_t l = 0; l < lanes.size(); ++l) {
+      scores[r * lanes.size() + l] =
+          ScoreRow(*lanes[l], r, vocab, targets[r], ref_lp, ref_argmax, &lp);
+    }
+  });
+  for (int64_t r = 0; r < rows; ++r) {
+    for (size_t l = 0; l < lanes.size(); ++l) {
+      const RowScore& s = scores[r * lanes.size() + l];
+      DtypeStats& st = lanes[l]->stats;
+      st.sum_nll += s.nll;
+      st.sum_nll2 += s.nll * s.nll;
+      st.sum_kld += s.kld;
+      st.agree += s.agree ? 1 : 0;
+      ++st.scored;
+    }
+  }
+}
+
+// The batch of window tokens [off, off + n) at KV positions [off, off + n)
+// of one sequence whose blocks are 0, 1, 2, ... in order. Logits are asked
+// for the rows llama-perplexity scores: positions first .. window - 2, each
+// predicting the next token; a chunk without any asks for its last row
+// only (and is not scored).
+void BuildChunk(absl::Span<const int32_t> window, int32_t off, int32_t n,
+                int32_t first, models::ForwardBatch* batch,
+                std::vector<int32_t>* targets) {
+  const int32_t last_scored = static_cast<int32_t>(window.size()) - 2;
+  batch->token_ids.assign(window.begin() + off, window.begin() + off + n);
+  batch->positions.resize(n);
+  batch->slot_mapping.resize(n);
+  batch->logits_rows.clear();
+  targets->clear();
+  for (int32_t i = 0; i < n; ++i) {
+    const int32_t pos = off + i;
+    batch->positions[i] = pos;
+    batch->slot_mapping[i] = pos;  // block pos / B, slot pos % B
+    if (pos >= first && pos <= last_scored) {
+      batch->logits_rows.push_back(i);
+      targets->push_back(window[pos + 1]);
+    }
+  }
+  const int32_t new_len = off + n;
+  batch->seq_starts = {0, n};
+  batch->context_lens = {new_len};
+  batch->max_blocks_per_seq = (new_len + kBlockSize - 1) / kBlockSize;
+  batch->block_tables.resize(batch->max_blocks_per_seq);
+  for (int32_t b = 0; b < batch->max_blocks_per_seq; ++b) {
+    batch->block_tables[b] = b;
+  }
+  if (batch->logits_rows.empty()) batch->logits_rows = {n - 1};
+}
+
+// Teacher-forces one window through every lane's cache, chunk by chunk
+// (each chunk attends to the earlier chunks' K/V as stored in that lane's
+// dtype), and scores the second half.
+absl::Status RunWindow(models::CpuLlamaModel* model,
+                       absl::Span<const int32_t> window, int32_t chunk,
+                       std::vector<Lane*>& lanes) {
+  const int32_t ctx = static_cast<int32_t>(window.size());
+  const int64_t vocab = model->config().vocab_size;
+  models::ForwardBatch batch;
+  std::vector<int32_t> targets;
+  for (int32_t off = 0; off < ctx; off += chunk) {
+    const int32_t n = std::min(chunk, ctx - off);
+    BuildChunk(window, off, n, ctx / 2, &batch, &targets);
+    for (Lane* lane : lanes) {
+      KV_RETURN_IF_ERROR(
+          model->Forward(batch, lane->kv->view(), &lane->logits));
+    }
+    if (!targets.empty()) ScoreChunk(targets, vocab, lanes);
+  }
+  return absl::OkStatus();
+}
+
+struct EvalResult {
+  std::string model_path;
+  int64_t text_tokens = 0, windows = 0, windows_available = 0;
+  bool add_bos = false;
+  kvcache::KvShape shape;
+  std::vector<kvcache::KvDtype> dtypes;  // as requested
+  std::vector<DtypeStats> stats;         // per dtype
+};
+
+double Ppl(const DtypeStats& s) { return std::exp(s.sum_nll / s.scored); }
+
+// Standard error of the perplexity (delta method on the mean NLL), as
+// llama-perplexity prints it.
+double PplStderr(const DtypeStats& s) {
+  if (s.scored < 2) return 0.0;
+  const double mean = s.sum_nll / s.scored;
+  const double var = std::max(0.0, s.sum_nll2 / s.scored - mean * mean);
+  return Ppl(s) * std::sqrt(var / (s.scored - 1));
+}
+
+int64_t BlocksPerGib(const kvcache::KvShape& shape, kvcache::KvDtype d) {
+  return (int64_t{1} << 30) / kvcache::KvBytesPerBlock(shape, d, kBlockSize);
+}
+
+std::string FormatTable(const EvalFlags& f, const EvalResult& r) {
+  std::string out = absl::StrFormat(
+      "model: %s\ntext: %s (%d tokens%s)\ncontext %d, chunk %d, %d of %d "
+      "windows, %d tokens scored per dtype\n\n",
+      r.model_path, f.text, r.text_tokens, r.add_bos ? ", BOS added" : "",
+      f.context, f.chunk, r.windows, r.windows_available,
+      r.stats.empty() ? 0 : r.stats[0].scored);
+  absl::StrAppend(&out, absl::StrFormat("%-6s %-18s %9s %10s %8s %10s %10s\n",
+                                        "dtype", "PPL", "dPPL", "mean KLD",
+                                        "top-1", "bytes/tok", "blocks/GiB"));
+  const DtypeStats* ref = nullptr;
+  for (size_t i = 0; i < r.dtypes.size(); ++i) {
+    if (r.dtypes[i] == kvcache::KvDtype::kF32) ref = &r.stats[i];
+  }
+  for (size_t i = 0; i < r.dtypes.size(); ++i) {
+    const DtypeStats& s = r.stats[i];
+    const double ref_ppl = ref != nullptr ? Ppl(*ref) : NAN;
+    absl::StrAppend(
+        &out,
+        absl::StrFormat("%-6s %-18s %+8.3f%% %10.6f %7.2f%% %10d %10d\n",
+                        kvcache::KvDtypeName(r.dtypes[i]),
+                        absl::StrFormat("%.4f +/- %.4f", Ppl(s), PplStderr(s)),
+                        ref != nullptr ? (Ppl(s) / ref_ppl - 1.0) * 100.0 : NAN,
+                        s.sum_kld / s.scored, 100.0 * s.agree / s.scored,
+                        kvcache::KvBytesPerToken(r.shape, r.dtypes[i]),
+                        BlocksPerGib(r.shape, r.dtypes[i])));
+  }
+  if (ref == nullptr) {
+    absl::StrAppend(&out,
+                    "(f32 not listed: dPPL is not shown; KLD and top-1 "
+                    "are still against f32 KV)\n");
+  }
+  return out;
+}
+
+std::string FormatJson(const EvalFlags& f, const EvalResult& r) {
+  nlohmann::ordered_json j;
+  j["model"] = r.model_path;
+  j["text"] = f.text;
+  j["text_tokens"] = r.text_tokens;
+  j["add_bos"] = r.add_bos;
+  j["context"] = f.context;
+  j["chunk"] = f.chunk;
+  j["windows"] = r.windows;
+  j["windows_available"] = r.windows_available;
+  j["block_size"] = kBlockSize;
+  // The f32 reference always runs; its perplexity anchors delta_ppl_pct.
+  double ref_ppl = NAN;
+  for (size_t i = 0; i < r.dtypes.size(); ++i) {
+    if (r.dtypes[i] == kvcache::KvDtype::kF32) ref_ppl = Ppl(r.stats[i]);
+  }
+  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+  for (size_t i = 0; i < r.dtypes.size(); ++i) {
+    const DtypeStats& s = r.stats[i];
+    nlohmann::ordered_json row;
+    row["kv_dtype"] = std::string(kvcache::KvDtypeName(r.dtypes[i]));
+    row["ppl"] = Ppl(s);
+    row["ppl_stderr"] = PplStderr(s);
+    if (std::isnan(ref_ppl)) {
+      row["delta_ppl_pct"] = nullptr;
+    } else {
+      row["delta_ppl_pct"] = (Ppl(s) / ref_ppl - 1.0) * 100.0;
+    }
+    row["mean_kld"] = s.sum_kld / s.scored;
+    row["top1_agreement_pct"] = 100.0 * s.agree / s.scored;
+    row["bytes_per_token"] = kvcache::KvBytesPerToken(r.shape, r.dtypes[i]);
+    row["blocks_per_gib"] = BlocksPerGib(r.shape, r.dtypes[i]);
+    row["tokens_scored"] = s.scored;
+    rows.push_back(std::move(row));
+  }
+  j["results"] = std::move(rows);
+  return j.dump(2) + "\n";
+}
+
+// The f32 reference lane first, then one lane per other requested dtype,
+// each with a cache of one window.
+absl::StatusOr<std::vector<Lane>> MakeLanes(
+    const models::ModelConfig& c, const std::vector<kvcache::KvDtype>& dtypes,
+    int64_t context) {
+  std::vector<kvcache::KvDtype> lane_dtypes = {kvcache::KvDtype::kF32};
+  for (kvcache::KvDtype d : dtypes) {
+    KV_ASSIGN_OR_RETURN(kvcache::KvDtype cpu,
+                        engine::CpuKvDtype(d, c.head_dim));
+    if (cpu != kvcache::KvDtype::kF32) lane_dtypes.push_back(cpu);
+  }
+  std::vector<Lane> lanes(lane_dtypes.size());
+  for (size_t i = 0; i < lanes.size(); ++i) {
+    lanes[i].dtype = lane_dtypes[i];
+    KV_ASSIGN_OR_RETURN(
+        lanes[i].kv,
+        engine::KvCacheStorage::Create(
+            {c.num_layers, c.num_kv_heads, c.head_dim, kBlockSize,
+             static_cast<int32_t>((context + kBlockSize - 1) / kBlockSize), 0,
+             lane_dtypes[i]}));
+  }
+  return lanes;
+}
+
+absl::StatusOr<EvalResult> Evaluate(const EvalFlags& f) {
+  if (f.threads > 0) SetNumThreads(static_cast<int>(f.threads));
+  KV_ASSIGN_OR_RETURN(std::vector<kvcache::KvDtype> dtypes,
+                      ParseDtypeList(f.kv_cache_dtype));
+  KV_ASSIGN_OR_RETURN(const std::string text, ReadText(f.text));
+  KV_ASSIGN_OR_RETURN(engine::LoadedModel m, engine::LoadModel(f.model, "cpu"));
+  KV_ASSIGN_OR_RETURN(std::vector<Lane> lanes,
+                      MakeLanes(m.config, dtypes, f.context));
+  EvalResult r;
+  r.model_path = m.path;
+  r.dtypes = dtypes;
+  r.shape = {m.config.num_layers, m.config.num_kv_heads, m.config.head_dim};
+  r.add_bos = m.tokenizer->data().add_bos;
+  const std::vector<int32_t> tokens =
+      m.tokenizer->Encode(text, /*add_special=*/true, /*parse_special=*/false);
+  r.text_tokens = static_cast<int64_t>(tokens.size());
+  r.windows_available = r.text_tokens / f.context;
+  if (r.windows_available == 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--text %s: %d tokens, fewer than one window of --context %d", f.text,
+        r.text_tokens, f.context));
+  }
+  if (f.context > m.config.max_position) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--context %d: exceeds the model's context of %d",
+                        f.context, m.config.max_position));
+  }
+  r.windows = f.max_windows > 0 ? std::min(f.max_windows, r.windows_available)
+                                : r.windows_available;
+  std::vector<Lane*> order;
+  order.reserve(lanes.size());
+  for (Lane& l : lanes) order.push_back(&l);
+  std::vector<int32_t> window(f.context);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t w = 0; w < r.windows; ++w) {
+    std::copy_n(tokens.begin() + w * f.context, f.context, window.begin());
+    if (r.add_bos) window[0] = m.tokenizer->bos_id();
+    KV_RETURN_IF_ERROR(
+        RunWindow(m.model.get(), window, static_cast<int32_t>(f.chunk), order));
+    std::fprintf(
+        stderr, "window %lld/%lld: f32 ppl so far %.4f (%.1f s)\n",
+        static_cast<long long>(w) + 1, static_cast<long long>(r.windows),
+        Ppl(lanes[0].stats),
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+            .count());
+  }
+  for (kvcache::KvDtype d : dtypes) {
+    for (const Lane& l : lanes) {
+      if (l.dtype == d) r.stats.push_back(l.stats);
+    }
+  }
+  return r;
+}
+
+}  // namespace
+
+int RunEvalCommand(int argc, const char* const* argv) {
+  EvalFlags f;
+  bool help = false;
+  CliArgs args("eval");
+  args.String("model", &f.model, "preset name, .gguf file, or HF directory");
+  args.String("text", &f.text,
+              "UTF-8 text to score (default: the source tree's "
+              "tests/data/eval/gpl-3.0.txt, path fixed at build time: " +
+                  std::string(KVSERVE_EVAL_DEFAULT_TEXT) + ")");
+  args.String("kv-cache-dtype", &f.kv_cache_dtype,
+              "comma-separated KV dtypes to measure against f32 KV "
+              "(f32, fp16, bf16, int8, int4)");
+  args.Int("context", &f.context,
+           "window length in tokens (even, >= 2 x --chunk); the second "
+           "half of each window is scored",
+           2, 1 << 20);
+  args.Int("chunk", &f.chunk, "prefill chunk in tokens", 1, 1 << 20);
+  args.Int("max-windows", &f.max_windows, "windows to score (0: all)", 0,
+           INT64_MAX);
+  args.Int("threads", &f.threads, "CPU threads (default: all)", 0, 1024);
+  args.Bool("json", &f.json, "print one JSON object");
+  args.Bool("help", &help, "show this help");
+  absl::Status s = args.Parse(argc, argv, 2);
+  if (help) {
+    std::fputs(args.Usage().c_str(), stdout);
+    return 0;
+  }
+  if (s.ok()) s = ValidateFlags(f);
+  if (!s.ok()) {
+    std::fprintf(stderr, "kvserve: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  absl::StatusOr<EvalResult> r = Evaluate(f);
+  if (!r.ok()) {
+    std::fprintf(stderr, "kvserve eval: %s\n", r.status().ToString().c_str());
+    return absl::IsInvalidArgument(r.status()) ? 2 : 1;
+  }
+  const std::string out = f.json ? FormatJson(f, *r) : FormatTable(f, *r);
+  std::fputs(out.c_str(), stdout);
+  return 0;
+}
+
+}  // namespace kvserve::cli

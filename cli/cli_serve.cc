@@ -1,0 +1,360 @@
+#include "cli/cli_serve.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/notification.h"
+#include "cli/kv_dtype_flag.h"
+#include "common/cli_args.h"
+#include "common/parallel.h"
+#include "common/status_macros.h"
+#include "common/system.h"
+#include "kvcache/kv_sizing.h"
+#include "server/daemon.h"
+#include "spdlog/sinks/stdout_color_sinks.h"
+#include "spdlog/spdlog.h"
+
+namespace kvserve::cli {
+
+using server::Daemon;
+using server::HostPort;
+using server::ServeOptions;
+
+namespace {
+
+struct ServeFlags {
+  ServeOptions options;
+  int64_t port = 50051, metrics_port = 9090;
+  int64_t block_size = 16, kv_cache_bytes = 0, max_num_seqs = 64;
+  int64_t max_num_batched_tokens = 512, max_queued_requests = 1024;
+  int64_t max_model_len = 0, threads = 0, http_threads = 2;
+  int64_t http_max_connections = 4096;
+  double kv_cache_fraction = 0.25, drain_timeout = 30;
+  double stall_timeout = 30;
+  std::string log_level = "info";
+  // Security flags (docs/SECURITY.md).
+  int64_t max_request_bytes = 4 << 20, max_prompt_tokens = 0;
+  int64_t max_tokens_limit = 0, max_concurrent_streams = 0;
+  std::string model_dirs;
+  // KV features: -1 = auto (see RegisterKvFlags).
+  int64_t swap_space_bytes = -1, thrash_preemption_limit = 0;
+  double kv_high_watermark = 0, gpu_memory_fraction = 0.9;
+  std::string kv_cache_dtype = "auto";
+  bool help = false;
+};
+
+// Host swap space when --swap-space-bytes is not given: 4 GiB, at most an
+// eighth of physical memory, and none below 4 GiB of memory. The CPU backend
+// allocates it lazily (pages are touched only by swapped-out blocks).
+int64_t DefaultSwapSpaceBytes() {
+  const int64_t mem = PhysicalMemoryBytes();
+  constexpr int64_t kGiB = int64_t{1} << 30;
+  if (mem < 4 * kGiB) return 0;
+  return std::min<int64_t>(4 * kGiB, mem / 8);
+}
+
+void RegisterKvFlags(ServeFlags* f, CliArgs* args) {
+  engine::EngineConfig& e = f->options.engine;
+  args->Bytes("swap-space-bytes", &f->swap_space_bytes,
+              "host memory for KV blocks of requests preempted by swap, e.g. "
+              "2GiB (default: 4GiB, at most 1/8 of memory, 0 below 4GiB of "
+              "memory; 0 = swapping off)");
+  args->String("preemption-mode", &e.preemption_mode,
+               "auto (per victim, the cheaper of recompute and swap), "
+               "recompute, or swap (default auto)");
+  args->Int("thrash-preemption-limit", &f->thrash_preemption_limit,
+            "a request preempted this many times in a row is readmitted "
+            "only when its whole remaining prefill fits (default 0 = the "
+            "scheduler's default)",
+            0, 1 << 20);
+  args->Float("kv-high-watermark", &f->kv_high_watermark,
+              "stop admitting new requests above this fraction of KV blocks "
+              "in use (default 0 = the scheduler's default)",
+              0, 1);
+  args->String("device", &e.device,
+               "where the model runs: cpu, cuda, or auto (default cpu)");
+  args->String("kv-cache-dtype", &f->kv_cache_dtype,
+               "KV element type: auto (CPU fp16, CUDA bf16), f32, fp16, "
+               "bf16, int8 (q8_0 layout) or int4 (q4_0 layout) on the CPU; "
+               "bf16 on CUDA (default auto)");
+  args->Float("gpu-memory-fraction", &f->gpu_memory_fraction,
+              "share of GPU memory for weights, activations and KV with "
+              "--device=cuda (default 0.9)",
+              0.01, 1);
+}
+
+void RegisterSecurityFlags(ServeFlags* f, CliArgs* args) {
+  ServeOptions& o = f->options;
+  args->String("tls-cert", &o.tls.cert_file,
+               "PEM certificate chain: serve gRPC and HTTP over TLS");
+  args->String("tls-key", &o.tls.key_file, "PEM private key of --tls-cert");
+  args->String("tls-client-ca", &o.tls.client_ca_file,
+               "PEM CA bundle: require client certificates signed by it "
+               "(mutual TLS)");
+  args->String("auth-token-file", &o.auth_token_file,
+               "file of bearer tokens, one per line ('#' comments): every "
+               "gRPC call and /v1 request needs 'authorization: Bearer "
+               "<token>'");
+  args->Bool("auth-metrics", &o.auth_metrics,
+             "/metrics needs a token too (default off; /health and /ready "
+             "stay open)");
+  args->Bytes("max-request-bytes", &f->max_request_bytes,
+              "largest gRPC request message and HTTP body (default 4MiB; 0 = "
+              "no limit)");
+  args->Int("max-prompt-tokens", &f->max_prompt_tokens,
+            "longest prompt in tokens (default 0 = the model's context)", 0,
+            1 << 24);
+  args->Int("max-tokens-limit", &f->max_tokens_limit,
+            "largest max_tokens a request may ask for (default 0 = the "
+            "model's context)",
+            0, 1 << 24);
+  args->Int("max-concurrent-streams", &f->max_concurrent_streams,
+            "gRPC streams per client connection; clients queue beyond it "
+            "(default 0 = gRPC's default)",
+            0, 1 << 20);
+  args->String("model-dirs", &f->model_dirs,
+               "':'-separated directories; when set, --model resolves only "
+               "inside them (no path outside, no symlink leading out)");
+}
+
+void RegisterFlags(ServeFlags* f, CliArgs* args) {
+  ServeOptions& o = f->options;
+  args->String("model", &o.model,
+               "preset name, .gguf file, or HF directory (default "
+               "smollm2-135m)");
+  args->String("host", &o.host, "address to listen on (default 127.0.0.1)");
+  args->Int("port", &f->port, "gRPC port (default 50051; 0 = pick a free one)",
+            0, 65535);
+  args->Int("metrics-port", &f->metrics_port,
+            "HTTP port of /metrics, /health, /ready and the OpenAI-compatible "
+            "API /v1/... (default 9090; 0 = pick a free one)",
+            0, 65535);
+  args->Int("http-port", &f->metrics_port,
+            "alias of --metrics-port (one HTTP server serves both)", 0, 65535);
+  args->Int("http-threads", &f->http_threads,
+            "HTTP I/O threads; responses stream asynchronously, so a stream "
+            "holds no thread (default 2)",
+            1, 256);
+  args->Int("http-max-connections", &f->http_max_connections,
+            "open HTTP connections; beyond it, requests but /health, /ready "
+            "and /metrics get 429 (default 4096)",
+            1, 1 << 20);
+  args->Int("block-size", &f->block_size,
+            "tokens per KV cache block (default 16)", 1, 1024);
+  args->Bytes("kv-cache-bytes", &f->kv_cache_bytes,
+              "KV cache size, e.g. 512MiB (default 0 = --kv-cache-fraction "
+              "of memory)");
+  args->Float("kv-cache-fraction", &f->kv_cache_fraction,
+              "share of physical memory for the KV cache when "
+              "--kv-cache-bytes is 0 (default 0.25)",
+              0.001, 0.95);
+  args->Int("max-num-seqs", &f->max_num_seqs,
+            "most requests running at once (default 64)", 1, 65536);
+  args->Int("max-num-batched-tokens", &f->max_num_batched_tokens,
+            "token budget of one engine step (default 512)", 1, 1 << 20);
+  args->Int("max-queued-requests", &f->max_queued_requests,
+            "waiting requests before RESOURCE_EXHAUSTED (default 1024)", 1,
+            1 << 24);
+  args->Int("max-model-len", &f->max_model_len,
+            "longest sequence, prompt + output (default 0 = the model's "
+            "context)",
+            0, 1 << 24);
+  args->String("scheduling-policy", &o.engine.scheduling_policy,
+               "fcfs, priority, or cache-aware (longest cached prefix first "
+               "among equal priorities) (default fcfs)");
+  args->String("kv-reservation", &o.engine.kv_reservation,
+               "paged (allocate KV blocks as tokens arrive) or max-length "
+               "(each request holds a max-model-len slab from admission: "
+               "the contiguous baseline) (default paged)");
+  args->Bool("prefix-caching", &o.engine.enable_prefix_caching,
+             "share KV blocks of common prompt prefixes (default on; "
+             "--no-prefix-caching turns it off)");
+  args->Float("drain-timeout", &f->drain_timeout,
+              "seconds in-flight requests may finish after SIGTERM/SIGINT "
+              "(default 30)",
+              0, 86400);
+  args->Float("stall-timeout", &f->stall_timeout,
+              "seconds with requests pending and no engine step completed "
+              "before /ready says 503 and gRPC health NOT_SERVING (default "
+              "30; 0 = never)",
+              0, 86400);
+  args->String("log-level", &f->log_level,
+               "trace, debug, info, warn, error, critical, off (default "
+               "info)");
+  args->Int("threads", &f->threads, "CPU compute threads (default 0 = all)", 0,
+            1024);
+  RegisterKvFlags(f, args);
+  RegisterSecurityFlags(f, args);
+  args->Bool("help", &f->help, "show this help");
+}
+
+absl::Status FinishFlags(ServeFlags* f) {
+  ServeOptions& o = f->options;
+  o.port = static_cast<int>(f->port);
+  o.metrics_port = static_cast<int>(f->metrics_port);
+  o.http_threads = static_cast<int>(f->http_threads);
+  o.http_max_connections = static_cast<int>(f->http_max_connections);
+  o.stall_timeout = absl::Seconds(f->stall_timeout);
+  o.max_request_bytes = f->max_request_bytes;
+  o.max_concurrent_streams = static_cast<int>(f->max_concurrent_streams);
+  o.limits.max_prompt_tokens = static_cast<int32_t>(f->max_prompt_tokens);
+  o.limits.max_tokens = static_cast<int32_t>(f->max_tokens_limit);
+  for (absl::string_view d :
+       absl::StrSplit(f->model_dirs, ':', absl::SkipEmpty())) {
+    o.model_dirs.emplace_back(d);
+  }
+  engine::EngineConfig& e = o.engine;
+  e.block_size = static_cast<int32_t>(f->block_size);
+  e.kv_cache_bytes = f->kv_cache_bytes;
+  e.kv_cache_fraction = f->kv_cache_fraction;
+  e.max_num_seqs = static_cast<int32_t>(f->max_num_seqs);
+  e.max_num_batched_tokens = static_cast<int32_t>(f->max_num_batched_tokens);
+  e.max_queued_requests = static_cast<int32_t>(f->max_queued_requests);
+  e.max_model_len = static_cast<int32_t>(f->max_model_len);
+  if (e.scheduling_policy != "fcfs" && e.scheduling_policy != "priority" &&
+      e.scheduling_policy != "cache-aware") {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--scheduling-policy: '%s' must be fcfs, priority, or cache-aware",
+        e.scheduling_policy));
+  }
+  e.swap_space_bytes =
+      f->swap_space_bytes >= 0 ? f->swap_space_bytes : DefaultSwapSpaceBytes();
+  e.thrash_preemption_limit = static_cast<int32_t>(f->thrash_preemption_limit);
+  e.admission_high_watermark = f->kv_high_watermark;
+  e.gpu_memory_fraction = f->gpu_memory_fraction;
+  if (e.preemption_mode != "auto" && e.preemption_mode != "recompute" &&
+      e.preemption_mode != "swap") {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--preemption-mode: '%s' must be auto, recompute, or swap",
+        e.preemption_mode));
+  }
+  KV_ASSIGN_OR_RETURN(e.kv_cache_dtype,
+                      ParseKvCacheDtypeFlag(f->kv_cache_dtype));
+  if (e.device != "cpu" && e.device != "cuda" && e.device != "auto") {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--device: '%s' must be cpu, cuda, or auto", e.device));
+  }
+  if (e.kv_reservation != "paged" && e.kv_reservation != "max-length") {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--kv-reservation: '%s' must be paged or max-length",
+                        e.kv_reservation));
+  }
+  static constexpr const char* kLevels[] = {"trace", "debug",    "info", "warn",
+                                            "error", "critical", "off"};
+  for (const char* level : kLevels) {
+    if (f->log_level == level) return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "--log-level: '%s' must be one of trace, debug, info, warn, error, "
+      "critical, off",
+      f->log_level));
+}
+
+void SetUpLogging(const std::string& level) {
+  auto logger = spdlog::stderr_color_mt("kvserve");
+  logger->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%^%l%$] %v");
+  logger->set_level(spdlog::level::from_str(level));
+  spdlog::set_default_logger(logger);
+}
+
+// SIGTERM and SIGINT, blocked in every thread and taken with sigwait on a
+// dedicated one. Construct before any other thread starts, so that all
+// threads inherit the blocked mask.
+class SignalThread {
+ public:
+  SignalThread() {
+    sigemptyset(&set_);
+    sigaddset(&set_, SIGTERM);
+    sigaddset(&set_, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &set_, nullptr);
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~SignalThread() {
+    if (!logging_ready_.HasBeenNotified()) logging_ready_.Notify();
+    stopping_.store(true);
+    // NOLINTNEXTLINE(bugprone-bad-signal-to-kill-thread): wakes sigwait.
+    pthread_kill(thread_.native_handle(), SIGTERM);
+    thread_.join();
+  }
+  // Notified at the first SIGTERM/SIGINT.
+  absl::Notification& requested() { return requested_; }
+  // The logger is set up: the thread may log (it waits for this first, so
+  // its logging is ordered after the set-up). Call once.
+  void LoggingReady() { logging_ready_.Notify(); }
+
+ private:
+  void Run() {
+    for (;;) {
+      int sig = 0;
+      if (sigwait(&set_, &sig) != 0 || stopping_.load()) return;
+      logging_ready_.WaitForNotification();
+      if (stopping_.load()) return;
+      if (requested_.HasBeenNotified()) {
+        spdlog::warn("{}: already draining", strsignal(sig));
+        continue;
+      }
+      spdlog::info("{}: draining", strsignal(sig));
+      requested_.Notify();
+    }
+  }
+
+  sigset_t set_;
+  std::atomic<bool> stopping_{false};
+  absl::Notification requested_;
+  absl::Notification logging_ready_;
+  std::thread thread_;
+};
+
+int Serve(const ServeFlags& f, SignalThread& signals) {
+  if (f.threads > 0) SetNumThreads(static_cast<int>(f.threads));
+  absl::StatusOr<std::unique_ptr<Daemon>> daemon = Daemon::Start(f.options);
+  if (!daemon.ok()) {
+    spdlog::error("start-up failed: {}", daemon.status().ToString());
+    return 1;
+  }
+  // NOTE: a plain stderr line, whatever the log level: tests and scripts
+  // read the bound ports from it.
+  std::fprintf(stderr, "kvserve: listening grpc=%s http=%s\n",
+               HostPort(f.options.host, (*daemon)->grpc_port()).c_str(),
+               HostPort(f.options.host, (*daemon)->http_port()).c_str());
+  std::fflush(stderr);
+  signals.requested().WaitForNotification();
+  (*daemon)->Shutdown(absl::Seconds(f.drain_timeout));
+  return 0;
+}
+
+}  // namespace
+
+int RunServeCommand(int argc, const char* const* argv) {
+  // Before any thread exists (the daemon's threads inherit the mask).
+  SignalThread signals;
+  ServeFlags f;
+  CliArgs args("serve");
+  RegisterFlags(&f, &args);
+  const int first = argc > 1 && std::strcmp(argv[1], "serve") == 0 ? 2 : 1;
+  absl::Status s = args.Parse(argc, argv, first);
+  if (f.help) {
+    std::fputs(args.Usage().c_str(), stdout);
+    return 0;
+  }
+  if (s.ok()) s = FinishFlags(&f);
+  if (!s.ok()) {
+    std::fprintf(stderr, "kvserve: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  SetUpLogging(f.log_level);
+  signals.LoggingReady();
+  return Serve(f, signals);
+}
+
+}  // namespace kvserve::cli

@@ -1,0 +1,263 @@
+#include "models/cpu/cpu_llama_model.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/parallel.h"
+#include "common/status_macros.h"
+#include "models/cpu/kv_rows.h"
+#include "models/cpu/ops.h"
+#include "models/cpu/paged_attention.h"
+#include "models/dequant.h"
+#include "models/loader/model_files.h"
+
+namespace kvserve::models {
+namespace {
+
+absl::StatusOr<std::vector<float>> LoadVector(const WeightSource& w,
+                                              const std::string& name) {
+  KV_ASSIGN_OR_RETURN(RawTensor t, w.Get(name));
+  return DequantizeTensor(t);
+}
+
+template <typename T>
+void Grow(std::vector<T>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CpuLlamaModel>> CpuLlamaModel::Create(
+    const ModelConfig& config, std::unique_ptr<WeightSource> weights) {
+  KV_RETURN_IF_ERROR(config.Validate());
+  KV_RETURN_IF_ERROR(CheckWeights(config, *weights));
+  std::unique_ptr<CpuLlamaModel> model(
+      new CpuLlamaModel(config, std::move(weights)));
+  KV_RETURN_IF_ERROR(model->LoadWeights());
+  return model;
+}
+
+// Packs the row-wise concatenation of `names` (same input width) as one
+// matrix, so that e.g. Q, K and V come out of one matmul.
+absl::StatusOr<std::unique_ptr<cpu::PackedMatrix>> CpuLlamaModel::PackFused(
+    const std::vector<std::string>& names) {
+  std::vector<RawTensor> parts;
+  bool same_type = true;
+  int64_t rows = 0;
+  for (const std::string& n : names) {
+    KV_ASSIGN_OR_RETURN(RawTensor t, weights_->Get(n));
+    same_type &= parts.empty() || t.type == parts[0].type;
+    rows += t.shape[1];
+    parts.push_back(std::move(t));
+  }
+  RawTensor fused = parts[0];
+  if (parts.size() > 1) {
+    const int64_t cols = parts[0].shape[0];
+    const GgmlType type = same_type ? parts[0].type : GgmlType::kF32;
+    const size_t row_bytes = RowBytes(type, cols);
+    auto buf = std::make_unique<uint8_t[]>(row_bytes * rows);
+    uint8_t* dst = buf.get();
+    for (const RawTensor& t : parts) {
+      if (same_type) {
+        std::memcpy(dst, t.data, t.nbytes);
+        dst += t.nbytes;
+      } else {
+        KV_ASSIGN_OR_RETURN(std::vector<float> f, DequantizeTensor(t));
+        std::memcpy(dst, f.data(), f.size() * sizeof(float));
+        dst += f.size() * sizeof(float);
+      }
+    }
+    fused = RawTensor{absl::StrCat(names[0], "+fused"),
+                      type,
+                      {cols, rows},
+                      buf.get(),
+                      row_bytes * rows};
+    owned_.push_back(std::move(buf));
+  }
+  // NOTE: PackMatrix keeps one kernel family for every batch size (no
+  // separate prefill representation): a row's result must not depend on
+  // what else is in the batch, or greedy outputs of concurrent requests
+  // would differ from the same requests run alone.
+  KV_ASSIGN_OR_RETURN(cpu::PackedMatrix m, cpu::PackMatrix(fused));
+  weight_bytes_ += m.bytes();
+  return std::make_unique<cpu::PackedMatrix>(std::move(m));
+}
+
+absl::Status CpuLlamaModel::LoadWeights() {
+  const ModelConfig& c = config_;
+  KV_ASSIGN_OR_RETURN(token_embd_, weights_->Get("token_embd.weight"));
+  KV_ASSIGN_OR_RETURN(output_norm_,
+                      LoadVector(*weights_, "output_norm.weight"));
+  KV_ASSIGN_OR_RETURN(
+      output_,
+      PackFused({c.tied_embeddings ? "token_embd.weight" : "output.weight"}));
+  layers_.resize(c.num_layers);
+  for (int l = 0; l < c.num_layers; ++l) {
+    Layer& layer = layers_[l];
+    const std::string p = absl::StrCat("blk.", l, ".");
+    KV_ASSIGN_OR_RETURN(layer.attn_norm,
+                        LoadVector(*weights_, p + "attn_norm.weight"));
+    KV_ASSIGN_OR_RETURN(layer.ffn_norm,
+                        LoadVector(*weights_, p + "ffn_norm.weight"));
+    if (c.qkv_bias) {
+      KV_ASSIGN_OR_RETURN(layer.q_bias,
+                          LoadVector(*weights_, p + "attn_q.bias"));
+      KV_ASSIGN_OR_RETURN(layer.k_bias,
+                          LoadVector(*weights_, p + "attn_k.bias"));
+      KV_ASSIGN_OR_RETURN(layer.v_bias,
+                          LoadVector(*weights_, p + "attn_v.bias"));
+    }
+    KV_ASSIGN_OR_RETURN(layer.qkv,
+                        PackFused({p + "attn_q.weight", p + "attn_k.weight",
+                                   p + "attn_v.weight"}));
+    KV_ASSIGN_OR_RETURN(layer.wo, PackFused({p + "attn_output.weight"}));
+    KV_ASSIGN_OR_RETURN(
+        layer.gate_up, PackFused({p + "ffn_gate.weight", p + "ffn_up.weight"}));
+    KV_ASSIGN_OR_RETURN(layer.down, PackFused({p + "ffn_down.weight"}));
+  }
+  return absl::OkStatus();
+}
+
+void CpuLlamaModel::Embed(const ForwardBatch& batch) {
+  const int64_t hidden = config_.hidden_size;
+  const size_t row_bytes = RowBytes(token_embd_.type, hidden);
+  const auto* base = static_cast<const uint8_t*>(token_embd_.data);
+  ParallelFor(batch.num_tokens(), 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      // Ids were validated against the vocabulary; the type was checked at
+      // load, so dequantization cannot fail here.
+      (void)DequantizeRow(token_embd_.type,
+                          base + row_bytes * batch.token_ids[i],
+                          x_.data() + i * hidden, hidden);
+    }
+  });
+}
+
+void CpuLlamaModel::AttentionBlock(const Layer& layer, int layer_index,
+                                   const ForwardBatch& batch,
+                                   const KvCacheView& kv) {
+  const ModelConfig& c = config_;
+  const int64_t n = batch.num_tokens();
+  const int64_t hidden = c.hidden_size, d = c.head_dim;
+  const int64_t q_dim = c.num_heads * d, kv_dim = c.num_kv_heads * d;
+  const int64_t qkv_dim = q_dim + 2 * kv_dim;
+  const int half = c.head_dim / 2;
+
+  ParallelFor(n, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      cpu::RmsNorm(x_.data() + i * hidden, layer.attn_norm.data(), hidden,
+                   c.rms_norm_eps, h_.data() + i * hidden);
+    }
+  });
+  cpu::MatMul(h_.data(), n, *layer.qkv, qkv_.data());
+
+  std::byte* kc = kv.k[layer_index];
+  std::byte* vc = kv.v[layer_index];
+  const int64_t row_bytes = kv.RowBytes();
+  ParallelFor(n, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      float* q = qkv_.data() + i * qkv_dim;
+      float* k = q + q_dim;
+      float* v = k + kv_dim;
+      if (c.qkv_bias) {
+        cpu::Axpy(1.0f, layer.q_bias.data(), q, q_dim);
+        cpu::Axpy(1.0f, layer.k_bias.data(), k, kv_dim);
+        cpu::Axpy(1.0f, layer.v_bias.data(), v, kv_dim);
+      }
+      rope_.Apply(q, c.num_heads, cos_.data() + i * half,
+                  sin_.data() + i * half);
+      rope_.Apply(k, c.num_kv_heads, cos_.data() + i * half,
+                  sin_.data() + i * half);
+      const int64_t slot = batch.slot_mapping[i];
+      for (int h = 0; h < c.num_kv_heads; ++h) {
+        const int64_t row = (slot * c.num_kv_heads + h) * row_bytes;
+        cpu::EncodeKvRow(kv.dtype, k + h * d, c.head_dim, kc + row);
+        cpu::EncodeKvRow(kv.dtype, v + h * d, c.head_dim, vc + row);
+      }
+    }
+  });
+
+  AttentionParams ap{c.num_heads, c.num_kv_heads, c.head_dim,
+                     1.0f / std::sqrt(static_cast<float>(c.head_dim)),
+                     c.sliding_window};
+  PagedAttention(ap, batch, qkv_.data(), qkv_dim, kv, layer_index,
+                 attn_.data());
+  // Output projection into h_, then the residual add.
+  cpu::MatMul(attn_.data(), n, *layer.wo, h_.data());
+  ParallelFor(n * hidden, 1024, [&](int64_t lo, int64_t hi) {
+    cpu::Axpy(1.0f, h_.data() + lo, x_.data() + lo, hi - lo);
+  });
+}
+
+void CpuLlamaModel::MlpBlock(const Layer& layer, int64_t n) {
+  const ModelConfig& c = config_;
+  const int64_t hidden = c.hidden_size, inter = c.intermediate_size;
+  ParallelFor(n, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      cpu::RmsNorm(x_.data() + i * hidden, layer.ffn_norm.data(), hidden,
+                   c.rms_norm_eps, h_.data() + i * hidden);
+    }
+  });
+  cpu::MatMul(h_.data(), n, *layer.gate_up, gate_up_.data());
+  ParallelFor(n, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      const float* g = gate_up_.data() + i * 2 * inter;
+      cpu::SiluMul(g, g + inter, inter, act_.data() + i * inter);
+    }
+  });
+  cpu::MatMul(act_.data(), n, *layer.down, h_.data());
+  ParallelFor(n * hidden, 1024, [&](int64_t lo, int64_t hi) {
+    cpu::Axpy(1.0f, h_.data() + lo, x_.data() + lo, hi - lo);
+  });
+}
+
+absl::Status CpuLlamaModel::Forward(const ForwardBatch& batch,
+                                    const KvCacheView& kv,
+                                    std::vector<float>* logits) {
+  const ModelConfig& c = config_;
+  if (kv.k.size() != static_cast<size_t>(c.num_layers) ||
+      kv.v.size() != static_cast<size_t>(c.num_layers) ||
+      kv.num_kv_heads != c.num_kv_heads || kv.head_dim != c.head_dim) {
+    return absl::InvalidArgumentError(
+        "KV cache view does not match the model's layers, KV heads or "
+        "head_dim");
+  }
+  if (kv.dtype == kvcache::KvDtype::kFP8) {
+    return absl::InvalidArgumentError(
+        "KV cache view: fp8 KV has no CPU format");
+  }
+  KV_RETURN_IF_ERROR(kvcache::CheckKvDtypeShape(kv.dtype, c.head_dim));
+  KV_RETURN_IF_ERROR(
+      batch.Validate(kv.num_blocks, kv.block_size, c.vocab_size));
+  const int64_t n = batch.num_tokens();
+  const int64_t hidden = c.hidden_size, d = c.head_dim;
+  const int64_t qkv_dim = (c.num_heads + 2 * c.num_kv_heads) * d;
+  Grow(x_, n * hidden);
+  Grow(h_, n * hidden);
+  Grow(qkv_, n * qkv_dim);
+  Grow(attn_, n * c.num_heads * d);
+  Grow(gate_up_, n * 2 * c.intermediate_size);
+  Grow(act_, n * c.intermediate_size);
+  Grow(cos_, n * d / 2);
+  Grow(sin_, n * d / 2);
+
+  Embed(batch);
+  rope_.Tables(batch.positions.data(), n, cos_.data(), sin_.data());
+  for (int l = 0; l < c.num_layers; ++l) {
+    AttentionBlock(layers_[l], l, batch, kv);
+    MlpBlock(layers_[l], n);
+  }
+
+  // Final norm only for the rows whose logits are wanted.
+  const int64_t rows = static_cast<int64_t>(batch.logits_rows.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    cpu::RmsNorm(x_.data() + batch.logits_rows[r] * hidden, output_norm_.data(),
+                 hidden, c.rms_norm_eps, h_.data() + r * hidden);
+  }
+  logits->resize(rows * c.vocab_size);
+  cpu::MatMul(h_.data(), rows, *output_, logits->data());
+  return absl::OkStatus();
+}
+
+}  // namespace kvserve::models

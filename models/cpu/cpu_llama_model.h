@@ -1,0 +1,78 @@
+// The Llama-family forward pass on the CPU (Llama 2/3, Mistral, Qwen2,
+// SmolLM2): owns the packed weights and scratch buffers; reads and writes
+// K/V through a KvCacheView it does not own. One flattened batch per call
+// (prefill chunks and decode tokens mixed). Not thread-safe: the engine
+// thread alone calls Forward; kernels inside parallelize across cores.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "models/cpu/matmul.h"
+#include "models/forward_batch.h"
+#include "models/kv_view.h"
+#include "models/model_config.h"
+#include "models/rope.h"
+#include "models/weights.h"
+
+namespace kvserve::models {
+
+class CpuLlamaModel {
+ public:
+  // Packs every weight the forward needs from `weights` (which it keeps
+  // alive: packed matrices may point into its mmap). Fails with a Status
+  // naming the tensor when one is missing or has the wrong shape or type.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<CpuLlamaModel>> Create(
+      const ModelConfig& config, std::unique_ptr<WeightSource> weights);
+
+  const ModelConfig& config() const { return config_; }
+  // Bytes of packed weights held (including both kernel representations).
+  size_t weight_bytes() const { return weight_bytes_; }
+
+  // Runs one step: writes the batch's K/V into `kv` at slot_mapping and
+  // returns logits [batch.logits_rows.size(), vocab] row-major in `logits`.
+  [[nodiscard]] absl::Status Forward(const ForwardBatch& batch,
+                                     const KvCacheView& kv,
+                                     std::vector<float>* logits);
+
+ private:
+  struct Layer {
+    std::vector<float> attn_norm, ffn_norm;
+    std::vector<float> q_bias, k_bias, v_bias;  // empty without qkv bias
+    std::unique_ptr<cpu::PackedMatrix>
+        qkv;  // rows: q (H*D), k (Hkv*D), v (Hkv*D)
+    std::unique_ptr<cpu::PackedMatrix> wo;       // hidden x H*D
+    std::unique_ptr<cpu::PackedMatrix> gate_up;  // rows: gate (I), up (I)
+    std::unique_ptr<cpu::PackedMatrix> down;     // hidden x I
+  };
+
+  CpuLlamaModel(const ModelConfig& config,
+                std::unique_ptr<WeightSource> weights)
+      : config_(config), weights_(std::move(weights)), rope_(config) {}
+
+  [[nodiscard]] absl::Status LoadWeights();
+  [[nodiscard]] absl::StatusOr<std::unique_ptr<cpu::PackedMatrix>> PackFused(
+      const std::vector<std::string>& names);
+  void Embed(const ForwardBatch& batch);
+  void AttentionBlock(const Layer& layer, int layer_index,
+                      const ForwardBatch& batch, const KvCacheView& kv);
+  void MlpBlock(const Layer& layer, int64_t num_tokens);
+
+  ModelConfig config_;
+  std::unique_ptr<WeightSource> weights_;
+  Rope rope_;
+  RawTensor token_embd_;
+  std::vector<float> output_norm_;
+  std::unique_ptr<cpu::PackedMatrix> output_;
+  std::vector<Layer> layers_;
+  // Buffers for fused tensors that are not in the source file.
+  std::vector<std::unique_ptr<uint8_t[]>> owned_;
+  size_t weight_bytes_ = 0;
+
+  // Scratch, grown on demand and reused across steps.
+  std::vector<float> x_, h_, qkv_, attn_, gate_up_, act_, cos_, sin_;
+};
+
+}  // namespace kvserve::models
