@@ -52,13 +52,6 @@ int32_t KvCacheManager::NumBlocksNeeded(RequestId request,
   return static_cast<int32_t>(std::clamp<int64_t>(want - have, 0, INT32_MAX));
 }
 
-bool KvCacheManager::CanAllocate(RequestId request, int64_t total_tokens,
-                                 int32_t watermark_blocks) const {
-  const int32_t needed = NumBlocksNeeded(request, total_tokens);
-  if (needed == 0) return true;
-  return static_cast<int64_t>(pool_.num_free()) - needed >= watermark_blocks;
-}
-
 std::optional<std::vector<BlockId>> KvCacheManager::Allocate(
     RequestId request, int64_t total_tokens) {
   const int32_t needed = NumBlocksNeeded(request, total_tokens);

@@ -112,12 +112,6 @@ class KvCacheManager {
   [[nodiscard]] int32_t NumBlocksNeeded(RequestId request,
                                         int64_t num_tokens_total) const;
 
-  // Side-effect free: true iff Allocate(request, total_tokens) would succeed
-  // and still leave at least `watermark_blocks` free blocks (evictable cached
-  // blocks count as free). Always true when no block is needed.
-  [[nodiscard]] bool CanAllocate(RequestId request, int64_t total_tokens,
-                                 int32_t watermark_blocks) const;
-
   // Grows `request`'s table (creating it if needed) to cover `total_tokens`
   // tokens and returns the blocks it appended (empty when none were needed).
   // Returns nullopt, changing nothing, when the pool lacks the blocks.
@@ -185,9 +179,10 @@ class KvCacheManager {
   [[nodiscard]] PrefixMatch FindCachedPrefix(const TokenSequence& tokens,
                                              BlockHash ns) const;
 
-  // CanAllocate for a request without a table that takes `prefix` first:
-  // the evictable matched blocks and the fresh ones must leave
-  // `watermark_blocks` free.
+  // Side-effect free: true iff AllocateWithPrefix(prefix, total_tokens)
+  // would succeed for a request without a table and still leave at least
+  // `watermark_blocks` free blocks (evictable cached blocks count as free,
+  // except the matched ones it takes).
   [[nodiscard]] bool CanAllocateWithPrefix(const PrefixMatch& prefix,
                                            int64_t total_tokens,
                                            int32_t watermark_blocks) const;
