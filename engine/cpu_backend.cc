@@ -1,7 +1,7 @@
 // The CPU backend. Owns the packed CpuLlamaModel (moved out of LoadedModel),
-// the fp32 KV blocks (KvCacheStorage) and a host swap area of whole blocks.
-// A swap slot holds one block of every layer, K then V per layer, laid out
-// contiguously: [layer][K|V][block_size * kv_heads * head_dim] fp32.
+// the KV blocks in the configured dtype (KvCacheStorage) and a host swap
+// area of whole blocks. A swap slot holds one block of every layer, K then V
+// per layer, laid out contiguously: [layer][K|V][block_size * kv_heads rows].
 //
 // Cost model inputs, measured once at start-up:
 //   seconds_per_prefill_token: the faster of two timed forwards of

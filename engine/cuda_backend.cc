@@ -85,7 +85,7 @@ class CudaBackend final : public ModelBackend {
   // Makes pairs_ / pairs_host_ hold at least `pairs` int pairs.
   absl::Status ReservePairs(int64_t pairs);
   // A CUDA failure after start-up: the device state is unknown, so log the
-  // step and stop the process (DESIGN.md: fatal with the step plan).
+  // step and its batch shape (the step plan), then abort.
   [[noreturn]] void Fatal(const char* what, const absl::Status& st,
                           const models::ForwardBatch* batch) const;
 

@@ -41,7 +41,7 @@ struct EngineConfig {
   int32_t max_queued_requests = 1024;
   int32_t max_model_len = 0;  // 0: the model's max context
   double watermark = 0.01;    // fraction of blocks kept free at admission
-  std::string scheduling_policy = "fcfs";  // fcfs | priority
+  std::string scheduling_policy = "fcfs";  // fcfs | priority | cache-aware
   bool enable_prefix_caching = true;
   // paged | max-length (each request holds a max_model_len slab: the
   // contiguous-allocation baseline of the paging experiment).

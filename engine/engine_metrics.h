@@ -1,6 +1,7 @@
-// Prometheus metrics the engine owns (names per DESIGN.md section 7). The
-// engine thread updates them; prometheus-cpp makes collection from the
-// HTTP thread safe. Created once per engine against the server's registry.
+// Prometheus metrics the engine owns (kvserve_ prefix, base units, _total
+// for counters; deploy/README.md lists them). The engine thread updates
+// them; prometheus-cpp makes collection from the HTTP thread safe. Created
+// once per engine against the server's registry.
 #pragma once
 
 #include <memory>

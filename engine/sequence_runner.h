@@ -1,7 +1,7 @@
 // Drives one sequence through a CpuLlamaModel over a KvCacheStorage: chunked
 // prefill, then one decode token per step. Blocks are taken in order from
 // the storage (no sharing, no preemption): this is the one-shot path of
-// `kvserve generate`, the parity tests, and the benchmarks. The serving
+// `kvserve generate` and the parity tests. The serving
 // engine uses the scheduler and KV manager instead.
 #pragma once
 

@@ -57,7 +57,7 @@
 namespace kvserve::kvcache {
 
 using BlockId = int32_t;
-// Content hash of a full block (chained over the prefix; see DESIGN.md and
+// Content hash of a full block (chained over the prefix; see
 // kvcache/block_hash.h). 128 bits: a collision among the blocks of a pool is
 // astronomically unlikely, and callers compare tokens on a hit anyway.
 using BlockHash = absl::uint128;

@@ -5,7 +5,7 @@
 // the write is done, and Abort()s the request when the client goes away.
 // Reactions never block and hold no lock across calls into the engine.
 // Does not own the engine, the gRPC server, health, or reflection
-// (serve.h wires those).
+// (daemon.h wires those).
 //
 // Generate and Tokenize are registered as raw (ByteBuffer) methods so that
 // a string field with invalid UTF-8 is answered with INVALID_ARGUMENT

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CUDA backend's device check, one script for one lent GPU (H200: under
+# The CUDA backend's device check, one script for one GPU (H200: under
 # 5 minutes): builds and runs tools/bench/attention_gpu_bench.cu with nvcc
 # alone (attention correctness + GB/s), then builds the CUDA targets
 # (Release, sm_90 only), runs the `gpu` tests, then tools/bench/cuda_gpu_bench.cc (copy bandwidth, decode

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the libFuzzer targets of tests/fuzz (KVSERVE_FUZZ build, clang +
-# ASan/UBSan) for long sessions, and merges what they find.
+# ASan/UBSan) for long runs, and merges what they find.
 #
 #   tools/fuzz.sh [SECONDS] [TARGET...]   fuzz each target SECONDS (default
 #                                         600) in turn; all targets if none

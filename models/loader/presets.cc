@@ -13,7 +13,7 @@ namespace kvserve::models {
 namespace {
 
 // Llama 3.1 / 3.2 `rope_scaling` (rope_type "llama3"); 3.2 differs only in
-// the factor (32, see MODELS.md: never hard-code 8).
+// the factor (32; 3.1 has 8: never hard-code it).
 RopeScaling Llama3Scaling(float factor) {
   return {.type = RopeScalingType::kLlama3,
           .factor = factor,

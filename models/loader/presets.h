@@ -1,5 +1,5 @@
 // Named model presets: the architecture numbers of well-known Llama-family
-// checkpoints (from /work/shared/MODELS.md, the source of truth), their
+// checkpoints (as their published config.json files give them), their
 // Hugging Face repo ids, and the file names that identify their weights on
 // disk. Presets let `kvserve plan` size a model without its weights and let
 // the model resolver find weights by name. This module reads no files; the

@@ -11,8 +11,8 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// One row of /work/shared/MODELS.md: architecture numbers, KV bytes per
-// token (bf16) and the parameter count from shapes.
+// One expected row, from the model's published config.json: architecture
+// numbers, KV bytes per token (bf16) and the parameter count from shapes.
 struct Expected {
   const char* name;
   int layers, hidden, heads, kv_heads, head_dim, inter, vocab, max_pos;

@@ -1,5 +1,5 @@
 // The `gpu` tests skip without a CUDA device, except where
-// KVSERVE_REQUIRE_GPU=1 (tools/device_bench.sh sets it on a lent device):
+// KVSERVE_REQUIRE_GPU=1 (tools/device_bench.sh sets it on a GPU machine):
 // there a missing device fails the test instead of passing it silently.
 #pragma once
 
