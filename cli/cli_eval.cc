@@ -368,7 +368,8 @@ absl::StatusOr<EvalResult> Evaluate(const EvalFlags& f) {
   KV_ASSIGN_OR_RETURN(std::vector<kvcache::KvDtype> dtypes,
                       ParseDtypeList(f.kv_cache_dtype));
   KV_ASSIGN_OR_RETURN(const std::string text, ReadText(f.text));
-  KV_ASSIGN_OR_RETURN(engine::LoadedModel m, engine::LoadModel(f.model, "cpu"));
+  KV_ASSIGN_OR_RETURN(engine::LoadedModel m,
+                      engine::LoadModel(f.model, engine::Device::kCpu));
   KV_ASSIGN_OR_RETURN(std::vector<Lane> lanes,
                       MakeLanes(m.config, dtypes, f.context));
   EvalResult r;

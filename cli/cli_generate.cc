@@ -65,7 +65,8 @@ absl::Status Generate(const GenerateFlags& f) {
   if (f.threads > 0) SetNumThreads(static_cast<int>(f.threads));
   const auto t_load = Clock::now();
   // The single-sequence runner below runs the packed CPU model.
-  KV_ASSIGN_OR_RETURN(engine::LoadedModel m, engine::LoadModel(f.model, "cpu"));
+  KV_ASSIGN_OR_RETURN(engine::LoadedModel m,
+                      engine::LoadModel(f.model, engine::Device::kCpu));
   KV_ASSIGN_OR_RETURN(std::vector<int32_t> prompt, PromptTokens(m, f));
   if (prompt.empty()) {
     return absl::InvalidArgumentError("--prompt: produced no tokens");

@@ -32,14 +32,29 @@ using server::ServeOptions;
 
 namespace {
 
+// The engine's defaults: the flags below start from them and say them in
+// --help, so there is one set.
+const engine::EngineConfig& EngineDefaults() {
+  static const engine::EngineConfig defaults;
+  return defaults;
+}
+const scheduler::SchedulerConfig& SchedulerDefaults() {
+  return EngineDefaults().scheduler;
+}
+
 struct ServeFlags {
   ServeOptions options;
   int64_t port = 50051, metrics_port = 9090;
-  int64_t block_size = 16, kv_cache_bytes = 0, max_num_seqs = 64;
-  int64_t max_num_batched_tokens = 512, max_queued_requests = 1024;
-  int64_t max_model_len = 0, threads = 0, http_threads = 2;
+  int64_t block_size = SchedulerDefaults().block_size;
+  int64_t kv_cache_bytes = EngineDefaults().kv_cache_bytes;
+  int64_t max_num_seqs = SchedulerDefaults().max_num_seqs;
+  int64_t max_num_batched_tokens = SchedulerDefaults().max_num_batched_tokens;
+  int64_t max_queued_requests = EngineDefaults().max_queued_requests;
+  int64_t max_model_len = EngineDefaults().max_model_len;
+  int64_t threads = 0, http_threads = 2;
   int64_t http_max_connections = 4096;
-  double kv_cache_fraction = 0.25, drain_timeout = 30;
+  double kv_cache_fraction = EngineDefaults().kv_cache_fraction;
+  double drain_timeout = 30;
   double stall_timeout = 30;
   std::string log_level = "info";
   // Security flags (docs/SECURITY.md).
@@ -47,9 +62,19 @@ struct ServeFlags {
   int64_t max_tokens_limit = 0, max_concurrent_streams = 0;
   std::string model_dirs;
   // KV features: -1 = auto (see RegisterKvFlags).
-  int64_t swap_space_bytes = -1, thrash_preemption_limit = 0;
-  double kv_high_watermark = 0, gpu_memory_fraction = 0.9;
+  int64_t swap_space_bytes = -1;
+  int64_t thrash_preemption_limit = SchedulerDefaults().thrash_preemption_limit;
+  double kv_high_watermark = SchedulerDefaults().admission_high_watermark;
+  double gpu_memory_fraction = EngineDefaults().gpu_memory_fraction;
   std::string kv_cache_dtype = "auto";
+  // Parsed into the engine's enums by FinishFlags.
+  std::string scheduling_policy{
+      scheduler::SchedulingPolicyName(SchedulerDefaults().policy)};
+  std::string kv_reservation{
+      scheduler::KvReservationName(SchedulerDefaults().kv_reservation)};
+  std::string preemption_mode{
+      scheduler::PreemptionModeName(SchedulerDefaults().preemption_mode)};
+  std::string device{engine::DeviceName(EngineDefaults().device)};
   bool help = false;
 };
 
@@ -64,25 +89,29 @@ int64_t DefaultSwapSpaceBytes() {
 }
 
 void RegisterKvFlags(ServeFlags* f, CliArgs* args) {
-  engine::EngineConfig& e = f->options.engine;
   args->Bytes("swap-space-bytes", &f->swap_space_bytes,
               "host memory for KV blocks of requests preempted by swap, e.g. "
               "2GiB (default: 4GiB, at most 1/8 of memory, 0 below 4GiB of "
               "memory; 0 = swapping off)");
-  args->String("preemption-mode", &e.preemption_mode,
-               "auto (per victim, the cheaper of recompute and swap), "
-               "recompute, or swap (default auto)");
+  args->String("preemption-mode", &f->preemption_mode,
+               absl::StrCat("auto (per victim, the cheaper of recompute and "
+                            "swap), recompute, or swap (default ",
+                            f->preemption_mode, ")"));
   args->Int("thrash-preemption-limit", &f->thrash_preemption_limit,
-            "a request preempted this many times in a row is readmitted "
-            "only when its whole remaining prefill fits (default 0 = the "
-            "scheduler's default)",
+            absl::StrCat("a request preempted this many times in a row is "
+                         "readmitted only when its whole remaining prefill "
+                         "fits (default ",
+                         f->thrash_preemption_limit, "; 0 = off)"),
             0, 1 << 20);
   args->Float("kv-high-watermark", &f->kv_high_watermark,
-              "stop admitting new requests above this fraction of KV blocks "
-              "in use (default 0 = the scheduler's default)",
-              0, 1);
-  args->String("device", &e.device,
-               "where the model runs: cpu, cuda, or auto (default cpu)");
+              absl::StrCat("stop admitting new requests above this fraction "
+                           "of KV blocks in use (default ",
+                           f->kv_high_watermark, "; 1 = never)"),
+              0.001, 1);
+  args->String("device", &f->device,
+               absl::StrCat("where the model runs: cpu, cuda, or auto "
+                            "(default ",
+                            f->device, ")"));
   args->String("kv-cache-dtype", &f->kv_cache_dtype,
                "KV element type: auto (CPU fp16, CUDA bf16), f32, fp16, "
                "bf16, int8 (q8_0 layout) or int4 (q4_0 layout) on the CPU; "
@@ -149,34 +178,46 @@ void RegisterFlags(ServeFlags* f, CliArgs* args) {
             "open HTTP connections; beyond it, requests but /health, /ready "
             "and /metrics get 429 (default 4096)",
             1, 1 << 20);
-  args->Int("block-size", &f->block_size,
-            "tokens per KV cache block (default 16)", 1, 1024);
+  args->Int(
+      "block-size", &f->block_size,
+      absl::StrCat("tokens per KV cache block (default ", f->block_size, ")"),
+      1, 1024);
   args->Bytes("kv-cache-bytes", &f->kv_cache_bytes,
               "KV cache size, e.g. 512MiB (default 0 = --kv-cache-fraction "
               "of memory)");
   args->Float("kv-cache-fraction", &f->kv_cache_fraction,
-              "share of physical memory for the KV cache when "
-              "--kv-cache-bytes is 0 (default 0.25)",
+              absl::StrCat("share of physical memory for the KV cache when "
+                           "--kv-cache-bytes is 0 (default ",
+                           f->kv_cache_fraction, ")"),
               0.001, 0.95);
   args->Int("max-num-seqs", &f->max_num_seqs,
-            "most requests running at once (default 64)", 1, 65536);
+            absl::StrCat("most requests running at once (default ",
+                         f->max_num_seqs, ")"),
+            1, 65536);
   args->Int("max-num-batched-tokens", &f->max_num_batched_tokens,
-            "token budget of one engine step (default 512)", 1, 1 << 20);
+            absl::StrCat("token budget of one engine step (default ",
+                         f->max_num_batched_tokens, ")"),
+            1, 1 << 20);
   args->Int("max-queued-requests", &f->max_queued_requests,
-            "waiting requests before RESOURCE_EXHAUSTED (default 1024)", 1,
-            1 << 24);
+            absl::StrCat("waiting requests before RESOURCE_EXHAUSTED "
+                         "(default ",
+                         f->max_queued_requests, ")"),
+            1, 1 << 24);
   args->Int("max-model-len", &f->max_model_len,
             "longest sequence, prompt + output (default 0 = the model's "
             "context)",
             0, 1 << 24);
-  args->String("scheduling-policy", &o.engine.scheduling_policy,
-               "fcfs, priority, or cache-aware (longest cached prefix first "
-               "among equal priorities) (default fcfs)");
-  args->String("kv-reservation", &o.engine.kv_reservation,
-               "paged (allocate KV blocks as tokens arrive) or max-length "
-               "(each request holds a max-model-len slab from admission: "
-               "the contiguous baseline) (default paged)");
-  args->Bool("prefix-caching", &o.engine.enable_prefix_caching,
+  args->String("scheduling-policy", &f->scheduling_policy,
+               absl::StrCat("fcfs, priority, or cache-aware (longest cached "
+                            "prefix first among equal priorities) (default ",
+                            f->scheduling_policy, ")"));
+  args->String("kv-reservation", &f->kv_reservation,
+               absl::StrCat("paged (allocate KV blocks as tokens arrive) or "
+                            "max-length (each request holds a max-model-len "
+                            "slab from admission: the contiguous baseline) "
+                            "(default ",
+                            f->kv_reservation, ")"));
+  args->Bool("prefix-caching", &o.engine.scheduler.enable_prefix_caching,
              "share KV blocks of common prompt prefixes (default on; "
              "--no-prefix-caching turns it off)");
   args->Float("drain-timeout", &f->drain_timeout,
@@ -214,41 +255,28 @@ absl::Status FinishFlags(ServeFlags* f) {
     o.model_dirs.emplace_back(d);
   }
   engine::EngineConfig& e = o.engine;
-  e.block_size = static_cast<int32_t>(f->block_size);
+  scheduler::SchedulerConfig& s = e.scheduler;
+  s.block_size = static_cast<int32_t>(f->block_size);
+  s.max_num_seqs = static_cast<int32_t>(f->max_num_seqs);
+  s.max_num_batched_tokens = static_cast<int32_t>(f->max_num_batched_tokens);
+  s.thrash_preemption_limit = static_cast<int32_t>(f->thrash_preemption_limit);
+  s.admission_high_watermark = f->kv_high_watermark;
+  KV_ASSIGN_OR_RETURN(s.policy,
+                      scheduler::ParseSchedulingPolicy(f->scheduling_policy));
+  KV_ASSIGN_OR_RETURN(s.kv_reservation,
+                      scheduler::ParseKvReservation(f->kv_reservation));
+  KV_ASSIGN_OR_RETURN(s.preemption_mode,
+                      scheduler::ParsePreemptionMode(f->preemption_mode));
   e.kv_cache_bytes = f->kv_cache_bytes;
   e.kv_cache_fraction = f->kv_cache_fraction;
-  e.max_num_seqs = static_cast<int32_t>(f->max_num_seqs);
-  e.max_num_batched_tokens = static_cast<int32_t>(f->max_num_batched_tokens);
   e.max_queued_requests = static_cast<int32_t>(f->max_queued_requests);
   e.max_model_len = static_cast<int32_t>(f->max_model_len);
-  if (e.scheduling_policy != "fcfs" && e.scheduling_policy != "priority" &&
-      e.scheduling_policy != "cache-aware") {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "--scheduling-policy: '%s' must be fcfs, priority, or cache-aware",
-        e.scheduling_policy));
-  }
   e.swap_space_bytes =
       f->swap_space_bytes >= 0 ? f->swap_space_bytes : DefaultSwapSpaceBytes();
-  e.thrash_preemption_limit = static_cast<int32_t>(f->thrash_preemption_limit);
-  e.admission_high_watermark = f->kv_high_watermark;
   e.gpu_memory_fraction = f->gpu_memory_fraction;
-  if (e.preemption_mode != "auto" && e.preemption_mode != "recompute" &&
-      e.preemption_mode != "swap") {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "--preemption-mode: '%s' must be auto, recompute, or swap",
-        e.preemption_mode));
-  }
+  KV_ASSIGN_OR_RETURN(e.device, engine::ParseDevice(f->device));
   KV_ASSIGN_OR_RETURN(e.kv_cache_dtype,
                       ParseKvCacheDtypeFlag(f->kv_cache_dtype));
-  if (e.device != "cpu" && e.device != "cuda" && e.device != "auto") {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("--device: '%s' must be cpu, cuda, or auto", e.device));
-  }
-  if (e.kv_reservation != "paged" && e.kv_reservation != "max-length") {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("--kv-reservation: '%s' must be paged or max-length",
-                        e.kv_reservation));
-  }
   static constexpr const char* kLevels[] = {"trace", "debug",    "info", "warn",
                                             "error", "critical", "off"};
   for (const char* level : kLevels) {

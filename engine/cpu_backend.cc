@@ -222,7 +222,8 @@ absl::StatusOr<std::unique_ptr<ModelBackend>> CreateCpuBackend(
   if (model == nullptr || model->model == nullptr) {
     return absl::FailedPreconditionError(
         "--device=cpu: the packed CPU model is not loaded (the model was "
-        "loaded for another device; load it with LoadModel(path, \"cpu\"))");
+        "loaded for another device; load it with LoadModel(path, "
+        "Device::kCpu))");
   }
   const models::ModelConfig& c = model->config;
   int64_t budget = config.kv_cache_bytes;

@@ -232,7 +232,7 @@ absl::StatusOr<std::unique_ptr<ModelBackend>> CudaBackend::Create(
         ": the CUDA backend stores bf16 KV only (use auto or bf16, or "
         "--device cpu for f32, fp16, int8 and int4)"));
   }
-  // LoadModel(..., "cuda") keeps the weights; a model loaded for the CPU
+  // LoadModel(..., Device::kCuda) keeps the weights; a model loaded for the CPU
   // is re-opened from its path (the packed CPU copy is then dropped).
   std::unique_ptr<models::WeightSource> weights = std::move(model->weights);
   if (weights == nullptr) {

@@ -20,23 +20,14 @@ namespace kvserve::engine {
 
 absl::StatusOr<scheduler::SchedulerConfig> Engine::Impl::SchedulerConfigFor()
     const {
-  scheduler::SchedulerConfig sc;
-  sc.max_num_seqs = config_.max_num_seqs;
-  sc.max_num_batched_tokens = config_.max_num_batched_tokens;
-  sc.block_size = config_.block_size;
+  scheduler::SchedulerConfig sc = config_.scheduler;
   sc.num_blocks = backend_->num_blocks();
-  sc.watermark = config_.watermark;
   // The engine bounds the queue itself (Submit answers without the loop);
   // the scheduler's bound only backs it up.
   sc.max_queued_requests = std::max(config_.max_queued_requests, 1) * 2 + 64;
   sc.max_model_len = max_model_len_;
-  sc.enable_prefix_caching = config_.enable_prefix_caching;
   // Cached KV is only valid for the weights that computed it.
   sc.model_id = model_.path;
-  KV_ASSIGN_OR_RETURN(
-      sc.policy, scheduler::ParseSchedulingPolicy(config_.scheduling_policy));
-  KV_ASSIGN_OR_RETURN(sc.kv_reservation,
-                      scheduler::ParseKvReservation(config_.kv_reservation));
   // Preemption cost model: recompute = tokens x seconds per prefill token;
   // swap = block bytes / copy bandwidth, one way (the scheduler counts
   // out and back in).
@@ -44,17 +35,8 @@ absl::StatusOr<scheduler::SchedulerConfig> Engine::Impl::SchedulerConfigFor()
       backend_->bytes_per_block() /
       std::max(backend_->swap_bytes_per_second(), 1.0);
   sc.num_swap_slots = backend_->num_swap_slots();
-  KV_ASSIGN_OR_RETURN(sc.preemption_mode,
-                      scheduler::ParsePreemptionMode(config_.preemption_mode));
   sc.recompute_seconds_per_token = backend_->seconds_per_prefill_token();
   sc.swap_seconds_per_block = swap_block_seconds;
-  // 0: keep the scheduler's defaults.
-  if (config_.thrash_preemption_limit > 0) {
-    sc.thrash_preemption_limit = config_.thrash_preemption_limit;
-  }
-  if (config_.admission_high_watermark > 0) {
-    sc.admission_high_watermark = config_.admission_high_watermark;
-  }
   return sc;
 }
 
@@ -73,17 +55,18 @@ absl::Status Engine::Impl::Init(
       config_.max_model_len > 0 ? config_.max_model_len : c.max_position;
   BackendConfig bc;
   bc.device = config_.device;
-  bc.block_size = config_.block_size;
+  bc.block_size = config_.scheduler.block_size;
   bc.kv_cache_bytes = config_.kv_cache_bytes;
   bc.kv_cache_fraction = config_.kv_cache_fraction;
   bc.gpu_memory_fraction = config_.gpu_memory_fraction;
-  bc.max_num_batched_tokens = config_.max_num_batched_tokens;
-  bc.max_num_seqs = config_.max_num_seqs;
+  bc.max_num_batched_tokens = config_.scheduler.max_num_batched_tokens;
+  bc.max_num_seqs = config_.scheduler.max_num_seqs;
   bc.swap_space_bytes = config_.swap_space_bytes;
   bc.kv_dtype = config_.kv_cache_dtype;
   KV_ASSIGN_OR_RETURN(backend_, CreateBackend(bc, &model_));
   const int32_t num_blocks = backend_->num_blocks();
-  const int64_t per_token = backend_->bytes_per_block() / config_.block_size;
+  const int64_t per_token =
+      backend_->bytes_per_block() / config_.scheduler.block_size;
   KV_ASSIGN_OR_RETURN(scheduler::SchedulerConfig sc, SchedulerConfigFor());
   KV_ASSIGN_OR_RETURN(scheduler_, scheduler::Scheduler::Create(sc));
 
@@ -100,31 +83,35 @@ absl::Status Engine::Impl::Init(
   info_.vocab_size = c.vocab_size;
   info_.max_context = max_model_len_;
   info_.kv_bytes_per_token = per_token;
-  info_.block_size = config_.block_size;
+  info_.block_size = config_.scheduler.block_size;
   info_.num_blocks = num_blocks;
   info_.kv_dtype = std::string(backend_->kv_dtype());
   info_.device = std::string(backend_->device_name());
   info_.num_swap_slots = backend_->num_swap_slots();
-  const int64_t tokens = static_cast<int64_t>(num_blocks) * config_.block_size;
+  const int64_t tokens =
+      static_cast<int64_t>(num_blocks) * config_.scheduler.block_size;
   spdlog::info(
       "kv cache on {}: {} bytes/token ({}), {} blocks of {} tokens = {} "
       "tokens, {:.1f} MiB; holds {} sequences at max context {}; swap space "
       "{} blocks ({:.1f} MiB); cost model: {:.3g} ms/prefill token, {:.3g} "
       "GB/s swap",
-      info_.device, per_token, info_.kv_dtype, num_blocks, config_.block_size,
-      tokens, num_blocks * backend_->bytes_per_block() / 1048576.0,
-      tokens /
-          std::max<int64_t>(1, (max_model_len_ + config_.block_size - 1) /
-                                   config_.block_size * config_.block_size),
+      info_.device, per_token, info_.kv_dtype, num_blocks,
+      config_.scheduler.block_size, tokens,
+      num_blocks * backend_->bytes_per_block() / 1048576.0,
+      tokens / std::max<int64_t>(
+                   1, (max_model_len_ + config_.scheduler.block_size - 1) /
+                          config_.scheduler.block_size *
+                          config_.scheduler.block_size),
       max_model_len_, info_.num_swap_slots,
       info_.num_swap_slots * backend_->bytes_per_block() / 1048576.0,
       backend_->seconds_per_prefill_token() * 1e3,
       backend_->swap_bytes_per_second() / 1e9);
   if (registry) {
     metrics_ = std::make_unique<EngineMetrics>(
-        *registry, CacheConfigInfo{config_.block_size, num_blocks, per_token,
-                                   info_.kv_dtype, backend_->num_swap_slots(),
-                                   backend_->bytes_per_block()});
+        *registry,
+        CacheConfigInfo{config_.scheduler.block_size, num_blocks, per_token,
+                        info_.kv_dtype, backend_->num_swap_slots(),
+                        backend_->bytes_per_block()});
   }
   PublishStats(0, 0);
   return absl::OkStatus();
@@ -168,7 +155,7 @@ absl::Status Engine::Impl::CheckSpec(const RequestSpec& spec) const {
   const int64_t pool_tokens =
       static_cast<int64_t>(backend_->num_blocks() -
                            scheduler_->config().watermark_blocks()) *
-      config_.block_size;
+      config_.scheduler.block_size;
   if (prompt + spec.max_tokens > pool_tokens) {
     return absl::OutOfRangeError(absl::StrFormat(
         "prompt (%d tokens) + max_tokens (%d) can never fit the KV cache of "

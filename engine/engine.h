@@ -18,10 +18,12 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "engine/device.h"
 #include "engine/loaded_model.h"
 #include "engine/request_spec.h"
 #include "engine/stream_state.h"
 #include "kvcache/kv_sizing.h"
+#include "scheduler/scheduler_config.h"
 
 namespace prometheus {
 class Registry;
@@ -32,34 +34,29 @@ namespace kvserve::engine {
 // Most completions one request may ask for (RequestSpec::n).
 inline constexpr int32_t kMaxCompletions = 16;
 
+// The engine's configuration, typed and with the only defaults there are:
+// the serve flags start from these values, and `scheduler` is the
+// scheduler's own configuration with its defaults.
 struct EngineConfig {
-  int32_t block_size = 16;
+  // Scheduling: block_size, max_num_seqs, max_num_batched_tokens,
+  // watermark, policy, kv_reservation, enable_prefix_caching,
+  // preemption_mode, thrash_preemption_limit, admission_high_watermark,
+  // long_prefill_token_threshold. The engine fills the fields it owns:
+  // num_blocks, max_model_len, max_queued_requests, model_id, swap slots
+  // and the preemption cost model.
+  scheduler::SchedulerConfig scheduler;
   int64_t kv_cache_bytes = 0;       // 0: derive from kv_cache_fraction
   double kv_cache_fraction = 0.25;  // of physical memory, when bytes == 0
-  int32_t max_num_seqs = 64;
-  int32_t max_num_batched_tokens = 512;
+  // Waiting requests before Submit answers RESOURCE_EXHAUSTED.
   int32_t max_queued_requests = 1024;
   int32_t max_model_len = 0;  // 0: the model's max context
-  double watermark = 0.01;    // fraction of blocks kept free at admission
-  std::string scheduling_policy = "fcfs";  // fcfs | priority | cache-aware
-  bool enable_prefix_caching = true;
-  // paged | max-length (each request holds a max_model_len slab: the
-  // contiguous-allocation baseline of the paging experiment).
-  std::string kv_reservation = "paged";
-  // The backend (engine/model_backend.h): cpu | cuda | auto.
-  std::string device = "cpu";
+  // The backend (engine/model_backend.h).
+  Device device = Device::kCpu;
   double gpu_memory_fraction = 0.9;
   // Host swap space for preemption by swap; 0 disables swapping.
   int64_t swap_space_bytes = 0;
   // KV element type (--kv-cache-dtype); nullopt: the backend's default.
   std::optional<kvcache::KvDtype> kv_cache_dtype;
-  std::string preemption_mode = "auto";  // auto | recompute | swap
-  // A request preempted this many times in a row is readmitted only when
-  // its whole remaining prefill fits (0: the scheduler's default).
-  int32_t thrash_preemption_limit = 0;
-  // Stop admitting new work above this fraction of KV blocks in use
-  // (0: the scheduler's default).
-  double admission_high_watermark = 0;
 };
 
 // Static facts about the loaded model and cache, for GetModelInfo and logs.

@@ -143,7 +143,7 @@ void Engine::Impl::FinishAborted(RequestId id) {
 models::ForwardBatch Engine::Impl::BuildBatch(
     const scheduler::SchedulerOutput& out, std::vector<int32_t>* producers) {
   models::ForwardBatch b;
-  const int32_t bs = config_.block_size;
+  const int32_t bs = config_.scheduler.block_size;
   b.token_ids = out.token_ids;
   b.seq_starts.reserve(out.scheduled.size() + 1);
   b.seq_starts.push_back(0);
@@ -382,8 +382,9 @@ void Engine::Impl::PublishStats(double step_seconds, int64_t tokens) {
   for (RequestId id : scheduler_->RunningIds()) {
     const scheduler::Request* r = scheduler_->GetRequest(id);
     const int64_t blocks = scheduler_->kv_cache().GetBlockTable(id).size();
-    reserved += blocks * config_.block_size;
-    unwritten += blocks * config_.block_size - r->num_computed_tokens();
+    reserved += blocks * config_.scheduler.block_size;
+    unwritten +=
+        blocks * config_.scheduler.block_size - r->num_computed_tokens();
   }
   {
     absl::MutexLock lock(&mu_);

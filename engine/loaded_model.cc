@@ -9,7 +9,7 @@
 namespace kvserve::engine {
 
 absl::StatusOr<LoadedModel> LoadModel(std::string_view name_or_path,
-                                      std::string_view device) {
+                                      Device device) {
   // Before reading any weights: a device that cannot run here fails fast.
   KV_RETURN_IF_ERROR(CheckDevice(device));
   LoadedModel out;
@@ -27,7 +27,7 @@ absl::StatusOr<LoadedModel> LoadModel(std::string_view name_or_path,
   out.chat_format = models::DetectChatFormat(tok_data.chat_template, tok_data);
   KV_ASSIGN_OR_RETURN(out.tokenizer,
                       models::Tokenizer::Create(std::move(tok_data)));
-  if (ResolveDevice(device) == "cuda") {
+  if (ResolveDevice(device) == Device::kCuda) {
     KV_RETURN_IF_ERROR(models::CheckWeights(out.config, *files.weights));
     out.weights = std::move(files.weights);
     return out;

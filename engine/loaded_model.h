@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "engine/device.h"
 #include "models/cpu/cpu_llama_model.h"
 #include "models/model_config.h"
 #include "models/tokenizer/chat_template.h"
@@ -31,11 +32,11 @@ struct LoadedModel {
 // Resolves `name_or_path` (preset name, .gguf file, or HF directory), loads
 // and packs the weights. Errors name the file and what is wrong; a preset
 // whose weights are absent names every place that was searched. `device`
-// (cpu | cuda | auto, as --device): when it resolves to "cuda" the weights
+// (as --device): when it resolves to Device::kCuda the weights
 // are checked and kept in `weights` for the GPU upload, not packed. A
 // device that cannot run here gets CheckDevice's error before any file is
 // read.
 [[nodiscard]] absl::StatusOr<LoadedModel> LoadModel(
-    std::string_view name_or_path, std::string_view device = "cpu");
+    std::string_view name_or_path, Device device = Device::kCpu);
 
 }  // namespace kvserve::engine

@@ -8,45 +8,40 @@
 
 namespace kvserve::engine {
 
-std::string ResolveDevice(std::string_view requested) {
-  if (requested != "auto") return std::string(requested);
+Device ResolveDevice(Device requested) {
+  if (requested != Device::kAuto) return requested;
     // The SIMT emulator (KVSERVE_CUDA_EMU) is a test device: only an explicit
     // --device=cuda selects it.
 #if defined(KVSERVE_CUDA) && !defined(KVSERVE_CUDA_EMU)
-  if (CudaDeviceCount() > 0) return "cuda";
+  if (CudaDeviceCount() > 0) return Device::kCuda;
 #endif
-  return "cpu";
+  return Device::kCpu;
 }
 
-absl::Status CheckDevice(std::string_view requested) {
-  const std::string device = ResolveDevice(requested);
-  if (device == "cpu") return absl::OkStatus();
-  if (device == "cuda") {
+absl::Status CheckDevice(Device requested) {
+  if (ResolveDevice(requested) == Device::kCpu) return absl::OkStatus();
 #ifdef KVSERVE_CUDA
-    if (CudaDeviceCount() <= 0) {
-      return absl::FailedPreconditionError(
-          "--device=cuda: no CUDA device is visible (check the driver and "
-          "CUDA_VISIBLE_DEVICES), or use --device=cpu");
-    }
-    return absl::OkStatus();
-#else
+  if (CudaDeviceCount() <= 0) {
     return absl::FailedPreconditionError(
-        "--device=cuda: this build has no CUDA support (configure with "
-        "-DKVSERVE_CUDA=ON and nvcc on PATH), or use --device=cpu");
-#endif
+        "--device=cuda: no CUDA device is visible (check the driver and "
+        "CUDA_VISIBLE_DEVICES), or use --device=cpu");
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "--device: must be cpu, cuda, or auto, got \"", device, "\""));
+  return absl::OkStatus();
+#else
+  return absl::FailedPreconditionError(
+      "--device=cuda: this build has no CUDA support (configure with "
+      "-DKVSERVE_CUDA=ON and nvcc on PATH), or use --device=cpu");
+#endif
 }
 
 absl::StatusOr<std::unique_ptr<ModelBackend>> CreateBackend(
     const BackendConfig& config, LoadedModel* model) {
-  const std::string device = ResolveDevice(config.device);
+  const Device device = ResolveDevice(config.device);
   if (absl::Status s = CheckDevice(device); !s.ok()) return s;
 #ifdef KVSERVE_CUDA
-  if (device == "cuda") return CreateCudaBackend(config, model);
+  if (device == Device::kCuda) return CreateCudaBackend(config, model);
 #endif
-  return CreateCpuBackend(config, model);  // CheckDevice passed: "cpu"
+  return CreateCpuBackend(config, model);  // CheckDevice passed: the CPU
 }
 
 }  // namespace kvserve::engine

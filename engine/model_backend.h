@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "engine/device.h"
 #include "kvcache/block_pool.h"
 #include "kvcache/kv_sizing.h"
 #include "models/forward_batch.h"
@@ -33,7 +34,7 @@ struct LoadedModel;
 using BlockMove = kvcache::BlockMove;
 
 struct BackendConfig {
-  std::string device = "cpu";  // cpu | cuda | auto (resolved by the factory)
+  Device device = Device::kCpu;  // kAuto is resolved by the factory
   int32_t block_size = 16;
   // KV budget in bytes; 0 means: CPU, kv_cache_fraction of physical memory;
   // CUDA, gpu_memory_fraction of device memory minus weights and
@@ -90,15 +91,14 @@ class ModelBackend {
 [[nodiscard]] absl::StatusOr<std::unique_ptr<ModelBackend>> CreateBackend(
     const BackendConfig& config, LoadedModel* model);
 
-// The device `auto` resolves to on this machine: "cuda" or "cpu"; any other
+// The device kAuto resolves to on this machine (kCuda or kCpu); any other
 // value is returned as it is.
-std::string ResolveDevice(std::string_view requested);
+[[nodiscard]] Device ResolveDevice(Device requested);
 
 // OK when the resolved `device` can run here; otherwise the error
 // CreateBackend would give (FailedPrecondition "--device=cuda: no CUDA
-// device is visible ..." or "... this build has no CUDA support ...";
-// InvalidArgument for an unknown name). Cheap: lets callers fail before
-// loading weights.
-[[nodiscard]] absl::Status CheckDevice(std::string_view device);
+// device is visible ..." or "... this build has no CUDA support ...").
+// Cheap: lets callers fail before loading weights.
+[[nodiscard]] absl::Status CheckDevice(Device device);
 
 }  // namespace kvserve::engine

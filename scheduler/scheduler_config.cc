@@ -74,6 +74,16 @@ absl::StatusOr<KvReservation> ParseKvReservation(absl::string_view name) {
                    "' unknown; use paged or max-length"));
 }
 
+absl::string_view KvReservationName(KvReservation reservation) {
+  switch (reservation) {
+    case KvReservation::kPaged:
+      return "paged";
+    case KvReservation::kMaxLength:
+      return "max-length";
+  }
+  return "unknown";
+}
+
 absl::StatusOr<SchedulingPolicy> ParseSchedulingPolicy(absl::string_view name) {
   if (name == "fcfs") return SchedulingPolicy::kFcfs;
   if (name == "priority") return SchedulingPolicy::kPriority;

@@ -66,9 +66,9 @@ enum class KvReservation {
 
 struct SchedulerConfig {
   // Most requests running (holding blocks) at once.
-  int32_t max_num_seqs = 256;
+  int32_t max_num_seqs = 64;
   // Per-step token budget over all scheduled requests.
-  int32_t max_num_batched_tokens = 2048;
+  int32_t max_num_batched_tokens = 512;
   // Tokens per KV block and blocks in the pool.
   int32_t block_size = 16;
   int32_t num_blocks = 0;
@@ -130,6 +130,7 @@ struct SchedulerConfig {
 [[nodiscard]] absl::StatusOr<PreemptionMode> ParsePreemptionMode(
     absl::string_view name);
 [[nodiscard]] absl::string_view PreemptionModeName(PreemptionMode mode);
+[[nodiscard]] absl::string_view KvReservationName(KvReservation reservation);
 [[nodiscard]] absl::string_view SchedulingPolicyName(SchedulingPolicy policy);
 
 }  // namespace kvserve::scheduler

@@ -108,15 +108,15 @@ absl::Status Daemon::StartEngine(const ServeOptions& options) {
   const absl::Time t0 = absl::Now();
   // The form of the weights follows the device: packed for the CPU, kept
   // for the GPU upload ("auto" without a GPU loads for the CPU).
-  const std::string device = engine::ResolveDevice(options.engine.device);
+  const engine::Device device = engine::ResolveDevice(options.engine.device);
   KV_ASSIGN_OR_RETURN(engine::LoadedModel model,
                       engine::LoadModel(model_path_, device));
   const models::ModelConfig& c = model.config;
   spdlog::info(
       "model {} ({}) loaded for {} in {:.2f} s: {} layers, hidden {}, {} "
       "heads / {} KV heads, vocab {}{}",
-      model.path, model.format, device, SecondsSince(t0), c.num_layers,
-      c.hidden_size, c.num_heads, c.num_kv_heads, c.vocab_size,
+      model.path, model.format, engine::DeviceName(device), SecondsSince(t0),
+      c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.vocab_size,
       model.model != nullptr
           ? absl::StrFormat(", %.1f MiB of packed weights",
                             model.model->weight_bytes() / 1048576.0)

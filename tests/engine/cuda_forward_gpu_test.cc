@@ -243,9 +243,9 @@ TEST(CudaForward, GreedyMatchesCpuOnDefaultModel) {
   if (!std::filesystem::exists(kModel)) {
     GTEST_SKIP() << kModel << " absent (deploy/setup.sh fetches it)";
   }
-  auto cpu = LoadModel(kModel, "cpu");
+  auto cpu = LoadModel(kModel, Device::kCpu);
   ASSERT_TRUE(cpu.ok()) << cpu.status();
-  auto gpu = LoadModel(kModel, "cuda");
+  auto gpu = LoadModel(kModel, Device::kCuda);
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   ASSERT_EQ(gpu->model, nullptr);
   ASSERT_NE(gpu->weights, nullptr);
@@ -277,7 +277,7 @@ TEST(CudaForward, GreedyMatchesCpuOnDefaultModel) {
   ASSERT_EQ(want.size(), prompts.size());
 
   BackendConfig bc;
-  bc.device = "cuda";
+  bc.device = Device::kCuda;
   bc.block_size = kBlock;
   bc.kv_cache_bytes = 0;
   bc.gpu_memory_fraction = 0.5;

@@ -618,6 +618,9 @@ TEST(SchedulerTest, MaxLengthSlabMustFitThePool) {
             KvReservation::kMaxLength);
   EXPECT_EQ(ParseKvReservation("paged").value(), KvReservation::kPaged);
   EXPECT_FALSE(ParseKvReservation("slab").ok());
+  for (KvReservation r : {KvReservation::kPaged, KvReservation::kMaxLength}) {
+    EXPECT_EQ(ParseKvReservation(KvReservationName(r)).value(), r);
+  }
 }
 
 TEST(SchedulerTest, EmptyScheduleWithoutWork) {
