@@ -127,17 +127,12 @@ void Engine::Impl::Stop() {
 }
 
 absl::Status Engine::Impl::CheckSpec(const RequestSpec& spec) const {
-  const int64_t prompt = spec.prompt_tokens.size();
-  if (prompt == 0) {
-    return absl::InvalidArgumentError("prompt: must not be empty");
-  }
+  // The scheduler's config is immutable after creation: safe to read here.
+  KV_RETURN_IF_ERROR(scheduler_->config().CheckRequestSize(
+      static_cast<int64_t>(spec.prompt_tokens.size()), spec.max_tokens));
   if (spec.n < 1 || spec.n > kMaxCompletions) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "n: must be in [1, %d], got %d", kMaxCompletions, spec.n));
-  }
-  if (spec.max_tokens < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("max_tokens: must be >= 1, got %d", spec.max_tokens));
   }
   for (int32_t t : spec.prompt_tokens) {
     if (t < 0 || t >= info_.vocab_size) {
@@ -145,22 +140,6 @@ absl::Status Engine::Impl::CheckSpec(const RequestSpec& spec) const {
           absl::StrFormat("prompt_token_ids: %d outside the vocabulary [0, %d)",
                           t, info_.vocab_size));
     }
-  }
-  if (prompt + spec.max_tokens > max_model_len_) {
-    return absl::OutOfRangeError(absl::StrFormat(
-        "prompt (%d tokens) + max_tokens (%d) exceeds the maximum context of "
-        "%d tokens",
-        prompt, spec.max_tokens, max_model_len_));
-  }
-  const int64_t pool_tokens =
-      static_cast<int64_t>(backend_->num_blocks() -
-                           scheduler_->config().watermark_blocks()) *
-      config_.scheduler.block_size;
-  if (prompt + spec.max_tokens > pool_tokens) {
-    return absl::OutOfRangeError(absl::StrFormat(
-        "prompt (%d tokens) + max_tokens (%d) can never fit the KV cache of "
-        "%d usable tokens (--kv-cache-bytes)",
-        prompt, spec.max_tokens, pool_tokens));
   }
   return absl::OkStatus();
 }

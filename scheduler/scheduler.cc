@@ -78,39 +78,11 @@ absl::Status Scheduler::AddRequest(std::unique_ptr<Request> request) {
 }
 
 absl::Status Scheduler::CheckRequest(const Request& r) const {
-  if (r.num_prompt_tokens() == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("request ", r.id(), ": prompt is empty"));
-  }
-  if (r.max_tokens() < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "request ", r.id(), ": max_tokens must be >= 1, got ", r.max_tokens()));
-  }
   if (requests_.contains(r.id())) {
     return absl::AlreadyExistsError(
         absl::StrCat("request ", r.id(), " already exists"));
   }
-  const int64_t total = int64_t{r.num_prompt_tokens()} + r.max_tokens();
-  if (total > config_.max_model_len) {
-    return absl::OutOfRangeError(
-        absl::StrCat("request ", r.id(), ": prompt (", r.num_prompt_tokens(),
-                     " tokens) + max_tokens (", r.max_tokens(), ") = ", total,
-                     " tokens exceeds max_model_len ", config_.max_model_len));
-  }
-  const int64_t blocks =
-      config_.kv_reservation == KvReservation::kMaxLength
-          ? config_.slab_blocks()
-          : kvcache::BlocksForTokens(total, config_.block_size);
-  const int64_t usable = config_.num_blocks - watermark_blocks_;
-  if (blocks > usable) {
-    return absl::OutOfRangeError(
-        absl::StrCat("request ", r.id(), ": prompt + max_tokens = ", total,
-                     " tokens need ", blocks, " KV blocks of ",
-                     config_.block_size, " tokens, but the pool has ",
-                     config_.num_blocks, " blocks (", watermark_blocks_,
-                     " kept free by the watermark, ", usable, " usable)"));
-  }
-  return absl::OkStatus();
+  return config_.CheckRequestSize(r.num_prompt_tokens(), r.max_tokens());
 }
 
 absl::Status Scheduler::Finish(RequestId id, FinishReason reason) {

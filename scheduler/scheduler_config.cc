@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "kvcache/kv_sizing.h"
 
 namespace kvserve::scheduler {
 namespace {
@@ -64,6 +65,37 @@ int32_t SchedulerConfig::watermark_blocks() const {
 
 int64_t SchedulerConfig::slab_blocks() const {
   return (int64_t{max_model_len} + block_size - 1) / block_size;
+}
+
+absl::Status SchedulerConfig::CheckRequestSize(int64_t prompt_tokens,
+                                               int64_t max_tokens) const {
+  if (prompt_tokens <= 0) {
+    return absl::InvalidArgumentError("prompt: must not be empty");
+  }
+  if (max_tokens < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_tokens: must be >= 1, got ", max_tokens));
+  }
+  const int64_t total = prompt_tokens + max_tokens;
+  if (total > max_model_len) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "prompt (", prompt_tokens, " tokens) + max_tokens (", max_tokens,
+        ") = ", total, " tokens exceeds the maximum context of ", max_model_len,
+        " tokens"));
+  }
+  const int64_t blocks = kv_reservation == KvReservation::kMaxLength
+                             ? slab_blocks()
+                             : kvcache::BlocksForTokens(total, block_size);
+  const int64_t usable = int64_t{num_blocks} - watermark_blocks();
+  if (blocks > usable) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "prompt (", prompt_tokens, " tokens) + max_tokens (", max_tokens,
+        ") = ", total, " tokens need ", blocks, " KV blocks of ", block_size,
+        " tokens, but the pool has ", num_blocks, " blocks (",
+        watermark_blocks(), " kept free by the watermark, ", usable,
+        " usable): it can never fit the KV cache (--kv-cache-bytes)"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<KvReservation> ParseKvReservation(absl::string_view name) {

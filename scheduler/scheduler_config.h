@@ -114,6 +114,13 @@ struct SchedulerConfig {
   [[nodiscard]] int32_t watermark_blocks() const;
   // ceil(max_model_len / block_size): the blocks of one kMaxLength slab.
   [[nodiscard]] int64_t slab_blocks() const;
+  // Whether a request of `prompt_tokens` and `max_tokens` can ever run: the
+  // one check of these limits, used by the scheduler and by the engine
+  // before it queues a request. InvalidArgument for an empty prompt or
+  // max_tokens < 1; OutOfRange past max_model_len, or when its blocks (a
+  // whole slab under kMaxLength) exceed the pool less the watermark.
+  [[nodiscard]] absl::Status CheckRequestSize(int64_t prompt_tokens,
+                                              int64_t max_tokens) const;
 };
 
 // "fcfs" | "priority" | "cache-aware"; InvalidArgument otherwise (naming

@@ -489,7 +489,8 @@ TEST(SchedulerTest, RequestThatCanNeverFitIsOutOfRange) {
   Scheduler sched3(c);
   s = sched3.AddRequest(MakeRequest(1, 10, 7));
   EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange);
-  EXPECT_THAT(s.message(), HasSubstr("= 17 tokens exceeds max_model_len 16"));
+  EXPECT_THAT(s.message(),
+              HasSubstr("= 17 tokens exceeds the maximum context of 16"));
   EXPECT_FALSE(sched3.has_work());
 }
 
