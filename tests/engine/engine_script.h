@@ -21,9 +21,18 @@
 #include "absl/time/time.h"
 #include "common/check.h"
 #include "engine/engine.h"
+#include "gtest/gtest.h"
 #include "prometheus/metric_family.h"
 #include "prometheus/registry.h"
 #include "tests/engine/fake_backend.h"
+
+namespace kvserve::engine {
+
+inline void PrintTo(FinishReason r, std::ostream* os) {
+  *os << FinishReasonName(r);
+}
+
+}  // namespace kvserve::engine
 
 namespace kvserve::engine::test {
 
@@ -127,7 +136,8 @@ class Script {
 
   // Lets the engine take what was submitted.
   void Start() { engine_->Start(); }
-  // Waits until every submitted stream finished; false after `timeout`.
+  // Waits until every submitted stream finished; after `timeout`, fails the
+  // test naming the streams still open and returns false.
   [[nodiscard]] bool WaitAll(absl::Duration timeout = absl::Seconds(10)) {
     absl::MutexLock lock(&mu_);
     auto done = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
@@ -136,7 +146,14 @@ class Script {
       }
       return true;
     };
-    return mu_.AwaitWithTimeout(absl::Condition(&done), timeout);
+    if (mu_.AwaitWithTimeout(absl::Condition(&done), timeout)) return true;
+    std::vector<std::string> open;
+    for (const auto& s : streams_) {
+      if (!s->done) open.push_back(s->name);
+    }
+    ADD_FAILURE() << "streams still open after " << timeout << ": "
+                  << absl::StrJoin(open, ", ");
+    return false;
   }
   // Start, then WaitAll.
   [[nodiscard]] bool Run() {

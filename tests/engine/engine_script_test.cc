@@ -163,24 +163,28 @@ TEST(EngineScriptTest, AbortMidPrefill) {
 }
 
 // Deadlines end a request wherever it is, counted by phase: "c" expired on
-// arrival and "b" waiting behind max_num_seqs never reached the model
-// (queued); "a" was decoding (running). "f" runs on.
+// arrival and "b", waiting behind max_num_seqs, never reached the model
+// (queued); "a" was decoding and "p" half way through its chunked prefill
+// (running). "f" runs on.
 TEST(EngineScriptTest, DeadlinesExpireWhileQueuedAndWhileRunning) {
   EngineConfig config = SmallConfig();
-  config.max_num_seqs = 2;
+  config.max_num_seqs = 3;
+  config.max_num_batched_tokens = 8;
   Script s(config);
   ASSERT_TRUE(s.Submit("f", Greedy({2, 3}, 8)).ok());
   RequestSpec c = Greedy({2, 3}, 4);
   c.deadline = absl::Now() - absl::Seconds(1);
   ASSERT_TRUE(s.Submit("c", c).ok());
-  // Submitted during step 0, so taken (and "a" scheduled) right after it;
-  // the deadline passes during step 2.
+  // Submitted during step 0, so taken (and "a" and "p" scheduled) right
+  // after it; the deadline passes during step 2.
   absl::Time deadline;
   s.backend().At(0, [&](const StepRecord&) {
     deadline = absl::Now() + absl::Milliseconds(50);
-    RequestSpec a = Greedy({4, 1}, 8), b = Greedy({6, 1}, 8);
-    a.deadline = b.deadline = deadline;
+    RequestSpec a = Greedy({4, 1}, 8), p = Greedy(std::vector(20, 1), 4),
+                b = Greedy({6, 1}, 8);
+    a.deadline = p.deadline = b.deadline = deadline;
     EXPECT_TRUE(s.Submit("a", a).ok());
+    EXPECT_TRUE(s.Submit("p", p).ok());
     EXPECT_TRUE(s.Submit("b", b).ok());
     return absl::OkStatus();
   });
@@ -199,15 +203,23 @@ TEST(EngineScriptTest, DeadlinesExpireWhileQueuedAndWhileRunning) {
                             {2, "a", {9}, kDeadline},
                             {2, "b", {}, kDeadline},
                             {2, "f", {9}},
+                            {2, "p", {}, kDeadline},
                             {3, "f", {11}},
                             {4, "f", {13}},
                             {5, "f", {15}},
                             {6, "f", {17}},
                             {7, "f", {19}, kLength},
                         }));
+  // Steps 1 and 2: "f" and "a" decode, "p" prefills the rest of the budget.
+  const std::vector<StepRecord> steps = s.backend().steps();
+  ASSERT_THAT(steps, SizeIs(8));
+  for (int step : {1, 2}) {
+    EXPECT_EQ(steps[step].batch.num_seqs(), 3) << "step " << step;
+    EXPECT_EQ(steps[step].batch.num_tokens(), 8) << "step " << step;
+  }
   const char* kMetric = "kvserve_deadline_exceeded_total";
   EXPECT_EQ(MetricValue(s.registry(), kMetric, "phase", "queued"), 2);
-  EXPECT_EQ(MetricValue(s.registry(), kMetric, "phase", "running"), 1);
+  EXPECT_EQ(MetricValue(s.registry(), kMetric, "phase", "running"), 2);
 }
 
 // A failed forward fails the requests in its batch with its error; the
