@@ -1,9 +1,10 @@
-// The engine driven step by step on FakeBackend (tests/engine/
-// fake_backend.h): each test lists what every stream got after every
-// step. Greedy decoding follows the fake's rule next = first + last token
-// (mod 64), so prompt {2, 3} continues 5, 7, 9, ...; token 0 is EOS.
+// The engine driven step by step on FakeBackend (fake_backend.h): each test
+// lists what every stream got after every step (engine_script.h's Rows).
+// Greedy decoding follows the fake's rule next = first + last token (mod
+// 64), so prompt {2, 3} continues 5, 7, 9, ...; token 0 is EOS.
 #include "tests/engine/engine_script.h"
 
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -18,7 +19,6 @@
 namespace kvserve::engine::test {
 namespace {
 
-using ::testing::ElementsAre;
 using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
@@ -265,6 +265,9 @@ struct PreemptionCase {
   std::string mode;
   int32_t swap_slots;
 };
+void PrintTo(const PreemptionCase& c, std::ostream* os) {
+  *os << c.mode << " with " << c.swap_slots << " swap slots";
+}
 
 class PreemptionTest : public ::testing::TestWithParam<PreemptionCase> {
  protected:
