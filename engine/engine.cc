@@ -17,6 +17,23 @@
 #include "spdlog/spdlog.h"
 
 namespace kvserve::engine {
+namespace {
+
+BackendConfig BackendConfigFor(const EngineConfig& config) {
+  BackendConfig bc;
+  bc.device = config.device;
+  bc.block_size = config.scheduler.block_size;
+  bc.kv_cache_bytes = config.kv_cache_bytes;
+  bc.kv_cache_fraction = config.kv_cache_fraction;
+  bc.gpu_memory_fraction = config.gpu_memory_fraction;
+  bc.max_num_batched_tokens = config.scheduler.max_num_batched_tokens;
+  bc.max_num_seqs = config.scheduler.max_num_seqs;
+  bc.swap_space_bytes = config.swap_space_bytes;
+  bc.kv_dtype = config.kv_cache_dtype;
+  return bc;
+}
+
+}  // namespace
 
 absl::StatusOr<scheduler::SchedulerConfig> Engine::Impl::SchedulerConfigFor()
     const {
@@ -41,7 +58,8 @@ absl::StatusOr<scheduler::SchedulerConfig> Engine::Impl::SchedulerConfigFor()
 }
 
 absl::Status Engine::Impl::Init(
-    const std::shared_ptr<prometheus::Registry>& registry) {
+    const std::shared_ptr<prometheus::Registry>& registry,
+    std::unique_ptr<ModelBackend> backend) {
   const models::ModelConfig& c = model_.config;
   // Positions past the trained context would run with RoPE angles the model
   // never saw: refused, as vLLM does, not clamped behind the user's back.
@@ -53,17 +71,15 @@ absl::Status Engine::Impl::Init(
   }
   max_model_len_ =
       config_.max_model_len > 0 ? config_.max_model_len : c.max_position;
-  BackendConfig bc;
-  bc.device = config_.device;
-  bc.block_size = config_.scheduler.block_size;
-  bc.kv_cache_bytes = config_.kv_cache_bytes;
-  bc.kv_cache_fraction = config_.kv_cache_fraction;
-  bc.gpu_memory_fraction = config_.gpu_memory_fraction;
-  bc.max_num_batched_tokens = config_.scheduler.max_num_batched_tokens;
-  bc.max_num_seqs = config_.scheduler.max_num_seqs;
-  bc.swap_space_bytes = config_.swap_space_bytes;
-  bc.kv_dtype = config_.kv_cache_dtype;
-  KV_ASSIGN_OR_RETURN(backend_, CreateBackend(bc, &model_));
+  if (backend == nullptr) {
+    KV_ASSIGN_OR_RETURN(backend,
+                        CreateBackend(BackendConfigFor(config_), &model_));
+  } else if (backend->block_size() != config_.scheduler.block_size) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "Engine::Create: the backend's block size %d is not the config's %d",
+        backend->block_size(), config_.scheduler.block_size));
+  }
+  backend_ = std::move(backend);
   const int32_t num_blocks = backend_->num_blocks();
   const int64_t per_token =
       backend_->bytes_per_block() / config_.scheduler.block_size;
@@ -204,11 +220,19 @@ Engine::~Engine() { impl_->Stop(); }
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
     const EngineConfig& config, LoadedModel model,
     std::shared_ptr<prometheus::Registry> registry) {
+  return Create(config, std::move(model), EngineOptions{}, std::move(registry));
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
+    const EngineConfig& config, LoadedModel model, EngineOptions options,
+    std::shared_ptr<prometheus::Registry> registry) {
   // Either form of the weights: the packed CPU model (LoadModel for "cpu")
   // or the raw weights kept for a GPU upload (LoadModel for "cuda").
-  // CreateBackend says clearly when the form does not suit the device.
+  // CreateBackend says clearly when the form does not suit the device. A
+  // given backend holds its own.
   if (model.tokenizer == nullptr ||
-      (model.model == nullptr && model.weights == nullptr)) {
+      (options.backend == nullptr && model.model == nullptr &&
+       model.weights == nullptr)) {
     return absl::InvalidArgumentError(
         "Engine::Create: model not loaded (no tokenizer, or neither a packed "
         "CPU model nor kept weights)");
@@ -216,8 +240,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
   std::unique_ptr<Engine> engine(new Engine(nullptr));
   engine->impl_ =
       std::make_unique<Impl>(config, std::move(model), &engine->draining_);
-  KV_RETURN_IF_ERROR(engine->impl_->Init(registry));
-  engine->impl_->Start();
+  KV_RETURN_IF_ERROR(engine->impl_->Init(registry, std::move(options.backend)));
+  engine->impl_->Start(options.start_paused);
   return engine;
 }
 
@@ -225,6 +249,7 @@ absl::StatusOr<std::shared_ptr<StreamState>> Engine::Submit(RequestSpec spec) {
   return impl_->Submit(std::move(spec));
 }
 void Engine::Abort(RequestId id) { impl_->Abort(id); }
+void Engine::Start() { impl_->Resume(); }
 void Engine::Drain(absl::Duration timeout) { impl_->Drain(timeout); }
 const ModelInfo& Engine::model_info() const { return impl_->info(); }
 const models::Tokenizer& Engine::tokenizer() const {

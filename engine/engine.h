@@ -20,6 +20,7 @@
 #include "absl/time/time.h"
 #include "engine/device.h"
 #include "engine/loaded_model.h"
+#include "engine/model_backend.h"
 #include "engine/request_spec.h"
 #include "engine/stream_state.h"
 #include "kvcache/kv_sizing.h"
@@ -83,12 +84,28 @@ struct EngineStats {
   absl::Time last_step_end = absl::InfinitePast();
 };
 
+// What Create takes besides the config and the model. The defaults are what
+// the daemon runs; the rest lets tests drive the engine on a scripted backend.
+struct EngineOptions {
+  // The backend to run on; null: CreateBackend builds one for config.device
+  // from the model's weights. A given backend must use config.block_size,
+  // and the model then needs only its config and tokenizer (no weights).
+  std::unique_ptr<ModelBackend> backend;
+  // The engine thread takes no request before Start(): requests submitted
+  // until then are admitted together, in submission order.
+  bool start_paused = false;
+};
+
 class Engine {
  public:
   // Sizes the KV storage from `config`, builds the scheduler, registers
   // metrics in `registry` (may be null), and starts the engine thread.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Engine>> Create(
       const EngineConfig& config, LoadedModel model,
+      std::shared_ptr<prometheus::Registry> registry);
+  // The same, with `options`.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Engine>> Create(
+      const EngineConfig& config, LoadedModel model, EngineOptions options,
       std::shared_ptr<prometheus::Registry> registry);
   ~Engine();  // stops the thread; unfinished requests finish as cancelled
 
@@ -100,6 +117,8 @@ class Engine {
   // Cancels a request (no-op if already finished). Its blocks are freed
   // within one step and it finishes with kCancelled.
   void Abort(RequestId id);
+  // Lets an engine created with start_paused take requests; no-op otherwise.
+  void Start();
 
   // Stops admitting (Submit returns UNAVAILABLE), lets in-flight requests
   // finish until `timeout`, cancels the rest. Returns when all are done.

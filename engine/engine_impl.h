@@ -44,9 +44,21 @@ class Engine::Impl {
       : config_(config), model_(std::move(model)), draining_(draining) {}
   ~Impl() { Stop(); }
 
-  absl::Status Init(const std::shared_ptr<prometheus::Registry>& registry);
-  void Start() {
+  // `backend` null: CreateBackend builds one from the config and the model.
+  absl::Status Init(const std::shared_ptr<prometheus::Registry>& registry,
+                    std::unique_ptr<ModelBackend> backend);
+  // Starts the engine thread; a `paused` one takes no request before
+  // Resume() (or Stop, which cancels what was submitted).
+  void Start(bool paused) {
+    {
+      absl::MutexLock lock(&mu_);
+      paused_ = paused;
+    }
     thread_ = std::thread([this] { Loop(); });
+  }
+  void Resume() {
+    absl::MutexLock lock(&mu_);
+    paused_ = false;
   }
   void Stop();
 
@@ -119,6 +131,8 @@ class Engine::Impl {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   int64_t live_ ABSL_GUARDED_BY(mu_) = 0;    // submitted, not yet finished
   int64_t queued_ ABSL_GUARDED_BY(mu_) = 0;  // in inbox or waiting
+  // Until Resume(), for an engine started paused.
+  bool paused_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<RequestId> next_id_{1};
 
   // Engine thread only.

@@ -70,6 +70,13 @@ void Engine::Impl::Admit(std::unique_ptr<LiveRequest> r) {
 void Engine::Impl::Loop() {
   Inbox inbox;
   (void)FaultStepDelay();  // logs the warning at start-up
+  {
+    absl::MutexLock lock(&mu_);
+    auto released = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+      return !paused_ || stop_;
+    };
+    mu_.Await(absl::Condition(&released));
+  }
   while (TakeInbox(&inbox)) {
     for (auto& r : inbox.adds) Admit(std::move(r));
     // Before the aborts: gRPC also cancels a call whose deadline passed,
