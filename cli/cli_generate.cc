@@ -112,7 +112,7 @@ absl::Status ToFlagNames(const absl::Status& status, bool has_system) {
   for (const auto& [from, to] : renames) {
     if (!absl::StartsWith(msg, from)) continue;
     return absl::Status(status.code(),
-                        absl::StrCat(to, msg.substr(strlen(from))));
+                        absl::StrCat(to, msg.substr(std::strlen(from))));
   }
   return status;
 }

@@ -4,9 +4,9 @@
 The command's text must equal the daemon's for the same request over gRPC:
 greedy, raw and chat prompts; and sampled with nothing but a seed, which
 holds only when the command's sampling defaults are the server's. Also: a
-seed makes sampling reproducible; `--device cuda` without a device is
-refused naming --device; `--max-tokens` past the context is refused naming
-the flag.
+seed makes sampling reproducible; `--device cuda` fails where the daemon's
+does, with its message naming --device (no CUDA device or no CUDA build);
+`--max-tokens` past the context is refused naming the flag.
 
     generate_cli_test.py --binary build/server/kvserve --source-dir .
 """
@@ -70,12 +70,16 @@ class GenerateCli(unittest.TestCase):
         return "".join(m.text for m in self.stub.Generate(req, timeout=120))
 
     def test_greedy_text_equals_the_servers(self):
+        # The last prompt takes two prefill steps (the engine's 512-token
+        # budget) and many KV blocks of the pool sized for the sequence.
         cases = [("The capital of France is", False, 8),
                  ("What is 2+2?", True, 16),
-                 ("Write a short poem about the sea.", True, 40)]
+                 ("Write a short poem about the sea.", True, 40),
+                 (" ".join(["The quick brown fox jumps over the lazy dog."]
+                           * 70) + " Then the fox", False, 12)]
         for prompt, chat, n in cases:
-            with self.subTest(prompt=prompt):
-                text, _ = generated_text(
+            with self.subTest(prompt=prompt[:40]):
+                text, err = generated_text(
                     self, "--chat" if chat else "--no-chat",
                     "--temperature", "0", "--max-tokens", str(n),
                     "--prompt", prompt)
@@ -83,6 +87,9 @@ class GenerateCli(unittest.TestCase):
                     text, self.served_text(prompt, chat, temperature=0,
                                            max_tokens=n))
                 self.assertNotEqual(text, "")
+                prefill = re.search(r"prefill: (\d+) tokens", err)
+                if len(prompt) > 1000:
+                    self.assertGreater(int(prefill[1]), 512)
 
     def test_unset_flags_take_the_servers_defaults(self):
         # Only a seed: temperature, top-k, top-p, min-p, repetition penalty
@@ -109,18 +116,29 @@ class GenerateCli(unittest.TestCase):
         self.assertRegex(err, r"prefill: \d+ tokens in [\d.]+ s")
         self.assertIn("decode: 23 tokens in ", err)
 
-    def test_device_cuda_without_a_device_is_refused(self):
-        out = generate("--device", "cuda", "--max-tokens", "4", "--prompt",
-                       "Hi")
-        if out.returncode == 0:
-            self.skipTest("this machine has a CUDA device")
-        self.assertIn("--device", out.stderr)
-        self.assertTrue(any(why in out.stderr for why in NO_DEVICE),
-                        out.stderr)
-        self.assertEqual(out.stdout, "")
+    def test_device_cuda_fails_as_the_daemon_does(self):
+        # The daemon on --device cuda, as the probe of this machine: where
+        # it refuses, generate must refuse with the same message.
+        try:
+            daemon = KvserveProcess(ARGS.binary, ARGS.source_dir, "--device",
+                                    "cuda", timeout=900)
+            daemon.kill()
+            refusal = None
+        except RuntimeError as e:
+            refusal = re.search(r"--device=cuda: [^\n]*", str(e))
+            self.assertIsNotNone(refusal, str(e))
+            self.assertTrue(any(why in refusal[0] for why in NO_DEVICE), e)
+        out = generate("--device", "cuda", "--temperature", "0",
+                       "--max-tokens", "4", "--prompt", "Hi")
+        if refusal is None:  # a CUDA device (or the SIMT emulator)
+            self.assertEqual(out.returncode, 0, out.stderr)
+        else:
+            self.assertEqual(out.returncode, 1, out.stderr)
+            self.assertIn(refusal[0], out.stderr)
+            self.assertEqual(out.stdout, "")
         bad = generate("--device", "tpu", "--prompt", "Hi")
         self.assertEqual(bad.returncode, 2, bad.stderr)
-        self.assertIn("--device", bad.stderr)
+        self.assertIn("--device: must be cpu, cuda, or auto", bad.stderr)
 
     def test_values_the_server_refuses_name_the_flag(self):
         cases = [(["--max-tokens", "9000"],
