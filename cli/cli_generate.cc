@@ -1,43 +1,54 @@
 #include "cli/cli_generate.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <optional>
-#include <random>
+#include <cstring>
+#include <memory>
 #include <string>
-#include <vector>
+#include <utility>
 
-#include "absl/strings/str_format.h"
+#include "absl/base/thread_annotations.h"
+#include "absl/random/random.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "cli/kv_dtype_flag.h"
+#include "cli/logging.h"
 #include "common/cli_args.h"
 #include "common/parallel.h"
 #include "common/status_macros.h"
 #include "engine/cpu_backend.h"
-#include "engine/kv_cache_storage.h"
+#include "engine/engine.h"
 #include "engine/loaded_model.h"
-#include "engine/sampler.h"
-#include "engine/sequence_runner.h"
+#include "engine/model_backend.h"
+#include "engine/stream_state.h"
 #include "kvcache/kv_sizing.h"
-#include "models/tokenizer/chat_template.h"
-#include "models/tokenizer/detokenizer.h"
+#include "kvserve/v1/kvserve.pb.h"
+#include "models/loader/presets.h"
+#include "server/request_validation.h"
+#include "server/status_mapping.h"
 
 namespace kvserve::cli {
 namespace {
 
+// The flags. The sampling ones (max-tokens through seed) reach the request
+// only when given: ToRequestSpec fills the others with the server's
+// defaults, so an unset flag means what an unset request field means.
 struct GenerateFlags {
   std::string model = "smollm2-135m";
   std::string prompt;
   std::string system;
   bool chat = true;
-  bool ignore_eos = false;
-  int64_t max_tokens = 128;
-  double temperature = 0.8, top_p = 0.95, min_p = 0.05;
-  double repetition_penalty = 1.0;
-  int64_t top_k = 40;
+  int64_t max_tokens = 0;
+  double temperature = 0, top_p = 0, min_p = 0, repetition_penalty = 0;
+  int64_t top_k = 0;
   int64_t seed = -1;
+  bool ignore_eos = false;
   int64_t threads = 0;
   int64_t block_size = 16;
   std::string kv_cache_dtype = "auto";
+  std::string device = "cpu";
 };
 
 using Clock = std::chrono::steady_clock;
@@ -45,97 +56,249 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
-absl::StatusOr<std::vector<int32_t>> PromptTokens(const engine::LoadedModel& m,
-                                                  const GenerateFlags& f) {
-  std::string text = f.prompt;
-  const bool chat = f.chat && m.chat_format != models::ChatFormat::kNone;
+// The request the server would receive for these flags: the prompt as chat
+// messages when `chat` (the model has a chat format and --chat is on), else
+// as raw text; only the sampling flags that were given.
+v1::GenerateRequest BuildRequest(const GenerateFlags& f, const CliArgs& args,
+                                 bool chat) {
+  v1::GenerateRequest req;
   if (chat) {
-    std::vector<models::ChatMessage> msgs;
-    if (!f.system.empty()) msgs.push_back({"system", f.system});
-    msgs.push_back({"user", f.prompt});
-    KV_ASSIGN_OR_RETURN(text, models::RenderChat(m.chat_format, msgs,
-                                                 /*add_generation_prompt=*/true,
-                                                 m.chat_template));
+    v1::ChatMessages* messages = req.mutable_chat();
+    if (!f.system.empty()) {
+      v1::ChatMessage* m = messages->add_messages();
+      m->set_role("system");
+      m->set_content(f.system);
+    }
+    v1::ChatMessage* m = messages->add_messages();
+    m->set_role("user");
+    m->set_content(f.prompt);
+  } else {
+    req.set_prompt(f.prompt);
   }
-  return m.tokenizer->Encode(text, /*add_special=*/true,
-                             /*parse_special=*/chat);
+  v1::SamplingParams* p = req.mutable_sampling();
+  if (args.Seen("max-tokens")) {
+    p->set_max_tokens(static_cast<int32_t>(f.max_tokens));
+  }
+  if (args.Seen("temperature")) {
+    p->set_temperature(static_cast<float>(f.temperature));
+  }
+  if (args.Seen("top-k")) p->set_top_k(static_cast<int32_t>(f.top_k));
+  if (args.Seen("top-p")) p->set_top_p(static_cast<float>(f.top_p));
+  if (args.Seen("min-p")) p->set_min_p(static_cast<float>(f.min_p));
+  if (args.Seen("repetition-penalty")) {
+    p->set_repetition_penalty(static_cast<float>(f.repetition_penalty));
+  }
+  if (f.seed >= 0) p->set_seed(static_cast<uint64_t>(f.seed));
+  p->set_ignore_eos(f.ignore_eos);
+  return req;
 }
 
-absl::Status Generate(const GenerateFlags& f) {
+// ToRequestSpec names request fields ("sampling.max_tokens: ..."); on the
+// command line they are flags. `has_system`: chat message 0 is --system.
+absl::Status ToFlagNames(const absl::Status& status, bool has_system) {
+  const std::pair<const char*, const char*> renames[] = {
+      {"sampling.max_tokens", "--max-tokens"},
+      {"sampling.temperature", "--temperature"},
+      {"sampling.top_k", "--top-k"},
+      {"sampling.top_p", "--top-p"},
+      {"sampling.min_p", "--min-p"},
+      {"sampling.repetition_penalty", "--repetition-penalty"},
+      {"chat.messages[0].content", has_system ? "--system" : "--prompt"},
+      {"chat.messages[1].content", "--prompt"},
+      {"chat", "--prompt"},
+      {"prompt", "--prompt"},
+  };
+  const absl::string_view msg = status.message();
+  for (const auto& [from, to] : renames) {
+    if (!absl::StartsWith(msg, from)) continue;
+    return absl::Status(status.code(),
+                        absl::StrCat(to, msg.substr(std::strlen(from))));
+  }
+  return status;
+}
+
+// KV bytes for one sequence of `tokens` tokens: whole blocks of the dtype
+// the backend of `device` stores (the CPU's CpuKvDtype; bf16 on CUDA unless
+// another one is asked for, which that backend refuses).
+absl::StatusOr<int64_t> SequenceKvBytes(const models::ModelConfig& config,
+                                        const engine::EngineConfig& e,
+                                        engine::Device device, int64_t tokens) {
+  kvcache::KvDtype dtype = e.kv_cache_dtype.value_or(kvcache::KvDtype::kBF16);
+  if (device == engine::Device::kCpu) {
+    KV_ASSIGN_OR_RETURN(dtype,
+                        engine::CpuKvDtype(e.kv_cache_dtype, config.head_dim));
+  }
+  const int32_t block_size = e.scheduler.block_size;
+  const int64_t blocks = (tokens + block_size - 1) / block_size;
+  return blocks *
+         kvcache::KvBytesPerBlock(models::KvShapeOf(config), dtype, block_size);
+}
+
+// The blocking consumer of one StreamState: the sink (engine thread) parks
+// the one delta in flight, Next() takes it on the calling thread.
+class DeltaReader {
+ public:
+  explicit DeltaReader(const std::shared_ptr<engine::StreamState>& stream)
+      : stream_(stream) {
+    stream_->Attach([box = box_](engine::StreamDelta d) {
+      absl::MutexLock lock(&box->mu);
+      box->delta = std::move(d);
+      box->ready = true;
+    });
+  }
+
+  // The next delta, in order; the last one has `finished` set, and Next()
+  // must not be called after it. Acknowledges the previous delta first.
+  engine::StreamDelta Next() {
+    if (delivered_) stream_->Ack();  // may run the sink on this thread
+    delivered_ = true;
+    absl::MutexLock lock(&box_->mu);
+    box_->mu.Await(absl::Condition(&box_->ready));
+    box_->ready = false;
+    return std::move(box_->delta);
+  }
+
+ private:
+  struct Box {
+    absl::Mutex mu;
+    engine::StreamDelta delta ABSL_GUARDED_BY(mu);
+    bool ready ABSL_GUARDED_BY(mu) = false;
+  };
+  std::shared_ptr<engine::StreamState> stream_;
+  // Shared with the sink, which the stream keeps.
+  std::shared_ptr<Box> box_ = std::make_shared<Box>();
+  bool delivered_ = false;  // a delta was returned and awaits its Ack
+};
+
+// Streams the request's text to stdout as it arrives; returns the final
+// delta (usage and timings), or the error the request finished with.
+absl::StatusOr<engine::StreamDelta> PrintStream(
+    const std::shared_ptr<engine::StreamState>& stream) {
+  DeltaReader reader(stream);
+  for (;;) {
+    engine::StreamDelta d = reader.Next();
+    std::fputs(d.text.c_str(), stdout);
+    std::fflush(stdout);
+    if (!d.finished) continue;
+    std::fputs("\n", stdout);
+    KV_RETURN_IF_ERROR(server::FinishStatus(d.finish_reason, d.error,
+                                            /*server_draining=*/false));
+    return d;
+  }
+}
+
+// The stderr summary, from the engine's own usage and timings. The first
+// token comes out of the prefill step; decode counts the tokens of the steps
+// after it.
+void PrintSummary(const engine::StreamDelta& last, uint64_t seed) {
+  const engine::Timings& t = last.timings;
+  const double prefill_s = t.time_to_first_token - t.queue_seconds;
+  const double decode_s = t.total_seconds - t.time_to_first_token;
+  const int32_t prompt = last.usage.prompt_tokens;
+  const int32_t decoded = std::max(last.usage.completion_tokens - 1, 0);
+  std::fprintf(stderr,
+               "prefill: %d tokens in %.3f s (%.1f tokens/s)\n"
+               "decode: %d tokens in %.3f s (%.1f tokens/s), seed %llu\n",
+               prompt, prefill_s, prompt / std::max(prefill_s, 1e-9), decoded,
+               decode_s, decoded / std::max(decode_s, 1e-9),
+               static_cast<unsigned long long>(seed));
+}
+
+// Loads the model for --device, builds the request as the server does and
+// an engine sized for it.
+absl::StatusOr<std::pair<std::unique_ptr<engine::Engine>, engine::RequestSpec>>
+StartEngine(const GenerateFlags& f, const CliArgs& args) {
+  engine::EngineConfig e;
+  KV_ASSIGN_OR_RETURN(e.device, engine::ParseDevice(f.device));
+  e.scheduler.block_size = static_cast<int32_t>(f.block_size);
+  KV_ASSIGN_OR_RETURN(e.kv_cache_dtype,
+                      ParseKvCacheDtypeFlag(f.kv_cache_dtype));
+  // One sequence: its KV and nothing more, no watermark kept free for
+  // admissions that never come.
+  e.scheduler.max_num_seqs = 1;
+  e.scheduler.watermark = 0;
+  const engine::Device device = engine::ResolveDevice(e.device);
+  KV_ASSIGN_OR_RETURN(engine::LoadedModel model,
+                      engine::LoadModel(f.model, device));
+  const bool chat = f.chat && model.chat_format != models::ChatFormat::kNone;
+  // What ServedModelOf gives the server's services for an engine without
+  // --max-model-len: requests may reach the model's own context.
+  server::ServedModel served;
+  served.tokenizer = model.tokenizer.get();
+  served.chat_format = model.chat_format;
+  served.chat_template = model.chat_template;
+  served.max_context = model.config.max_position;
+  absl::StatusOr<engine::RequestSpec> spec =
+      server::ToRequestSpec(BuildRequest(f, args, chat), served,
+                            absl::Uniform<uint64_t>(absl::BitGen()));
+  if (!spec.ok()) return ToFlagNames(spec.status(), !f.system.empty());
+  KV_ASSIGN_OR_RETURN(
+      e.kv_cache_bytes,
+      SequenceKvBytes(
+          model.config, e, device,
+          static_cast<int64_t>(spec->prompt_tokens.size()) + spec->max_tokens));
+  KV_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> engine,
+                      engine::Engine::Create(e, std::move(model), nullptr));
+  return std::make_pair(std::move(engine), *std::move(spec));
+}
+
+absl::Status Generate(const GenerateFlags& f, const CliArgs& args) {
+  // Engine logs go to stderr, warnings only: stdout is the generated text.
+  SetUpLogging("warn");
   if (f.threads > 0) SetNumThreads(static_cast<int>(f.threads));
   const auto t_load = Clock::now();
-  // The single-sequence runner below runs the packed CPU model.
-  KV_ASSIGN_OR_RETURN(engine::LoadedModel m,
-                      engine::LoadModel(f.model, engine::Device::kCpu));
-  KV_ASSIGN_OR_RETURN(std::vector<int32_t> prompt, PromptTokens(m, f));
-  if (prompt.empty()) {
-    return absl::InvalidArgumentError("--prompt: produced no tokens");
-  }
-  const int64_t total = static_cast<int64_t>(prompt.size()) + f.max_tokens;
-  if (total > m.config.max_position) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "--max-tokens: prompt (%d tokens) + max_tokens (%d) exceeds the "
-        "model's context of %d",
-        prompt.size(), f.max_tokens, m.config.max_position));
-  }
-  KV_ASSIGN_OR_RETURN(const std::optional<kvcache::KvDtype> requested,
-                      ParseKvCacheDtypeFlag(f.kv_cache_dtype));
-  KV_ASSIGN_OR_RETURN(const kvcache::KvDtype dtype,
-                      engine::CpuKvDtype(requested, m.config.head_dim));
-  KV_ASSIGN_OR_RETURN(
-      auto kv,
-      engine::KvCacheStorage::Create(
-          {m.config.num_layers, m.config.num_kv_heads, m.config.head_dim,
-           static_cast<int32_t>(f.block_size),
-           static_cast<int32_t>((total + f.block_size - 1) / f.block_size), 0,
-           dtype}));
+  KV_ASSIGN_OR_RETURN(auto started, StartEngine(f, args));
+  auto& [engine, spec] = started;
+  const engine::ModelInfo& info = engine->model_info();
   std::fprintf(stderr, "model: %s (%s) loaded in %.2f s, %d threads\n",
-               m.path.c_str(), m.format.c_str(), Seconds(t_load, Clock::now()),
-               NumThreads());
-
-  engine::SamplingParams sp;
-  sp.temperature = static_cast<float>(f.temperature);
-  sp.top_k = static_cast<int32_t>(f.top_k);
-  sp.top_p = static_cast<float>(f.top_p);
-  sp.min_p = static_cast<float>(f.min_p);
-  sp.repetition_penalty = static_cast<float>(f.repetition_penalty);
-  sp.seed =
-      f.seed >= 0 ? static_cast<uint64_t>(f.seed) : std::random_device{}();
-  engine::SamplerState state(sp.seed);
-  engine::SequenceRunner runner(m.model.get(), kv.get());
-  models::Detokenizer detok(m.tokenizer.get());
-
-  const auto t0 = Clock::now();
-  KV_ASSIGN_OR_RETURN(absl::Span<const float> logits, runner.Append(prompt));
-  const auto t1 = Clock::now();
-  std::vector<int32_t> context = prompt;
-  std::vector<float> work;
-  int64_t generated = 0;
-  for (; generated < f.max_tokens; ++generated) {
-    work.assign(logits.begin(), logits.end());
-    const int32_t tok =
-        engine::Sample(absl::MakeSpan(work), sp, context, state).token;
-    if (!f.ignore_eos && m.tokenizer->IsEog(tok)) break;
-    context.push_back(tok);
-    std::fputs(detok.Add(tok).c_str(), stdout);
-    std::fflush(stdout);
-    if (generated + 1 == f.max_tokens) {
-      ++generated;
-      break;
-    }
-    KV_ASSIGN_OR_RETURN(logits, runner.Append({&tok, 1}));
-  }
-  std::fputs(detok.Flush().c_str(), stdout);
-  std::fputs("\n", stdout);
-  const auto t2 = Clock::now();
-  std::fprintf(stderr,
-               "prefill: %zu tokens in %.3f s (%.1f tokens/s)\n"
-               "decode: %lld tokens in %.3f s (%.1f tokens/s), seed %llu\n",
-               prompt.size(), Seconds(t0, t1), prompt.size() / Seconds(t0, t1),
-               (long long)generated, Seconds(t1, t2),
-               generated / std::max(Seconds(t1, t2), 1e-9),
-               (unsigned long long)sp.seed);
+               info.path.c_str(), info.format.c_str(),
+               Seconds(t_load, Clock::now()), NumThreads());
+  const uint64_t seed = spec.sampling.seed;
+  KV_ASSIGN_OR_RETURN(std::shared_ptr<engine::StreamState> stream,
+                      engine->Submit(std::move(spec)));
+  KV_ASSIGN_OR_RETURN(const engine::StreamDelta last, PrintStream(stream));
+  PrintSummary(last, seed);
   return absl::OkStatus();
+}
+
+void RegisterFlags(GenerateFlags* f, CliArgs* args) {
+  args->SetUsageHeader(
+      "usage: kvserve generate --prompt TEXT [flags]\n"
+      "One request through the serving engine, as the server runs it: the\n"
+      "same prompt rendering, sampling defaults and stop rules.\n");
+  args->String("model", &f->model,
+               "preset name, .gguf file, or HF directory (default "
+               "smollm2-135m)");
+  args->String("prompt", &f->prompt, "the prompt text (required)");
+  args->String("system", &f->system, "system message (chat models)");
+  args->Bool("chat", &f->chat,
+             "wrap the prompt in the model's chat format when it has one "
+             "(default on; --no-chat: raw text)");
+  args->Int("max-tokens", &f->max_tokens,
+            "tokens to generate (default 16, at most what the context leaves "
+            "after the prompt)",
+            1, 1 << 24);
+  args->Float("temperature", &f->temperature, "0 = greedy (default 1)", 0.0,
+              100.0);
+  args->Int("top-k", &f->top_k, "0 = off (default 0)", 0, 1 << 30);
+  args->Float("top-p", &f->top_p, "nucleus sampling, in (0, 1] (default 1)",
+              0.0, 1.0);
+  args->Float("min-p", &f->min_p, "min-p sampling (default 0 = off)", 0.0, 1.0);
+  args->Float("repetition-penalty", &f->repetition_penalty,
+              "in (0, 10] (default 1 = off)", 0.0, 10.0);
+  args->Int("seed", &f->seed,
+            "random seed (default -1: a random one, printed on stderr)", -1,
+            INT64_MAX);
+  args->Bool("ignore-eos", &f->ignore_eos,
+             "keep going past end of sequence (default off)");
+  args->Int("threads", &f->threads, "CPU threads (default 0 = all)", 0, 1024);
+  args->Int("block-size", &f->block_size,
+            "KV block size in tokens (default 16)", 1, 1024);
+  args->String("kv-cache-dtype", &f->kv_cache_dtype,
+               "KV element type: auto (CPU fp16, CUDA bf16), f32, fp16, bf16, "
+               "int8 or int4 (default auto)");
+  args->String("device", &f->device,
+               "where the model runs: cpu, cuda, or auto (default cpu)");
 }
 
 }  // namespace
@@ -144,24 +307,7 @@ int RunGenerateCommand(int argc, const char* const* argv) {
   GenerateFlags f;
   bool help = false;
   CliArgs args("generate");
-  args.String("model", &f.model, "preset name, .gguf file, or HF directory");
-  args.String("prompt", &f.prompt, "the prompt text");
-  args.String("system", &f.system, "system message (chat models)");
-  args.Bool("chat", &f.chat,
-            "wrap the prompt in the model's chat format (--no-chat: raw)");
-  args.Int("max-tokens", &f.max_tokens, "tokens to generate", 1, 1 << 20);
-  args.Float("temperature", &f.temperature, "0 = greedy", 0.0, 100.0);
-  args.Int("top-k", &f.top_k, "0 = off", 0, 1 << 30);
-  args.Float("top-p", &f.top_p, "nucleus sampling", 0.0, 1.0);
-  args.Float("min-p", &f.min_p, "min-p sampling", 0.0, 1.0);
-  args.Float("repetition-penalty", &f.repetition_penalty, "1 = off", 0.01,
-             100.0);
-  args.Int("seed", &f.seed, "random seed (default: random)", -1, INT64_MAX);
-  args.Bool("ignore-eos", &f.ignore_eos, "keep going past end of sequence");
-  args.Int("threads", &f.threads, "CPU threads (default: all)", 0, 1024);
-  args.Int("block-size", &f.block_size, "KV block size in tokens", 1, 1024);
-  args.String("kv-cache-dtype", &f.kv_cache_dtype,
-              "KV element type: auto (fp16), f32, fp16, bf16, int8, int4");
+  RegisterFlags(&f, &args);
   args.Bool("help", &help, "show this help");
   absl::Status s = args.Parse(argc, argv, 2);
   if (help) {
@@ -169,18 +315,14 @@ int RunGenerateCommand(int argc, const char* const* argv) {
     return 0;
   }
   if (s.ok() && f.prompt.empty()) {
-    s = absl::InvalidArgumentError("generate: --prompt is required");
+    s = absl::InvalidArgumentError("--prompt is required");
   }
-  if (!s.ok()) {
-    std::fprintf(stderr, "kvserve: %s\n", std::string(s.message()).c_str());
-    return 2;
-  }
-  s = Generate(f);
-  if (!s.ok()) {
-    std::fprintf(stderr, "kvserve generate: %s\n", s.ToString().c_str());
-    return 1;
-  }
-  return 0;
+  if (s.ok()) s = Generate(f, args);
+  if (s.ok()) return 0;
+  std::fprintf(stderr, "kvserve generate: %s\n",
+               std::string(s.message()).c_str());
+  // A value the flags or the request checks refuse is a usage error.
+  return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
 }
 
 }  // namespace kvserve::cli

@@ -1,6 +1,12 @@
-// `kvserve generate`: one-shot generation from the command line. Loads a
-// model by preset name or path, streams the continuation to stdout, and
-// prints prefill and decode throughput to stderr.
+// `kvserve generate`: one-shot generation from the command line, run as the
+// server runs a request. Loads a model by preset name or path for --device,
+// turns the flags into the v1::GenerateRequest a client would send (flags
+// not given stay unset, so server::ToRequestSpec applies the server's
+// defaults, chat rendering and limits), submits it to an engine::Engine
+// sized for that one sequence, streams the text to stdout as it arrives,
+// and prints load time, prefill and decode rates and the seed to stderr.
+// Does not own sampling, stop rules or KV sizing arithmetic: the engine,
+// server/request_validation and kvcache/kv_sizing do.
 #pragma once
 
 namespace kvserve::cli {

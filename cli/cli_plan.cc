@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <iterator>
 #include <optional>
 #include <utility>
 
@@ -30,27 +29,6 @@ using kvcache::KvDtype;
 constexpr int64_t kDefaultContext = 8192;
 constexpr int64_t kMaxTokens = int64_t{1} << 30;
 constexpr int64_t kMaxBytes = int64_t{1} << 60;
-constexpr std::string_view kValueFlags[] = {
-    "--model", "--kv-dtype", "--context",    "--concurrency", "--memory",
-    "--gpu",   "--tp",       "--block-size", "--mean-len",    "--weight-bytes"};
-
-absl::Status FlagError(std::string_view flag, std::string_view value,
-                       std::string_view expected) {
-  return absl::InvalidArgumentError(absl::StrFormat(
-      "invalid value '%s' for %s: expected %s", value, flag, expected));
-}
-
-absl::StatusOr<int64_t> ParseIntFlag(std::string_view flag,
-                                     std::string_view value, int64_t lo,
-                                     int64_t hi) {
-  int64_t v = 0;
-  if (!absl::SimpleAtoi(AbslView(value), &v) || v < lo || v > hi) {
-    return FlagError(flag, value,
-                     absl::StrFormat("an integer in [%d, %d]", lo, hi));
-  }
-  return v;
-}
-
 // "1,234,567".
 std::string WithCommas(int64_t v) {
   std::string digits = absl::StrCat(v < 0 ? -v : v);
@@ -99,63 +77,6 @@ std::string Percent(double fraction) {
   return absl::StrFormat("%.1f%%", 100.0 * fraction);
 }
 
-// Applies one flag's value to `f`.
-absl::Status SetFlag(PlanFlags& f, std::string_view flag,
-                     std::string_view value) {
-  if (flag == "--model") {
-    f.model = std::string(value);
-  } else if (flag == "--kv-dtype") {
-    absl::StatusOr<KvDtype> d = kvcache::ParseKvDtype(value);
-    if (!d.ok()) {
-      return FlagError(flag, value, "bf16, fp16, fp8, int8, int4 or f32");
-    }
-    f.kv_dtype = *d;
-  } else if (flag == "--context") {
-    KV_ASSIGN_OR_RETURN(f.context, ParseIntFlag(flag, value, 1, kMaxTokens));
-  } else if (flag == "--mean-len") {
-    KV_ASSIGN_OR_RETURN(f.mean_len, ParseIntFlag(flag, value, 1, kMaxTokens));
-  } else if (flag == "--concurrency") {
-    KV_ASSIGN_OR_RETURN(f.concurrency,
-                        ParseIntFlag(flag, value, 1, kMaxTokens));
-  } else if (flag == "--tp") {
-    KV_ASSIGN_OR_RETURN(const int64_t tp, ParseIntFlag(flag, value, 1, 4096));
-    f.tp = static_cast<int>(tp);
-  } else if (flag == "--block-size") {
-    KV_ASSIGN_OR_RETURN(const int64_t bs, ParseIntFlag(flag, value, 1, 4096));
-    f.block_size = static_cast<int>(bs);
-  } else if (flag == "--memory") {
-    absl::StatusOr<int64_t> v = ParseByteSize(value);
-    if (!v.ok()) {
-      return FlagError(flag, value, "a byte size such as 80GB, 75GiB or 8e10");
-    }
-    f.memory = *v;
-  } else if (flag == "--gpu") {
-    if (!GpuHbmBytes(value).ok()) return FlagError(flag, value, "h100 or h200");
-    f.gpu = absl::AsciiStrToLower(AbslView(value));
-  } else if (flag == "--weight-bytes") {
-    double v = 0;
-    if (!absl::SimpleAtod(AbslView(value), &v) || !(v > 0 && v <= 8)) {
-      return FlagError(flag, value, "bytes per parameter in (0, 8], e.g. 0.5");
-    }
-    f.weight_bytes = v;
-  } else {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("unknown flag '%s'", flag));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status SetBoolFlag(PlanFlags& f, std::string_view flag,
-                         std::optional<std::string_view> value) {
-  bool v = true;
-  if (value && !absl::SimpleAtob(AbslView(*value), &v)) {
-    return FlagError(flag, *value, "true or false");
-  }
-  bool& target = flag == "--json" ? f.json : f.help;
-  target = v;
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 absl::StatusOr<int64_t> ParseByteSize(std::string_view text) {
@@ -175,42 +96,90 @@ absl::StatusOr<int64_t> GpuHbmBytes(std::string_view gpu) {
       absl::StrFormat("unknown GPU '%s' (known: h100, h200)", gpu));
 }
 
+namespace {
+
+// CliArgs stores integers as int64_t; PlanFlags keeps --tp and --block-size
+// as int, copied over once parsing succeeded.
+struct PlanArgs {
+  PlanFlags flags;
+  int64_t tp = PlanFlags{}.tp;
+  int64_t block_size = PlanFlags{}.block_size;
+};
+
+// Registers every flag of `kvserve plan` on `args`, storing into `a`; the
+// order is the order of --help.
+void RegisterPlanFlags(PlanArgs* a, CliArgs* args) {
+  PlanFlags* f = &a->flags;
+  args->SetUsageHeader(
+      "usage: kvserve plan --model NAME|PATH [flags]\n"
+      "KV-cache sizing from a model's architecture (no weights needed for a "
+      "preset).\n");
+  args->String("model", &f->model,
+               absl::StrCat("preset (", models::PresetNames(),
+                            "), HF repo id, .gguf file or HF directory "
+                            "(DeepSeek-V2/V3 MLA: config.json alone is "
+                            "enough)"));
+  args->Custom("kv-dtype", "D",
+               "bf16 (default), fp16, fp8, int8 (q8_0 layout), int4 (q4_0 "
+               "layout), f32",
+               "bf16, fp16, fp8, int8, int4 or f32", [f](const std::string& v) {
+                 absl::StatusOr<KvDtype> d = kvcache::ParseKvDtype(v);
+                 if (d.ok()) f->kv_dtype = *d;
+                 return d.ok();
+               });
+  args->Int("context", &f->context,
+            "tokens per sequence; default min(8192, model max)", 1, kMaxTokens);
+  args->Int("concurrency", &f->concurrency, "sequences to hold at once", 1,
+            kMaxTokens);
+  args->Custom("memory", "BYTES", "KV budget per rank, e.g. 80GB, 75GiB",
+               "a byte size such as 80GB, 75GiB or 8e10",
+               [f](const std::string& v) {
+                 absl::StatusOr<int64_t> bytes = ParseByteSize(v);
+                 if (bytes.ok()) f->memory = *bytes;
+                 return bytes.ok();
+               });
+  args->Custom("gpu", "h100|h200",
+               "budget = HBM (80 / 141 GB) - weights per rank - 10% "
+               "activation reserve",
+               "h100 or h200", [f](const std::string& v) {
+                 if (!GpuHbmBytes(v).ok()) return false;
+                 f->gpu = absl::AsciiStrToLower(v);
+                 return true;
+               });
+  args->Int("tp", &a->tp, "tensor-parallel ranks (default 1)", 1, 4096);
+  args->Int("block-size", &a->block_size, "tokens per KV block (default 16)", 1,
+            4096);
+  args->Int("mean-len", &f->mean_len,
+            "mean sequence length for the idle-KV comparison", 1, kMaxTokens);
+  args->Custom("weight-bytes", "X",
+               "bytes per weight for --gpu (default: the checkpoint's, 2 for "
+               "bf16)",
+               "bytes per parameter in (0, 8], e.g. 0.5",
+               [f](const std::string& v) {
+                 double x = 0;
+                 if (!absl::SimpleAtod(v, &x) || !(x > 0 && x <= 8)) {
+                   return false;
+                 }
+                 f->weight_bytes = x;
+                 return true;
+               });
+  args->Bool("json", &f->json, "print one JSON object");
+  args->Bool("help", &f->help, "show this help (also -h)");
+}
+
+}  // namespace
+
 absl::StatusOr<PlanFlags> ParsePlanFlags(const std::vector<std::string>& args) {
-  PlanFlags f;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& arg = args[i];
-    if (arg == "-h") {
-      f.help = true;
-      continue;
-    }
-    if (!arg.starts_with("--") || arg.size() == 2) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "unexpected argument '%s' (flags start with --; run 'kvserve plan "
-          "--help')",
-          arg));
-    }
-    const size_t eq = arg.find('=');
-    const std::string flag = arg.substr(0, eq);
-    std::optional<std::string_view> value;
-    if (eq != std::string::npos) value = std::string_view(arg).substr(eq + 1);
-    if (flag == "--json" || flag == "--help") {
-      KV_RETURN_IF_ERROR(SetBoolFlag(f, flag, value));
-      continue;
-    }
-    if (std::find(std::begin(kValueFlags), std::end(kValueFlags), flag) ==
-        std::end(kValueFlags)) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "unknown flag '%s' (run 'kvserve plan --help')", flag));
-    }
-    if (!value) {
-      if (i + 1 >= args.size()) {
-        return absl::InvalidArgumentError(
-            absl::StrFormat("flag %s needs a value", flag));
-      }
-      value = args[++i];
-    }
-    KV_RETURN_IF_ERROR(SetFlag(f, flag, *value));
-  }
+  PlanArgs a;
+  CliArgs cli("plan");
+  RegisterPlanFlags(&a, &cli);
+  std::vector<const char*> argv;
+  argv.reserve(args.size());
+  for (const std::string& arg : args) argv.push_back(arg.c_str());
+  KV_RETURN_IF_ERROR(cli.Parse(static_cast<int>(argv.size()), argv.data(), 0));
+  PlanFlags f = std::move(a.flags);
+  f.tp = static_cast<int>(a.tp);
+  f.block_size = static_cast<int>(a.block_size);
   if (f.memory > 0 && !f.gpu.empty()) {
     return absl::InvalidArgumentError(
         "--memory and --gpu are mutually exclusive: --memory is the KV budget "
@@ -604,29 +573,10 @@ std::string FormatPlanJson(const Plan& p) {
 }
 
 std::string PlanUsage() {
-  return absl::StrCat(
-      "usage: kvserve plan --model NAME|PATH [flags]\n"
-      "KV-cache sizing from a model's architecture (no weights needed for a "
-      "preset).\n"
-      "  --model NAME|PATH    preset (",
-      models::PresetNames(),
-      "), HF repo id, .gguf file or HF directory\n"
-      "                       (DeepSeek-V2/V3 MLA: config.json alone is "
-      "enough)\n"
-      "  --kv-dtype D         bf16 (default), fp16, fp8, int8 (q8_0 layout),\n"
-      "                       int4 (q4_0 layout), f32\n"
-      "  --context N          tokens per sequence; default min(8192, model "
-      "max)\n"
-      "  --concurrency N      sequences to hold at once\n"
-      "  --memory BYTES       KV budget per rank, e.g. 80GB, 75GiB\n"
-      "  --gpu h100|h200      budget = HBM (80 / 141 GB) - weights per rank - "
-      "10% activation reserve\n"
-      "  --tp N               tensor-parallel ranks (default 1)\n"
-      "  --block-size N       tokens per KV block (default 16)\n"
-      "  --mean-len N         mean sequence length for the idle-KV comparison\n"
-      "  --weight-bytes X     bytes per weight for --gpu (default: the "
-      "checkpoint's, 2 for bf16)\n"
-      "  --json               print one JSON object\n");
+  PlanArgs a;
+  CliArgs cli("plan");
+  RegisterPlanFlags(&a, &cli);
+  return cli.Usage();
 }
 
 namespace {

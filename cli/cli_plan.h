@@ -1,9 +1,10 @@
 // `kvserve plan`: KV-cache capacity planning from a model's architecture
-// numbers. It owns the subcommand's flag parsing, the memory-budget arithmetic
-// (device HBM minus weights minus an activation reserve) and the text/JSON
-// report. All KV arithmetic is kvcache::ComputeKvPlan; architecture numbers
-// come from a preset (no weights needed) or, for a file or HF directory, from
-// a ConfigLoader that the caller supplies. It never allocates device memory.
+// numbers. It owns the subcommand's flags (parsed by CliArgs), the
+// memory-budget arithmetic (device HBM minus weights minus an activation
+// reserve) and the text/JSON report. All KV arithmetic is
+// kvcache::ComputeKvPlan; architecture numbers come from a preset (no weights
+// needed) or, for a file or HF directory, from a ConfigLoader that the caller
+// supplies. It never allocates device memory.
 //
 //   kvserve plan --model NAME|PATH [--kv-dtype bf16|fp16|fp8|int8|f32]
 //       [--context N] [--concurrency N] [--memory BYTES | --gpu h100|h200]
@@ -46,9 +47,10 @@ struct PlanFlags {
   bool help = false;        // --help / -h
 };
 
-// Parses the flags after "plan" ("--flag value" or "--flag=value").
-// InvalidArgument naming the flag for unknown flags, missing or bad values,
-// or --memory together with --gpu. Does not require --model (see RunPlan).
+// Parses the flags after "plan" ("--flag value" or "--flag=value", `-h`)
+// with CliArgs (common/cli_args.h). InvalidArgument naming the flag for
+// unknown flags, missing or bad values (CliArgs' messages), or --memory
+// together with --gpu. Does not require --model (see RunPlan).
 [[nodiscard]] absl::StatusOr<PlanFlags> ParsePlanFlags(
     const std::vector<std::string>& args);
 
@@ -95,7 +97,8 @@ struct Plan {
 [[nodiscard]] std::string FormatPlan(const Plan& plan);
 // The same as one JSON object (with a trailing newline).
 [[nodiscard]] std::string FormatPlanJson(const Plan& plan);
-// Usage text for --help and usage errors.
+// Usage text for --help and usage errors: CliArgs::Usage() of the flags
+// ParsePlanFlags registers.
 [[nodiscard]] std::string PlanUsage();
 
 // The whole subcommand without process I/O: parses `args` (after "plan"),

@@ -15,13 +15,13 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "cli/kv_dtype_flag.h"
+#include "cli/logging.h"
 #include "common/cli_args.h"
 #include "common/parallel.h"
 #include "common/status_macros.h"
 #include "common/system.h"
 #include "kvcache/kv_sizing.h"
 #include "server/daemon.h"
-#include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 
 namespace kvserve::cli {
@@ -286,13 +286,6 @@ absl::Status FinishFlags(ServeFlags* f) {
       "--log-level: '%s' must be one of trace, debug, info, warn, error, "
       "critical, off",
       f->log_level));
-}
-
-void SetUpLogging(const std::string& level) {
-  auto logger = spdlog::stderr_color_mt("kvserve");
-  logger->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%^%l%$] %v");
-  logger->set_level(spdlog::level::from_str(level));
-  spdlog::set_default_logger(logger);
 }
 
 // SIGTERM and SIGINT, blocked in every thread and taken with sigwait on a

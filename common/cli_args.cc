@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -47,70 +48,71 @@ absl::StatusOr<int64_t> ParseBytes(absl::string_view text) {
       "not a byte size: '%s' (use e.g. 4096, 512MiB, 80GB)", text));
 }
 
+void CliArgs::Add(const std::string& name, const std::string& help,
+                  std::string value_hint, std::string expected,
+                  std::function<bool(const std::string&)> set) {
+  Flag f;
+  f.name = name;
+  f.help = help;
+  f.value_hint = std::move(value_hint);
+  f.is_bool = f.value_hint.empty();
+  f.expected = std::move(expected);
+  f.set = std::move(set);
+  flags_.push_back(std::move(f));
+}
+
 void CliArgs::String(const std::string& name, std::string* dst,
                      const std::string& help) {
-  flags_.push_back(
-      {name, help, "STRING", false, false, [dst](const std::string& v) {
-         *dst = v;
-         return absl::OkStatus();
-       }});
+  Add(name, help, "STRING", "", [dst](const std::string& v) {
+    *dst = v;
+    return true;
+  });
 }
 
 void CliArgs::Int(const std::string& name, int64_t* dst,
                   const std::string& help, int64_t min, int64_t max) {
-  flags_.push_back(
-      {name, help, "N", false, false, [=](const std::string& v) {
-         int64_t x;
-         if (!absl::SimpleAtoi(v, &x) || x < min || x > max) {
-           return absl::InvalidArgumentError(absl::StrFormat(
-               "--%s: '%s' must be an integer in [%d, %d]", name, v, min, max));
-         }
-         *dst = x;
-         return absl::OkStatus();
-       }});
+  Add(name, help, "N", absl::StrFormat("an integer in [%d, %d]", min, max),
+      [=](const std::string& v) {
+        int64_t x = 0;
+        if (!absl::SimpleAtoi(v, &x) || x < min || x > max) return false;
+        *dst = x;
+        return true;
+      });
 }
 
 void CliArgs::Float(const std::string& name, double* dst,
                     const std::string& help, double min, double max) {
-  flags_.push_back(
-      {name, help, "X", false, false, [=](const std::string& v) {
-         double x;
-         if (!absl::SimpleAtod(v, &x) || !(x >= min && x <= max)) {
-           return absl::InvalidArgumentError(absl::StrFormat(
-               "--%s: '%s' must be a number in [%g, %g]", name, v, min, max));
-         }
-         *dst = x;
-         return absl::OkStatus();
-       }});
+  Add(name, help, "X", absl::StrFormat("a number in [%g, %g]", min, max),
+      [=](const std::string& v) {
+        double x = 0;
+        if (!absl::SimpleAtod(v, &x) || !(x >= min && x <= max)) return false;
+        *dst = x;
+        return true;
+      });
 }
 
 void CliArgs::Bool(const std::string& name, bool* dst,
                    const std::string& help) {
-  flags_.push_back({name, help, "", true, false, [=](const std::string& v) {
-                      if (v == "true" || v == "1" || v.empty()) {
-                        *dst = true;
-                      } else if (v == "false" || v == "0") {
-                        *dst = false;
-                      } else {
-                        return absl::InvalidArgumentError(absl::StrFormat(
-                            "--%s: '%s' must be true or false", name, v));
-                      }
-                      return absl::OkStatus();
-                    }});
+  Add(name, help, /*value_hint=*/"", "true or false",
+      [dst](const std::string& v) { return absl::SimpleAtob(v, dst); });
 }
 
 void CliArgs::Bytes(const std::string& name, int64_t* dst,
                     const std::string& help) {
-  flags_.push_back(
-      {name, help, "BYTES", false, false, [=](const std::string& v) {
-         absl::StatusOr<int64_t> b = ParseBytes(v);
-         if (!b.ok()) {
-           return absl::InvalidArgumentError(
-               absl::StrCat("--", name, ": ", b.status().message()));
-         }
-         *dst = *b;
-         return absl::OkStatus();
-       }});
+  Add(name, help, "BYTES", "a byte size such as 4096, 512MiB or 80GB",
+      [dst](const std::string& v) {
+        absl::StatusOr<int64_t> b = ParseBytes(v);
+        if (!b.ok()) return false;
+        *dst = *b;
+        return true;
+      });
+}
+
+void CliArgs::Custom(const std::string& name, const std::string& value_hint,
+                     const std::string& help, std::string expected,
+                     std::function<bool(const std::string&)> set) {
+  Add(name, help, value_hint.empty() ? "VALUE" : value_hint,
+      std::move(expected), std::move(set));
 }
 
 CliArgs::Flag* CliArgs::Find(const std::string& name) {
@@ -130,10 +132,12 @@ bool CliArgs::Seen(const std::string& name) const {
 absl::Status CliArgs::Parse(int argc, const char* const* argv, int first) {
   for (int i = first; i < argc; ++i) {
     std::string arg = argv[i];
-    if (arg.rfind("--", 0) != 0) {
+    if (arg == "-h" && Find("help") != nullptr) arg = "--help";
+    if (arg.rfind("--", 0) != 0 || arg.size() == 2) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "%s: unexpected argument '%s' (flags look like --name value)",
-          command_, arg));
+          "unexpected argument '%s' (flags start with --; run 'kvserve %s "
+          "--help')",
+          arg, command_));
     }
     std::string name = arg.substr(2), value;
     bool has_value = false;
@@ -151,25 +155,33 @@ absl::Status CliArgs::Parse(int argc, const char* const* argv, int first) {
     }
     if (f == nullptr) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "%s: unknown flag --%s (see --help)", command_, name));
+          "unknown flag '--%s' (run 'kvserve %s --help')", name, command_));
     }
-    if (!has_value && !f->is_bool) {
+    if (negated) {
+      value = "false";
+    } else if (!has_value && f->is_bool) {
+      value = "true";
+    } else if (!has_value) {
       if (i + 1 >= argc) {
         return absl::InvalidArgumentError(absl::StrFormat(
-            "%s: flag --%s needs a value (%s)", command_, name, f->value_hint));
+            "flag --%s needs a value (%s)", name, f->value_hint));
       }
       value = argv[++i];
     }
-    if (negated) value = "false";
     f->seen = true;
-    absl::Status s = f->set(value);
-    if (!s.ok()) return s;
+    if (!f->set(value)) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("invalid value '%s' for --%s: expected %s", value,
+                          f->name, f->expected));
+    }
   }
   return absl::OkStatus();
 }
 
 std::string CliArgs::Usage() const {
-  std::string out = absl::StrCat("usage: kvserve ", command_, " [flags]\n");
+  std::string out =
+      header_.empty() ? absl::StrCat("usage: kvserve ", command_, " [flags]\n")
+                      : header_;
   for (const Flag& f : flags_) {
     absl::StrAppendFormat(&out, "  --%-24s %s\n",
                           f.is_bool ? f.name : f.name + " " + f.value_hint,

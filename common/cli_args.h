@@ -1,11 +1,19 @@
 // A small command-line parser for kvserve's subcommands: `--name value` and
 // `--name=value`, typed destinations, and errors that name the flag and the
 // expected form. Testable (no globals, no exit()).
+//
+// Every error is InvalidArgument in one of these forms (no command prefix:
+// the caller adds its own):
+//   invalid value 'V' for --NAME: expected WHAT
+//   unknown flag '--NAME' (run 'kvserve CMD --help')
+//   flag --NAME needs a value (HINT)
+//   unexpected argument 'ARG' (flags start with --; run 'kvserve CMD --help')
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -18,7 +26,9 @@ class CliArgs {
  public:
   explicit CliArgs(std::string command) : command_(std::move(command)) {}
 
-  // Register flags; `help` is shown by Usage().
+  // Register flags; `help` is shown by Usage(). A bool flag takes no value
+  // (`--name`), `--no-name`, or `--name=V` with V as absl::SimpleAtob reads
+  // it (true/false, 1/0, yes/no, ...).
   void String(const std::string& name, std::string* dst,
               const std::string& help);
   void Int(const std::string& name, int64_t* dst, const std::string& help,
@@ -28,8 +38,21 @@ class CliArgs {
   void Bool(const std::string& name, bool* dst, const std::string& help);
   // Byte sizes: plain numbers or suffixed (KB, MB, GB, KiB, MiB, GiB, ...).
   void Bytes(const std::string& name, int64_t* dst, const std::string& help);
+  // A flag whose value `set` parses and stores: it returns false for a value
+  // it refuses, and the error reads "invalid value 'V' for --NAME: expected
+  // `expected`". `value_hint` stands for the value in Usage() ("D",
+  // "h100|h200"; empty: "VALUE").
+  void Custom(const std::string& name, const std::string& value_hint,
+              const std::string& help, std::string expected,
+              std::function<bool(const std::string&)> set);
 
-  // Parses argv[first..argc). InvalidArgument names the offending flag.
+  // Replaces the first line of Usage(), "usage: kvserve COMMAND [flags]",
+  // with `header` (one or more lines, each ending in '\n').
+  void SetUsageHeader(std::string header) { header_ = std::move(header); }
+
+  // Parses argv[first..argc) in order and stops at the first error
+  // (InvalidArgument naming the offending flag, above). `-h` stands for
+  // `--help` when a "help" flag is registered.
   [[nodiscard]] absl::Status Parse(int argc, const char* const* argv,
                                    int first = 1);
   std::string Usage() const;
@@ -41,11 +64,17 @@ class CliArgs {
     std::string name, help, value_hint;
     bool is_bool = false;
     bool seen = false;
-    std::function<absl::Status(const std::string&)> set;
+    std::string expected;  // what a refused value should have been
+    std::function<bool(const std::string&)> set;  // false: value refused
   };
+  // A flag with an empty `value_hint` is a bool flag (takes no value).
+  void Add(const std::string& name, const std::string& help,
+           std::string value_hint, std::string expected,
+           std::function<bool(const std::string&)> set);
   Flag* Find(const std::string& name);
 
   std::string command_;
+  std::string header_;  // empty: "usage: kvserve COMMAND [flags]"
   std::vector<Flag> flags_;
 };
 

@@ -300,7 +300,16 @@ TEST(PlanFlagsTest, HelpAndModelErrors) {
   EXPECT_EQ(help.rc, 0);
   EXPECT_THAT(help.out, HasSubstr("usage: kvserve plan --model NAME|PATH"));
   EXPECT_THAT(help.out, HasSubstr("llama3.1-405b"));
-  EXPECT_EQ(RunArgs({"-h"}).rc, 0);
+  for (const char* flag :
+       {"--model STRING", "--kv-dtype D", "--context N", "--concurrency N",
+        "--memory BYTES", "--gpu h100|h200", "--tp N", "--block-size N",
+        "--mean-len N", "--weight-bytes X", "--json", "--help"}) {
+    EXPECT_THAT(help.out, HasSubstr(flag));
+  }
+  EXPECT_EQ(help.out, PlanUsage());
+  const Result h = RunArgs({"--model", "llama3-70b", "-h"});
+  EXPECT_EQ(h.rc, 0);
+  EXPECT_EQ(h.out, help.out);
   const Result unknown = RunArgs({"--model", "gpt-5"});
   EXPECT_EQ(unknown.rc, 1);
   EXPECT_THAT(unknown.err, HasSubstr("unknown model 'gpt-5'"));

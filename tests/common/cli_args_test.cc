@@ -1,5 +1,9 @@
 #include "common/cli_args.h"
 
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "gtest/gtest.h"
 
 namespace kvserve {
@@ -38,18 +42,90 @@ TEST(CliArgsTest, ParsesBothFormsAndNegation) {
 
 TEST(CliArgsTest, ErrorsNameTheFlagAndTheLimit) {
   Flags f;
-  absl::Status s = ParseInto(f, {"--n", "11"});
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("--n"), std::string::npos) << s;
-  EXPECT_NE(s.message().find("[1, 10]"), std::string::npos) << s;
-  s = ParseInto(f, {"--bogus", "1"});
-  EXPECT_NE(s.message().find("unknown flag --bogus"), std::string::npos) << s;
-  s = ParseInto(f, {"--model"});
-  EXPECT_NE(s.message().find("needs a value"), std::string::npos) << s;
-  s = ParseInto(f, {"--kv", "lots"});
-  EXPECT_NE(s.message().find("--kv"), std::string::npos) << s;
-  s = ParseInto(f, {"stray"});
-  EXPECT_NE(s.message().find("unexpected argument"), std::string::npos) << s;
+  const std::vector<std::pair<std::vector<const char*>, std::string>> cases = {
+      {{"--n", "11"},
+       "invalid value '11' for --n: expected an integer in "
+       "[1, 10]"},
+      {{"--n=x"},
+       "invalid value 'x' for --n: expected an integer in "
+       "[1, 10]"},
+      {{"--t", "3"},
+       "invalid value '3' for --t: expected a number in "
+       "[0, 2]"},
+      {{"--chat=maybe"},
+       "invalid value 'maybe' for --chat: expected true "
+       "or false"},
+      {{"--chat="}, "invalid value '' for --chat: expected true or false"},
+      {{"--kv", "lots"},
+       "invalid value 'lots' for --kv: expected a byte "
+       "size such as 4096, 512MiB or 80GB"},
+      {{"--bogus", "1"},
+       "unknown flag '--bogus' (run 'kvserve test "
+       "--help')"},
+      {{"--no-model"}, "unknown flag '--no-model'"},
+      {{"--model"}, "flag --model needs a value (STRING)"},
+      {{"stray"},
+       "unexpected argument 'stray' (flags start with --; run "
+       "'kvserve test --help')"},
+      {{"--"}, "unexpected argument '--'"},
+      {{"-h"}, "unexpected argument '-h'"},  // no "help" flag registered
+  };
+  for (const auto& [argv, message] : cases) {
+    const absl::Status s = ParseInto(f, argv);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << message;
+    EXPECT_NE(s.message().find(message), std::string::npos)
+        << s << "\nwant: " << message;
+  }
+  // Parsing stops at the first error, in command-line order.
+  EXPECT_NE(ParseInto(f, {"--n", "0", "--bogus"}).message().find("--n"),
+            std::string::npos);
+}
+
+TEST(CliArgsTest, BoolValues) {
+  Flags f;
+  for (const char* yes : {"--chat", "--chat=true", "--chat=1", "--chat=yes"}) {
+    f.chat = false;
+    ASSERT_TRUE(ParseInto(f, {yes}).ok()) << yes;
+    EXPECT_TRUE(f.chat) << yes;
+  }
+  for (const char* no : {"--no-chat", "--chat=false", "--chat=0", "--chat=no",
+                         "--no-chat=true"}) {
+    f.chat = true;
+    ASSERT_TRUE(ParseInto(f, {no}).ok()) << no;
+    EXPECT_FALSE(f.chat) << no;
+  }
+}
+
+TEST(CliArgsTest, CustomFlagsHelpAliasAndUsage) {
+  std::string color = "red";
+  bool help = false;
+  CliArgs args("paint");
+  args.Custom("color", "red|blue", "the color (default red)", "red or blue",
+              [&](const std::string& v) {
+                if (v != "red" && v != "blue") return false;
+                color = v;
+                return true;
+              });
+  args.Bool("help", &help, "show this help");
+  const char* ok[] = {"kvserve", "--color=blue", "-h"};
+  ASSERT_TRUE(args.Parse(3, ok).ok());
+  EXPECT_EQ(color, "blue");
+  EXPECT_TRUE(help);
+  EXPECT_TRUE(args.Seen("color"));
+  const char* bad[] = {"kvserve", "--color", "green"};
+  const absl::Status s = args.Parse(3, bad);
+  EXPECT_EQ(s.message(),
+            "invalid value 'green' for --color: expected red or blue");
+  EXPECT_EQ(color, "blue");
+  EXPECT_EQ(args.Usage(),
+            "usage: kvserve paint [flags]\n"
+            "  --color red|blue           the color (default red)\n"
+            "  --help                     show this help\n");
+  args.SetUsageHeader("usage: kvserve paint --color C\nPaints.\n");
+  EXPECT_EQ(args.Usage(),
+            "usage: kvserve paint --color C\nPaints.\n"
+            "  --color red|blue           the color (default red)\n"
+            "  --help                     show this help\n");
 }
 
 TEST(CliArgsTest, ByteSizes) {
