@@ -68,6 +68,10 @@ class Engine::Impl {
   // One iteration of the engine loop: schedule, run the step on the model
   // runner, feed its tokens back to the scheduler, emit and finish.
   void Step();
+  // Adds a step's counter increments (the scheduler's, and the blocks the
+  // runner swapped) to the metrics.
+  void AddStepCounters(const scheduler::StepStats& s, int64_t swapped_out,
+                       int64_t swapped_in);
   // Waits briefly for new input after a step that scheduled nothing.
   void WaitAfterEmptyStep();
   // Fails every request of `out` after a failed block move or forward.
@@ -114,12 +118,6 @@ class Engine::Impl {
 
   // Engine thread only.
   LiveRequestMap live_reqs_;
-  int64_t recomputed_tokens_seen_ = 0;
-  int64_t prefix_queries_seen_ = 0, prefix_hits_seen_ = 0;
-  int64_t preempt_recompute_seen_ = 0, preempt_swap_seen_ = 0;
-  int64_t uncacheable_seen_ = 0;
-  int64_t swapped_out_blocks_ = 0, swapped_in_blocks_ = 0;
-  int64_t swapped_out_seen_ = 0, swapped_in_seen_ = 0;
 
   mutable absl::Mutex stats_mu_;
   EngineStats stats_ ABSL_GUARDED_BY(stats_mu_);

@@ -167,12 +167,15 @@ void Engine::Impl::EmitTokens(const scheduler::SchedulerOutput& out,
 void Engine::Impl::Step() {
   const absl::Time t0 = absl::Now();
   scheduler::SchedulerOutput out = scheduler_->Schedule();
-  if (out.empty()) return WaitAfterEmptyStep();
+  if (out.empty()) {
+    AddStepCounters(out.stats, 0, 0);
+    return WaitAfterEmptyStep();
+  }
   for (const auto& s : out.scheduled) FirstScheduled(s, t0);
   StepResult result = runner_->Execute(out, live_reqs_, *scheduler_);
   if (metrics_) metrics_->AddForwardSeconds(result.forward_seconds);
-  swapped_out_blocks_ += result.swapped_out_blocks;
-  swapped_in_blocks_ += result.swapped_in_blocks;
+  AddStepCounters(out.stats, result.swapped_out_blocks,
+                  result.swapped_in_blocks);
   if (!result.status.ok()) FailStep(out, result.status);
   std::vector<scheduler::FinishedRequest> finished =
       scheduler_->UpdateFromOutput(out, result.tokens);
@@ -187,6 +190,17 @@ void Engine::Impl::Step() {
     if (live_reqs_.contains(f.id)) FinishRequest(f.id, FinishReason::kLength);
   }
   PublishStats(SecondsBetween(t0, absl::Now()), out.total_num_tokens);
+}
+
+void Engine::Impl::AddStepCounters(const scheduler::StepStats& s,
+                                   int64_t swapped_out, int64_t swapped_in) {
+  if (!metrics_) return;
+  metrics_->AddPreemptions(s.preemptions_recompute, s.preemptions_swap);
+  metrics_->AddRecomputedTokens(s.recomputed_tokens);
+  metrics_->AddSwapBlocks(swapped_out, swapped_in);
+  metrics_->AddUncacheableTokens(s.prefix_cache_uncacheable_tokens);
+  metrics_->AddPrefixCache(s.prefix_cache_queries_tokens,
+                           s.prefix_cache_hit_tokens);
 }
 
 // Nothing fits this step (e.g. waiting for blocks); don't spin.
@@ -285,30 +299,10 @@ void Engine::Impl::PublishStats(double step_seconds, int64_t tokens) {
                           s.kv.free_blocks - s.kv.cached_evictable_blocks);
     metrics_->SetQueues(s.num_running, s.num_waiting);
     metrics_->SetReservedSlots(reserved, unwritten);
-    metrics_->AddPreemptions(
-        s.num_preemptions_recompute_total - preempt_recompute_seen_,
-        s.num_preemptions_swap_total - preempt_swap_seen_);
-    metrics_->AddRecomputedTokens(s.num_recomputed_tokens_total -
-                                  recomputed_tokens_seen_);
-    metrics_->AddSwapBlocks(swapped_out_blocks_ - swapped_out_seen_,
-                            swapped_in_blocks_ - swapped_in_seen_);
     metrics_->SetSwapBlocks(s.swap_slots_used,
                             runner_->backend().num_swap_slots());
-    metrics_->AddUncacheableTokens(s.prefix_cache_uncacheable_tokens -
-                                   uncacheable_seen_);
-    metrics_->AddPrefixCache(
-        s.prefix_cache_queries_tokens - prefix_queries_seen_,
-        s.prefix_cache_hit_tokens - prefix_hits_seen_);
     if (tokens > 0) metrics_->ObserveStep(step_seconds, tokens);
   }
-  recomputed_tokens_seen_ = s.num_recomputed_tokens_total;
-  preempt_recompute_seen_ = s.num_preemptions_recompute_total;
-  preempt_swap_seen_ = s.num_preemptions_swap_total;
-  uncacheable_seen_ = s.prefix_cache_uncacheable_tokens;
-  swapped_out_seen_ = swapped_out_blocks_;
-  swapped_in_seen_ = swapped_in_blocks_;
-  prefix_queries_seen_ = s.prefix_cache_queries_tokens;
-  prefix_hits_seen_ = s.prefix_cache_hit_tokens;
   absl::MutexLock lock(&stats_mu_);
   stats_.running = s.num_running;
   stats_.waiting = s.num_waiting;

@@ -141,6 +141,7 @@ void Scheduler::Enqueue(Request* r, bool at_head) {
 SchedulerOutput Scheduler::Schedule() {
   KV_CHECK(!pending_update_, "Schedule() before UpdateFromOutput() of step ",
            num_steps_ - 1);
+  const StepStats before = CumulativeStepStats();
   StepPlan plan;
   plan.budget = config_.max_num_batched_tokens;
   plan.scheduled.reserve(running_.size() + 8);
@@ -151,9 +152,34 @@ SchedulerOutput Scheduler::Schedule() {
     last_admission_stop_ = AdmissionStop::kPreempted;
   }
   SchedulerOutput out = BuildOutput(plan);
+  const StepStats after = CumulativeStepStats();
+  out.stats = {
+      .preemptions_recompute =
+          after.preemptions_recompute - before.preemptions_recompute,
+      .preemptions_swap = after.preemptions_swap - before.preemptions_swap,
+      .recomputed_tokens = after.recomputed_tokens - before.recomputed_tokens,
+      .prefix_cache_queries_tokens = after.prefix_cache_queries_tokens -
+                                     before.prefix_cache_queries_tokens,
+      .prefix_cache_hit_tokens =
+          after.prefix_cache_hit_tokens - before.prefix_cache_hit_tokens,
+      .prefix_cache_uncacheable_tokens = after.prefix_cache_uncacheable_tokens -
+                                         before.prefix_cache_uncacheable_tokens,
+  };
   pending_update_ = !out.scheduled.empty();
   ++num_steps_;
   return out;
+}
+
+StepStats Scheduler::CumulativeStepStats() const {
+  return {
+      .preemptions_recompute =
+          num_preemptions_total_ - num_preemptions_swap_total_,
+      .preemptions_swap = num_preemptions_swap_total_,
+      .recomputed_tokens = num_preempted_tokens_total_,
+      .prefix_cache_queries_tokens = prefix_cache_queries_tokens_,
+      .prefix_cache_hit_tokens = prefix_cache_hit_tokens_,
+      .prefix_cache_uncacheable_tokens = prefix_cache_uncacheable_tokens_,
+  };
 }
 
 int32_t Scheduler::NumNewTokens(const Request& r, int32_t computed,

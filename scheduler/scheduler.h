@@ -98,6 +98,18 @@ struct ScheduledRequest {
   int32_t num_blocks = 0;
 };
 
+// Counter increments of one Schedule() call: what the matching cumulative
+// counters of SchedulerStats gained in it (each field equals the difference
+// of that counter across the call).
+struct StepStats {
+  int64_t preemptions_recompute = 0;  // num_preemptions_recompute_total
+  int64_t preemptions_swap = 0;       // num_preemptions_swap_total
+  int64_t recomputed_tokens = 0;      // num_recomputed_tokens_total
+  int64_t prefix_cache_queries_tokens = 0;
+  int64_t prefix_cache_hit_tokens = 0;
+  int64_t prefix_cache_uncacheable_tokens = 0;
+};
+
 // The plan of one step. Plain data; the engine may keep it until
 // UpdateFromOutput.
 // NOTE: token ids and block tables are concatenated into two flat arrays
@@ -126,6 +138,8 @@ struct SchedulerOutput {
   // KV block src -> KV block dst (copy-on-write of a shared block).
   std::vector<kvcache::BlockMove> blocks_to_copy;
   int32_t total_num_tokens = 0;
+  // Counter increments of this step, also when nothing was scheduled.
+  StepStats stats;
 
   [[nodiscard]] bool empty() const { return scheduled.empty(); }
   // Scheduled requests with produces_token: the size `sampled` must have.
@@ -336,6 +350,8 @@ class Scheduler {
   // Registers the newly computed full blocks of a running request.
   void CacheComputedBlocks(const Request& request);
   [[nodiscard]] SchedulerOutput BuildOutput(StepPlan& plan);
+  // The cumulative counters that StepStats reports increments of.
+  [[nodiscard]] StepStats CumulativeStepStats() const;
   // Appends prompt + output tokens [begin, begin + n) of `r` to `out`.
   static void AppendTokens(const Request& r, int32_t begin, int32_t n,
                            std::vector<int32_t>& out);
