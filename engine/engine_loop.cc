@@ -242,11 +242,7 @@ void Engine::Impl::FinishRequest(RequestId id, FinishReason reason,
   }
   // Frees the blocks now (the scheduler may have retired it already).
   if (scheduler_->GetRequest(id) != nullptr) {
-    (void)scheduler_->Finish(id, reason == FinishReason::kStop
-                                     ? scheduler::FinishReason::kStop
-                                 : reason == FinishReason::kLength
-                                     ? scheduler::FinishReason::kLength
-                                     : scheduler::FinishReason::kAbort);
+    (void)scheduler_->Finish(id, reason);
   }
   const std::string tail = r.output ? r.output->Flush() : "";
   if (!tail.empty()) r.stream->Push({}, tail, {});

@@ -112,7 +112,10 @@ void Scheduler::Retire(Request* r, FinishReason reason) {
     case FinishReason::kLength:
       r->status_ = RequestStatus::kFinishedLength;
       break;
-    case FinishReason::kAbort:
+    case FinishReason::kNone:
+    case FinishReason::kCancelled:
+    case FinishReason::kDeadline:
+    case FinishReason::kError:
       r->status_ = RequestStatus::kFinishedAborted;
       ++num_aborted_total_;
       break;

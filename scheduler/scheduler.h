@@ -234,10 +234,13 @@ class Scheduler {
 
   // Removes a waiting or running request and frees its blocks before
   // returning. NotFound when no live request has `id` (e.g. it finished).
-  // `Abort(id)` is `Finish(id, FinishReason::kAbort)`. A request finished
+  // Reasons other than kStop and kLength retire it as aborted;
+  // `Abort(id)` is `Finish(id, FinishReason::kCancelled)`. A request finished
   // between Schedule and UpdateFromOutput is skipped by the latter.
   absl::Status Finish(RequestId id, FinishReason reason);
-  absl::Status Abort(RequestId id) { return Finish(id, FinishReason::kAbort); }
+  absl::Status Abort(RequestId id) {
+    return Finish(id, FinishReason::kCancelled);
+  }
 
   // Starts `child` (n > 1 completions) as a copy of running `parent` that
   // shares all of the parent's blocks by ref count, the partially filled
