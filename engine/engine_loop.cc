@@ -51,6 +51,9 @@ void Engine::Impl::Admit(std::unique_ptr<LiveRequest> r) {
 
 void Engine::Impl::Loop() {
   Inbox inbox;
+  // Built on the creating thread, used from here on on this one only.
+  scheduler_->BindOwnerThread();
+  runner_->BindOwnerThread();
   {
     absl::MutexLock lock(&mu_);
     auto released = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {

@@ -20,6 +20,7 @@ ModelRunner::ModelRunner(std::unique_ptr<ModelBackend> backend,
 StepResult ModelRunner::Execute(const scheduler::SchedulerOutput& out,
                                 const LiveRequestMap& live,
                                 const scheduler::Scheduler& sched) {
+  owner_.CheckOwner("ModelRunner");
   StepResult result;
   // Swap out, swap in, copy-on-write: before the forward reads the blocks.
   // A failed move (a bug in the plan) fails the step like a failed forward.

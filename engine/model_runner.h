@@ -21,6 +21,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "common/thread_owner.h"
 #include "engine/live_request.h"
 #include "engine/model_backend.h"
 #include "engine/sampler.h"
@@ -69,6 +70,10 @@ class ModelRunner {
 
   [[nodiscard]] const ModelBackend& backend() const { return *backend_; }
 
+  // Makes the calling thread the one Execute checks for (debug builds); the
+  // engine calls it first thing on its thread.
+  void BindOwnerThread() { owner_.Rebind(); }
+
  private:
   // Performs `out`'s block moves on the backend in the scheduler's order:
   // swap out, swap in, copy-on-write copies.
@@ -89,6 +94,7 @@ class ModelRunner {
   const int32_t vocab_size_;
   const absl::Duration fault_step_delay_;
   models::ForwardOutput step_out_;  // the last forward's logits / argmax
+  ThreadOwner owner_;               // the engine thread
 };
 
 }  // namespace kvserve::engine

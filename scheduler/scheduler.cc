@@ -60,6 +60,7 @@ Scheduler::Scheduler(const SchedulerConfig& config)
           config.num_swap_slots) {}
 
 absl::Status Scheduler::AddRequest(std::unique_ptr<Request> request) {
+  owner_.CheckOwner("Scheduler");
   if (request == nullptr) return absl::InvalidArgumentError("null request");
   KV_RETURN_IF_ERROR(CheckRequest(*request));
   if (static_cast<int32_t>(waiting_.size()) >= config_.max_queued_requests) {
@@ -86,6 +87,7 @@ absl::Status Scheduler::CheckRequest(const Request& r) const {
 }
 
 absl::Status Scheduler::Finish(RequestId id, FinishReason reason) {
+  owner_.CheckOwner("Scheduler");
   auto it = requests_.find(id);
   if (it == requests_.end()) {
     return absl::NotFoundError(absl::StrCat("request ", id, " is not live"));
@@ -142,6 +144,7 @@ void Scheduler::Enqueue(Request* r, bool at_head) {
 }
 
 SchedulerOutput Scheduler::Schedule() {
+  owner_.CheckOwner("Scheduler");
   KV_CHECK(!pending_update_, "Schedule() before UpdateFromOutput() of step ",
            num_steps_ - 1);
   const StepStats before = CumulativeStepStats();
@@ -255,6 +258,7 @@ void Scheduler::AppendTokens(const Request& r, int32_t begin, int32_t n,
 
 std::vector<FinishedRequest> Scheduler::UpdateFromOutput(
     const SchedulerOutput& output, absl::Span<const int32_t> sampled) {
+  owner_.CheckOwner("Scheduler");
   KV_CHECK(output.empty() || (pending_update_ && output.step == num_steps_ - 1),
            "UpdateFromOutput of step ", output.step, ", latest is ",
            num_steps_ - 1);

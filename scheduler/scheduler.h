@@ -70,6 +70,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "common/thread_owner.h"
 #include "kvcache/kv_cache_manager.h"
 #include "scheduler/request.h"
 #include "scheduler/scheduler_config.h"
@@ -293,6 +294,14 @@ class Scheduler {
   [[nodiscard]] const SchedulerConfig& config() const { return config_; }
   [[nodiscard]] const kvcache::KvCacheManager& kv_cache() const { return kv_; }
 
+  // Makes the calling thread the owner of this scheduler and its KV manager
+  // (their mutating methods check it in debug builds). The engine calls it
+  // first thing on its thread; without it, the first mutating call binds.
+  void BindOwnerThread() {
+    owner_.Rebind();
+    kv_.BindOwnerThread();
+  }
+
   // Verifies the invariants in the header comment; O(requests + blocks).
   [[nodiscard]] absl::Status CheckInvariants() const;
 
@@ -391,6 +400,7 @@ class Scheduler {
   int64_t num_aborted_total_ = 0;
   int64_t prefix_cache_queries_tokens_ = 0;
   int64_t prefix_cache_hit_tokens_ = 0;
+  ThreadOwner owner_;  // the one thread that may mutate
 };
 
 }  // namespace kvserve::scheduler
