@@ -1,7 +1,6 @@
 #include "engine/engine.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <deque>
 
 #include "absl/container/flat_hash_map.h"
@@ -32,23 +31,6 @@ BackendConfig BackendConfigFor(const EngineConfig& config) {
   bc.swap_space_bytes = config.swap_space_bytes;
   bc.kv_dtype = config.kv_cache_dtype;
   return bc;
-}
-
-// Test-only fault injection: KVSERVE_FAULT_STEP_DELAY_MS=N makes every
-// engine step N ms slower (a stalled device, for the readiness tests).
-absl::Duration FaultStepDelay() {
-  static const absl::Duration delay = [] {
-    const char* v = std::getenv("KVSERVE_FAULT_STEP_DELAY_MS");
-    const int ms = v != nullptr ? std::max(std::atoi(v), 0) : 0;
-    if (ms > 0) {
-      spdlog::warn(
-          "fault injection: every engine step sleeps {} ms "
-          "(KVSERVE_FAULT_STEP_DELAY_MS; for tests only)",
-          ms);
-    }
-    return absl::Milliseconds(ms);
-  }();
-  return delay;
 }
 
 }  // namespace
@@ -98,9 +80,15 @@ absl::Status Engine::Impl::Init(
         "Engine::Create: the backend's block size %d is not the config's %d",
         backend->block_size(), config_.scheduler.block_size));
   }
-  runner_ = std::make_unique<ModelRunner>(std::move(backend),
-                                          config_.scheduler.block_size,
-                                          c.vocab_size, FaultStepDelay());
+  runner_ = std::make_unique<ModelRunner>(
+      std::move(backend), config_.scheduler.block_size, c.vocab_size,
+      config_.fault_step_delay);
+  if (config_.fault_step_delay > absl::ZeroDuration()) {
+    spdlog::warn(
+        "fault injection: every engine step sleeps {} ms "
+        "(--fault-step-delay-ms; for tests only)",
+        absl::ToInt64Milliseconds(config_.fault_step_delay));
+  }
   const ModelBackend& backend_ref = runner_->backend();
   const int32_t num_blocks = backend_ref.num_blocks();
   const int64_t per_token =
