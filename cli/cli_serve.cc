@@ -56,6 +56,7 @@ struct ServeFlags {
   double kv_cache_fraction = EngineDefaults().kv_cache_fraction;
   double drain_timeout = 30;
   double stall_timeout = 30;
+  int64_t fault_step_delay_ms = 0;
   std::string log_level = "info";
   // Security flags (docs/SECURITY.md).
   int64_t max_request_bytes = 4 << 20, max_prompt_tokens = 0;
@@ -229,6 +230,10 @@ void RegisterFlags(ServeFlags* f, CliArgs* args) {
               "before /ready says 503 and gRPC health NOT_SERVING (default "
               "30; 0 = never)",
               0, 86400);
+  args->Int("fault-step-delay-ms", &f->fault_step_delay_ms,
+            "fault injection for tests only: every engine step sleeps this "
+            "many ms, like a stalled device (default 0 = off)",
+            0, 3600 * 1000);
   args->String("log-level", &f->log_level,
                "trace, debug, info, warn, error, critical, off (default "
                "info)");
@@ -274,6 +279,7 @@ absl::Status FinishFlags(ServeFlags* f) {
   e.swap_space_bytes =
       f->swap_space_bytes >= 0 ? f->swap_space_bytes : DefaultSwapSpaceBytes();
   e.gpu_memory_fraction = f->gpu_memory_fraction;
+  e.fault_step_delay = absl::Milliseconds(f->fault_step_delay_ms);
   KV_ASSIGN_OR_RETURN(e.device, engine::ParseDevice(f->device));
   KV_ASSIGN_OR_RETURN(e.kv_cache_dtype,
                       ParseKvCacheDtypeFlag(f->kv_cache_dtype));

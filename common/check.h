@@ -25,7 +25,16 @@ namespace kvserve::internal {
                                        ::absl::StrCat("" __VA_ARGS__)); \
   } while (0)
 
-#ifndef NDEBUG
+// KV_DCHECK: a KV_CHECK for debug builds (NDEBUG undefined) and sanitizer
+// builds (KVSERVE_DCHECK_ALWAYS_ON, set by CMake with KVSERVE_SANITIZE);
+// elsewhere the condition is not evaluated.
+#if !defined(NDEBUG) || defined(KVSERVE_DCHECK_ALWAYS_ON)
+#define KV_DCHECK_IS_ON 1
+#else
+#define KV_DCHECK_IS_ON 0
+#endif
+
+#if KV_DCHECK_IS_ON
 #define KV_DCHECK(cond, ...) KV_CHECK(cond, __VA_ARGS__)
 #else
 #define KV_DCHECK(cond, ...) \

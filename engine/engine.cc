@@ -38,7 +38,8 @@ BackendConfig BackendConfigFor(const EngineConfig& config) {
 absl::StatusOr<scheduler::SchedulerConfig> Engine::Impl::SchedulerConfigFor()
     const {
   scheduler::SchedulerConfig sc = config_.scheduler;
-  sc.num_blocks = backend_->num_blocks();
+  const ModelBackend& backend_ref = runner_->backend();
+  sc.num_blocks = backend_ref.num_blocks();
   // The engine bounds the queue itself (Submit answers without the loop);
   // the scheduler's bound only backs it up.
   sc.max_queued_requests = std::max(config_.max_queued_requests, 1) * 2 + 64;
@@ -49,10 +50,10 @@ absl::StatusOr<scheduler::SchedulerConfig> Engine::Impl::SchedulerConfigFor()
   // swap = block bytes / copy bandwidth, one way (the scheduler counts
   // out and back in).
   const double swap_block_seconds =
-      backend_->bytes_per_block() /
-      std::max(backend_->swap_bytes_per_second(), 1.0);
-  sc.num_swap_slots = backend_->num_swap_slots();
-  sc.recompute_seconds_per_token = backend_->seconds_per_prefill_token();
+      backend_ref.bytes_per_block() /
+      std::max(backend_ref.swap_bytes_per_second(), 1.0);
+  sc.num_swap_slots = backend_ref.num_swap_slots();
+  sc.recompute_seconds_per_token = backend_ref.seconds_per_prefill_token();
   sc.swap_seconds_per_block = swap_block_seconds;
   return sc;
 }
@@ -79,10 +80,19 @@ absl::Status Engine::Impl::Init(
         "Engine::Create: the backend's block size %d is not the config's %d",
         backend->block_size(), config_.scheduler.block_size));
   }
-  backend_ = std::move(backend);
-  const int32_t num_blocks = backend_->num_blocks();
+  runner_ = std::make_unique<ModelRunner>(
+      std::move(backend), config_.scheduler.block_size, c.vocab_size,
+      config_.fault_step_delay);
+  if (config_.fault_step_delay > absl::ZeroDuration()) {
+    spdlog::warn(
+        "fault injection: every engine step sleeps {} ms "
+        "(--fault-step-delay-ms; for tests only)",
+        absl::ToInt64Milliseconds(config_.fault_step_delay));
+  }
+  const ModelBackend& backend_ref = runner_->backend();
+  const int32_t num_blocks = backend_ref.num_blocks();
   const int64_t per_token =
-      backend_->bytes_per_block() / config_.scheduler.block_size;
+      backend_ref.bytes_per_block() / config_.scheduler.block_size;
   KV_ASSIGN_OR_RETURN(scheduler::SchedulerConfig sc, SchedulerConfigFor());
   KV_ASSIGN_OR_RETURN(scheduler_, scheduler::Scheduler::Create(sc));
 
@@ -101,9 +111,9 @@ absl::Status Engine::Impl::Init(
   info_.kv_bytes_per_token = per_token;
   info_.block_size = config_.scheduler.block_size;
   info_.num_blocks = num_blocks;
-  info_.kv_dtype = std::string(backend_->kv_dtype());
-  info_.device = std::string(backend_->device_name());
-  info_.num_swap_slots = backend_->num_swap_slots();
+  info_.kv_dtype = std::string(backend_ref.kv_dtype());
+  info_.device = std::string(backend_ref.device_name());
+  info_.num_swap_slots = backend_ref.num_swap_slots();
   const int64_t tokens =
       static_cast<int64_t>(num_blocks) * config_.scheduler.block_size;
   spdlog::info(
@@ -113,21 +123,21 @@ absl::Status Engine::Impl::Init(
       "GB/s swap",
       info_.device, per_token, info_.kv_dtype, num_blocks,
       config_.scheduler.block_size, tokens,
-      num_blocks * backend_->bytes_per_block() / 1048576.0,
+      num_blocks * backend_ref.bytes_per_block() / 1048576.0,
       tokens / std::max<int64_t>(
                    1, (max_model_len_ + config_.scheduler.block_size - 1) /
                           config_.scheduler.block_size *
                           config_.scheduler.block_size),
       max_model_len_, info_.num_swap_slots,
-      info_.num_swap_slots * backend_->bytes_per_block() / 1048576.0,
-      backend_->seconds_per_prefill_token() * 1e3,
-      backend_->swap_bytes_per_second() / 1e9);
+      info_.num_swap_slots * backend_ref.bytes_per_block() / 1048576.0,
+      backend_ref.seconds_per_prefill_token() * 1e3,
+      backend_ref.swap_bytes_per_second() / 1e9);
   if (registry) {
     metrics_ = std::make_unique<EngineMetrics>(
         *registry,
         CacheConfigInfo{config_.scheduler.block_size, num_blocks, per_token,
-                        info_.kv_dtype, backend_->num_swap_slots(),
-                        backend_->bytes_per_block()});
+                        info_.kv_dtype, backend_ref.num_swap_slots(),
+                        backend_ref.bytes_per_block()});
   }
   PublishStats(0, 0);
   return absl::OkStatus();

@@ -58,6 +58,9 @@ struct EngineConfig {
   int64_t swap_space_bytes = 0;
   // KV element type (--kv-cache-dtype); nullopt: the backend's default.
   std::optional<kvcache::KvDtype> kv_cache_dtype;
+  // Fault injection for tests (--fault-step-delay-ms): every engine step
+  // sleeps this long before its forward, like a stalled device. Zero: off.
+  absl::Duration fault_step_delay = absl::ZeroDuration();
 };
 
 // Static facts about the loaded model and cache, for GetModelInfo and logs.

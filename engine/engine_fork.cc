@@ -53,10 +53,10 @@ void Engine::Impl::FirstScheduled(const scheduler::ScheduledRequest& s,
   }
 }
 
-void Engine::Impl::ForkChildren(RequestId parent_id) {
+void Engine::Impl::ForkChildren(RequestId parent_id,
+                                const std::vector<float>& parent_logits) {
   auto pit = live_reqs_.find(parent_id);
-  auto lit = fork_logits_.find(parent_id);
-  if (pit == live_reqs_.end() || lit == fork_logits_.end()) return;
+  if (pit == live_reqs_.end()) return;
   LiveRequest& p = *pit->second;
   const int32_t forks = p.pending_forks;
   p.pending_forks = 0;
@@ -68,7 +68,7 @@ void Engine::Impl::ForkChildren(RequestId parent_id) {
     c->cached_prompt_tokens = p.cached_prompt_tokens;
     c->output =
         std::make_unique<OutputProcessor>(c->spec, model_.tokenizer.get());
-    logits = lit->second;
+    logits = parent_logits;
     SampleResult res = Sample(absl::MakeSpan(logits), c->spec.sampling,
                               c->spec.prompt_tokens, c->output->sampler());
     const RequestId id = c->id;

@@ -11,31 +11,12 @@
 #include "absl/synchronization/mutex.h"
 #include "engine/engine.h"
 #include "engine/engine_metrics.h"
+#include "engine/live_request.h"
 #include "engine/model_backend.h"
-#include "engine/output_processor.h"
-#include "models/forward_batch.h"
+#include "engine/model_runner.h"
 #include "scheduler/scheduler.h"
 
 namespace kvserve::engine {
-
-// One request as the engine thread sees it.
-struct LiveRequest {
-  RequestId id;
-  RequestSpec spec;
-  std::shared_ptr<StreamState> stream;
-  std::unique_ptr<OutputProcessor> output;
-  absl::Time arrival, first_scheduled = absl::InfinitePast(),
-                      first_token = absl::InfinitePast(),
-                      last_token = absl::InfinitePast();
-  int32_t completion_tokens = 0;
-  // Prompt tokens served from the prefix cache (read when first scheduled).
-  int32_t cached_prompt_tokens = 0;
-  // Completion index in the shared stream (n > 1), and children this
-  // request (index 0) still has to fork once its prompt is computed.
-  int32_t index = 0;
-  int32_t pending_forks = 0;
-  int32_t num_preemptions = 0;  // as of its latest scheduling
-};
 
 class Engine::Impl {
  public:
@@ -84,23 +65,23 @@ class Engine::Impl {
   void Loop();
   bool TakeInbox(Inbox* inbox);
   void Admit(std::unique_ptr<LiveRequest> r);
+  // One iteration of the engine loop: schedule, run the step on the model
+  // runner, feed its tokens back to the scheduler, emit and finish.
   void Step();
-  // Performs `out`'s block moves on the backend in the scheduler's order:
-  // swap out, swap in, copy-on-write copies.
-  [[nodiscard]] absl::Status RunBlockMoves(
-      const scheduler::SchedulerOutput& out);
-  models::ForwardBatch BuildBatch(const scheduler::SchedulerOutput& out,
-                                  std::vector<int32_t>* logits_owner);
-  // Whether `r`'s next token can come from the device argmax alone (then
-  // the backend need not copy its logits row to the host).
-  static bool NeedsOnlyArgmax(const LiveRequest& r);
-  std::vector<SampleResult> SampleAll(const scheduler::SchedulerOutput& out,
-                                      const std::vector<int32_t>& producers);
+  // Adds a step's counter increments (the scheduler's, and the blocks the
+  // runner swapped) to the metrics.
+  void AddStepCounters(const scheduler::StepStats& s, int64_t swapped_out,
+                       int64_t swapped_in);
+  // Waits briefly for new input after a step that scheduled nothing.
+  void WaitAfterEmptyStep();
+  // Fails every request of `out` after a failed block move or forward.
+  void FailStep(const scheduler::SchedulerOutput& out,
+                const absl::Status& status);
   // Emits one sampled token of `r`; finishes it on a stop or at max_tokens.
   void EmitToken(LiveRequest& r, SampleResult& res, absl::Time now);
-  // n > 1: samples each child's first token from the parent's prompt
-  // logits (fork_logits_) and forks it off the parent in the scheduler.
-  void ForkChildren(RequestId parent);
+  // n > 1: samples each child's first token from the parent's raw prompt
+  // `logits` and forks it off the parent in the scheduler.
+  void ForkChildren(RequestId parent, const std::vector<float>& logits);
   void FirstScheduled(const scheduler::ScheduledRequest& s, absl::Time t0);
   void EmitTokens(const scheduler::SchedulerOutput& out,
                   const std::vector<int32_t>& producers,
@@ -120,7 +101,7 @@ class Engine::Impl {
   LoadedModel model_;
   std::atomic<bool>* draining_;
   ModelInfo info_;
-  std::unique_ptr<ModelBackend> backend_;
+  std::unique_ptr<ModelRunner> runner_;
   std::unique_ptr<scheduler::Scheduler> scheduler_;
   std::unique_ptr<EngineMetrics> metrics_;
   int32_t max_model_len_ = 0;
@@ -136,16 +117,7 @@ class Engine::Impl {
   std::atomic<RequestId> next_id_{1};
 
   // Engine thread only.
-  absl::flat_hash_map<RequestId, std::unique_ptr<LiveRequest>> live_reqs_;
-  models::ForwardOutput step_out_;  // the last forward's logits / argmax
-  int64_t recomputed_tokens_seen_ = 0;
-  int64_t prefix_queries_seen_ = 0, prefix_hits_seen_ = 0;
-  int64_t preempt_recompute_seen_ = 0, preempt_swap_seen_ = 0;
-  int64_t uncacheable_seen_ = 0;
-  int64_t swapped_out_blocks_ = 0, swapped_in_blocks_ = 0;
-  int64_t swapped_out_seen_ = 0, swapped_in_seen_ = 0;
-  // Raw prompt logits of parents about to fork (n > 1), by parent id.
-  absl::flat_hash_map<RequestId, std::vector<float>> fork_logits_;
+  LiveRequestMap live_reqs_;
 
   mutable absl::Mutex stats_mu_;
   EngineStats stats_ ABSL_GUARDED_BY(stats_mu_);

@@ -2,7 +2,6 @@
 // samples, streams output, retires finished requests. Everything here runs
 // on that one thread except where a comment says otherwise.
 #include <algorithm>
-#include <cstdlib>
 
 #include "absl/strings/str_format.h"
 #include "common/check.h"
@@ -19,23 +18,6 @@ double SecondsBetween(absl::Time a, absl::Time b) {
 
 // Idle wait for new work; bounded so deadlines are checked while idle.
 constexpr absl::Duration kIdleWait = absl::Milliseconds(50);
-
-// Test-only fault injection: KVSERVE_FAULT_STEP_DELAY_MS=N makes every
-// engine step N ms slower (a stalled device, for the readiness tests).
-absl::Duration FaultStepDelay() {
-  static const absl::Duration delay = [] {
-    const char* v = std::getenv("KVSERVE_FAULT_STEP_DELAY_MS");
-    const int ms = v != nullptr ? std::max(std::atoi(v), 0) : 0;
-    if (ms > 0) {
-      spdlog::warn(
-          "fault injection: every engine step sleeps {} ms "
-          "(KVSERVE_FAULT_STEP_DELAY_MS; for tests only)",
-          ms);
-    }
-    return absl::Milliseconds(ms);
-  }();
-  return delay;
-}
 
 }  // namespace
 
@@ -69,7 +51,9 @@ void Engine::Impl::Admit(std::unique_ptr<LiveRequest> r) {
 
 void Engine::Impl::Loop() {
   Inbox inbox;
-  (void)FaultStepDelay();  // logs the warning at start-up
+  // Built on the creating thread, used from here on on this one only.
+  scheduler_->BindOwnerThread();
+  runner_->BindOwnerThread();
   {
     absl::MutexLock lock(&mu_);
     auto released = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
@@ -147,77 +131,6 @@ void Engine::Impl::FinishAborted(RequestId id) {
   FinishRequest(id, FinishReason::kCancelled);
 }
 
-models::ForwardBatch Engine::Impl::BuildBatch(
-    const scheduler::SchedulerOutput& out, std::vector<int32_t>* producers) {
-  models::ForwardBatch b;
-  const int32_t bs = config_.scheduler.block_size;
-  b.token_ids = out.token_ids;
-  b.seq_starts.reserve(out.scheduled.size() + 1);
-  b.seq_starts.push_back(0);
-  int32_t max_blocks = 1;
-  for (const auto& s : out.scheduled)
-    max_blocks = std::max(max_blocks, s.num_blocks);
-  b.max_blocks_per_seq = max_blocks;
-  b.block_tables.assign(out.scheduled.size() * max_blocks, 0);
-  for (size_t i = 0; i < out.scheduled.size(); ++i) {
-    const auto& s = out.scheduled[i];
-    const auto table = out.BlockTable(s);
-    std::copy(table.begin(), table.end(),
-              b.block_tables.begin() + i * max_blocks);
-    for (int32_t j = 0; j < s.num_new_tokens; ++j) {
-      const int32_t pos = s.start_position + j;
-      b.positions.push_back(pos);
-      b.slot_mapping.push_back(table[pos / bs] * bs + pos % bs);
-    }
-    b.seq_starts.push_back(s.token_offset + s.num_new_tokens);
-    b.context_lens.push_back(s.start_position + s.num_new_tokens);
-    if (s.produces_token) {
-      b.logits_rows.push_back(s.token_offset + s.num_new_tokens - 1);
-      producers->push_back(static_cast<int32_t>(i));
-      b.argmax_only.push_back(NeedsOnlyArgmax(*live_reqs_.at(s.id)));
-    }
-  }
-  return b;
-}
-
-// A fork parent's first token needs the whole row (its children sample
-// from a copy of it); otherwise the sampling parameters decide.
-bool Engine::Impl::NeedsOnlyArgmax(const LiveRequest& r) {
-  const bool forks_now = r.pending_forks > 0 && r.completion_tokens == 0;
-  return !forks_now && ArgmaxSuffices(r.spec.sampling);
-}
-
-std::vector<SampleResult> Engine::Impl::SampleAll(
-    const scheduler::SchedulerOutput& out,
-    const std::vector<int32_t>& producers) {
-  const int32_t vocab = model_.config.vocab_size;
-  std::vector<SampleResult> sampled(producers.size());
-  std::vector<int32_t> context;
-  for (size_t k = 0; k < producers.size(); ++k) {
-    const auto& s = out.scheduled[producers[k]];
-    LiveRequest& r = *live_reqs_.at(s.id);
-    if (!step_out_.argmax.empty() && NeedsOnlyArgmax(r)) {
-      // The backend reduced the row on the device (and may not have copied
-      // it): the same token Sample would pick from it.
-      sampled[k] = SampleFromArgmax(step_out_.argmax[k], r.output->sampler());
-      continue;
-    }
-    absl::Span<float> logits(step_out_.logits.data() + k * vocab, vocab);
-    if (r.pending_forks > 0 && r.completion_tokens == 0) {
-      fork_logits_[s.id].assign(logits.begin(), logits.end());
-    }
-    context.clear();
-    if (r.spec.sampling.repetition_penalty != 1.0f) {
-      const scheduler::Request* req = scheduler_->GetRequest(s.id);
-      context = req->prompt_token_ids();
-      context.insert(context.end(), req->output_token_ids().begin(),
-                     req->output_token_ids().end());
-    }
-    sampled[k] = Sample(logits, r.spec.sampling, context, r.output->sampler());
-  }
-  return sampled;
-}
-
 void Engine::Impl::EmitToken(LiveRequest& r, SampleResult& res,
                              absl::Time now) {
   if (r.first_token == absl::InfinitePast()) {
@@ -258,74 +171,61 @@ void Engine::Impl::Step() {
   const absl::Time t0 = absl::Now();
   scheduler::SchedulerOutput out = scheduler_->Schedule();
   if (out.empty()) {
-    // Nothing fits this step (e.g. waiting for blocks); don't spin.
-    absl::MutexLock lock(&mu_);
-    auto has_input = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-      return stop_ || !inbox_.adds.empty() || !inbox_.aborts.empty();
-    };
-    mu_.AwaitWithTimeout(absl::Condition(&has_input), absl::Milliseconds(1));
-    return;
+    AddStepCounters(out.stats, 0, 0);
+    return WaitAfterEmptyStep();
   }
   for (const auto& s : out.scheduled) FirstScheduled(s, t0);
-  // Swap out, swap in, copy-on-write: before the forward reads the blocks.
-  // A failed move (a bug in the plan) fails the step like a failed forward.
-  const absl::Status moved = RunBlockMoves(out);
-  std::vector<int32_t> producers;
-  models::ForwardBatch batch = BuildBatch(out, &producers);
-  if (FaultStepDelay() > absl::ZeroDuration()) absl::SleepFor(FaultStepDelay());
-  const absl::Time fwd0 = absl::Now();
-  absl::Status st = moved.ok() ? backend_->Forward(batch, &step_out_) : moved;
-  if (metrics_) {
-    metrics_->AddForwardSeconds(SecondsBetween(fwd0, absl::Now()));
-  }
-  std::vector<SampleResult> sampled;
-  std::vector<int32_t> tokens(producers.size(), 0);
-  if (st.ok()) {
-    sampled = SampleAll(out, producers);
-    for (size_t k = 0; k < sampled.size(); ++k) tokens[k] = sampled[k].token;
-  } else {
-    // A batch the model rejects is a bug in batch construction; fail the
-    // requests in it, keep serving the rest.
-    spdlog::error("forward failed at step {} ({} tokens): {}", out.step,
-                  out.total_num_tokens, st.ToString());
-  }
-  if (!st.ok()) {
-    // NOTE: finish them before UpdateFromOutput, which would register their
-    // (unwritten) blocks in the prefix cache; it skips finished requests.
-    std::vector<RequestId> ids;
-    for (const auto& s : out.scheduled) ids.push_back(s.id);
-    FailAll(ids, st.ToString());
-  }
+  StepResult result = runner_->Execute(out, live_reqs_, *scheduler_);
+  if (metrics_) metrics_->AddForwardSeconds(result.forward_seconds);
+  AddStepCounters(out.stats, result.swapped_out_blocks,
+                  result.swapped_in_blocks);
+  if (!result.status.ok()) FailStep(out, result.status);
   std::vector<scheduler::FinishedRequest> finished =
-      scheduler_->UpdateFromOutput(out, tokens);
-  // Forks first: the parent may finish on its first token below.
-  if (st.ok() && !fork_logits_.empty()) {
-    std::vector<RequestId> parents;
-    for (const auto& [id, logits] : fork_logits_) parents.push_back(id);
-    for (RequestId id : parents) ForkChildren(id);
+      scheduler_->UpdateFromOutput(out, result.tokens);
+  if (result.status.ok()) {
+    // Forks first: the parent may finish on its first token below.
+    for (const auto& [id, logits] : result.fork_logits) {
+      ForkChildren(id, logits);
+    }
+    EmitTokens(out, result.producers, result.sampled);
   }
-  fork_logits_.clear();
-  if (st.ok()) EmitTokens(out, producers, sampled);
   for (const auto& f : finished) {
     if (live_reqs_.contains(f.id)) FinishRequest(f.id, FinishReason::kLength);
   }
   PublishStats(SecondsBetween(t0, absl::Now()), out.total_num_tokens);
 }
 
-absl::Status Engine::Impl::RunBlockMoves(
-    const scheduler::SchedulerOutput& out) {
-  if (!out.blocks_to_swap_out.empty()) {
-    KV_RETURN_IF_ERROR(backend_->SwapOut(out.blocks_to_swap_out));
-    swapped_out_blocks_ += static_cast<int64_t>(out.blocks_to_swap_out.size());
-  }
-  if (!out.blocks_to_swap_in.empty()) {
-    KV_RETURN_IF_ERROR(backend_->SwapIn(out.blocks_to_swap_in));
-    swapped_in_blocks_ += static_cast<int64_t>(out.blocks_to_swap_in.size());
-  }
-  if (!out.blocks_to_copy.empty()) {
-    KV_RETURN_IF_ERROR(backend_->CopyBlocks(out.blocks_to_copy));
-  }
-  return absl::OkStatus();
+void Engine::Impl::AddStepCounters(const scheduler::StepStats& s,
+                                   int64_t swapped_out, int64_t swapped_in) {
+  if (!metrics_) return;
+  metrics_->AddPreemptions(s.preemptions_recompute, s.preemptions_swap);
+  metrics_->AddRecomputedTokens(s.recomputed_tokens);
+  metrics_->AddSwapBlocks(swapped_out, swapped_in);
+  metrics_->AddUncacheableTokens(s.prefix_cache_uncacheable_tokens);
+  metrics_->AddPrefixCache(s.prefix_cache_queries_tokens,
+                           s.prefix_cache_hit_tokens);
+}
+
+// Nothing fits this step (e.g. waiting for blocks); don't spin.
+void Engine::Impl::WaitAfterEmptyStep() {
+  absl::MutexLock lock(&mu_);
+  auto has_input = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return stop_ || !inbox_.adds.empty() || !inbox_.aborts.empty();
+  };
+  mu_.AwaitWithTimeout(absl::Condition(&has_input), absl::Milliseconds(1));
+}
+
+// A batch the model rejects is a bug in batch construction (or in the
+// block-move plan); fail the requests in it, keep serving the rest.
+// NOTE: they finish before UpdateFromOutput, which would register their
+// (unwritten) blocks in the prefix cache; it skips finished requests.
+void Engine::Impl::FailStep(const scheduler::SchedulerOutput& out,
+                            const absl::Status& status) {
+  spdlog::error("forward failed at step {} ({} tokens): {}", out.step,
+                out.total_num_tokens, status.ToString());
+  std::vector<RequestId> ids;
+  for (const auto& s : out.scheduled) ids.push_back(s.id);
+  FailAll(ids, status.ToString());
 }
 
 void Engine::Impl::FailAll(const std::vector<RequestId>& ids,
@@ -345,11 +245,7 @@ void Engine::Impl::FinishRequest(RequestId id, FinishReason reason,
   }
   // Frees the blocks now (the scheduler may have retired it already).
   if (scheduler_->GetRequest(id) != nullptr) {
-    (void)scheduler_->Finish(id, reason == FinishReason::kStop
-                                     ? scheduler::FinishReason::kStop
-                                 : reason == FinishReason::kLength
-                                     ? scheduler::FinishReason::kLength
-                                     : scheduler::FinishReason::kAbort);
+    (void)scheduler_->Finish(id, reason);
   }
   const std::string tail = r.output ? r.output->Flush() : "";
   if (!tail.empty()) r.stream->Push({}, tail, {});
@@ -402,29 +298,10 @@ void Engine::Impl::PublishStats(double step_seconds, int64_t tokens) {
                           s.kv.free_blocks - s.kv.cached_evictable_blocks);
     metrics_->SetQueues(s.num_running, s.num_waiting);
     metrics_->SetReservedSlots(reserved, unwritten);
-    metrics_->AddPreemptions(
-        s.num_preemptions_recompute_total - preempt_recompute_seen_,
-        s.num_preemptions_swap_total - preempt_swap_seen_);
-    metrics_->AddRecomputedTokens(s.num_recomputed_tokens_total -
-                                  recomputed_tokens_seen_);
-    metrics_->AddSwapBlocks(swapped_out_blocks_ - swapped_out_seen_,
-                            swapped_in_blocks_ - swapped_in_seen_);
-    metrics_->SetSwapBlocks(s.swap_slots_used, backend_->num_swap_slots());
-    metrics_->AddUncacheableTokens(s.prefix_cache_uncacheable_tokens -
-                                   uncacheable_seen_);
-    metrics_->AddPrefixCache(
-        s.prefix_cache_queries_tokens - prefix_queries_seen_,
-        s.prefix_cache_hit_tokens - prefix_hits_seen_);
+    metrics_->SetSwapBlocks(s.swap_slots_used,
+                            runner_->backend().num_swap_slots());
     if (tokens > 0) metrics_->ObserveStep(step_seconds, tokens);
   }
-  recomputed_tokens_seen_ = s.num_recomputed_tokens_total;
-  preempt_recompute_seen_ = s.num_preemptions_recompute_total;
-  preempt_swap_seen_ = s.num_preemptions_swap_total;
-  uncacheable_seen_ = s.prefix_cache_uncacheable_tokens;
-  swapped_out_seen_ = swapped_out_blocks_;
-  swapped_in_seen_ = swapped_in_blocks_;
-  prefix_queries_seen_ = s.prefix_cache_queries_tokens;
-  prefix_hits_seen_ = s.prefix_cache_hit_tokens;
   absl::MutexLock lock(&stats_mu_);
   stats_.running = s.num_running;
   stats_.waiting = s.num_waiting;

@@ -9,6 +9,7 @@
 
 #include "absl/time/time.h"
 #include "engine/sampler.h"
+#include "scheduler/request.h"
 
 namespace kvserve::engine {
 
@@ -32,15 +33,10 @@ struct RequestSpec {
   int32_t n = 1;
 };
 
-enum class FinishReason {
-  kNone,
-  kStop,
-  kLength,
-  kCancelled,
-  kDeadline,
-  kError
-};
-const char* FinishReasonName(FinishReason r);
+// The scheduler's enum (scheduler/request.h) is the one source: the engine
+// finishes requests in the scheduler with the reason it streams.
+using FinishReason = scheduler::FinishReason;
+using scheduler::FinishReasonName;
 
 struct Usage {
   int32_t prompt_tokens = 0;

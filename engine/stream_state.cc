@@ -5,24 +5,6 @@
 
 namespace kvserve::engine {
 
-const char* FinishReasonName(FinishReason r) {
-  switch (r) {
-    case FinishReason::kNone:
-      return "none";
-    case FinishReason::kStop:
-      return "stop";
-    case FinishReason::kLength:
-      return "length";
-    case FinishReason::kCancelled:
-      return "cancelled";
-    case FinishReason::kDeadline:
-      return "deadline";
-    case FinishReason::kError:
-      return "error";
-  }
-  return "unknown";
-}
-
 // Hands out one pending delta, visiting completions round-robin so that a
 // chatty one cannot starve the others.
 bool StreamState::TakeLocked(StreamDelta* out) {

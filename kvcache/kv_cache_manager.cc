@@ -54,6 +54,7 @@ int32_t KvCacheManager::NumBlocksNeeded(RequestId request,
 
 std::optional<std::vector<BlockId>> KvCacheManager::Allocate(
     RequestId request, int64_t total_tokens) {
+  owner_.CheckOwner("KvCacheManager");
   const int32_t needed = NumBlocksNeeded(request, total_tokens);
   if (needed > pool_.num_free()) return std::nullopt;
   if (needed == 0) return std::vector<BlockId>();
@@ -79,6 +80,7 @@ bool KvCacheManager::AllocateForWrite(RequestId request,
                                       int32_t num_computed_tokens,
                                       int64_t total_tokens,
                                       std::vector<BlockMove>* copies) {
+  owner_.CheckOwner("KvCacheManager");
   auto it = tables_.find(request);
   const int64_t have =
       it == tables_.end() ? 0 : static_cast<int64_t>(it->second.blocks.size());
@@ -117,6 +119,7 @@ bool KvCacheManager::CanSwapOut(RequestId request, int32_t num_blocks) const {
 
 void KvCacheManager::SwapOut(RequestId request, int32_t num_blocks,
                              std::vector<BlockMove>* moves) {
+  owner_.CheckOwner("KvCacheManager");
   KV_CHECK(CanSwapOut(request, num_blocks), "request ", request,
            " cannot swap out ", num_blocks, " blocks (free slots ",
            swap_.num_free(), ")");
@@ -130,6 +133,7 @@ void KvCacheManager::SwapOut(RequestId request, int32_t num_blocks,
 }
 
 bool KvCacheManager::SwapIn(RequestId request, std::vector<BlockMove>* moves) {
+  owner_.CheckOwner("KvCacheManager");
   auto it = swapped_.find(request);
   KV_CHECK(it != swapped_.end(), "request ", request, " is not swapped out");
   KV_CHECK(!tables_.contains(request), "request ", request, " has blocks");
@@ -195,6 +199,7 @@ bool KvCacheManager::CanAllocateWithPrefix(const PrefixMatch& prefix,
 
 std::optional<std::vector<BlockId>> KvCacheManager::AllocateWithPrefix(
     RequestId request, const PrefixMatch& prefix, int64_t total_tokens) {
+  owner_.CheckOwner("KvCacheManager");
   KV_CHECK(!tables_.contains(request), "request ", request, " has blocks");
   KV_CHECK(total_tokens >= prefix.num_tokens, "total_tokens=", total_tokens,
            " < cached ", prefix.num_tokens);
@@ -222,6 +227,7 @@ void KvCacheManager::CacheComputedBlocks(RequestId request,
                                          const TokenSequence& tokens,
                                          int32_t num_computed_tokens,
                                          BlockHash ns) {
+  owner_.CheckOwner("KvCacheManager");
   auto it = tables_.find(request);
   if (it == tables_.end()) return;
   Table& table = it->second;
@@ -248,6 +254,7 @@ void KvCacheManager::CacheComputedBlocks(RequestId request,
 }
 
 int32_t KvCacheManager::Free(RequestId request) {
+  owner_.CheckOwner("KvCacheManager");
   if (!swapped_.empty()) {
     if (auto sw = swapped_.find(request); sw != swapped_.end()) {
       swap_.Free(sw->second);
@@ -266,6 +273,7 @@ int32_t KvCacheManager::Free(RequestId request) {
 
 void KvCacheManager::Fork(RequestId parent, RequestId child,
                           int32_t num_blocks) {
+  owner_.CheckOwner("KvCacheManager");
   KV_CHECK(parent != child, "fork onto itself: ", parent);
   auto it = tables_.find(parent);
   KV_CHECK(it != tables_.end(), "fork of request ", parent, " without blocks");

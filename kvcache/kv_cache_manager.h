@@ -51,6 +51,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/types/span.h"
+#include "common/thread_owner.h"
 #include "kvcache/block_hash.h"
 #include "kvcache/block_pool.h"
 #include "kvcache/swap_space.h"
@@ -236,6 +237,10 @@ class KvCacheManager {
   // Verifies the invariants above; O(num_blocks + total table entries).
   [[nodiscard]] absl::Status CheckInvariants() const;
 
+  // Makes the calling thread the owner that the mutating methods check
+  // (debug builds); for a hand-off to another thread after first use.
+  void BindOwnerThread() { owner_.Rebind(); }
+
  private:
   struct Table {
     std::vector<BlockId> blocks;
@@ -264,6 +269,7 @@ class KvCacheManager {
   // Per block: its content while it carries a hash (stale otherwise).
   std::vector<BlockContent> content_;
   std::vector<int32_t> content_tokens_;  // [num_blocks][block_size]
+  ThreadOwner owner_;                    // the one thread that may mutate
 };
 
 }  // namespace kvserve::kvcache

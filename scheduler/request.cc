@@ -22,14 +22,20 @@ absl::string_view RequestStatusName(RequestStatus status) {
   return "unknown";
 }
 
-absl::string_view FinishReasonName(FinishReason reason) {
+const char* FinishReasonName(FinishReason reason) {
   switch (reason) {
+    case FinishReason::kNone:
+      return "none";
     case FinishReason::kStop:
       return "stop";
     case FinishReason::kLength:
       return "length";
-    case FinishReason::kAbort:
-      return "abort";
+    case FinishReason::kCancelled:
+      return "cancelled";
+    case FinishReason::kDeadline:
+      return "deadline";
+    case FinishReason::kError:
+      return "error";
   }
   return "unknown";
 }

@@ -33,13 +33,25 @@ enum class RequestStatus {
                // them and holds swap slots)
   kFinishedStopped,  // engine saw a stop condition (EOS, stop string)
   kFinishedLength,   // reached max_tokens
-  kFinishedAborted,  // client cancel, deadline, or shutdown
+  kFinishedAborted,  // client cancel, deadline, error, or shutdown
 };
 
-enum class FinishReason { kStop, kLength, kAbort };
+// Why a request ended: the one enum of the scheduler, the engine (which
+// names it engine::FinishReason) and the server's wire mappings. The
+// scheduler retires kStop and kLength as such and every other reason as
+// aborted. The values are in the order of the engine's per-reason metrics.
+enum class FinishReason {
+  kNone,       // not finished (a stream delta before the last)
+  kStop,       // a stop condition: EOS, stop token or stop string
+  kLength,     // max_tokens reached
+  kCancelled,  // client cancel, or shutdown
+  kDeadline,   // the request's deadline passed
+  kError,      // an engine error (e.g. a failed forward)
+};
 
 [[nodiscard]] absl::string_view RequestStatusName(RequestStatus status);
-[[nodiscard]] absl::string_view FinishReasonName(FinishReason reason);
+// A C string (static storage) so that it formats in logs and metric labels.
+[[nodiscard]] const char* FinishReasonName(FinishReason reason);
 
 class Request {
  public:

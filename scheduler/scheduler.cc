@@ -60,6 +60,7 @@ Scheduler::Scheduler(const SchedulerConfig& config)
           config.num_swap_slots) {}
 
 absl::Status Scheduler::AddRequest(std::unique_ptr<Request> request) {
+  owner_.CheckOwner("Scheduler");
   if (request == nullptr) return absl::InvalidArgumentError("null request");
   KV_RETURN_IF_ERROR(CheckRequest(*request));
   if (static_cast<int32_t>(waiting_.size()) >= config_.max_queued_requests) {
@@ -86,6 +87,7 @@ absl::Status Scheduler::CheckRequest(const Request& r) const {
 }
 
 absl::Status Scheduler::Finish(RequestId id, FinishReason reason) {
+  owner_.CheckOwner("Scheduler");
   auto it = requests_.find(id);
   if (it == requests_.end()) {
     return absl::NotFoundError(absl::StrCat("request ", id, " is not live"));
@@ -112,7 +114,10 @@ void Scheduler::Retire(Request* r, FinishReason reason) {
     case FinishReason::kLength:
       r->status_ = RequestStatus::kFinishedLength;
       break;
-    case FinishReason::kAbort:
+    case FinishReason::kNone:
+    case FinishReason::kCancelled:
+    case FinishReason::kDeadline:
+    case FinishReason::kError:
       r->status_ = RequestStatus::kFinishedAborted;
       ++num_aborted_total_;
       break;
@@ -139,8 +144,10 @@ void Scheduler::Enqueue(Request* r, bool at_head) {
 }
 
 SchedulerOutput Scheduler::Schedule() {
+  owner_.CheckOwner("Scheduler");
   KV_CHECK(!pending_update_, "Schedule() before UpdateFromOutput() of step ",
            num_steps_ - 1);
+  const StepStats before = CumulativeStepStats();
   StepPlan plan;
   plan.budget = config_.max_num_batched_tokens;
   plan.scheduled.reserve(running_.size() + 8);
@@ -151,9 +158,34 @@ SchedulerOutput Scheduler::Schedule() {
     last_admission_stop_ = AdmissionStop::kPreempted;
   }
   SchedulerOutput out = BuildOutput(plan);
+  const StepStats after = CumulativeStepStats();
+  out.stats = {
+      .preemptions_recompute =
+          after.preemptions_recompute - before.preemptions_recompute,
+      .preemptions_swap = after.preemptions_swap - before.preemptions_swap,
+      .recomputed_tokens = after.recomputed_tokens - before.recomputed_tokens,
+      .prefix_cache_queries_tokens = after.prefix_cache_queries_tokens -
+                                     before.prefix_cache_queries_tokens,
+      .prefix_cache_hit_tokens =
+          after.prefix_cache_hit_tokens - before.prefix_cache_hit_tokens,
+      .prefix_cache_uncacheable_tokens = after.prefix_cache_uncacheable_tokens -
+                                         before.prefix_cache_uncacheable_tokens,
+  };
   pending_update_ = !out.scheduled.empty();
   ++num_steps_;
   return out;
+}
+
+StepStats Scheduler::CumulativeStepStats() const {
+  return {
+      .preemptions_recompute =
+          num_preemptions_total_ - num_preemptions_swap_total_,
+      .preemptions_swap = num_preemptions_swap_total_,
+      .recomputed_tokens = num_preempted_tokens_total_,
+      .prefix_cache_queries_tokens = prefix_cache_queries_tokens_,
+      .prefix_cache_hit_tokens = prefix_cache_hit_tokens_,
+      .prefix_cache_uncacheable_tokens = prefix_cache_uncacheable_tokens_,
+  };
 }
 
 int32_t Scheduler::NumNewTokens(const Request& r, int32_t computed,
@@ -226,6 +258,7 @@ void Scheduler::AppendTokens(const Request& r, int32_t begin, int32_t n,
 
 std::vector<FinishedRequest> Scheduler::UpdateFromOutput(
     const SchedulerOutput& output, absl::Span<const int32_t> sampled) {
+  owner_.CheckOwner("Scheduler");
   KV_CHECK(output.empty() || (pending_update_ && output.step == num_steps_ - 1),
            "UpdateFromOutput of step ", output.step, ", latest is ",
            num_steps_ - 1);

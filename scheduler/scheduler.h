@@ -70,6 +70,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "common/thread_owner.h"
 #include "kvcache/kv_cache_manager.h"
 #include "scheduler/request.h"
 #include "scheduler/scheduler_config.h"
@@ -96,6 +97,18 @@ struct ScheduledRequest {
   // SchedulerOutput::block_ids[block_offset, block_offset + num_blocks).
   int32_t block_offset = 0;
   int32_t num_blocks = 0;
+};
+
+// Counter increments of one Schedule() call: what the matching cumulative
+// counters of SchedulerStats gained in it (each field equals the difference
+// of that counter across the call).
+struct StepStats {
+  int64_t preemptions_recompute = 0;  // num_preemptions_recompute_total
+  int64_t preemptions_swap = 0;       // num_preemptions_swap_total
+  int64_t recomputed_tokens = 0;      // num_recomputed_tokens_total
+  int64_t prefix_cache_queries_tokens = 0;
+  int64_t prefix_cache_hit_tokens = 0;
+  int64_t prefix_cache_uncacheable_tokens = 0;
 };
 
 // The plan of one step. Plain data; the engine may keep it until
@@ -126,6 +139,8 @@ struct SchedulerOutput {
   // KV block src -> KV block dst (copy-on-write of a shared block).
   std::vector<kvcache::BlockMove> blocks_to_copy;
   int32_t total_num_tokens = 0;
+  // Counter increments of this step, also when nothing was scheduled.
+  StepStats stats;
 
   [[nodiscard]] bool empty() const { return scheduled.empty(); }
   // Scheduled requests with produces_token: the size `sampled` must have.
@@ -220,10 +235,13 @@ class Scheduler {
 
   // Removes a waiting or running request and frees its blocks before
   // returning. NotFound when no live request has `id` (e.g. it finished).
-  // `Abort(id)` is `Finish(id, FinishReason::kAbort)`. A request finished
+  // Reasons other than kStop and kLength retire it as aborted;
+  // `Abort(id)` is `Finish(id, FinishReason::kCancelled)`. A request finished
   // between Schedule and UpdateFromOutput is skipped by the latter.
   absl::Status Finish(RequestId id, FinishReason reason);
-  absl::Status Abort(RequestId id) { return Finish(id, FinishReason::kAbort); }
+  absl::Status Abort(RequestId id) {
+    return Finish(id, FinishReason::kCancelled);
+  }
 
   // Starts `child` (n > 1 completions) as a copy of running `parent` that
   // shares all of the parent's blocks by ref count, the partially filled
@@ -275,6 +293,14 @@ class Scheduler {
   [[nodiscard]] SchedulerStats stats() const;
   [[nodiscard]] const SchedulerConfig& config() const { return config_; }
   [[nodiscard]] const kvcache::KvCacheManager& kv_cache() const { return kv_; }
+
+  // Makes the calling thread the owner of this scheduler and its KV manager
+  // (their mutating methods check it in debug builds). The engine calls it
+  // first thing on its thread; without it, the first mutating call binds.
+  void BindOwnerThread() {
+    owner_.Rebind();
+    kv_.BindOwnerThread();
+  }
 
   // Verifies the invariants in the header comment; O(requests + blocks).
   [[nodiscard]] absl::Status CheckInvariants() const;
@@ -336,6 +362,8 @@ class Scheduler {
   // Registers the newly computed full blocks of a running request.
   void CacheComputedBlocks(const Request& request);
   [[nodiscard]] SchedulerOutput BuildOutput(StepPlan& plan);
+  // The cumulative counters that StepStats reports increments of.
+  [[nodiscard]] StepStats CumulativeStepStats() const;
   // Appends prompt + output tokens [begin, begin + n) of `r` to `out`.
   static void AppendTokens(const Request& r, int32_t begin, int32_t n,
                            std::vector<int32_t>& out);
@@ -372,6 +400,7 @@ class Scheduler {
   int64_t num_aborted_total_ = 0;
   int64_t prefix_cache_queries_tokens_ = 0;
   int64_t prefix_cache_hit_tokens_ = 0;
+  ThreadOwner owner_;  // the one thread that may mutate
 };
 
 }  // namespace kvserve::scheduler

@@ -107,6 +107,7 @@ void Scheduler::Preempt(size_t index, StepPlan& plan) {
 
 absl::Status Scheduler::Fork(RequestId parent_id,
                              std::unique_ptr<Request> child) {
+  owner_.CheckOwner("Scheduler");
   if (child == nullptr) return absl::InvalidArgumentError("fork: null child");
   auto it = requests_.find(parent_id);
   if (it == requests_.end() || it->second->status_ != RequestStatus::kRunning) {

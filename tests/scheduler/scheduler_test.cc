@@ -1,6 +1,7 @@
 #include "scheduler/scheduler.h"
 
 #include <memory>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -45,13 +46,37 @@ SchedulerConfig SmallConfig() {
 }
 
 // One expected step: scheduled ids with their new-token counts, preempted
-// ids.
+// ids, and (when given) the computed tokens the step's preemptions discarded
+// (SchedulerOutput::stats.recomputed_tokens).
 struct Row {
   int64_t step;
   std::vector<RequestId> scheduled;
   std::vector<int32_t> tokens;
   std::vector<RequestId> preempted = {};
+  std::optional<int64_t> recomputed_tokens = std::nullopt;
 };
+
+// A step's StepStats must be the difference of the cumulative counters
+// across its Schedule() call.
+void ExpectStepStatsAreDifference(const SchedulerStats& before,
+                                  const SchedulerStats& after,
+                                  const StepStats& step) {
+  EXPECT_EQ(step.preemptions_recompute,
+            after.num_preemptions_recompute_total -
+                before.num_preemptions_recompute_total);
+  EXPECT_EQ(step.preemptions_swap, after.num_preemptions_swap_total -
+                                       before.num_preemptions_swap_total);
+  EXPECT_EQ(step.recomputed_tokens, after.num_recomputed_tokens_total -
+                                        before.num_recomputed_tokens_total);
+  EXPECT_EQ(
+      step.prefix_cache_queries_tokens,
+      after.prefix_cache_queries_tokens - before.prefix_cache_queries_tokens);
+  EXPECT_EQ(step.prefix_cache_hit_tokens,
+            after.prefix_cache_hit_tokens - before.prefix_cache_hit_tokens);
+  EXPECT_EQ(step.prefix_cache_uncacheable_tokens,
+            after.prefix_cache_uncacheable_tokens -
+                before.prefix_cache_uncacheable_tokens);
+}
 
 // A scheduler driven by a fake model runner. The fake writes (request,
 // position, token) into a fake KV pool at each new token's slot, checks the
@@ -78,7 +103,9 @@ class Harness {
   // Schedule, run the fake model, update. Invariants checked around it.
   SchedulerOutput Step() {
     CheckInvariants();
+    const SchedulerStats before = sched_.stats();
     SchedulerOutput out = sched_.Schedule();
+    ExpectStepStatsAreDifference(before, sched_.stats(), out.stats);
     CheckInvariants();
     std::vector<int32_t> sampled;
     for (const ScheduledRequest& s : out.scheduled) {
@@ -108,6 +135,11 @@ class Harness {
       EXPECT_THAT(ids, ElementsAreArray(row.scheduled));
       EXPECT_THAT(tokens, ElementsAreArray(row.tokens));
       EXPECT_THAT(out.preempted, ElementsAreArray(row.preempted));
+      EXPECT_EQ(out.stats.preemptions_recompute + out.stats.preemptions_swap,
+                static_cast<int64_t>(row.preempted.size()));
+      if (row.recomputed_tokens.has_value()) {
+        EXPECT_EQ(out.stats.recomputed_tokens, *row.recomputed_tokens);
+      }
     }
   }
 
@@ -296,12 +328,12 @@ TEST(SchedulerTest, PreemptsMostRecentlyAdmittedAndRecomputes) {
   h.Add(2, 8, 8);
   h.Add(3, 4, 4);
   h.ExpectSteps({
-      {0, {1, 2, 3}, {8, 8, 4}},  // blocks 1:{0,1} 2:{2,3} 3:{4}
-      {1, {1, 2}, {1, 1}, {3}},   // 1 takes 5; 2 needs one: 3 goes
-      {2, {1, 2}, {1, 1}},        // 3 waits: 5 tokens need 2 blocks, 0 free
+      {0, {1, 2, 3}, {8, 8, 4}},    // blocks 1:{0,1} 2:{2,3} 3:{4}
+      {1, {1, 2}, {1, 1}, {3}, 4},  // 1 takes 5; 2 needs one: 3 goes
+      {2, {1, 2}, {1, 1}},          // 3 waits: 5 tokens need 2 blocks, 0 free
       {3, {1, 2}, {1, 1}},
       {4, {1, 2}, {1, 1}},
-      {5, {1}, {1}, {2}},  // 1 needs a 4th block: 2 (newest running) goes
+      {5, {1}, {1}, {2}, 12},  // 1 needs a 4th block: 2 (newest) goes
   });
   EXPECT_THAT(h.sched().WaitingIds(), ElementsAre(2, 3));  // 2 at the head
   EXPECT_EQ(h.sched().stats().last_admission_stop, AdmissionStop::kPreempted);

@@ -72,7 +72,19 @@ class FakeEngine {
 
   SchedulerOutput Step() {
     Check();
+    const SchedulerStats before = sched_.stats();
     SchedulerOutput out = sched_.Schedule();
+    const SchedulerStats after = sched_.stats();
+    // The step's increments are the difference of the cumulative counters.
+    EXPECT_EQ(
+        out.stats.preemptions_swap,
+        after.num_preemptions_swap_total - before.num_preemptions_swap_total);
+    EXPECT_EQ(out.stats.preemptions_recompute,
+              after.num_preemptions_recompute_total -
+                  before.num_preemptions_recompute_total);
+    EXPECT_EQ(
+        out.stats.recomputed_tokens,
+        after.num_recomputed_tokens_total - before.num_recomputed_tokens_total);
     Check();
     for (const BlockMove& m : out.blocks_to_swap_out)
       Move(kv_, m.src, swap_, m.dst);

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Readiness reflects progress (real kvserve binary).
 
-With the test-only fault injection KVSERVE_FAULT_STEP_DELAY_MS every engine
+With the test-only fault injection --fault-step-delay-ms every engine
 step takes seconds; with --stall-timeout 1, a pending request makes /ready
 answer 503 and grpc.health.v1 report NOT_SERVING (overall and for
 kvserve.v1.KvServe), with a log line saying why. The stalled request still
@@ -35,11 +35,10 @@ class StallTest(unittest.TestCase):
     def test_stalled_engine_is_not_ready(self):
         server = fu.Server("--stall-timeout", "1", "--kv-cache-bytes",
                            "64MiB", "--max-model-len", "256",
-                           env={"KVSERVE_FAULT_STEP_DELAY_MS":
-                                str(STEP_DELAY_MS)})
+                           "--fault-step-delay-ms", str(STEP_DELAY_MS))
         channel = server.channel()
         try:
-            self.assertIn("KVSERVE_FAULT_STEP_DELAY_MS", server.text())
+            self.assertIn("--fault-step-delay-ms", server.text())
             # Idle: ready, however slow a step would be.
             time.sleep(1.5)  # longer than the stall timeout, with no work
             self.assertEqual(server.http("/ready")[0], 200)

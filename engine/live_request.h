@@ -1,0 +1,44 @@
+// LiveRequest: one request as the engine thread sees it, and the map of the
+// live ones. Owned by Engine::Impl; read by ModelRunner while it builds a
+// batch and samples. Engine thread only.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/time/time.h"
+#include "engine/output_processor.h"
+#include "engine/request_spec.h"
+#include "engine/stream_state.h"
+
+namespace kvserve::engine {
+
+struct LiveRequest {
+  RequestId id;
+  RequestSpec spec;
+  std::shared_ptr<StreamState> stream;
+  std::unique_ptr<OutputProcessor> output;
+  absl::Time arrival, first_scheduled = absl::InfinitePast(),
+                      first_token = absl::InfinitePast(),
+                      last_token = absl::InfinitePast();
+  int32_t completion_tokens = 0;
+  // Prompt tokens served from the prefix cache (read when first scheduled).
+  int32_t cached_prompt_tokens = 0;
+  // Completion index in the shared stream (n > 1), and children this
+  // request (index 0) still has to fork once its prompt is computed.
+  int32_t index = 0;
+  int32_t pending_forks = 0;
+  int32_t num_preemptions = 0;  // as of its latest scheduling
+
+  // Whether this step computes the prompt of a parent that still has to
+  // fork its n > 1 children (they sample from a copy of its logits row).
+  [[nodiscard]] bool ForksNow() const {
+    return pending_forks > 0 && completion_tokens == 0;
+  }
+};
+
+using LiveRequestMap =
+    absl::flat_hash_map<RequestId, std::unique_ptr<LiveRequest>>;
+
+}  // namespace kvserve::engine

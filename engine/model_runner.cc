@@ -1,0 +1,133 @@
+// ModelRunner: block moves, batch construction, forward and sampling of one
+// engine step. See model_runner.h.
+#include "engine/model_runner.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "common/status_macros.h"
+
+namespace kvserve::engine {
+
+ModelRunner::ModelRunner(std::unique_ptr<ModelBackend> backend,
+                         int32_t block_size, int32_t vocab_size,
+                         absl::Duration fault_step_delay)
+    : backend_(std::move(backend)),
+      block_size_(block_size),
+      vocab_size_(vocab_size),
+      fault_step_delay_(fault_step_delay) {}
+
+StepResult ModelRunner::Execute(const scheduler::SchedulerOutput& out,
+                                const LiveRequestMap& live,
+                                const scheduler::Scheduler& sched) {
+  owner_.CheckOwner("ModelRunner");
+  StepResult result;
+  // Swap out, swap in, copy-on-write: before the forward reads the blocks.
+  // A failed move (a bug in the plan) fails the step like a failed forward.
+  const absl::Status moved = RunBlockMoves(out, &result);
+  models::ForwardBatch batch = BuildBatch(out, live, &result.producers);
+  if (fault_step_delay_ > absl::ZeroDuration()) {
+    absl::SleepFor(fault_step_delay_);
+  }
+  const absl::Time fwd0 = absl::Now();
+  result.status = moved.ok() ? backend_->Forward(batch, &step_out_) : moved;
+  result.forward_seconds = absl::ToDoubleSeconds(absl::Now() - fwd0);
+  result.tokens.assign(result.producers.size(), 0);
+  if (result.status.ok()) SampleAll(out, live, sched, &result);
+  return result;
+}
+
+absl::Status ModelRunner::RunBlockMoves(const scheduler::SchedulerOutput& out,
+                                        StepResult* result) {
+  if (!out.blocks_to_swap_out.empty()) {
+    KV_RETURN_IF_ERROR(backend_->SwapOut(out.blocks_to_swap_out));
+    result->swapped_out_blocks =
+        static_cast<int64_t>(out.blocks_to_swap_out.size());
+  }
+  if (!out.blocks_to_swap_in.empty()) {
+    KV_RETURN_IF_ERROR(backend_->SwapIn(out.blocks_to_swap_in));
+    result->swapped_in_blocks =
+        static_cast<int64_t>(out.blocks_to_swap_in.size());
+  }
+  if (!out.blocks_to_copy.empty()) {
+    KV_RETURN_IF_ERROR(backend_->CopyBlocks(out.blocks_to_copy));
+  }
+  return absl::OkStatus();
+}
+
+models::ForwardBatch ModelRunner::BuildBatch(
+    const scheduler::SchedulerOutput& out, const LiveRequestMap& live,
+    std::vector<int32_t>* producers) const {
+  models::ForwardBatch b;
+  const int32_t bs = block_size_;
+  b.token_ids = out.token_ids;
+  b.seq_starts.reserve(out.scheduled.size() + 1);
+  b.seq_starts.push_back(0);
+  int32_t max_blocks = 1;
+  for (const auto& s : out.scheduled)
+    max_blocks = std::max(max_blocks, s.num_blocks);
+  b.max_blocks_per_seq = max_blocks;
+  b.block_tables.assign(out.scheduled.size() * max_blocks, 0);
+  for (size_t i = 0; i < out.scheduled.size(); ++i) {
+    const auto& s = out.scheduled[i];
+    const auto table = out.BlockTable(s);
+    std::copy(table.begin(), table.end(),
+              b.block_tables.begin() + i * max_blocks);
+    for (int32_t j = 0; j < s.num_new_tokens; ++j) {
+      const int32_t pos = s.start_position + j;
+      b.positions.push_back(pos);
+      b.slot_mapping.push_back(table[pos / bs] * bs + pos % bs);
+    }
+    b.seq_starts.push_back(s.token_offset + s.num_new_tokens);
+    b.context_lens.push_back(s.start_position + s.num_new_tokens);
+    if (s.produces_token) {
+      b.logits_rows.push_back(s.token_offset + s.num_new_tokens - 1);
+      producers->push_back(static_cast<int32_t>(i));
+      b.argmax_only.push_back(NeedsOnlyArgmax(*live.at(s.id)));
+    }
+  }
+  return b;
+}
+
+// A fork parent's first token needs the whole row (its children sample
+// from a copy of it); otherwise the sampling parameters decide.
+bool ModelRunner::NeedsOnlyArgmax(const LiveRequest& r) {
+  return !r.ForksNow() && ArgmaxSuffices(r.spec.sampling);
+}
+
+void ModelRunner::SampleAll(const scheduler::SchedulerOutput& out,
+                            const LiveRequestMap& live,
+                            const scheduler::Scheduler& sched,
+                            StepResult* result) {
+  const std::vector<int32_t>& producers = result->producers;
+  std::vector<SampleResult>& sampled = result->sampled;
+  sampled.resize(producers.size());
+  std::vector<int32_t> context;
+  for (size_t k = 0; k < producers.size(); ++k) {
+    const auto& s = out.scheduled[producers[k]];
+    LiveRequest& r = *live.at(s.id);
+    if (!step_out_.argmax.empty() && NeedsOnlyArgmax(r)) {
+      // The backend reduced the row on the device (and may not have copied
+      // it): the same token Sample would pick from it.
+      sampled[k] = SampleFromArgmax(step_out_.argmax[k], r.output->sampler());
+    } else {
+      absl::Span<float> logits(step_out_.logits.data() + k * vocab_size_,
+                               vocab_size_);
+      if (r.ForksNow()) {
+        result->fork_logits[s.id].assign(logits.begin(), logits.end());
+      }
+      context.clear();
+      if (r.spec.sampling.repetition_penalty != 1.0f) {
+        const scheduler::Request* req = sched.GetRequest(s.id);
+        context = req->prompt_token_ids();
+        context.insert(context.end(), req->output_token_ids().begin(),
+                       req->output_token_ids().end());
+      }
+      sampled[k] =
+          Sample(logits, r.spec.sampling, context, r.output->sampler());
+    }
+    result->tokens[k] = sampled[k].token;
+  }
+}
+
+}  // namespace kvserve::engine

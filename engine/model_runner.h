@@ -1,0 +1,100 @@
+// ModelRunner: the device half of one engine step. It owns the ModelBackend
+// (weights, KV bytes, swap space) and, given the scheduler's plan of a step,
+// performs its block moves, builds the ForwardBatch, runs the forward and
+// samples the next token of every request that produces one. It does not
+// own requests, block bookkeeping or output: it reads the live requests and
+// the scheduler, and reports what it sampled in a StepResult; the engine
+// feeds that back to the scheduler and emits it.
+//
+// Order within Execute, as scheduler.h and model_backend.h state it: swap
+// out, swap in, copy-on-write copies (each list in its order), then the
+// forward. A failed move fails the step like a failed forward: nothing is
+// sampled and the status says why.
+//
+// Thread safety: none. Owned by Engine::Impl; engine thread only.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "common/thread_owner.h"
+#include "engine/live_request.h"
+#include "engine/model_backend.h"
+#include "engine/sampler.h"
+#include "models/forward_batch.h"
+#include "scheduler/scheduler.h"
+
+namespace kvserve::engine {
+
+// What one step computed.
+struct StepResult {
+  // OK, or the error of the first failed block move or of the forward; then
+  // `sampled` is empty and `tokens` holds zeros.
+  absl::Status status;
+  // Indices into SchedulerOutput::scheduled of the requests that produce a
+  // token, in order; `sampled` and `tokens` are parallel to it.
+  std::vector<int32_t> producers;
+  std::vector<SampleResult> sampled;
+  // The sampled token ids, the form Scheduler::UpdateFromOutput takes.
+  std::vector<int32_t> tokens;
+  // Raw prompt logits of the n > 1 parents that fork in this step, by id.
+  absl::flat_hash_map<RequestId, std::vector<float>> fork_logits;
+  // Blocks moved to and from swap slots by this step.
+  int64_t swapped_out_blocks = 0;
+  int64_t swapped_in_blocks = 0;
+  // Wall time of the forward alone.
+  double forward_seconds = 0;
+};
+
+class ModelRunner {
+ public:
+  // `block_size` is the scheduler's; `vocab_size` the model's. A positive
+  // `fault_step_delay` sleeps that long before every forward (fault
+  // injection for tests: a stalled device).
+  ModelRunner(std::unique_ptr<ModelBackend> backend, int32_t block_size,
+              int32_t vocab_size, absl::Duration fault_step_delay);
+
+  ModelRunner(const ModelRunner&) = delete;
+  ModelRunner& operator=(const ModelRunner&) = delete;
+
+  // Runs the step `out` plans. Every scheduled request must be in `live`;
+  // `sched` is the scheduler that planned `out` (read for the repetition
+  // penalty's context). Consumes the requests' random streams as it samples.
+  [[nodiscard]] StepResult Execute(const scheduler::SchedulerOutput& out,
+                                   const LiveRequestMap& live,
+                                   const scheduler::Scheduler& sched);
+
+  [[nodiscard]] const ModelBackend& backend() const { return *backend_; }
+
+  // Makes the calling thread the one Execute checks for (debug builds); the
+  // engine calls it first thing on its thread.
+  void BindOwnerThread() { owner_.Rebind(); }
+
+ private:
+  // Performs `out`'s block moves on the backend in the scheduler's order:
+  // swap out, swap in, copy-on-write copies.
+  [[nodiscard]] absl::Status RunBlockMoves(
+      const scheduler::SchedulerOutput& out, StepResult* result);
+  models::ForwardBatch BuildBatch(const scheduler::SchedulerOutput& out,
+                                  const LiveRequestMap& live,
+                                  std::vector<int32_t>* producers) const;
+  // Whether `r`'s next token can come from the device argmax alone (then
+  // the backend need not copy its logits row to the host).
+  static bool NeedsOnlyArgmax(const LiveRequest& r);
+  void SampleAll(const scheduler::SchedulerOutput& out,
+                 const LiveRequestMap& live, const scheduler::Scheduler& sched,
+                 StepResult* result);
+
+  std::unique_ptr<ModelBackend> backend_;
+  const int32_t block_size_;
+  const int32_t vocab_size_;
+  const absl::Duration fault_step_delay_;
+  models::ForwardOutput step_out_;  // the last forward's logits / argmax
+  ThreadOwner owner_;               // the engine thread
+};
+
+}  // namespace kvserve::engine
