@@ -30,8 +30,8 @@ class ThreadOwner {
   // builds).
   void CheckOwner(const char* what) const {
 #if KV_DCHECK_IS_ON
-    KV_DCHECK(IsOwnerThread(), what,
-              ": called from a thread other than its owner");
+    KV_DCHECK(IsOwnerThread(), "thread ownership: ", what,
+              " called from a thread other than its owner");
 #else
     static_cast<void>(what);
 #endif

@@ -66,7 +66,7 @@ TEST(ThreadOwnerDeathTest, CheckFromAnotherThreadAbortsWhenDChecksAreOn) {
   auto from_other = [&] { OnOtherThread([&] { owner.CheckOwner("Widget"); }); };
   if (KV_DCHECK_IS_ON) {
     EXPECT_DEATH(from_other(),
-                 "Widget: called from a thread other than its owner");
+                 "Widget called from a thread other than its owner");
   } else {
     from_other();
   }
