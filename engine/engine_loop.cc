@@ -260,6 +260,12 @@ void Engine::Impl::FinishRequest(RequestId id, FinishReason reason,
     t.time_to_first_token = SecondsBetween(r.arrival, r.first_token);
   }
   t.total_seconds = SecondsBetween(r.arrival, now);
+  // Counted before the stream ends, so that a client which scrapes the
+  // metrics as soon as its call returns sees its request among them.
+  if (metrics_) {
+    metrics_->Finished(reason, t.total_seconds);
+    metrics_->ObserveRequestPreemptions(r.num_preemptions);
+  }
   r.stream->Finish(r.index, reason, usage, t, error);
   // Children never forked (the parent ended before its first token) end
   // with it, so that the stream completes.
@@ -269,10 +275,6 @@ void Engine::Impl::FinishRequest(RequestId id, FinishReason reason,
                      t, error);
   }
   r.pending_forks = 0;
-  if (metrics_) {
-    metrics_->Finished(reason, t.total_seconds);
-    metrics_->ObserveRequestPreemptions(r.num_preemptions);
-  }
   live_reqs_.erase(it);
   absl::MutexLock lock(&mu_);
   --live_;
