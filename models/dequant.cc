@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "models/quant_blocks.h"
 
 namespace kvserve::models {
 namespace {
@@ -68,6 +69,25 @@ void DequantQ4_1(const uint8_t* src, float* dst, int64_t n) {
   }
 }
 
+// The K-quants, Q5_0/Q5_1 and IQ4_NL/IQ4_XS, through their one decoder:
+// scale * q + offset per 16 elements. A super-block at a time, so the
+// scratch stays on the stack.
+void DequantDecoded(GgmlType type, const uint8_t* src, float* dst, int64_t n) {
+  const GgmlTypeTraits tr = TypeTraits(type);
+  int8_t q[256];
+  float scale[256 / kDecodeGroup];
+  float offset[256 / kDecodeGroup];
+  for (int64_t b = 0; b < n / tr.block_size; ++b) {
+    DecodeBlocks(type, src + b * tr.type_size, tr.block_size, q, scale,
+                 offset);
+    float* y = dst + b * tr.block_size;
+    for (int k = 0; k < tr.block_size; ++k) {
+      const int g = k / kDecodeGroup;
+      y[k] = scale[g] * static_cast<float>(q[k]) + offset[g];
+    }
+  }
+}
+
 // Checks that `t` is a well-formed tensor of a supported type; returns its
 // row length (shape[0]) and row count.
 absl::Status CheckTensor(const RawTensor& t, int64_t* row_len, int64_t* rows) {
@@ -124,8 +144,11 @@ absl::Status DequantizeRow(GgmlType type, const void* src, float* dst,
       DequantQ4_1(s, dst, n);
       break;
     default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("cannot dequantize ggml type ", std::string(tr.name)));
+      if (!IsDecodable(type)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "cannot dequantize ggml type ", std::string(tr.name)));
+      }
+      DequantDecoded(type, s, dst, n);
   }
   return absl::OkStatus();
 }

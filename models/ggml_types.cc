@@ -17,25 +17,29 @@ GgmlTypeTraits TypeTraits(GgmlType t) {
     case GgmlType::kQ4_1:
       return {"Q4_1", 32, 20, true};
     case GgmlType::kQ5_0:
-      return {"Q5_0", 32, 22, false};
+      return {"Q5_0", 32, 22, true};
     case GgmlType::kQ5_1:
-      return {"Q5_1", 32, 24, false};
+      return {"Q5_1", 32, 24, true};
     case GgmlType::kQ8_0:
       return {"Q8_0", 32, 34, true};
     case GgmlType::kQ8_1:
       return {"Q8_1", 32, 36, false};
     case GgmlType::kQ2_K:
-      return {"Q2_K", 256, 84, false};
+      return {"Q2_K", 256, 84, true};
     case GgmlType::kQ3_K:
-      return {"Q3_K", 256, 110, false};
+      return {"Q3_K", 256, 110, true};
     case GgmlType::kQ4_K:
-      return {"Q4_K", 256, 144, false};
+      return {"Q4_K", 256, 144, true};
     case GgmlType::kQ5_K:
-      return {"Q5_K", 256, 176, false};
+      return {"Q5_K", 256, 176, true};
     case GgmlType::kQ6_K:
-      return {"Q6_K", 256, 210, false};
+      return {"Q6_K", 256, 210, true};
     case GgmlType::kQ8_K:
       return {"Q8_K", 256, 292, false};
+    case GgmlType::kIQ4_NL:
+      return {"IQ4_NL", 32, 18, true};
+    case GgmlType::kIQ4_XS:
+      return {"IQ4_XS", 256, 136, true};
     case GgmlType::kI8:
       return {"I8", 1, 1, false};
     case GgmlType::kI16:

@@ -11,6 +11,7 @@
 #include "models/cpu/paged_attention.h"
 #include "models/dequant.h"
 #include "models/loader/model_files.h"
+#include "models/quant_blocks.h"
 
 namespace kvserve::models {
 namespace {
@@ -50,6 +51,15 @@ absl::StatusOr<std::unique_ptr<cpu::PackedMatrix>> CpuLlamaModel::PackFused(
     same_type &= parts.empty() || t.type == parts[0].type;
     rows += t.shape[1];
     parts.push_back(std::move(t));
+  }
+  bool all_quantized = true;
+  for (const RawTensor& t : parts) all_quantized &= IsDecodable(t.type);
+  if (!same_type && all_quantized) {
+    // A K-quant mix (e.g. Q4_K Q and K with a Q6_K V): one int8 matrix of
+    // the parts as they are, never an fp32 copy.
+    KV_ASSIGN_OR_RETURN(cpu::PackedMatrix m, cpu::PackQuantizedRows(parts));
+    weight_bytes_ += m.bytes();
+    return std::make_unique<cpu::PackedMatrix>(std::move(m));
   }
   RawTensor fused = parts[0];
   if (parts.size() > 1) {

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/parallel.h"
+#include "models/dequant.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 #define KVSERVE_FLOAT_AVX512 1
@@ -150,46 +151,6 @@ void FloatRowsAvx512(const float* x, int64_t m, const FloatRows& w, int64_t lo,
 }
 #endif  // KVSERVE_FLOAT_AVX512
 
-void DequantizeRow(GgmlType type, const uint8_t* src, int64_t cols,
-                   float* dst) {
-  switch (type) {
-    case GgmlType::kQ4_0:
-      for (int64_t b = 0; b < cols / kQK4_0; ++b) {
-        BlockQ4_0 blk;
-        std::memcpy(&blk, src + b * sizeof(blk), sizeof(blk));
-        const float d = Fp16ToFp32(blk.d);
-        for (int j = 0; j < kQK4_0 / 2; ++j) {
-          dst[b * 32 + j] = d * ((blk.qs[j] & 0x0f) - 8);
-          dst[b * 32 + j + 16] = d * ((blk.qs[j] >> 4) - 8);
-        }
-      }
-      return;
-    case GgmlType::kQ4_1:
-      for (int64_t b = 0; b < cols / kQK4_1; ++b) {
-        BlockQ4_1 blk;
-        std::memcpy(&blk, src + b * sizeof(blk), sizeof(blk));
-        const float d = Fp16ToFp32(blk.d);
-        const float m = Fp16ToFp32(blk.m);
-        for (int j = 0; j < kQK4_1 / 2; ++j) {
-          dst[b * 32 + j] = d * (blk.qs[j] & 0x0f) + m;
-          dst[b * 32 + j + 16] = d * (blk.qs[j] >> 4) + m;
-        }
-      }
-      return;
-    case GgmlType::kQ8_0:
-      for (int64_t b = 0; b < cols / kQK8_0; ++b) {
-        BlockQ8_0 blk;
-        std::memcpy(&blk, src + b * sizeof(blk), sizeof(blk));
-        const float d = Fp16ToFp32(blk.d);
-        for (int j = 0; j < kQK8_0; ++j) dst[b * 32 + j] = d * blk.qs[j];
-      }
-      return;
-    default:
-      for (int64_t k = 0; k < cols; ++k) dst[k] = LoadScalar(type, src, k);
-      return;
-  }
-}
-
 }  // namespace
 
 absl::StatusOr<FloatRows> PackFloatRows(GgmlType type, const void* src,
@@ -240,10 +201,7 @@ void FloatMatMul(const float* x, int64_t m, const FloatRows& w, float* y,
 absl::Status DequantizeRows(GgmlType type, const void* src, int64_t rows,
                             int64_t cols, float* dst) {
   const GgmlTypeTraits tr = TypeTraits(type);
-  const bool known = type == GgmlType::kF32 || type == GgmlType::kF16 ||
-                     type == GgmlType::kBF16 || type == GgmlType::kQ4_0 ||
-                     type == GgmlType::kQ4_1 || type == GgmlType::kQ8_0;
-  if (!known || cols % tr.block_size != 0) {
+  if (!tr.supported || cols % tr.block_size != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("DequantizeRows: unsupported ",
                      std::string(TypeName(type)), " x ", cols));
@@ -252,7 +210,9 @@ absl::Status DequantizeRows(GgmlType type, const void* src, int64_t rows,
   const uint8_t* s = static_cast<const uint8_t*>(src);
   ParallelFor(rows, 16, [&](int64_t lo, int64_t hi) {
     for (int64_t r = lo; r < hi; ++r) {
-      DequantizeRow(type, s + r * row_bytes, cols, dst + r * cols);
+      // The type and shape were checked above: it cannot fail.
+      (void)models::DequantizeRow(type, s + r * row_bytes, dst + r * cols,
+                                  cols);
     }
   });
   return absl::OkStatus();

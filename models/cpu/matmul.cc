@@ -9,15 +9,14 @@
 #include "models/cpu/float_kernels.h"
 #include "models/cpu/matmul_internal.h"
 #include "models/cpu/quant_kernels.h"
+#include "models/quant_blocks.h"
 
 namespace kvserve::models::cpu {
 namespace {
 
 using internal::PackedData;
 
-bool IsQuantized(GgmlType t) {
-  return t == GgmlType::kQ4_0 || t == GgmlType::kQ4_1 || t == GgmlType::kQ8_0;
-}
+bool IsQuantized(GgmlType t) { return IsDecodable(t); }
 bool IsFloat(GgmlType t) {
   return t == GgmlType::kF32 || t == GgmlType::kF16 || t == GgmlType::kBF16;
 }
@@ -132,6 +131,37 @@ absl::StatusOr<PackedMatrix> PackMatrix(const RawTensor& t,
     return absl::Status(
         st.code(), absl::StrCat("PackMatrix: ", t.name, ": ", st.message()));
   }
+  return PackedMatrix(std::move(d));
+}
+
+absl::StatusOr<PackedMatrix> PackQuantizedRows(
+    const std::vector<RawTensor>& parts) {
+  if (parts.empty()) {
+    return absl::InvalidArgumentError("PackQuantizedRows: no tensors");
+  }
+  auto d = std::make_unique<PackedData>();
+  std::vector<internal::QuantRows> rows;
+  for (const RawTensor& t : parts) {
+    int64_t r = 0, cols = 0;
+    KV_RETURN_IF_ERROR(ValidateTensor(t, &r, &cols));
+    if (!IsQuantized(t.type) || cols != parts[0].shape[0]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "PackQuantizedRows: ", t.name, ": ", std::string(TypeName(t.type)),
+          " x ", cols, " does not join quantized rows of ", parts[0].shape[0]));
+    }
+    rows.push_back({t.type, t.data, r});
+    d->rows += r;
+  }
+  d->cols = parts[0].shape[0];
+  d->type = parts[0].type;
+  absl::StatusOr<internal::QuantTiles> tiles =
+      internal::PackQuantTiles(rows, d->cols);
+  if (!tiles.ok()) {
+    return absl::Status(tiles.status().code(),
+                        absl::StrCat("PackQuantizedRows: ", parts[0].name, ": ",
+                                     tiles.status().message()));
+  }
+  d->tiles = *std::move(tiles);
   return PackedMatrix(std::move(d));
 }
 

@@ -5,9 +5,12 @@
 //
 // Paths (measured, see docs/PERFORMANCE.md "CPU GEMM path"), the same for
 // every m, so a row's result does not depend on the rest of its batch:
-//   Q4_0/Q4_1/Q8_0 -> int8 AVX-512 VNNI on weights kept 4/8-bit in a 16-row
-//                     interleaved layout, activations quantized to int8 per
-//                     32-block (as llama.cpp);
+//   quantized      -> int8 AVX-512 VNNI on weights in a 16-row interleaved
+//                     layout, activations quantized to int8 per 32-block
+//                     (as llama.cpp): Q4_0/Q4_1/Q8_0 keep their quants, Q4_K
+//                     goes to 4-bit Q4_1 tiles, the other K-quants, Q5_0/
+//                     Q5_1 and IQ4_NL/IQ4_XS to int8 with an fp32 scale and
+//                     offset per 16 weights (exact, 10-12 bits per weight);
 //   F32/F16/BF16   -> own AVX-512 kernel, fp32 accumulate.
 #pragma once
 
@@ -72,11 +75,17 @@ class PackedMatrix {
   std::unique_ptr<internal::PackedData> data_;
 };
 
-// Packs `t` (t.shape = {cols, rows}; type F32, F16, BF16, Q4_0, Q4_1 or Q8_0;
-// for quantized types cols % 32 == 0). InvalidArgument naming the tensor on a
+// Packs `t` (t.shape = {cols, rows}; type F32, F16, BF16 or any quantized
+// type models/quant_blocks.h decodes; cols a multiple of its block size). InvalidArgument naming the tensor on a
 // bad shape, size or type.
 [[nodiscard]] absl::StatusOr<PackedMatrix> PackMatrix(
     const RawTensor& t, const PackOptions& options = {});
+
+// Packs the row-wise concatenation of quantized `parts` (same cols, types
+// may differ, as K-quant mixes store Q, K and V) as one matrix on the int8
+// path. InvalidArgument naming the tensor on a bad part.
+[[nodiscard]] absl::StatusOr<PackedMatrix> PackQuantizedRows(
+    const std::vector<RawTensor>& parts);
 
 // y[i, r] = sum_k x[i, k] * W[r, k] for i in [0, m). x row stride = cols,
 // y row stride = rows (both contiguous). Parallelizes internally with

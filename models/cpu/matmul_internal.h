@@ -12,7 +12,10 @@
 
 namespace kvserve::models::cpu::internal {
 
-enum class QuantKind { kQ4_0, kQ4_1, kQ8_0 };
+// kI8S16 holds any decodable type (models/quant_blocks.h) as int8 values with
+// an fp32 scale (and offset) per 16 elements; the others keep the ggml
+// 4- or 8-bit quants of their type (Q4_1 tiles also hold Q4_K).
+enum class QuantKind { kQ4_0, kQ4_1, kQ8_0, kI8S16 };
 
 // Rows per interleaved tile: one int32 lane of a 512-bit register per row.
 inline constexpr int64_t kTileRows = 16;
@@ -29,8 +32,12 @@ inline constexpr int64_t kQBlock = 32;
 //   Q4_0/Q4_1 (QB = 256, g = 0..3): byte i of (g, r) = ggml qs[4g + i] of
 //     row r: low nibble = k 4g + i, high nibble = k 16 + 4g + i.
 //   Q8_0 (QB = 512, g = 0..7): byte i of (g, r) = q[4g + i] + 128 (unsigned).
+//   I8S16 (QB = 512): quants as Q8_0; then, for the two 16-element halves h
+//     of the block, 16 fp32 scales [h][r], and with offsets 16 fp32 offsets
+//     [h][r] (in place of d and m).
 struct QuantTiles {
   QuantKind kind = QuantKind::kQ4_0;
+  bool has_offsets = false;  // kI8S16 only
   int64_t rows = 0;
   int64_t cols = 0;
   int64_t nb = 0;         // 32-blocks per row
@@ -39,7 +46,7 @@ struct QuantTiles {
   AlignedBuffer buf;
 
   int64_t QuantBytesPerBlock() const {
-    return kind == QuantKind::kQ8_0 ? 512 : 256;
+    return kind == QuantKind::kQ8_0 || kind == QuantKind::kI8S16 ? 512 : 256;
   }
   const uint8_t* Tile(int64_t t) const {
     return buf.data() + static_cast<size_t>(t) * tile_stride;

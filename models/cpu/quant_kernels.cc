@@ -24,48 +24,6 @@ namespace {
 // Activation rows sharing one pass over a weight tile.
 constexpr int kMaxMr = 8;
 
-size_t ScaleBytesPerBlock(QuantKind kind) {
-  return kind == QuantKind::kQ4_1 ? 64 : 32;  // 16 fp16 d (+ 16 fp16 m)
-}
-
-// Copies the rows of tile `t` from ggml blocks into the interleaved layout
-// (see QuantTiles). Rows past the end stay zero.
-void PackTile(QuantKind kind, const uint8_t* src, size_t row_bytes,
-              int64_t rows, int64_t nb, int64_t t, uint8_t* dst) {
-  const int64_t qb = kind == QuantKind::kQ8_0 ? 512 : 256;
-  uint16_t* d = reinterpret_cast<uint16_t*>(dst + nb * qb);
-  uint16_t* mins = d + nb * kTileRows;
-  for (int64_t r = 0; r < kTileRows; ++r) {
-    const int64_t row = t * kTileRows + r;
-    if (row >= rows) break;
-    const uint8_t* s = src + row * row_bytes;
-    for (int64_t b = 0; b < nb; ++b) {
-      uint8_t* q = dst + b * qb + r * 4;
-      if (kind == QuantKind::kQ8_0) {
-        BlockQ8_0 blk;
-        std::memcpy(&blk, s + b * sizeof(blk), sizeof(blk));
-        for (int g = 0; g < 8; ++g) {
-          for (int i = 0; i < 4; ++i) {
-            q[g * 64 + i] = static_cast<uint8_t>(blk.qs[4 * g + i]) ^ 0x80;
-          }
-        }
-        d[b * kTileRows + r] = blk.d;
-      } else if (kind == QuantKind::kQ4_1) {
-        BlockQ4_1 blk;
-        std::memcpy(&blk, s + b * sizeof(blk), sizeof(blk));
-        for (int g = 0; g < 4; ++g) std::memcpy(q + g * 64, blk.qs + 4 * g, 4);
-        d[b * kTileRows + r] = blk.d;
-        mins[b * kTileRows + r] = blk.m;
-      } else {
-        BlockQ4_0 blk;
-        std::memcpy(&blk, s + b * sizeof(blk), sizeof(blk));
-        for (int g = 0; g < 4; ++g) std::memcpy(q + g * 64, blk.qs + 4 * g, 4);
-        d[b * kTileRows + r] = blk.d;
-      }
-    }
-  }
-}
-
 void QuantizeRowScalar(const float* x, int64_t nb, int8_t* q, ActScale* sc) {
   for (int64_t b = 0; b < nb; ++b) {
     const float* xb = x + b * kQBlock;
@@ -73,27 +31,64 @@ void QuantizeRowScalar(const float* x, int64_t nb, int8_t* q, ActScale* sc) {
     for (int j = 0; j < kQBlock; ++j) amax = std::max(amax, std::fabs(xb[j]));
     const float d = amax / 127.0f;
     const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
-    int sum = 0;
+    int sums[2] = {0, 0};
     for (int j = 0; j < kQBlock; ++j) {
       const int v = static_cast<int>(std::nearbyint(xb[j] * id));
       q[b * kQBlock + j] = static_cast<int8_t>(v);
-      sum += v;
+      sums[j / 16] += v;
     }
-    sc[b] = {d, d * static_cast<float>(sum)};
+    sc[b] = {d, d * static_cast<float>(sums[0] + sums[1]), sums[0], sums[1]};
   }
 }
 
 // Weight k of tile row r in block b, as the signed/offset integer the VNNI
 // kernel would feed (Q4: 0..15; Q8: q + 128).
 int WeightQuant(const QuantTiles& w, const uint8_t* qb, int r, int k) {
-  if (w.kind == QuantKind::kQ8_0) return qb[(k / 4) * 64 + r * 4 + k % 4];
+  if (w.kind == QuantKind::kQ8_0 || w.kind == QuantKind::kI8S16) {
+    return qb[(k / 4) * 64 + r * 4 + k % 4];
+  }
   const int j = k % 16;
   const uint8_t byte = qb[(j / 4) * 64 + r * 4 + j % 4];
   return k < 16 ? (byte & 0x0f) : (byte >> 4);
 }
 
+// I8S16: per 16-element half h, s_h * (dot - 128 sum(a)) + o_h * sum(a),
+// the int32 parts exact.
+void I8S16TileScalar(const QuantTiles& w, int64_t t, const QuantizedActs& a,
+                     float* y) {
+  const uint8_t* tile = w.Tile(t);
+  const auto* scales = reinterpret_cast<const float*>(tile + w.nb * 512);
+  const int64_t valid = std::min<int64_t>(kTileRows, w.rows - t * kTileRows);
+  const int64_t per_block = w.has_offsets ? 64 : 32;  // floats
+  for (int64_t i = 0; i < a.m; ++i) {
+    for (int r = 0; r < valid; ++r) {
+      float acc = 0.0f;
+      for (int64_t b = 0; b < w.nb; ++b) {
+        const uint8_t* qb = tile + b * 512;
+        const int8_t* aq = a.Row(i) + b * kQBlock;
+        const ActScale& sc = a.Scales(i)[b];
+        const float* s = scales + b * per_block;
+        for (int h = 0; h < 2; ++h) {
+          const int32_t sum = h == 0 ? sc.sum_lo : sc.sum_hi;
+          int32_t dot = 0;
+          for (int k = 16 * h; k < 16 * h + 16; ++k) {
+            dot += WeightQuant(w, qb, r, k) * aq[k];
+          }
+          const float f = static_cast<float>(dot - 128 * sum);
+          acc += s[16 * h + r] * (f * sc.d);
+          if (w.has_offsets) {
+            acc += s[32 + 16 * h + r] * (static_cast<float>(sum) * sc.d);
+          }
+        }
+      }
+      y[i * w.rows + t * kTileRows + r] = acc;
+    }
+  }
+}
+
 void TileAllRowsScalar(const QuantTiles& w, int64_t t, const QuantizedActs& a,
                        float* y) {
+  if (w.kind == QuantKind::kI8S16) return I8S16TileScalar(w, t, a, y);
   const int64_t nb = w.nb;
   const int64_t qbytes = w.QuantBytesPerBlock();
   const uint8_t* tile = w.Tile(t);
@@ -141,8 +136,9 @@ void QuantizeRowAvx512(const float* x, int64_t nb, int8_t* q, ActScale* sc) {
                      _mm512_cvtsepi32_epi8(q0));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(q + b * kQBlock + 16),
                      _mm512_cvtsepi32_epi8(q1));
-    const int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
-    sc[b] = {d, d * static_cast<float>(sum)};
+    const int lo = _mm512_reduce_add_epi32(q0);
+    const int hi = _mm512_reduce_add_epi32(q1);
+    sc[b] = {d, d * static_cast<float>(lo + hi), lo, hi};
   }
 }
 
@@ -300,10 +296,70 @@ void Q8TileAvx512(const QuantTiles& w, int64_t t, const QuantizedActs& a,
   }
 }
 
+// I8S16: quants as Q8_0, but a scale (and offset) per 16-element half, so
+// each half keeps its own int32 sum; dot - 128 sum(a) is exact in int32.
+template <bool kOffsets, int kMr>
+void I8S16TileAvx512(const QuantTiles& w, int64_t t, const QuantizedActs& a,
+                     int64_t i0, float* y) {
+  const int64_t nb = w.nb;
+  const uint8_t* tile = w.Tile(t);
+  const auto* scales = reinterpret_cast<const float*>(tile + nb * 512);
+  constexpr int64_t kPerBlock = kOffsets ? 64 : 32;  // floats
+  const TilePrefetch prefetch(w);
+  __m512 acc[kMr];
+#pragma GCC unroll 8
+  for (int r = 0; r < kMr; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* qb = tile + b * 512;
+    const float* sb = scales + b * kPerBlock;
+    prefetch.Lines4(qb);
+    prefetch.Lines4(qb + 256);
+    prefetch.Line(sb);
+    prefetch.Line(sb + 16);
+    __m512i wq[8];
+#pragma GCC unroll 8
+    for (int g = 0; g < 8; ++g) wq[g] = _mm512_load_si512(qb + g * 64);
+    const __m512 s0 = _mm512_load_ps(sb);
+    const __m512 s1 = _mm512_load_ps(sb + 16);
+#pragma GCC unroll 8
+    for (int r = 0; r < kMr; ++r) {
+      const int8_t* aq = a.Row(i0 + r) + b * kQBlock;
+      const ActScale& sc = a.Scales(i0 + r)[b];
+      __m512i lo = _mm512_set1_epi32(-128 * sc.sum_lo);
+      __m512i hi = _mm512_set1_epi32(-128 * sc.sum_hi);
+#pragma GCC unroll 8
+      for (int g = 0; g < 4; ++g) {
+        lo = _mm512_dpbusd_epi32(lo, wq[g], Bcast4(aq + 4 * g));
+        hi = _mm512_dpbusd_epi32(hi, wq[g + 4], Bcast4(aq + 16 + 4 * g));
+      }
+      __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(lo), s0);
+      v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), s1, v);
+      acc[r] = _mm512_fmadd_ps(v, _mm512_set1_ps(sc.d), acc[r]);
+      if constexpr (kOffsets) {
+        const __m512 o0 = _mm512_load_ps(sb + 32);
+        const __m512 o1 = _mm512_load_ps(sb + 48);
+        acc[r] = _mm512_fmadd_ps(
+            o0, _mm512_set1_ps(static_cast<float>(sc.sum_lo) * sc.d), acc[r]);
+        acc[r] = _mm512_fmadd_ps(
+            o1, _mm512_set1_ps(static_cast<float>(sc.sum_hi) * sc.d), acc[r]);
+      }
+    }
+  }
+  const int64_t valid = std::min<int64_t>(kTileRows, w.rows - t * kTileRows);
+  const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1);
+#pragma GCC unroll 8
+  for (int r = 0; r < kMr; ++r) {
+    _mm512_mask_storeu_ps(y + (i0 + r) * w.rows + t * kTileRows, mask, acc[r]);
+  }
+}
+
 template <int kMr>
 void TileAvx512(const QuantTiles& w, int64_t t, const QuantizedActs& a,
                 int64_t i0, float* y) {
   switch (w.kind) {
+    case QuantKind::kI8S16:
+      if (w.has_offsets) return I8S16TileAvx512<true, kMr>(w, t, a, i0, y);
+      return I8S16TileAvx512<false, kMr>(w, t, a, i0, y);
     case QuantKind::kQ4_0:
       return Q4TileAvx512<QuantKind::kQ4_0, kMr>(w, t, a, i0, y);
     case QuantKind::kQ4_1:
@@ -341,48 +397,6 @@ bool HaveVnniKernels() {
 #else
   return false;
 #endif
-}
-
-absl::StatusOr<QuantTiles> PackQuantTiles(GgmlType type, const void* src,
-                                          int64_t rows, int64_t cols) {
-  QuantTiles w;
-  switch (type) {
-    case GgmlType::kQ4_0:
-      w.kind = QuantKind::kQ4_0;
-      break;
-    case GgmlType::kQ4_1:
-      w.kind = QuantKind::kQ4_1;
-      break;
-    case GgmlType::kQ8_0:
-      w.kind = QuantKind::kQ8_0;
-      break;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("PackQuantTiles: not a quantized type: ",
-                       std::string(TypeName(type))));
-  }
-  if (cols % kQBlock != 0 || rows <= 0 || cols <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("PackQuantTiles: bad shape ", rows, " x ", cols, " for ",
-                     std::string(TypeName(type))));
-  }
-  w.rows = rows;
-  w.cols = cols;
-  w.nb = cols / kQBlock;
-  w.num_tiles = (rows + kTileRows - 1) / kTileRows;
-  const size_t per_block = w.QuantBytesPerBlock() + ScaleBytesPerBlock(w.kind);
-  w.tile_stride = (w.nb * per_block + AlignedBuffer::kAlignment - 1) /
-                  AlignedBuffer::kAlignment * AlignedBuffer::kAlignment;
-  w.buf.Resize(w.tile_stride * w.num_tiles);
-  const size_t row_bytes = RowBytes(type, cols);
-  const uint8_t* s = static_cast<const uint8_t*>(src);
-  ParallelFor(w.num_tiles, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t t = lo; t < hi; ++t) {
-      PackTile(w.kind, s, row_bytes, rows, w.nb, t,
-               w.buf.data() + t * w.tile_stride);
-    }
-  });
-  return w;
 }
 
 void QuantizeActivations(const float* x, int64_t m, int64_t cols,

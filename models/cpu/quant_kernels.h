@@ -1,5 +1,5 @@
-// The int8 path of the CPU GEMM (small m / decode): repacks ggml Q4_0, Q4_1
-// and Q8_0 rows into 16-row interleaved tiles (QuantTiles), quantizes
+// The int8 path of the CPU GEMM (small m / decode): repacks ggml rows of any
+// quantized type into 16-row interleaved tiles (QuantTiles), quantizes
 // activations to int8 per 32-block, and multiplies with AVX-512 VNNI
 // (VPDPBUSD: unsigned weight bytes x signed activation bytes). Portable
 // scalar code computes the same thing where VNNI is unavailable. Owns no
@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "models/cpu/aligned_buffer.h"
@@ -15,12 +16,29 @@
 
 namespace kvserve::models::cpu::internal {
 
-// Packs `rows` ggml rows of `cols` elements (cols % 32 == 0) of `type`
-// (Q4_0, Q4_1 or Q8_0) starting at `src`.
+// Packs `rows` ggml rows of `cols` elements (a multiple of the type's block
+// size) of a quantized `type` (Q4_0, Q4_1, Q8_0 or decodable: see
+// models/quant_blocks.h) starting at `src`.
 [[nodiscard]] absl::StatusOr<QuantTiles> PackQuantTiles(GgmlType type,
                                                         const void* src,
                                                         int64_t rows,
                                                         int64_t cols);
+
+// Consecutive rows of one type: a part of a matrix packed from several
+// tensors (e.g. Q, K and V of different types, as K-quant mixes store them).
+struct QuantRows {
+  GgmlType type;
+  const void* data;
+  int64_t rows;
+};
+
+// Packs the row-wise concatenation of `parts`, each of `cols` elements per
+// row. The tile kind follows the types: one type of Q4_0, Q4_1 or Q8_0 keeps
+// its own; Q4_K (alone or with Q4_1) goes to Q4_1 tiles, its per-32 scales
+// and mins rounded to fp16 (relative error <= 2^-11); anything else to
+// exact I8S16 tiles.
+[[nodiscard]] absl::StatusOr<QuantTiles> PackQuantTiles(
+    const std::vector<QuantRows>& parts, int64_t cols);
 
 // Per 32-block of one activation row.
 // NOTE: Q4_1's min term uses s (the sum of the *quantized* block), as ggml's
@@ -28,8 +46,10 @@ namespace kvserve::models::cpu::internal {
 // sum(w e) involves the centered weights; the exact sum(x) would leave the
 // error sum(d q e) with q in 0..15, about twice as large.
 struct ActScale {
-  float d;  // scale: x ~= d * q
-  float s;  // d * sum(q)
+  float d;         // scale: x ~= d * q
+  float s;         // d * sum(q)
+  int32_t sum_lo;  // sum(q) over the block's first 16 elements
+  int32_t sum_hi;  // and over its last 16
 };
 
 // Activations quantized symmetrically to int8 per 32-block (as ggml Q8_0).

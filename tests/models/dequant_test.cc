@@ -124,10 +124,10 @@ TEST(DequantTest, RoundTripThroughReferenceQuantizers) {
 
 TEST(DequantTest, ErrorsNameTheType) {
   float y[256];
-  const uint8_t zeros[512] = {};
-  absl::Status s = DequantizeRow(GgmlType::kQ5_K, zeros, y, 256);
+  const uint8_t zeros[512] = {};  // holds one Q8_K block (292 bytes)
+  absl::Status s = DequantizeRow(GgmlType::kQ8_K, zeros, y, 256);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(s.message(), HasSubstr("Q5_K"));
+  EXPECT_THAT(s.message(), HasSubstr("Q8_K"));
   s = DequantizeRow(static_cast<GgmlType>(99), zeros, y, 32);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("99"));
@@ -137,13 +137,13 @@ TEST(DequantTest, ErrorsNameTheType) {
 
   RawTensor t;
   t.name = "blk.0.ffn_up.weight";
-  t.type = GgmlType::kQ5_K;
+  t.type = GgmlType::kQ8_K;
   t.shape = {256, 1};
   t.data = zeros;
-  t.nbytes = 176;
+  t.nbytes = 292;
   auto r = DequantizeTensor(t);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(r.status().message(), HasSubstr("Q5_K"));
+  EXPECT_THAT(r.status().message(), HasSubstr("Q8_K"));
   EXPECT_THAT(r.status().message(), HasSubstr("blk.0.ffn_up.weight"));
   t.type = GgmlType::kQ8_0;
   t.shape = {32, 2};

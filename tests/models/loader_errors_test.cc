@@ -182,30 +182,30 @@ TEST_F(LoaderErrorsTest, GgufTensorInfos) {
 }
 
 TEST_F(LoaderErrorsTest, UnsupportedTensorTypeNamesTypeAndTensor) {
-  // A 256-wide model (Q5_K blocks hold 256 elements) whose ffn_gate is Q5_K:
-  // a type ggml knows but kvserve's kernels do not.
+  // A 256-wide model (Q8_K blocks hold 256 elements) whose ffn_gate is Q8_K:
+  // a type ggml knows (for activations) but kvserve does not read.
   testing::TinySpec wide;
   wide.hidden = 256;
   GgufBuilder b = testing::TinyGguf(wide);
   GgufBuilder::Tensor* gate = b.FindTensor("blk.0.ffn_gate.weight");
   ASSERT_NE(gate, nullptr);
-  gate->type_id = 13;
-  gate->data = std::string(96 * 176, '\0');
+  gate->type_id = 15;
+  gate->data = std::string(96 * 292, '\0');
   WriteFile(path_, b.Build());
   // The container is fine...
   auto f = GgufFile::Open(path_);
   ASSERT_TRUE(f.ok()) << f.status();
   auto t = (*f)->GetTensor("blk.0.ffn_gate.weight");
   ASSERT_TRUE(t.ok());
-  EXPECT_EQ(t->type, GgmlType::kQ5_K);
-  EXPECT_EQ(t->nbytes, 96u * 176);
+  EXPECT_EQ(t->type, GgmlType::kQ8_K);
+  EXPECT_EQ(t->nbytes, 96u * 292);
   ExpectError(DequantizeTensor(*t).status(), absl::StatusCode::kInvalidArgument,
-              "", {"blk.0.ffn_gate.weight", "Q5_K"});
+              "", {"blk.0.ffn_gate.weight", "Q8_K"});
   // ...but the model cannot be served.
   ExpectError(OpenModelFiles(path_).status(),
               absl::StatusCode::kInvalidArgument, path_,
               {"blk.0.ffn_gate.weight in " + path_ +
-               ": unsupported type Q5_K (id 13)"});
+               ": unsupported type Q8_K (id 15)"});
   // Tools that only inspect can skip the check.
   auto m = OpenModelFiles(path_, {.check_weights = false});
   ASSERT_TRUE(m.ok()) << m.status();

@@ -1,0 +1,234 @@
+// Every quantized weight type against an independent reference: random
+// blocks written by tools/gen_quant_blocks.py (run here, with the project's
+// Python environment) next to their dequantization by the `gguf` package's
+// numpy code, read back through kvserve's GGUF reader. Dequantization must
+// equal the reference to the bit; the packed int8 matmul must match the
+// float64 product of the reference values within the error of int8
+// activations, on the VNNI and the portable kernels, and for a fused matrix
+// of mixed types (as K-quant mixes store Q, K and V).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "models/cpu/matmul.h"
+#include "models/cpu/matmul_internal.h"
+#include "models/cpu/quant_kernels.h"
+#include "models/dequant.h"
+#include "models/loader/gguf.h"
+
+namespace kvserve::models {
+namespace {
+
+constexpr int64_t kRows = 37;
+constexpr int64_t kCols = 512;
+
+const char* const kTypes[] = {"Q4_0", "Q4_1", "Q5_0", "Q5_1",
+                              "Q8_0", "Q2_K", "Q3_K", "Q4_K",
+                              "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"};
+
+class QuantTypesTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    char dir[] = "/tmp/kvserve_quant_XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    path_ = new std::string(std::string(dir) + "/blocks.gguf");
+    const std::string cmd = absl::StrCat(
+        KVSERVE_SOURCE_DIR "/.venv/bin/python " KVSERVE_SOURCE_DIR
+                           "/tools/gen_quant_blocks.py ",
+        *path_, " --rows ", kRows, " --cols ", kCols);
+    ASSERT_EQ(std::system(cmd.c_str()), 0)
+        << cmd << " (deploy/setup.sh makes .venv with the gguf package)";
+    absl::StatusOr<std::unique_ptr<GgufFile>> f = GgufFile::Open(*path_);
+    ASSERT_TRUE(f.ok()) << f.status();
+    file_ = f->release();
+  }
+  static void TearDownTestSuite() {
+    delete file_;
+    if (path_ != nullptr) std::remove(path_->c_str());
+    delete path_;
+  }
+
+  static RawTensor Get(const std::string& name) {
+    absl::StatusOr<RawTensor> t = file_->GetTensor(name);
+    EXPECT_TRUE(t.ok()) << t.status();
+    return t.ok() ? *t : RawTensor{};
+  }
+  static std::vector<float> Reference(const std::string& type) {
+    absl::StatusOr<std::vector<float>> r =
+        DequantizeTensor(Get(type + ".ref"));
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *r : std::vector<float>{};
+  }
+
+  static std::string* path_;
+  static GgufFile* file_;
+};
+std::string* QuantTypesTest::path_ = nullptr;
+GgufFile* QuantTypesTest::file_ = nullptr;
+
+// Normal with mean 1/2, so that the weights' offsets (mins) weigh in the
+// product as they do after SiLU.
+std::vector<float> RandomActivations(int64_t m, int64_t cols, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.5f, 1.0f);
+  std::vector<float> x(m * cols);
+  for (float& v : x) v = dist(rng);
+  return x;
+}
+
+// Largest |y - x W^T| over the outputs, relative to the largest |x| |W|^T
+// (the scale of the error that int8 activations bring).
+double RelativeError(const std::vector<float>& y, const std::vector<float>& w,
+                     const std::vector<float>& x, int64_t m, int64_t rows) {
+  double err = 0.0;
+  double scale = 0.0;
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t r = 0; r < rows; ++r) {
+      double ref = 0.0;
+      double mag = 0.0;
+      for (int64_t k = 0; k < kCols; ++k) {
+        ref += static_cast<double>(x[i * kCols + k]) * w[r * kCols + k];
+        mag += std::fabs(static_cast<double>(x[i * kCols + k]) *
+                         w[r * kCols + k]);
+      }
+      err = std::max(err, std::fabs(y[i * rows + r] - ref));
+      scale = std::max(scale, mag);
+    }
+  }
+  return err / scale;
+}
+
+TEST_F(QuantTypesTest, DequantizeEqualsGgufNumpyToTheBit) {
+  for (const char* type : kTypes) {
+    const RawTensor q = Get(absl::StrCat(type, ".q"));
+    EXPECT_EQ(TypeName(q.type), type);
+    absl::StatusOr<std::vector<float>> got = DequantizeTensor(q);
+    ASSERT_TRUE(got.ok()) << type << ": " << got.status();
+    const std::vector<float> ref = Reference(type);
+    ASSERT_EQ(got->size(), ref.size()) << type;
+    int64_t differ = 0;
+    for (size_t i = 0; i < ref.size(); ++i) differ += (*got)[i] != ref[i];
+    EXPECT_EQ(differ, 0) << type << ": elements unlike gguf's dequantize";
+  }
+}
+
+// One row at a time, as the embedding lookup reads it.
+TEST_F(QuantTypesTest, RowDequantizeEqualsWholeTensor) {
+  for (const char* type : kTypes) {
+    const RawTensor q = Get(absl::StrCat(type, ".q"));
+    const std::vector<float> ref = Reference(type);
+    std::vector<float> row(kCols);
+    for (int64_t r : {int64_t{0}, int64_t{17}, kRows - 1}) {
+      ASSERT_TRUE(DequantizeTensorRow(q, r, row.data()).ok()) << type;
+      for (int64_t k = 0; k < kCols; ++k) {
+        ASSERT_EQ(row[k], ref[r * kCols + k]) << type << " " << r << " " << k;
+      }
+    }
+  }
+}
+
+TEST_F(QuantTypesTest, MatMulMatchesFloat64Product) {
+  for (const char* type : kTypes) {
+    absl::StatusOr<cpu::PackedMatrix> w =
+        cpu::PackMatrix(Get(absl::StrCat(type, ".q")));
+    ASSERT_TRUE(w.ok()) << type << ": " << w.status();
+    const std::vector<float> ref = Reference(type);
+    for (int64_t m : {1, 3, 11}) {
+      const std::vector<float> x = RandomActivations(m, kCols, 7 + m);
+      std::vector<float> y(m * kRows);
+      cpu::MatMul(x.data(), m, *w, y.data());
+      // Measured: 0.04-0.13% for every type, about what int8 activations
+      // alone give.
+      EXPECT_LE(RelativeError(y, ref, x, m, kRows), 5e-3)
+          << type << " m=" << m;
+    }
+  }
+}
+
+// Integer activations with 127 in every 32-block quantize to themselves, so
+// the product is exact up to fp32 sums: the packed weights (scales, offsets,
+// quants) must equal the reference. Q4_K's per-32 scale and min are rounded
+// to fp16 in its 4-bit tiles (relative 2^-11); every other type is exact.
+TEST_F(QuantTypesTest, PackingIsExactOnInt8Activations) {
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int> dist(-40, 127);  // offsets weigh in
+  constexpr int64_t kM = 3;
+  std::vector<float> x(kM * kCols);
+  for (int64_t i = 0; i < kM * kCols; ++i) {
+    x[i] = i % 32 == 0 ? 127.0f : static_cast<float>(dist(rng));
+  }
+  for (const char* type : kTypes) {
+    absl::StatusOr<cpu::PackedMatrix> w =
+        cpu::PackMatrix(Get(absl::StrCat(type, ".q")));
+    ASSERT_TRUE(w.ok()) << type << ": " << w.status();
+    std::vector<float> y(kM * kRows);
+    cpu::MatMul(x.data(), kM, *w, y.data());
+    // Measured: Q4_K 2.7e-5; the others 1-3e-8.
+    const double tol = std::string(type) == "Q4_K" ? 2e-4 : 1e-6;
+    EXPECT_LE(RelativeError(y, Reference(type), x, kM, kRows), tol) << type;
+  }
+}
+
+TEST_F(QuantTypesTest, PortableKernelsMatchVnni) {
+  for (const char* type : kTypes) {
+    const RawTensor q = Get(absl::StrCat(type, ".q"));
+    absl::StatusOr<cpu::internal::QuantTiles> tiles =
+        cpu::internal::PackQuantTiles(q.type, q.data, kRows, kCols);
+    ASSERT_TRUE(tiles.ok()) << type << ": " << tiles.status();
+    const std::vector<float> x = RandomActivations(5, kCols, 3);
+    cpu::internal::QuantizedActs simd, portable;
+    cpu::internal::QuantizeActivations(x.data(), 5, kCols, &simd);
+    cpu::internal::QuantizeActivations(x.data(), 5, kCols, &portable, true);
+    std::vector<float> y1(5 * kRows), y2(5 * kRows);
+    cpu::internal::QuantMatMul(simd, *tiles, y1.data());
+    cpu::internal::QuantMatMul(portable, *tiles, y2.data(), true);
+    for (size_t i = 0; i < y1.size(); ++i) {
+      ASSERT_NEAR(y1[i], y2[i], 1e-4f * (1.0f + std::fabs(y1[i])))
+          << type << " " << i;
+    }
+  }
+}
+
+// Q4_K with Q6_K and Q5_0 rows in one matrix (I8S16 tiles, with offsets),
+// and Q4_K with Q4_1 (Q4_1 tiles): each output row as its own type's.
+TEST_F(QuantTypesTest, MixedTypesFuseIntoOneMatrix) {
+  for (const std::vector<std::string>& mix :
+       {std::vector<std::string>{"Q4_K", "Q6_K", "Q5_0"},
+        std::vector<std::string>{"Q4_K", "Q4_1"},
+        std::vector<std::string>{"Q6_K", "IQ4_XS"}}) {
+    std::vector<RawTensor> parts;
+    std::vector<float> ref;
+    for (const std::string& type : mix) {
+      parts.push_back(Get(type + ".q"));
+      const std::vector<float> r = Reference(type);
+      ref.insert(ref.end(), r.begin(), r.end());
+    }
+    absl::StatusOr<cpu::PackedMatrix> w = cpu::PackQuantizedRows(parts);
+    ASSERT_TRUE(w.ok()) << w.status();
+    const int64_t rows = kRows * static_cast<int64_t>(mix.size());
+    ASSERT_EQ(w->rows(), rows);
+    const std::vector<float> x = RandomActivations(4, kCols, 11);
+    std::vector<float> y(4 * rows);
+    cpu::MatMul(x.data(), 4, *w, y.data());
+    EXPECT_LE(RelativeError(y, ref, x, 4, rows), 5e-3) << mix[0];
+  }
+}
+
+TEST_F(QuantTypesTest, MixedRowsOfDifferentWidthAreRefused) {
+  RawTensor a = Get("Q4_K.q");
+  RawTensor b = Get("Q6_K.q");
+  b.shape = {256, 2 * kRows};  // same bytes, half-width rows
+  absl::StatusOr<cpu::PackedMatrix> w = cpu::PackQuantizedRows({a, b});
+  EXPECT_EQ(w.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(w.status().message(), ::testing::HasSubstr("Q6_K.q"));
+}
+
+}  // namespace
+}  // namespace kvserve::models
