@@ -4,9 +4,11 @@
 #include <chrono>
 #include <cstdint>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/clock.h"
 #include "common/status_macros.h"
 #include "engine/loaded_model.h"
@@ -103,6 +105,25 @@ absl::Status Daemon::CheckSecurity(const ServeOptions& options) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// "weights: 80.1 MiB in the file (Q4_K 45.0, Q6_K 35.0, F32 0.1 MiB), 98.2
+// MiB packed": what each ggml type of the file costs, and what the packed
+// forms hold in memory.
+void LogWeightTypes(const models::CpuLlamaModel& m) {
+  size_t total = 0;
+  std::vector<std::string> parts;
+  for (const auto& [type, bytes] : m.source_bytes_by_type()) {
+    total += bytes;
+    parts.push_back(absl::StrFormat("%s %.1f", type, bytes / 1048576.0));
+  }
+  spdlog::info("weights: {:.1f} MiB in the file ({} MiB), {:.1f} MiB packed",
+               total / 1048576.0, absl::StrJoin(parts, ", "),
+               m.weight_bytes() / 1048576.0);
+}
+
+}  // namespace
+
 absl::Status Daemon::StartEngine(const ServeOptions& options) {
   spdlog::info("loading model {}", options.model);
   const absl::Time t0 = absl::Now();
@@ -121,6 +142,7 @@ absl::Status Daemon::StartEngine(const ServeOptions& options) {
           ? absl::StrFormat(", %.1f MiB of packed weights",
                             model.model->weight_bytes() / 1048576.0)
           : std::string());
+  if (model.model != nullptr) LogWeightTypes(*model.model);
   KV_ASSIGN_OR_RETURN(
       engine_,
       engine::Engine::Create(options.engine, std::move(model), registry_));

@@ -16,12 +16,6 @@
 namespace kvserve::models {
 namespace {
 
-absl::StatusOr<std::vector<float>> LoadVector(const WeightSource& w,
-                                              const std::string& name) {
-  KV_ASSIGN_OR_RETURN(RawTensor t, w.Get(name));
-  return DequantizeTensor(t);
-}
-
 template <typename T>
 void Grow(std::vector<T>& v, size_t n) {
   if (v.size() < n) v.resize(n);
@@ -39,6 +33,20 @@ absl::StatusOr<std::unique_ptr<CpuLlamaModel>> CpuLlamaModel::Create(
   return model;
 }
 
+absl::StatusOr<RawTensor> CpuLlamaModel::GetCounted(const std::string& name) {
+  KV_ASSIGN_OR_RETURN(RawTensor t, weights_->Get(name));
+  if (counted_.insert(name).second) {
+    source_bytes_[std::string(TypeName(t.type))] += t.nbytes;
+  }
+  return t;
+}
+
+absl::StatusOr<std::vector<float>> CpuLlamaModel::LoadVector(
+    const std::string& name) {
+  KV_ASSIGN_OR_RETURN(RawTensor t, GetCounted(name));
+  return DequantizeTensor(t);
+}
+
 // Packs the row-wise concatenation of `names` (same input width) as one
 // matrix, so that e.g. Q, K and V come out of one matmul.
 absl::StatusOr<std::unique_ptr<cpu::PackedMatrix>> CpuLlamaModel::PackFused(
@@ -47,7 +55,7 @@ absl::StatusOr<std::unique_ptr<cpu::PackedMatrix>> CpuLlamaModel::PackFused(
   bool same_type = true;
   int64_t rows = 0;
   for (const std::string& n : names) {
-    KV_ASSIGN_OR_RETURN(RawTensor t, weights_->Get(n));
+    KV_ASSIGN_OR_RETURN(RawTensor t, GetCounted(n));
     same_type &= parts.empty() || t.type == parts[0].type;
     rows += t.shape[1];
     parts.push_back(std::move(t));
@@ -96,9 +104,9 @@ absl::StatusOr<std::unique_ptr<cpu::PackedMatrix>> CpuLlamaModel::PackFused(
 
 absl::Status CpuLlamaModel::LoadWeights() {
   const ModelConfig& c = config_;
-  KV_ASSIGN_OR_RETURN(token_embd_, weights_->Get("token_embd.weight"));
+  KV_ASSIGN_OR_RETURN(token_embd_, GetCounted("token_embd.weight"));
   KV_ASSIGN_OR_RETURN(output_norm_,
-                      LoadVector(*weights_, "output_norm.weight"));
+                      LoadVector("output_norm.weight"));
   KV_ASSIGN_OR_RETURN(
       output_,
       PackFused({c.tied_embeddings ? "token_embd.weight" : "output.weight"}));
@@ -107,16 +115,16 @@ absl::Status CpuLlamaModel::LoadWeights() {
     Layer& layer = layers_[l];
     const std::string p = absl::StrCat("blk.", l, ".");
     KV_ASSIGN_OR_RETURN(layer.attn_norm,
-                        LoadVector(*weights_, p + "attn_norm.weight"));
+                        LoadVector(p + "attn_norm.weight"));
     KV_ASSIGN_OR_RETURN(layer.ffn_norm,
-                        LoadVector(*weights_, p + "ffn_norm.weight"));
+                        LoadVector(p + "ffn_norm.weight"));
     if (c.qkv_bias) {
       KV_ASSIGN_OR_RETURN(layer.q_bias,
-                          LoadVector(*weights_, p + "attn_q.bias"));
+                          LoadVector(p + "attn_q.bias"));
       KV_ASSIGN_OR_RETURN(layer.k_bias,
-                          LoadVector(*weights_, p + "attn_k.bias"));
+                          LoadVector(p + "attn_k.bias"));
       KV_ASSIGN_OR_RETURN(layer.v_bias,
-                          LoadVector(*weights_, p + "attn_v.bias"));
+                          LoadVector(p + "attn_v.bias"));
     }
     KV_ASSIGN_OR_RETURN(layer.qkv,
                         PackFused({p + "attn_q.weight", p + "attn_k.weight",

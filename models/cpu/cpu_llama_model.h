@@ -6,7 +6,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <set>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -30,6 +32,11 @@ class CpuLlamaModel {
   const ModelConfig& config() const { return config_; }
   // Bytes of packed weights held (including both kernel representations).
   size_t weight_bytes() const { return weight_bytes_; }
+  // Bytes of the source tensors the forward reads, by ggml type name (each
+  // tensor once): what the file holds, beside weight_bytes().
+  const std::map<std::string, size_t>& source_bytes_by_type() const {
+    return source_bytes_;
+  }
 
   // Runs one step: writes the batch's K/V into `kv` at slot_mapping and
   // returns logits [batch.logits_rows.size(), vocab] row-major in `logits`.
@@ -53,6 +60,10 @@ class CpuLlamaModel {
       : config_(config), weights_(std::move(weights)), rope_(config) {}
 
   [[nodiscard]] absl::Status LoadWeights();
+  // The tensor `name`, counted once in source_bytes_.
+  [[nodiscard]] absl::StatusOr<RawTensor> GetCounted(const std::string& name);
+  [[nodiscard]] absl::StatusOr<std::vector<float>> LoadVector(
+      const std::string& name);
   [[nodiscard]] absl::StatusOr<std::unique_ptr<cpu::PackedMatrix>> PackFused(
       const std::vector<std::string>& names);
   void Embed(const ForwardBatch& batch);
@@ -70,6 +81,8 @@ class CpuLlamaModel {
   // Buffers for fused tensors that are not in the source file.
   std::vector<std::unique_ptr<uint8_t[]>> owned_;
   size_t weight_bytes_ = 0;
+  std::map<std::string, size_t> source_bytes_;
+  std::set<std::string> counted_;
 
   // Scratch, grown on demand and reused across steps.
   std::vector<float> x_, h_, qkv_, attn_, gate_up_, act_, cos_, sin_;
