@@ -112,7 +112,7 @@ def kvserve_forced(args, path, prompt, ref, pb, pb_grpc):
             ids = [t for m in msgs for t in m.token_ids]
             lps = [lp for m in msgs for lp in m.logprobs]
             preds.append(ids[0])
-            probs.append({t.token_id: t.logprob for t in lps[0].top})
+            probs.append({t.token: t.logprob for t in lps[0].top})
         channel.close()
     finally:
         server.kill()
