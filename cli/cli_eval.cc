@@ -20,6 +20,7 @@
 #include "absl/strings/strip.h"
 #include "absl/types/span.h"
 #include "common/cli_args.h"
+#include "common/clock.h"
 #include "common/parallel.h"
 #include "common/status_macros.h"
 #include "engine/cpu_backend.h"
@@ -403,12 +404,10 @@ absl::StatusOr<EvalResult> Evaluate(const EvalFlags& f) {
     if (r.add_bos) window[0] = m.tokenizer->bos_id();
     KV_RETURN_IF_ERROR(
         RunWindow(m.model.get(), window, static_cast<int32_t>(f.chunk), order));
-    std::fprintf(
-        stderr, "window %lld/%lld: f32 ppl so far %.4f (%.1f s)\n",
-        static_cast<long long>(w) + 1, static_cast<long long>(r.windows),
-        Ppl(lanes[0].stats),
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
-            .count());
+    std::fprintf(stderr, "window %lld/%lld: f32 ppl so far %.4f (%.1f s)\n",
+                 static_cast<long long>(w) + 1,
+                 static_cast<long long>(r.windows), Ppl(lanes[0].stats),
+                 SecondsSince(t0));
   }
   for (kvcache::KvDtype d : dtypes) {
     for (const Lane& l : lanes) {

@@ -16,6 +16,7 @@
 #include "cli/kv_dtype_flag.h"
 #include "cli/logging.h"
 #include "common/cli_args.h"
+#include "common/clock.h"
 #include "common/parallel.h"
 #include "common/status_macros.h"
 #include "engine/cpu_backend.h"
@@ -52,9 +53,6 @@ struct GenerateFlags {
 };
 
 using Clock = std::chrono::steady_clock;
-double Seconds(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
 
 // The request the server would receive for these flags: the prompt as chat
 // messages when `chat` (the model has a chat format and --chat is on), else
@@ -251,8 +249,8 @@ absl::Status Generate(const GenerateFlags& f, const CliArgs& args) {
   auto& [engine, spec] = started;
   const engine::ModelInfo& info = engine->model_info();
   std::fprintf(stderr, "model: %s (%s) loaded in %.2f s, %d threads\n",
-               info.path.c_str(), info.format.c_str(),
-               Seconds(t_load, Clock::now()), NumThreads());
+               info.path.c_str(), info.format.c_str(), SecondsSince(t_load),
+               NumThreads());
   const uint64_t seed = spec.sampling.seed;
   KV_ASSIGN_OR_RETURN(std::shared_ptr<engine::StreamState> stream,
                       engine->Submit(std::move(spec)));

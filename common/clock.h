@@ -17,4 +17,13 @@ inline double SecondsSince(std::chrono::steady_clock::time_point t) {
       .count();
 }
 
+// Seconds from `a` to `b`.
+inline double SecondsBetween(absl::Time a, absl::Time b) {
+  return absl::ToDoubleSeconds(b - a);
+}
+inline double SecondsBetween(std::chrono::steady_clock::time_point a,
+                             std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
 }  // namespace kvserve

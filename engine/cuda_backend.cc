@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/clock.h"
 #include "common/status_macros.h"
 #include "engine/loaded_model.h"
 #include "models/cuda/cuda_llama.h"
@@ -142,9 +143,7 @@ absl::Status CudaBackend::Profile(const BackendConfig& config) {
   KV_RETURN_IF_ERROR(model_->Forward(b, kv, &out));  // warm-up
   const auto t0 = std::chrono::steady_clock::now();
   KV_RETURN_IF_ERROR(model_->Forward(b, kv, &out));
-  const double secs =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
-          .count();
+  const double secs = SecondsSince(t0);
   seconds_per_prefill_token_ = secs / n;
   return absl::OkStatus();
 }
@@ -215,9 +214,7 @@ absl::Status CudaBackend::AllocateSwap(const BackendConfig& config) {
                                           bytes, cudaMemcpyDeviceToHost,
                                           model_->stream()));
   KV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(model_->stream()));
-  const double secs =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
-          .count();
+  const double secs = SecondsSince(t0);
   if (secs > 0) swap_bps_ = static_cast<double>(bytes) / secs;
   return absl::OkStatus();
 }

@@ -5,16 +5,13 @@
 
 #include "absl/strings/str_format.h"
 #include "common/check.h"
+#include "common/clock.h"
 #include "common/status_macros.h"
 #include "engine/engine_impl.h"
 #include "spdlog/spdlog.h"
 
 namespace kvserve::engine {
 namespace {
-
-double SecondsBetween(absl::Time a, absl::Time b) {
-  return absl::ToDoubleSeconds(b - a);
-}
 
 // Idle wait for new work; bounded so deadlines are checked while idle.
 constexpr absl::Duration kIdleWait = absl::Milliseconds(50);

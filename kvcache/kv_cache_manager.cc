@@ -64,18 +64,6 @@ std::optional<std::vector<BlockId>> KvCacheManager::Allocate(
   return fresh;
 }
 
-int32_t KvCacheManager::NumBlocksForWrite(RequestId request,
-                                          int32_t num_computed_tokens,
-                                          int64_t total_tokens) const {
-  const std::vector<BlockId>& table = GetBlockTable(request);
-  const int64_t want = BlocksForTokens(total_tokens, block_size_);
-  const auto have = static_cast<int64_t>(table.size());
-  const size_t idx = static_cast<size_t>(num_computed_tokens / block_size_);
-  const bool cow = idx < table.size() && pool_.ref_count(table[idx]) > 1;
-  return static_cast<int32_t>(
-      std::clamp<int64_t>(want - have, 0, INT32_MAX - 1) + (cow ? 1 : 0));
-}
-
 bool KvCacheManager::AllocateForWrite(RequestId request,
                                       int32_t num_computed_tokens,
                                       int64_t total_tokens,

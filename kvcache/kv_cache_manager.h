@@ -126,13 +126,6 @@ class KvCacheManager {
   [[nodiscard]] std::optional<std::vector<BlockId>> Allocate(
       RequestId request, int64_t total_tokens);
 
-  // Blocks AllocateForWrite(request, num_computed_tokens, total_tokens)
-  // takes: NumBlocksNeeded plus 1 when the block holding position
-  // `num_computed_tokens` is shared (ref > 1) and must be copied.
-  [[nodiscard]] int32_t NumBlocksForWrite(RequestId request,
-                                          int32_t num_computed_tokens,
-                                          int64_t total_tokens) const;
-
   // Prepares `request` to write positions [num_computed_tokens,
   // total_tokens): copy-on-write of a shared block at num_computed_tokens
   // (a fresh block replaces it in the table, {old, new} is appended to
@@ -170,7 +163,6 @@ class KvCacheManager {
   [[nodiscard]] int32_t num_swapped_requests() const {
     return static_cast<int32_t>(swapped_.size());
   }
-  [[nodiscard]] const SwapSpace& swap_space() const { return swap_; }
 
   // Side-effect free: the longest cached prefix of `tokens` under namespace
   // `ns`, in full blocks, leaving at least the last token uncached (its

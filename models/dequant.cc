@@ -78,8 +78,7 @@ void DequantDecoded(GgmlType type, const uint8_t* src, float* dst, int64_t n) {
   float scale[256 / kDecodeGroup];
   float offset[256 / kDecodeGroup];
   for (int64_t b = 0; b < n / tr.block_size; ++b) {
-    DecodeBlocks(type, src + b * tr.type_size, tr.block_size, q, scale,
-                 offset);
+    DecodeBlocks(type, src + b * tr.type_size, tr.block_size, q, scale, offset);
     float* y = dst + b * tr.block_size;
     for (int k = 0; k < tr.block_size; ++k) {
       const int g = k / kDecodeGroup;
@@ -145,8 +144,8 @@ absl::Status DequantizeRow(GgmlType type, const void* src, float* dst,
       break;
     default:
       if (!IsDecodable(type)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "cannot dequantize ggml type ", std::string(tr.name)));
+        return absl::InvalidArgumentError(
+            absl::StrCat("cannot dequantize ggml type ", std::string(tr.name)));
       }
       DequantDecoded(type, s, dst, n);
   }

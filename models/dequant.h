@@ -1,7 +1,8 @@
 // Dequantization of ggml tensor data to fp32 on the CPU, with ggml's exact
 // semantics, for the types kvserve supports (F32, F16, BF16, Q8_0, Q4_0,
-// Q4_1, Q5_0, Q5_1, Q2_K..Q6_K, IQ4_NL, IQ4_XS). Used by the loaders' consumers (weight upload, reference forward,
-// tests); the fast fused kernels live with the CPU backend.
+// Q4_1, Q5_0, Q5_1, Q2_K..Q6_K, IQ4_NL, IQ4_XS). Used by the loaders' consumers
+// (weight upload, reference forward, tests); the fast fused kernels live with
+// the CPU backend.
 #pragma once
 
 #include <cstdint>

@@ -1,7 +1,7 @@
 // The input of one forward step: a flattened batch of tokens from many
 // sequences (prefill chunks and decode tokens mixed), with explicit paged
-// attention metadata. Built by the engine loop (Engine::Impl::BuildBatch)
-// and SequenceRunner; no global state.
+// attention metadata. Built by the engine's ModelRunner::BuildBatch (and
+// the parity tests' SequenceRunner); no global state.
 //
 // Token t of a sequence lives in KV block `block_table[t / B]`, slot `t % B`
 // (B = block size). The new tokens of sequence s occupy KV positions

@@ -35,8 +35,7 @@ void DecodeBlocks(GgmlType type, const void* src, int64_t n, int8_t* q,
                   float* scale, float* offset);
 
 // The IQ4_NL / IQ4_XS code book: a 4-bit index selects one of these values.
-inline constexpr int8_t kIq4NlValues[16] = {-127, -104, -83, -65, -49, -35,
-                                            -22,  -10,  1,   13,  25,  38,
-                                            53,   69,   89,  113};
+inline constexpr int8_t kIq4NlValues[16] = {
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
 }  // namespace kvserve::models

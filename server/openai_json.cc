@@ -280,8 +280,9 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view body,
   std::optional<int64_t> n;
   KV_RETURN_IF_ERROR(GetInt(j, "n", &n));
   if (n.has_value()) {
-    if (*n < 1 || *n > 16) {
-      return Invalid("n", absl::StrCat("must be in [1, 16], got ", *n));
+    if (*n < 1 || *n > engine::kMaxCompletions) {
+      return Invalid("n", absl::StrCat("must be in [1, ",
+                                       engine::kMaxCompletions, "], got ", *n));
     }
     out.generate.set_n(static_cast<int32_t>(*n));
   }

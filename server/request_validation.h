@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "engine/engine.h"
 #include "engine/request_spec.h"
 #include "kvserve/v1/kvserve.pb.h"
 #include "models/model_config.h"
@@ -38,7 +39,7 @@ struct RequestLimits {
   // most max_tokens.
   int32_t max_prompt_tokens = 0;
   int32_t max_tokens = 0;
-  int32_t max_n = 16;  // completions per request (engine::kMaxCompletions)
+  int32_t max_n = engine::kMaxCompletions;  // completions per request
 };
 
 // What validation needs to know about the served model.

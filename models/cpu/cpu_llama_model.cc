@@ -105,8 +105,7 @@ absl::StatusOr<std::unique_ptr<cpu::PackedMatrix>> CpuLlamaModel::PackFused(
 absl::Status CpuLlamaModel::LoadWeights() {
   const ModelConfig& c = config_;
   KV_ASSIGN_OR_RETURN(token_embd_, GetCounted("token_embd.weight"));
-  KV_ASSIGN_OR_RETURN(output_norm_,
-                      LoadVector("output_norm.weight"));
+  KV_ASSIGN_OR_RETURN(output_norm_, LoadVector("output_norm.weight"));
   KV_ASSIGN_OR_RETURN(
       output_,
       PackFused({c.tied_embeddings ? "token_embd.weight" : "output.weight"}));
@@ -114,17 +113,12 @@ absl::Status CpuLlamaModel::LoadWeights() {
   for (int l = 0; l < c.num_layers; ++l) {
     Layer& layer = layers_[l];
     const std::string p = absl::StrCat("blk.", l, ".");
-    KV_ASSIGN_OR_RETURN(layer.attn_norm,
-                        LoadVector(p + "attn_norm.weight"));
-    KV_ASSIGN_OR_RETURN(layer.ffn_norm,
-                        LoadVector(p + "ffn_norm.weight"));
+    KV_ASSIGN_OR_RETURN(layer.attn_norm, LoadVector(p + "attn_norm.weight"));
+    KV_ASSIGN_OR_RETURN(layer.ffn_norm, LoadVector(p + "ffn_norm.weight"));
     if (c.qkv_bias) {
-      KV_ASSIGN_OR_RETURN(layer.q_bias,
-                          LoadVector(p + "attn_q.bias"));
-      KV_ASSIGN_OR_RETURN(layer.k_bias,
-                          LoadVector(p + "attn_k.bias"));
-      KV_ASSIGN_OR_RETURN(layer.v_bias,
-                          LoadVector(p + "attn_v.bias"));
+      KV_ASSIGN_OR_RETURN(layer.q_bias, LoadVector(p + "attn_q.bias"));
+      KV_ASSIGN_OR_RETURN(layer.k_bias, LoadVector(p + "attn_k.bias"));
+      KV_ASSIGN_OR_RETURN(layer.v_bias, LoadVector(p + "attn_v.bias"));
     }
     KV_ASSIGN_OR_RETURN(layer.qkv,
                         PackFused({p + "attn_q.weight", p + "attn_k.weight",

@@ -76,8 +76,8 @@ class PackedMatrix {
 };
 
 // Packs `t` (t.shape = {cols, rows}; type F32, F16, BF16 or any quantized
-// type models/quant_blocks.h decodes; cols a multiple of its block size). InvalidArgument naming the tensor on a
-// bad shape, size or type.
+// type models/quant_blocks.h decodes; cols a multiple of its block size).
+// InvalidArgument naming the tensor on a bad shape, size or type.
 [[nodiscard]] absl::StatusOr<PackedMatrix> PackMatrix(
     const RawTensor& t, const PackOptions& options = {});
 

@@ -32,8 +32,7 @@ struct RowRef {
   const uint8_t* data;
 };
 
-RowRef FindRow(const std::vector<QuantRows>& parts, int64_t cols,
-               int64_t row) {
+RowRef FindRow(const std::vector<QuantRows>& parts, int64_t cols, int64_t row) {
   for (const QuantRows& p : parts) {
     if (row < p.rows) {
       return {p.type, static_cast<const uint8_t*>(p.data) +
@@ -127,9 +126,9 @@ void PackTile(const QuantTiles& w, const std::vector<QuantRows>& parts,
     const int64_t row = t * kTileRows + r;
     if (row >= w.rows) break;
     const RowRef src = FindRow(parts, w.cols, row);
-    const bool legacy = src.type == GgmlType::kQ4_0 ||
-                        src.type == GgmlType::kQ8_0 ||
-                        (src.type == GgmlType::kQ4_1 && w.kind == QuantKind::kQ4_1);
+    const bool legacy =
+        src.type == GgmlType::kQ4_0 || src.type == GgmlType::kQ8_0 ||
+        (src.type == GgmlType::kQ4_1 && w.kind == QuantKind::kQ4_1);
     if (legacy && w.kind != QuantKind::kI8S16) {
       PackLegacyRow(w.kind, src.data, w.nb, r, dst);
       continue;

@@ -1,7 +1,6 @@
 #include "models/cuda/cuda_llama.h"
 
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -61,9 +60,6 @@ absl::Status CudaLlamaModel::Init() {
       cudaMemcpy(inv_freq_.as<float>(), rope.inv_freq().data(),
                  c.head_dim / 2 * sizeof(float), cudaMemcpyHostToDevice));
   KV_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());  // see Upload()
-  if (const char* v = std::getenv("KVSERVE_CUDA_MMA_DECODE")) {
-    attn_tuning_.mma_decode = v[0] == '1';
-  }
   AttnShape shape;
   shape.head_dim = c.head_dim;
   KV_RETURN_IF_ERROR(attn_scratch_.Allocate(
@@ -100,9 +96,11 @@ absl::Status CudaLlamaModel::AllocateWeights() {
 }
 
 absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::Create(
-    const ModelConfig& config, const WeightSource& weights) {
+    const ModelConfig& config, const WeightSource& weights,
+    const AttnTuning& tuning) {
   KV_RETURN_IF_ERROR(CheckWeights(config, weights));
   std::unique_ptr<CudaLlamaModel> m(new CudaLlamaModel(config));
+  m->attn_tuning_ = tuning;
   KV_RETURN_IF_ERROR(m->Init());
   KV_RETURN_IF_ERROR(m->Upload(weights));
   return m;

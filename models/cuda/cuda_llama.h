@@ -43,8 +43,10 @@ class CudaLlamaModel {
   // Uploads every weight the forward needs from `weights` (read only during
   // the call). Errors name the tensor (missing, bad shape or type) or the
   // CUDA call; head_dim must be 64 or 128 and num_heads / num_kv_heads <= 64.
+  // `tuning`: the attention's split-K and decode-kernel choices.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<CudaLlamaModel>> Create(
-      const ModelConfig& config, const WeightSource& weights);
+      const ModelConfig& config, const WeightSource& weights,
+      const AttnTuning& tuning = {});
   // Random bf16 weights (uniform, 1/sqrt(fan-in) scale) of `config`'s shape:
   // benchmarks at real model shapes without files.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<CudaLlamaModel>>
@@ -108,8 +110,8 @@ class CudaLlamaModel {
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   int num_sms_ = 1;
-  // Split-K and decode-kernel choices (defaults; KVSERVE_CUDA_MMA_DECODE=1
-  // selects the tensor-core decode kernel, experimental until measured).
+  // Split-K and decode-kernel choices (Create's `tuning`; mma_decode, the
+  // tensor-core decode kernel, stays experimental until measured).
   AttnTuning attn_tuning_;
   int64_t weight_bytes_ = 0;
 

@@ -133,7 +133,7 @@ bool HaveGpu() { return CudaDeviceCount() > 0; }
 // random models (no file needed): MHA, GQA 4, MQA, qkv bias, both RoPE
 // styles, a sliding window; chunked prefill, prefill mixed with decode, and
 // decode, in shuffled blocks.
-void CheckRandomModels() {
+void CheckRandomModels(const models::cuda::AttnTuning& tuning = {}) {
   namespace mc = models::cuda;
   struct Case {
     int h, hkv;
@@ -155,7 +155,7 @@ void CheckRandomModels() {
     cfg.hidden_size = 128;
     cfg.sliding_window = c.window;
     const auto w = models::testing::RandomWeights(cfg, seed++);
-    auto m = mc::CudaLlamaModel::Create(cfg, *w);
+    auto m = mc::CudaLlamaModel::Create(cfg, *w, tuning);
     ASSERT_TRUE(m.ok()) << m.status();
     const int bs = 16, nb = 12;
     const int64_t plane = nb * (*m)->BlockElems(bs);
@@ -230,12 +230,10 @@ TEST(CudaForward, RandomModelsMatchDenseReference) {
   CheckRandomModels();
 }
 
-// The same with decode on the tensor-core kernel (KVSERVE_CUDA_MMA_DECODE).
+// The same with decode on the tensor-core kernel (AttnTuning::mma_decode).
 TEST(CudaForward, RandomModelsMatchDenseReferenceMmaDecode) {
   KV_SKIP_WITHOUT_GPU(HaveGpu());
-  setenv("KVSERVE_CUDA_MMA_DECODE", "1", 1);
-  CheckRandomModels();
-  unsetenv("KVSERVE_CUDA_MMA_DECODE");
+  CheckRandomModels({.mma_decode = true});
 }
 
 TEST(CudaForward, GreedyMatchesCpuOnDefaultModel) {

@@ -9,11 +9,11 @@
 #include <sstream>
 
 #include "engine/kv_cache_storage.h"
-#include "engine/sequence_runner.h"
 #include "gtest/gtest.h"
 #include "models/cpu/cpu_llama_model.h"
 #include "models/loader/model_files.h"
 #include "nlohmann/json.hpp"
+#include "tests/engine/sequence_runner.h"
 
 namespace kvserve::models {
 namespace {

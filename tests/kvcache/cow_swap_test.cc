@@ -57,9 +57,10 @@ TEST_F(CowSwapTest, ForkedPartialBlockIsCopiedOnFirstWrite) {
   EXPECT_EQ(kv_.pool().ref_count(0), 2);
   EXPECT_EQ(kv_.pool().ref_count(1), 2);
   // The child writes position 6 (block 1, shared): copy 1 -> 2 first.
-  EXPECT_EQ(kv_.NumBlocksForWrite(2, 6, 7), 1);
+  int32_t free = kv_.num_free_blocks();
   std::vector<BlockMove> copies;
   ASSERT_TRUE(kv_.AllocateForWrite(2, 6, 7, &copies));
+  EXPECT_EQ(free - kv_.num_free_blocks(), 1);
   ASSERT_INVARIANTS(kv_);
   EXPECT_THAT(copies, ElementsAre(BlockMove{1, 2}));
   EXPECT_THAT(kv_.GetBlockTable(2), ElementsAre(0, 2));
@@ -68,13 +69,15 @@ TEST_F(CowSwapTest, ForkedPartialBlockIsCopiedOnFirstWrite) {
   EXPECT_EQ(kv_.pool().ref_count(1), 1);
   EXPECT_EQ(kv_.pool().ref_count(2), 1);
   // The parent now owns block 1 alone: it writes in place.
-  EXPECT_EQ(kv_.NumBlocksForWrite(1, 6, 7), 0);
+  free = kv_.num_free_blocks();
   ASSERT_TRUE(kv_.AllocateForWrite(1, 6, 7, &copies));
+  EXPECT_EQ(free, kv_.num_free_blocks());
   EXPECT_EQ(copies.size(), 1u);
   // Growth past the block plus a copy in one call.
   kv_.Fork(1, 3);
-  EXPECT_EQ(kv_.NumBlocksForWrite(3, 7, 12), 2);  // copy + 1 fresh
+  free = kv_.num_free_blocks();
   ASSERT_TRUE(kv_.AllocateForWrite(3, 7, 12, &copies));
+  EXPECT_EQ(free - kv_.num_free_blocks(), 2);  // copy + 1 fresh
   EXPECT_THAT(copies, ElementsAre(BlockMove{1, 2}, BlockMove{1, 3}));
   EXPECT_THAT(kv_.GetBlockTable(3), ElementsAre(0, 3, 4));
   ASSERT_INVARIANTS(kv_);
@@ -94,7 +97,7 @@ TEST_F(CowSwapTest, CopyThatDoesNotFitChangesNothing) {
   ASSERT_TRUE(kv_.Allocate(1, 30).has_value());  // 8 blocks: pool full
   kv_.Fork(1, 2);
   std::vector<BlockMove> copies;
-  EXPECT_EQ(kv_.NumBlocksForWrite(2, 30, 31), 1);
+  EXPECT_EQ(kv_.num_free_blocks(), 0);  // the copy needs one block
   EXPECT_FALSE(kv_.AllocateForWrite(2, 30, 31, &copies));
   EXPECT_THAT(copies, IsEmpty());
   EXPECT_EQ(kv_.pool().ref_count(7), 2);
@@ -168,8 +171,8 @@ TEST_F(CowSwapTest, SwapInThatDoesNotFitChangesNothingAndFreeReleasesSlots) {
   EXPECT_THAT(moves, IsEmpty());
   EXPECT_EQ(kv_.num_swapped_blocks(1), 3);
   ASSERT_INVARIANTS(kv_);
-  EXPECT_EQ(kv_.Free(1), 0);  // no table, but the slots go back
-  EXPECT_EQ(kv_.swap_space().num_free(), 4);
+  EXPECT_EQ(kv_.Free(1), 0);                  // no table, but the slots go back
+  EXPECT_EQ(kv_.Usage().swap_slots_used, 0);  // all 4 slots back
   ASSERT_INVARIANTS(kv_);
 }
 
@@ -330,7 +333,7 @@ TEST(CowSwapSoakTest, RandomOpsKeepContentsAndInvariants) {
   for (const auto& [rid, m] : live) kv.Free(rid);
   ASSERT_INVARIANTS(kv);
   EXPECT_EQ(kv.num_free_blocks(), kBlocks);
-  EXPECT_EQ(kv.swap_space().num_free(), kSlots);
+  EXPECT_EQ(kv.Usage().swap_slots_used, 0);
 }
 
 }  // namespace

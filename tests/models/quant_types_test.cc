@@ -29,8 +29,8 @@ namespace {
 constexpr int64_t kRows = 37;
 constexpr int64_t kCols = 512;
 
-const char* const kTypes[] = {"Q4_0", "Q4_1", "Q5_0", "Q5_1",
-                              "Q8_0", "Q2_K", "Q3_K", "Q4_K",
+const char* const kTypes[] = {"Q4_0", "Q4_1", "Q5_0",   "Q5_1",
+                              "Q8_0", "Q2_K", "Q3_K",   "Q4_K",
                               "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"};
 
 class QuantTypesTest : public ::testing::Test {
@@ -39,10 +39,10 @@ class QuantTypesTest : public ::testing::Test {
     char dir[] = "/tmp/kvserve_quant_XXXXXX";
     ASSERT_NE(mkdtemp(dir), nullptr);
     path_ = new std::string(std::string(dir) + "/blocks.gguf");
-    const std::string cmd = absl::StrCat(
-        KVSERVE_SOURCE_DIR "/.venv/bin/python " KVSERVE_SOURCE_DIR
-                           "/tools/gen_quant_blocks.py ",
-        *path_, " --rows ", kRows, " --cols ", kCols);
+    const std::string cmd =
+        absl::StrCat(KVSERVE_SOURCE_DIR "/.venv/bin/python " KVSERVE_SOURCE_DIR
+                                        "/tools/gen_quant_blocks.py ",
+                     *path_, " --rows ", kRows, " --cols ", kCols);
     ASSERT_EQ(std::system(cmd.c_str()), 0)
         << cmd << " (deploy/setup.sh makes .venv with the gguf package)";
     absl::StatusOr<std::unique_ptr<GgufFile>> f = GgufFile::Open(*path_);
@@ -61,8 +61,7 @@ class QuantTypesTest : public ::testing::Test {
     return t.ok() ? *t : RawTensor{};
   }
   static std::vector<float> Reference(const std::string& type) {
-    absl::StatusOr<std::vector<float>> r =
-        DequantizeTensor(Get(type + ".ref"));
+    absl::StatusOr<std::vector<float>> r = DequantizeTensor(Get(type + ".ref"));
     EXPECT_TRUE(r.ok()) << r.status();
     return r.ok() ? *r : std::vector<float>{};
   }
@@ -95,8 +94,8 @@ double RelativeError(const std::vector<float>& y, const std::vector<float>& w,
       double mag = 0.0;
       for (int64_t k = 0; k < kCols; ++k) {
         ref += static_cast<double>(x[i * kCols + k]) * w[r * kCols + k];
-        mag += std::fabs(static_cast<double>(x[i * kCols + k]) *
-                         w[r * kCols + k]);
+        mag +=
+            std::fabs(static_cast<double>(x[i * kCols + k]) * w[r * kCols + k]);
       }
       err = std::max(err, std::fabs(y[i * rows + r] - ref));
       scale = std::max(scale, mag);
@@ -146,8 +145,7 @@ TEST_F(QuantTypesTest, MatMulMatchesFloat64Product) {
       cpu::MatMul(x.data(), m, *w, y.data());
       // Measured: 0.04-0.13% for every type, about what int8 activations
       // alone give.
-      EXPECT_LE(RelativeError(y, ref, x, m, kRows), 5e-3)
-          << type << " m=" << m;
+      EXPECT_LE(RelativeError(y, ref, x, m, kRows), 5e-3) << type << " m=" << m;
     }
   }
 }
