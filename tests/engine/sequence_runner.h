@@ -13,8 +13,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_format.h"
 #include "absl/types/span.h"
-#include "engine/kv_cache_storage.h"
 #include "common/status_macros.h"
+#include "engine/kv_cache_storage.h"
 #include "models/cpu/cpu_llama_model.h"
 
 namespace kvserve::engine {
@@ -48,7 +48,8 @@ class SequenceRunner {
 };
 
 inline SequenceRunner::SequenceRunner(models::CpuLlamaModel* model,
-                               KvCacheStorage* storage, int32_t prefill_chunk)
+                                      KvCacheStorage* storage,
+                                      int32_t prefill_chunk)
     : model_(model),
       storage_(storage),
       prefill_chunk_(std::max(1, prefill_chunk)),
