@@ -9,13 +9,6 @@
 namespace kvserve::models {
 namespace {
 
-template <typename Block>
-Block LoadBlock(const uint8_t* p) {
-  Block b;
-  std::memcpy(&b, p, sizeof(Block));
-  return b;
-}
-
 void DequantF16(const uint8_t* src, float* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     uint16_t h;
@@ -32,45 +25,8 @@ void DequantBf16(const uint8_t* src, float* dst, int64_t n) {
   }
 }
 
-// Q8_0: x = d * q.
-void DequantQ8_0(const uint8_t* src, float* dst, int64_t n) {
-  for (int64_t b = 0; b < n / kQK8_0; ++b) {
-    const auto blk = LoadBlock<BlockQ8_0>(src + b * sizeof(BlockQ8_0));
-    const float d = Fp16ToFp32(blk.d);
-    float* y = dst + b * kQK8_0;
-    for (int j = 0; j < kQK8_0; ++j) y[j] = blk.qs[j] * d;
-  }
-}
-
-// Q4_0: x = d * (q - 8); low nibble of byte j is element j, high is j + 16.
-void DequantQ4_0(const uint8_t* src, float* dst, int64_t n) {
-  for (int64_t b = 0; b < n / kQK4_0; ++b) {
-    const auto blk = LoadBlock<BlockQ4_0>(src + b * sizeof(BlockQ4_0));
-    const float d = Fp16ToFp32(blk.d);
-    float* y = dst + b * kQK4_0;
-    for (int j = 0; j < kQK4_0 / 2; ++j) {
-      y[j] = ((blk.qs[j] & 0x0f) - 8) * d;
-      y[j + kQK4_0 / 2] = ((blk.qs[j] >> 4) - 8) * d;
-    }
-  }
-}
-
-// Q4_1: x = d * q + m, same nibble order as Q4_0.
-void DequantQ4_1(const uint8_t* src, float* dst, int64_t n) {
-  for (int64_t b = 0; b < n / kQK4_1; ++b) {
-    const auto blk = LoadBlock<BlockQ4_1>(src + b * sizeof(BlockQ4_1));
-    const float d = Fp16ToFp32(blk.d);
-    const float m = Fp16ToFp32(blk.m);
-    float* y = dst + b * kQK4_1;
-    for (int j = 0; j < kQK4_1 / 2; ++j) {
-      y[j] = (blk.qs[j] & 0x0f) * d + m;
-      y[j + kQK4_1 / 2] = (blk.qs[j] >> 4) * d + m;
-    }
-  }
-}
-
-// The K-quants, Q5_0/Q5_1 and IQ4_NL/IQ4_XS, through their one decoder:
-// scale * q + offset per 16 elements. A super-block at a time, so the
+// Every quantized type through its one decoder: scale * q + offset per 16
+// elements. A super-block at a time, so the
 // scratch stays on the stack.
 void DequantDecoded(GgmlType type, const uint8_t* src, float* dst, int64_t n) {
   const GgmlTypeTraits tr = TypeTraits(type);
@@ -132,15 +88,6 @@ absl::Status DequantizeRow(GgmlType type, const void* src, float* dst,
       break;
     case GgmlType::kBF16:
       DequantBf16(s, dst, n);
-      break;
-    case GgmlType::kQ8_0:
-      DequantQ8_0(s, dst, n);
-      break;
-    case GgmlType::kQ4_0:
-      DequantQ4_0(s, dst, n);
-      break;
-    case GgmlType::kQ4_1:
-      DequantQ4_1(s, dst, n);
       break;
     default:
       if (!IsDecodable(type)) {

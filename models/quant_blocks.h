@@ -6,9 +6,9 @@
 //
 // in fp32, as ggml computes it (one product and, for types with mins, one
 // addition; the products of fp16 scales and small integers are exact).
-// Dequantization (models/dequant.cc) and the CPU weight packing
-// (models/cpu/quant_kernels.cc) both read blocks only through this decoder,
-// so the bit layouts of these types live in this one place.
+// Dequantization (models/dequant.cc) reads every quantized block through
+// this decoder, and so does the CPU weight packing (models/cpu/quant_pack.cc)
+// except where Q4_0, Q4_1 and Q8_0 quants are copied into their own tiles.
 #pragma once
 
 #include <cstdint>

@@ -187,6 +187,20 @@ struct TilePrefetch {
   }
 };
 
+// Writes the accumulators of tile t for activation rows [i0, i0 + kMr): one
+// lane per weight row, the rows past the matrix's end masked off.
+template <int kMr>
+[[gnu::always_inline]] inline void StoreTileRows(const QuantTiles& w, int64_t t,
+                                                 int64_t i0, const __m512* acc,
+                                                 float* y) {
+  const int64_t valid = std::min<int64_t>(kTileRows, w.rows - t * kTileRows);
+  const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1);
+#pragma GCC unroll 8
+  for (int r = 0; r < kMr; ++r) {
+    _mm512_mask_storeu_ps(y + (i0 + r) * w.rows + t * kTileRows, mask, acc[r]);
+  }
+}
+
 // One 16-row tile x kMr activation rows for Q4_0 / Q4_1: per block, unpack
 // the nibbles once and run 8 VPDPBUSD per activation row; the int32 block
 // sums are scaled into fp32 accumulators (one lane per weight row).
@@ -242,12 +256,7 @@ void Q4TileAvx512(const QuantTiles& w, int64_t t, const QuantizedActs& a,
       }
     }
   }
-  const int64_t valid = std::min<int64_t>(kTileRows, w.rows - t * kTileRows);
-  const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1);
-#pragma GCC unroll 8
-  for (int r = 0; r < kMr; ++r) {
-    _mm512_mask_storeu_ps(y + (i0 + r) * w.rows + t * kTileRows, mask, acc[r]);
-  }
+  StoreTileRows<kMr>(w, t, i0, acc, y);
 }
 
 // Q8_0: weights stored as q + 128 (unsigned), so sum q a = dot - 128 sum(a).
@@ -288,12 +297,7 @@ void Q8TileAvx512(const QuantTiles& w, int64_t t, const QuantizedActs& a,
       acc[r] = _mm512_fmadd_ps(v, dw, acc[r]);
     }
   }
-  const int64_t valid = std::min<int64_t>(kTileRows, w.rows - t * kTileRows);
-  const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1);
-#pragma GCC unroll 8
-  for (int r = 0; r < kMr; ++r) {
-    _mm512_mask_storeu_ps(y + (i0 + r) * w.rows + t * kTileRows, mask, acc[r]);
-  }
+  StoreTileRows<kMr>(w, t, i0, acc, y);
 }
 
 // I8S16: quants as Q8_0, but a scale (and offset) per 16-element half, so
@@ -321,6 +325,12 @@ void I8S16TileAvx512(const QuantTiles& w, int64_t t, const QuantizedActs& a,
     for (int g = 0; g < 8; ++g) wq[g] = _mm512_load_si512(qb + g * 64);
     const __m512 s0 = _mm512_load_ps(sb);
     const __m512 s1 = _mm512_load_ps(sb + 16);
+    __m512 o0 = _mm512_setzero_ps();
+    __m512 o1 = _mm512_setzero_ps();
+    if constexpr (kOffsets) {
+      o0 = _mm512_load_ps(sb + 32);
+      o1 = _mm512_load_ps(sb + 48);
+    }
 #pragma GCC unroll 8
     for (int r = 0; r < kMr; ++r) {
       const int8_t* aq = a.Row(i0 + r) + b * kQBlock;
@@ -336,8 +346,6 @@ void I8S16TileAvx512(const QuantTiles& w, int64_t t, const QuantizedActs& a,
       v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), s1, v);
       acc[r] = _mm512_fmadd_ps(v, _mm512_set1_ps(sc.d), acc[r]);
       if constexpr (kOffsets) {
-        const __m512 o0 = _mm512_load_ps(sb + 32);
-        const __m512 o1 = _mm512_load_ps(sb + 48);
         acc[r] = _mm512_fmadd_ps(
             o0, _mm512_set1_ps(static_cast<float>(sc.sum_lo) * sc.d), acc[r]);
         acc[r] = _mm512_fmadd_ps(
@@ -345,12 +353,7 @@ void I8S16TileAvx512(const QuantTiles& w, int64_t t, const QuantizedActs& a,
       }
     }
   }
-  const int64_t valid = std::min<int64_t>(kTileRows, w.rows - t * kTileRows);
-  const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1);
-#pragma GCC unroll 8
-  for (int r = 0; r < kMr; ++r) {
-    _mm512_mask_storeu_ps(y + (i0 + r) * w.rows + t * kTileRows, mask, acc[r]);
-  }
+  StoreTileRows<kMr>(w, t, i0, acc, y);
 }
 
 template <int kMr>

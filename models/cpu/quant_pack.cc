@@ -126,10 +126,9 @@ void PackTile(const QuantTiles& w, const std::vector<QuantRows>& parts,
     const int64_t row = t * kTileRows + r;
     if (row >= w.rows) break;
     const RowRef src = FindRow(parts, w.cols, row);
-    const bool legacy =
-        src.type == GgmlType::kQ4_0 || src.type == GgmlType::kQ8_0 ||
-        (src.type == GgmlType::kQ4_1 && w.kind == QuantKind::kQ4_1);
-    if (legacy && w.kind != QuantKind::kI8S16) {
+    // Q4_0, Q4_1 and Q8_0 tiles take their own type's quants as they are;
+    // Q4_K rows in Q4_1 tiles and all I8S16 rows are decoded.
+    if (w.kind != QuantKind::kI8S16 && src.type != GgmlType::kQ4_K) {
       PackLegacyRow(w.kind, src.data, w.nb, r, dst);
       continue;
     }
