@@ -91,7 +91,7 @@ v1::GenerateRequest BuildRequest(const GenerateFlags& f, const CliArgs& args,
   return req;
 }
 
-// ToRequestSpec names request fields ("sampling.max_tokens: ..."); on the
+// Validation names request fields ("sampling.max_tokens: ..."); on the
 // command line they are flags. `has_system`: chat message 0 is --system.
 absl::Status ToFlagNames(const absl::Status& status, bool has_system) {
   const std::pair<const char*, const char*> renames[] = {
@@ -230,11 +230,13 @@ StartEngine(const GenerateFlags& f, const CliArgs& args) {
       server::ToRequestSpec(BuildRequest(f, args, chat), served,
                             absl::Uniform<uint64_t>(absl::BitGen()));
   if (!spec.ok()) return ToFlagNames(spec.status(), !f.system.empty());
-  KV_ASSIGN_OR_RETURN(
-      e.kv_cache_bytes,
-      SequenceKvBytes(
-          model.config, e, device,
-          static_cast<int64_t>(spec->prompt_tokens.size()) + spec->max_tokens));
+  // At most the context: the engine refuses a longer request, naming it.
+  const int64_t tokens =
+      std::min(static_cast<int64_t>(spec->prompt_tokens.size()) +
+                   std::max(spec->max_tokens, 1),
+               int64_t{served.max_context});
+  KV_ASSIGN_OR_RETURN(e.kv_cache_bytes,
+                      SequenceKvBytes(model.config, e, device, tokens));
   KV_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> engine,
                       engine::Engine::Create(e, std::move(model), nullptr));
   return std::make_pair(std::move(engine), *std::move(spec));
@@ -252,9 +254,14 @@ absl::Status Generate(const GenerateFlags& f, const CliArgs& args) {
                info.path.c_str(), info.format.c_str(), SecondsSince(t_load),
                NumThreads());
   const uint64_t seed = spec.sampling.seed;
-  KV_ASSIGN_OR_RETURN(std::shared_ptr<engine::StreamState> stream,
-                      engine->Submit(std::move(spec)));
-  KV_ASSIGN_OR_RETURN(const engine::StreamDelta last, PrintStream(stream));
+  absl::StatusOr<std::shared_ptr<engine::StreamState>> stream =
+      engine->Submit(std::move(spec));
+  if (!stream.ok()) {
+    return ToFlagNames(server::ToProtoFieldNames(stream.status()),
+                       !f.system.empty());
+  }
+  KV_ASSIGN_OR_RETURN(const engine::StreamDelta last,
+                      PrintStream(*std::move(stream)));
   PrintSummary(last, seed);
   return absl::OkStatus();
 }

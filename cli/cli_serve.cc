@@ -118,8 +118,9 @@ void RegisterKvFlags(ServeFlags* f, CliArgs* args) {
                "bf16, int8 (q8_0 layout) or int4 (q4_0 layout) on the CPU; "
                "bf16 on CUDA (default auto)");
   args->Float("gpu-memory-fraction", &f->gpu_memory_fraction,
-              "share of GPU memory for weights, activations and KV with "
-              "--device=cuda (default 0.9)",
+              absl::StrCat("share of GPU memory for weights, activations "
+                           "and KV with --device=cuda (default ",
+                           f->gpu_memory_fraction, ")"),
               0.01, 1);
 }
 

@@ -46,14 +46,15 @@ struct EngineConfig {
   // num_blocks, max_model_len, max_queued_requests, model_id, swap slots
   // and the preemption cost model.
   scheduler::SchedulerConfig scheduler;
-  int64_t kv_cache_bytes = 0;       // 0: derive from kv_cache_fraction
-  double kv_cache_fraction = 0.25;  // of physical memory, when bytes == 0
+  int64_t kv_cache_bytes = 0;  // 0: derive from kv_cache_fraction
+  // Of physical memory, when kv_cache_bytes == 0.
+  double kv_cache_fraction = kDefaultKvCacheFraction;
   // Waiting requests before Submit answers RESOURCE_EXHAUSTED.
   int32_t max_queued_requests = 1024;
   int32_t max_model_len = 0;  // 0: the model's max context
   // The backend (engine/model_backend.h).
   Device device = Device::kCpu;
-  double gpu_memory_fraction = 0.9;
+  double gpu_memory_fraction = kDefaultGpuMemoryFraction;
   // Host swap space for preemption by swap; 0 disables swapping.
   int64_t swap_space_bytes = 0;
   // KV element type (--kv-cache-dtype); nullopt: the backend's default.
@@ -112,9 +113,11 @@ class Engine {
       std::shared_ptr<prometheus::Registry> registry);
   ~Engine();  // stops the thread; unfinished requests finish as cancelled
 
-  // Thread-safe, never waits for the engine loop. Errors:
-  // INVALID_ARGUMENT (field named), OUT_OF_RANGE (can never fit the pool or
-  // context), RESOURCE_EXHAUSTED (queue full), UNAVAILABLE (draining).
+  // Thread-safe, never waits for the engine loop. The one check of the
+  // spec's limits. Errors: INVALID_ARGUMENT naming the RequestSpec field
+  // (empty prompt, n, token ids outside the vocabulary, max_tokens < 1, past
+  // the context), OUT_OF_RANGE (can never fit the KV pool),
+  // RESOURCE_EXHAUSTED (queue full), UNAVAILABLE (draining).
   [[nodiscard]] absl::StatusOr<std::shared_ptr<StreamState>> Submit(
       RequestSpec spec);
   // Cancels a request (no-op if already finished). Its blocks are freed

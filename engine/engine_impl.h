@@ -8,7 +8,9 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "common/thread_owner.h"
 #include "engine/engine.h"
 #include "engine/engine_metrics.h"
 #include "engine/live_request.h"
@@ -62,6 +64,10 @@ class Engine::Impl {
 
   absl::StatusOr<scheduler::SchedulerConfig> SchedulerConfigFor() const;
   absl::Status CheckSpec(const RequestSpec& spec) const;
+  // OK if every id of `ids` is in the model's vocabulary; else names
+  // `field`[i].
+  absl::Status CheckVocab(const std::vector<int32_t>& ids,
+                          absl::string_view field) const;
   void Loop();
   bool TakeInbox(Inbox* inbox);
   void Admit(std::unique_ptr<LiveRequest> r);
@@ -116,8 +122,10 @@ class Engine::Impl {
   bool paused_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<RequestId> next_id_{1};
 
-  // Engine thread only.
+  // Engine thread only: Loop binds `loop_owner_`, and the methods that
+  // touch live_reqs_ (Admit, ExpireDeadlines, Step, FinishRequest) check it.
   LiveRequestMap live_reqs_;
+  ThreadOwner loop_owner_;
 
   mutable absl::Mutex stats_mu_;
   EngineStats stats_ ABSL_GUARDED_BY(stats_mu_);

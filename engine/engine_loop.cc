@@ -31,6 +31,7 @@ bool Engine::Impl::TakeInbox(Inbox* inbox) {
 }
 
 void Engine::Impl::Admit(std::unique_ptr<LiveRequest> r) {
+  loop_owner_.CheckOwner("Engine::Impl::Admit");
   r->output =
       std::make_unique<OutputProcessor>(r->spec, model_.tokenizer.get());
   auto req = std::make_unique<scheduler::Request>(
@@ -51,6 +52,7 @@ void Engine::Impl::Loop() {
   // Built on the creating thread, used from here on on this one only.
   scheduler_->BindOwnerThread();
   runner_->BindOwnerThread();
+  loop_owner_.Rebind();
   {
     absl::MutexLock lock(&mu_);
     auto released = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
@@ -91,6 +93,7 @@ void Engine::Impl::Loop() {
 }
 
 void Engine::Impl::ExpireDeadlines() {
+  loop_owner_.CheckOwner("Engine::Impl::ExpireDeadlines");
   const absl::Time now = absl::Now();
   std::vector<RequestId> expired;
   for (const auto& [id, r] : live_reqs_) {
@@ -165,6 +168,7 @@ void Engine::Impl::EmitTokens(const scheduler::SchedulerOutput& out,
 }
 
 void Engine::Impl::Step() {
+  loop_owner_.CheckOwner("Engine::Impl::Step");
   const absl::Time t0 = absl::Now();
   scheduler::SchedulerOutput out = scheduler_->Schedule();
   if (out.empty()) {
@@ -234,6 +238,7 @@ void Engine::Impl::FailAll(const std::vector<RequestId>& ids,
 
 void Engine::Impl::FinishRequest(RequestId id, FinishReason reason,
                                  const std::string& error) {
+  loop_owner_.CheckOwner("Engine::Impl::FinishRequest");
   auto it = live_reqs_.find(id);
   if (it == live_reqs_.end()) return;
   LiveRequest& r = *it->second;

@@ -23,6 +23,7 @@
 #include "kvcache/block_pool.h"
 #include "kvcache/kv_sizing.h"
 #include "models/forward_batch.h"
+#include "scheduler/scheduler_config.h"
 
 namespace kvserve::engine {
 
@@ -33,17 +34,26 @@ struct LoadedModel;
 // SchedulerOutput's move lists pass to the backend as they are.
 using BlockMove = kvcache::BlockMove;
 
+// The defaults EngineConfig and BackendConfig share.
+inline constexpr double kDefaultKvCacheFraction = 0.25;
+inline constexpr double kDefaultGpuMemoryFraction = 0.9;
+
+// What a backend is created with: the engine fills it from EngineConfig
+// (engine.cc's BackendConfigFor); the defaults are EngineConfig's and the
+// scheduler's.
 struct BackendConfig {
   Device device = Device::kCpu;  // kAuto is resolved by the factory
-  int32_t block_size = 16;
+  int32_t block_size = scheduler::SchedulerConfig{}.block_size;
   // KV budget in bytes; 0 means: CPU, kv_cache_fraction of physical memory;
   // CUDA, gpu_memory_fraction of device memory minus weights and
   // activations measured by a profiling forward.
   int64_t kv_cache_bytes = 0;
-  double kv_cache_fraction = 0.25;
-  double gpu_memory_fraction = 0.9;
-  int32_t max_num_batched_tokens = 512;  // profiling forward size (CUDA)
-  int32_t max_num_seqs = 64;
+  double kv_cache_fraction = kDefaultKvCacheFraction;
+  double gpu_memory_fraction = kDefaultGpuMemoryFraction;
+  // Profiling forward size (CUDA).
+  int32_t max_num_batched_tokens =
+      scheduler::SchedulerConfig{}.max_num_batched_tokens;
+  int32_t max_num_seqs = scheduler::SchedulerConfig{}.max_num_seqs;
   int64_t swap_space_bytes = 0;  // host swap space; 0 disables swapping
   // KV element type; nullopt: the backend's default (CPU fp16, CUDA bf16).
   // A dtype the backend cannot store is refused at creation.

@@ -76,12 +76,16 @@ absl::Status SchedulerConfig::CheckRequestSize(int64_t prompt_tokens,
     return absl::InvalidArgumentError(
         absl::StrCat("max_tokens: must be >= 1, got ", max_tokens));
   }
+  if (prompt_tokens >= max_model_len) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prompt: ", prompt_tokens, " tokens, over the model's context of ",
+        max_model_len, " (at least one token must be left to generate)"));
+  }
   const int64_t total = prompt_tokens + max_tokens;
   if (total > max_model_len) {
-    return absl::OutOfRangeError(absl::StrCat(
-        "prompt (", prompt_tokens, " tokens) + max_tokens (", max_tokens,
-        ") = ", total, " tokens exceeds the maximum context of ", max_model_len,
-        " tokens"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_tokens: prompt (", prompt_tokens, " tokens) + max_tokens (",
+        max_tokens, ") exceeds the model's context of ", max_model_len));
   }
   const int64_t blocks = kv_reservation == KvReservation::kMaxLength
                              ? slab_blocks()

@@ -51,7 +51,7 @@ class GenerateReactor final
     absl::StatusOr<std::shared_ptr<engine::StreamState>> stream =
         spec.ok() ? deps_.engine->Submit(*std::move(spec)) : spec.status();
     if (!stream.ok()) {
-      FinishCall(stream.status());
+      FinishCall(ToProtoFieldNames(stream.status()));
       return;
     }
     stream_ = *std::move(stream);

@@ -125,7 +125,10 @@ void OpenAiApi::HandleGenerate(std::shared_ptr<HttpExchange> ex,
   absl::StatusOr<std::shared_ptr<engine::StreamState>> stream =
       spec.ok() ? engine_->Submit(*std::move(spec)) : spec.status();
   if (!stream.ok()) {
-    SendError(stream.status(), *ex);
+    SendError(spec.ok() ? ToOpenAiFieldNames(ToProtoFieldNames(stream.status()),
+                                             endpoint)
+                        : stream.status(),
+              *ex);
     return;
   }
   const bool chat = endpoint == OpenAiEndpoint::kChatCompletions;

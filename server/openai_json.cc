@@ -275,8 +275,8 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view body,
   out.endpoint = endpoint;
   KV_RETURN_IF_ERROR(GetString(j, "model", &out.model));
   KV_RETURN_IF_ERROR(CheckUnsupported(j));
-  // n: completions per prompt (range checked by ToRequestSpec; unlike the
-  // proto, 0 is not "unset" here).
+  // n: completions per prompt (unlike the proto's, 0 is not "unset" here, so
+  // the range is checked at the wire).
   std::optional<int64_t> n;
   KV_RETURN_IF_ERROR(GetInt(j, "n", &n));
   if (n.has_value()) {
@@ -309,21 +309,21 @@ absl::Status ToOpenAiFieldNames(const absl::Status& status,
   if (status.ok()) return status;
   const absl::string_view msg = status.message();
   const bool chat = endpoint == OpenAiEndpoint::kChatCompletions;
-  static constexpr std::pair<const char*, const char*> kRenames[] = {
-      {"sampling.logprobs", nullptr},  // endpoint-dependent, below
+  // The engine names a prompt of any input kind "prompt".
+  const std::pair<absl::string_view, absl::string_view> kRenames[] = {
+      {"sampling.logprobs", chat ? "top_logprobs" : "logprobs"},
       {"sampling.", ""},
       {"chat.messages", "messages"},
       {"chat:", "messages:"},
       {"chat", "messages"},
+      {"prompt:", chat ? "messages:" : "prompt:"},
       {"prompt_token_ids.ids", "prompt"},
       {"prompt_token_ids", "prompt"},
   };
   for (const auto& [from, to] : kRenames) {
     if (!absl::StartsWith(msg, from)) continue;
-    const absl::string_view rest = msg.substr(absl::string_view(from).size());
-    const char* name =
-        to != nullptr ? to : (chat ? "top_logprobs" : "logprobs");
-    return absl::Status(status.code(), absl::StrCat(name, rest));
+    return absl::Status(status.code(),
+                        absl::StrCat(to, msg.substr(from.size())));
   }
   return status;
 }

@@ -100,8 +100,6 @@ absl::StatusOr<std::pair<std::vector<int32_t>, std::string>> PromptTokens(
     case v1::GenerateRequest::kPromptTokenIds: {
       const auto& ids = req.prompt_token_ids().ids();
       if (ids.empty()) return Invalid("prompt_token_ids", "must not be empty");
-      KV_RETURN_IF_ERROR(
-          CheckTokenIds(ids, tok.vocab_size(), "prompt_token_ids.ids"));
       return std::make_pair(std::vector<int32_t>(ids.begin(), ids.end()),
                             std::string("prompt_token_ids"));
     }
@@ -118,7 +116,7 @@ absl::StatusOr<std::pair<std::vector<int32_t>, std::string>> PromptTokens(
                  "required");
 }
 
-absl::Status CheckStops(const v1::SamplingParams& p, int32_t vocab_size,
+absl::Status CheckStops(const v1::SamplingParams& p,
                         const RequestLimits& limits) {
   if (p.stop_size() > limits.max_stop_strings) {
     return Invalid("sampling.stop",
@@ -142,8 +140,7 @@ absl::Status CheckStops(const v1::SamplingParams& p, int32_t vocab_size,
         absl::StrFormat("at most %d ids, got %d", limits.max_stop_token_ids,
                         p.stop_token_ids_size()));
   }
-  return CheckTokenIds(p.stop_token_ids(), vocab_size,
-                       "sampling.stop_token_ids");
+  return absl::OkStatus();
 }
 
 absl::Status CheckSampling(const v1::SamplingParams& p,
@@ -184,31 +181,14 @@ absl::Status CheckSampling(const v1::SamplingParams& p,
   return absl::OkStatus();
 }
 
-// max_tokens against the context left after a prompt of `prompt_len`.
-absl::StatusOr<int32_t> MaxTokens(const v1::SamplingParams& p,
-                                  int32_t prompt_len,
-                                  const std::string& input_field,
-                                  int32_t max_context) {
-  if (prompt_len >= max_context) {
-    return Invalid(input_field,
-                   absl::StrFormat("%d tokens, over the model's context of %d "
-                                   "(at least one token must be left to "
-                                   "generate)",
-                                   prompt_len, max_context));
-  }
-  const int32_t room = max_context - prompt_len;
-  if (!p.has_max_tokens()) return std::min(kDefaultMaxTokens, room);
-  if (p.max_tokens() < 1) {
-    return Invalid("sampling.max_tokens",
-                   absl::StrCat("must be >= 1, got ", p.max_tokens()));
-  }
-  if (p.max_tokens() > room) {
-    return Invalid("sampling.max_tokens",
-                   absl::StrFormat("prompt (%d tokens) + max_tokens (%d) "
-                                   "exceeds the model's context of %d",
-                                   prompt_len, p.max_tokens(), max_context));
-  }
-  return p.max_tokens();
+// max_tokens, or its default for an unset field: the context left after a
+// prompt of `prompt_len`, at most kDefaultMaxTokens (at least 1, so that
+// the engine's check names an over-long prompt). The engine checks the
+// result against the context.
+int32_t MaxTokens(const v1::SamplingParams& p, int32_t prompt_len,
+                  int32_t max_context) {
+  if (p.has_max_tokens()) return p.max_tokens();
+  return std::clamp(max_context - prompt_len, 1, kDefaultMaxTokens);
 }
 
 // The operator's limits on prompt length and max_tokens (RequestLimits).
@@ -287,22 +267,15 @@ absl::StatusOr<engine::RequestSpec> ToRequestSpec(
                                                  limits.max_request_id_bytes,
                                                  request.cache_salt().size()));
   }
-  // n = 0 (unset) means 1.
-  if (request.n() < 0 || request.n() > limits.max_n) {
-    return Invalid("n", absl::StrFormat("must be in [1, %d], got %d",
-                                        limits.max_n, request.n()));
-  }
   const v1::SamplingParams& p = request.sampling();
   KV_RETURN_IF_ERROR(CheckSampling(p, limits));
-  KV_RETURN_IF_ERROR(CheckStops(p, model.tokenizer->vocab_size(), limits));
+  KV_RETURN_IF_ERROR(CheckStops(p, limits));
   KV_ASSIGN_OR_RETURN(auto prompt, PromptTokens(request, model, limits));
   auto& [tokens, input_field] = prompt;
-  if (tokens.empty()) return Invalid(input_field, "produced no tokens");
   KV_RETURN_IF_ERROR(
       CheckOperatorLimits(p, tokens.size(), input_field, limits));
-  KV_ASSIGN_OR_RETURN(int32_t max_tokens,
-                      MaxTokens(p, static_cast<int32_t>(tokens.size()),
-                                input_field, model.max_context));
+  int32_t max_tokens =
+      MaxTokens(p, static_cast<int32_t>(tokens.size()), model.max_context);
   if (limits.max_tokens > 0) {
     max_tokens = std::min(max_tokens, limits.max_tokens);
   }
@@ -316,8 +289,25 @@ absl::StatusOr<engine::RequestSpec> ToRequestSpec(
   spec.ignore_eos = p.ignore_eos();
   spec.priority = request.priority();
   spec.cache_salt = request.cache_salt();
-  spec.n = std::max(request.n(), 1);
+  spec.n = request.n() == 0 ? 1 : request.n();  // 0: unset
   return spec;
+}
+
+absl::Status ToProtoFieldNames(const absl::Status& status) {
+  static constexpr std::pair<absl::string_view, absl::string_view> kRenames[] =
+      {
+          {"max_tokens:", "sampling.max_tokens:"},
+          {"stop_token_ids[", "sampling.stop_token_ids["},
+          {"prompt_token_ids[", "prompt_token_ids.ids["},
+      };
+  const absl::string_view msg = status.message();
+  for (const auto& [from, to] : kRenames) {
+    if (absl::StartsWith(msg, from)) {
+      return absl::Status(status.code(),
+                          absl::StrCat(to, msg.substr(from.size())));
+    }
+  }
+  return status;
 }
 
 absl::StatusOr<std::vector<int32_t>> TokenizeText(

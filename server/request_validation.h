@@ -1,11 +1,12 @@
-// Proto -> engine conversion of client requests, with validation. Owns the
-// request limits and the defaults of unset fields (vLLM's: temperature 1,
-// top_p 1, top_k 0 = off, max_tokens 16, random seed), prompt
-// tokenization, and chat rendering. Every rejection is INVALID_ARGUMENT with
-// a message that names the field and its limit, e.g.
-// "sampling.top_p: must be in (0, 1], got 1.5". Does not own deadlines
-// (the RPC layer sets RequestSpec.deadline) nor KV-pool fit (the engine
-// answers OUT_OF_RANGE).
+// Proto -> engine conversion of client requests, with validation of the
+// wire fields. Owns the request limits (RequestLimits), the defaults of
+// unset fields (vLLM's: temperature 1, top_p 1, top_k 0 = off, max_tokens
+// 16, random seed), prompt tokenization, and chat rendering. Every rejection
+// is INVALID_ARGUMENT with a message that names the field and its limit,
+// e.g. "sampling.top_p: must be in (0, 1], got 1.5". Does not own deadlines
+// (the RPC layer sets RequestSpec.deadline) nor the spec's own limits (the
+// context, the vocabulary, n, the KV pool): Engine::Submit checks those
+// once for every caller, and ToProtoFieldNames renames its fields.
 #pragma once
 
 #include <cstdint>
@@ -39,7 +40,6 @@ struct RequestLimits {
   // most max_tokens.
   int32_t max_prompt_tokens = 0;
   int32_t max_tokens = 0;
-  int32_t max_n = engine::kMaxCompletions;  // completions per request
 };
 
 // What validation needs to know about the served model.
@@ -58,6 +58,11 @@ struct ServedModel {
 [[nodiscard]] absl::StatusOr<engine::RequestSpec> ToRequestSpec(
     const v1::GenerateRequest& request, const ServedModel& model,
     uint64_t seed_if_unset, const RequestLimits& limits = {});
+
+// Renames the RequestSpec fields that Engine::Submit's errors name
+// ("max_tokens", "stop_token_ids[i]", "prompt_token_ids[i]") to the
+// proto's ("sampling.max_tokens", ...). Other statuses pass unchanged.
+[[nodiscard]] absl::Status ToProtoFieldNames(const absl::Status& status);
 
 // Token ids of a Tokenize request.
 [[nodiscard]] absl::StatusOr<std::vector<int32_t>> TokenizeText(

@@ -355,6 +355,60 @@ INSTANTIATE_TEST_SUITE_P(Modes, PreemptionTest,
                                            PreemptionCase{"recompute", 0}),
                          [](const auto& info) { return info.param.mode; });
 
+// Submit is where a spec's limits are checked: each error names the spec
+// field and its limit, and nothing is queued.
+TEST(EngineScriptTest, SubmitRefusesEachLimitNamingTheField) {
+  FakeBackend::Options big;
+  big.num_blocks = 128;  // 512 tokens: past the model's context of 256
+  Script s(SmallConfig(), big);
+  struct Case {
+    const char* name;
+    RequestSpec spec;
+    const char* message;
+  };
+  RequestSpec n0 = Greedy({2, 3}, 4);
+  n0.n = 0;
+  RequestSpec n17 = Greedy({2, 3}, 4);
+  n17.n = 17;
+  RequestSpec stop = Greedy({2, 3}, 4);
+  stop.stop_token_ids = {1, 64};
+  const std::vector<Case> cases = {
+      {"empty prompt", Greedy({}, 4), "prompt: must not be empty"},
+      {"max_tokens 0", Greedy({2, 3}, 0), "max_tokens: must be >= 1, got 0"},
+      {"n 0", n0, "n: must be in [1, 16], got 0"},
+      {"n 17", n17, "n: must be in [1, 16], got 17"},
+      {"prompt id", Greedy({2, 64}, 4),
+       "prompt_token_ids[1]: unknown token id 64 (the vocabulary is [0, 64))"},
+      {"negative id", Greedy({-1}, 4),
+       "prompt_token_ids[0]: unknown token id -1"},
+      {"stop id", stop, "stop_token_ids[1]: unknown token id 64"},
+      {"prompt at the context", Greedy(std::vector<int32_t>(256, 1), 1),
+       "prompt: 256 tokens, over the model's context of 256"},
+      {"past the context", Greedy(std::vector<int32_t>(250, 1), 7),
+       "max_tokens: prompt (250 tokens) + max_tokens (7) exceeds the "
+       "model's context of 256"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const absl::Status st = s.Submit(c.name, c.spec).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_THAT(st.message(), HasSubstr(c.message));
+  }
+  // The limits themselves are accepted.
+  ASSERT_TRUE(s.Submit("full", Greedy(std::vector<int32_t>(250, 1), 6)).ok());
+  RequestSpec sixteen = Greedy({2, 3}, 1);
+  sixteen.n = 16;
+  ASSERT_TRUE(s.Submit("n16", sixteen).ok());
+  s.Start();
+  ASSERT_TRUE(s.WaitAll(absl::Seconds(10)));
+
+  // A request the pool (16 blocks of 4) can never hold is out of range.
+  Script small;
+  const absl::Status st = small.Submit("big", Greedy({2, 3}, 63)).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kOutOfRange) << st;
+  EXPECT_THAT(st.message(), HasSubstr("can never fit the KV cache"));
+}
+
 // Drain lets what was submitted finish, queued requests included, and
 // refuses new ones.
 TEST(EngineScriptTest, DrainFinishesInFlightRequestsAndRefusesNewOnes) {

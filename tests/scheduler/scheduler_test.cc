@@ -517,13 +517,25 @@ TEST(SchedulerTest, RequestThatCanNeverFitIsOutOfRange) {
   EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange);
   EXPECT_THAT(s.message(), HasSubstr("2 kept free by the watermark, 4 usable"));
 
+  EXPECT_FALSE(sched2.has_work());
+}
+
+// Past the model's context is a bad argument (no pool makes it fit), with
+// the field named: the prompt alone, or the prompt with max_tokens.
+TEST(SchedulerTest, RequestPastTheContextIsInvalid) {
+  SchedulerConfig c = SmallConfig();
   c.max_model_len = 16;
-  Scheduler sched3(c);
-  s = sched3.AddRequest(MakeRequest(1, 10, 7));
-  EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange);
+  Scheduler sched(c);
+  absl::Status s = sched.AddRequest(MakeRequest(1, 10, 7));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(),
-              HasSubstr("= 17 tokens exceeds the maximum context of 16"));
-  EXPECT_FALSE(sched3.has_work());
+              HasSubstr("max_tokens: prompt (10 tokens) + max_tokens (7) "
+                        "exceeds the model's context of 16"));
+  s = sched.AddRequest(MakeRequest(1, 16, 1));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("prompt: 16 tokens, over the model's "
+                                     "context of 16"));
+  EXPECT_TRUE(sched.AddRequest(MakeRequest(1, 10, 6)).ok());
 }
 
 TEST(SchedulerTest, FullQueueIsResourceExhausted) {

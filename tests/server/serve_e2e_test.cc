@@ -260,7 +260,7 @@ TEST_F(ServeE2eTest, BadInputsAreInvalidArgumentNamingTheField) {
            r->mutable_prompt_token_ids()->add_ids(100);
          }
        },
-       "prompt_token_ids"},
+       "prompt: "},
       {"unknown token id",
        [](auto* r) { r->mutable_prompt_token_ids()->add_ids(49152); },
        "prompt_token_ids.ids[0]"},
@@ -272,6 +272,11 @@ TEST_F(ServeE2eTest, BadInputsAreInvalidArgumentNamingTheField) {
       {"max_tokens beyond context",
        [&](auto* r) { sp(r)->set_max_tokens(kMaxModelLen); },
        "sampling.max_tokens"},
+      {"unknown stop token id",
+       [&](auto* r) { sp(r)->add_stop_token_ids(49152); },
+       "sampling.stop_token_ids[0]"},
+      {"n 17", [](auto* r) { r->set_n(17); }, "n: must be in [1, 16]"},
+      {"n -1", [](auto* r) { r->set_n(-1); }, "n: must be in [1, 16]"},
       {"negative temperature", [&](auto* r) { sp(r)->set_temperature(-0.5); },
        "sampling.temperature"},
       {"NaN temperature", [&](auto* r) { sp(r)->set_temperature(NAN); },
