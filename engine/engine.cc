@@ -159,6 +159,12 @@ absl::Status Engine::Impl::CheckSpec(const RequestSpec& spec) const {
     return absl::InvalidArgumentError(absl::StrFormat(
         "n: must be in [1, %d], got %d", kMaxCompletions, spec.n));
   }
+  if (spec.sampling.min_tokens < 0 ||
+      spec.sampling.min_tokens > spec.max_tokens) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("min_tokens: must be in [0, max_tokens = %d], got %d",
+                        spec.max_tokens, spec.sampling.min_tokens));
+  }
   KV_RETURN_IF_ERROR(CheckVocab(spec.prompt_tokens, "prompt_token_ids"));
   KV_RETURN_IF_ERROR(CheckVocab(spec.stop_token_ids, "stop_token_ids"));
   // The scheduler's config is immutable after creation: safe to read here.

@@ -9,9 +9,19 @@ OutputProcessor::OutputProcessor(const RequestSpec& spec,
     : spec_(spec),
       tokenizer_(tokenizer),
       sampler_(spec.sampling.seed),
-      detok_(tokenizer) {
+      detok_(tokenizer, {.skip_special = spec.skip_special_tokens}) {
   for (const std::string& s : spec.stop) {
     max_stop_len_ = std::max(max_stop_len_, s.size());
+  }
+  if (spec.sampling.min_tokens > 0) {
+    std::vector<int32_t> stops = spec.stop_token_ids;
+    if (!spec.ignore_eos) {
+      const models::TokenizerData& data = tokenizer->data();
+      if (data.eos_id >= 0) stops.push_back(data.eos_id);
+      stops.insert(stops.end(), data.extra_eos_ids.begin(),
+                   data.extra_eos_ids.end());
+    }
+    sampler_.SetMinTokensStops(std::move(stops));
   }
 }
 
@@ -32,21 +42,29 @@ OutputProcessor::Step OutputProcessor::Accept(int32_t token) {
   if (!spec_.detokenize) return step;
   const size_t before = text_.size();
   detok_.AddTo(token, &text_);
-  if (max_stop_len_ > 0) {
+  // Stop strings count from min_tokens on, as in vLLM.
+  if (max_stop_len_ > 0 &&
+      sampler_.num_output_tokens() >= spec_.sampling.min_tokens) {
     // A match can only involve the new text and max_stop_len - 1 bytes
     // before it.
     const size_t from =
         before >= max_stop_len_ ? before - max_stop_len_ + 1 : 0;
     size_t best = std::string::npos;
+    size_t best_len = 0;
     for (const std::string& s : spec_.stop) {
       if (s.empty()) continue;
       const size_t p = text_.find(s, from);
-      if (p != std::string::npos) best = std::min(best, p);
+      if (p != std::string::npos && p < best) {
+        best = p;
+        best_len = s.size();
+      }
     }
     if (best != std::string::npos) {
       stopped_ = true;
       step.stop = true;
-      text_.resize(std::max(best, emitted_));
+      const size_t end =
+          spec_.include_stop_str_in_output ? best + best_len : best;
+      text_.resize(std::max(end, emitted_));
       step.text = text_.substr(emitted_);
       emitted_ = text_.size();
       return step;

@@ -19,8 +19,12 @@ struct RequestSpec {
   std::vector<int32_t> prompt_tokens;
   SamplingParams sampling;
   int32_t max_tokens = 16;
-  std::vector<std::string> stop;        // stop strings (not in the output)
+  std::vector<std::string> stop;        // stop strings
   std::vector<int32_t> stop_token_ids;  // extra stop tokens
+  // The matched stop string ends the text (vLLM's option); else it is cut.
+  bool include_stop_str_in_output = false;
+  // Control tokens ("<|im_end|>") add no text.
+  bool skip_special_tokens = true;
   bool ignore_eos = false;
   int32_t priority = 0;  // lower = more important
   std::optional<absl::Time> deadline;

@@ -277,7 +277,7 @@ int32_t SampleWithTemperature(absl::Span<const float> logits,
 bool ArgmaxSuffices(const SamplingParams& p) {
   return p.temperature <= 0.0f && p.repetition_penalty == 1.0f &&
          p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f &&
-         p.logprobs <= 0;
+         p.logprobs <= 0 && p.min_tokens <= 0;
 }
 
 SampleResult SampleFromArgmax(int32_t token, SamplerState& state) {
@@ -293,14 +293,22 @@ SampleResult Sample(absl::Span<float> logits, const SamplingParams& p,
   SampleResult result;
   // Logprobs report the model's raw distribution, before penalties; only
   // penalties modify `logits`, so copy only when they apply.
+  const bool suppress = state.num_output_tokens() < p.min_tokens;
   const bool penalized = p.repetition_penalty != 1.0f ||
                          p.presence_penalty != 0.0f ||
-                         p.frequency_penalty != 0.0f;
+                         p.frequency_penalty != 0.0f || suppress;
   std::vector<float> raw_copy;
   if (penalized) raw_copy.assign(logits.begin(), logits.end());
   absl::Span<const float> raw =
       penalized ? absl::Span<const float>(raw_copy) : logits;
   ApplyPenalties(logits, p, context, state);
+  if (suppress) {
+    for (int32_t id : state.min_tokens_stops()) {
+      if (id >= 0 && static_cast<size_t>(id) < logits.size()) {
+        logits[id] = -std::numeric_limits<float>::infinity();
+      }
+    }
+  }
 
   int32_t chosen;
   if (p.temperature <= 0.0f) {

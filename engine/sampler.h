@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -24,6 +25,9 @@ struct SamplingParams {
   float frequency_penalty = 0.0f;   // over output, OpenAI semantics
   uint64_t seed = 0;
   int32_t logprobs = 0;  // top-n logprobs to report (0 = none)
+  // Until this many tokens are out, the state's stop ids
+  // (SamplerState::SetMinTokensStops) cannot be sampled (vLLM's min_tokens).
+  int32_t min_tokens = 0;
 };
 
 struct TokenLogprob {
@@ -43,7 +47,19 @@ class SamplerState {
  public:
   explicit SamplerState(uint64_t seed) : rng_(seed) {}
   // Records a token the request produced (for presence/frequency penalty).
-  void AddOutputToken(int32_t token) { ++output_counts_[token]; }
+  void AddOutputToken(int32_t token) {
+    ++output_counts_[token];
+    ++num_output_tokens_;
+  }
+  int32_t num_output_tokens() const { return num_output_tokens_; }
+  // The tokens that would stop the request (EOS, stop token ids): masked
+  // while fewer than SamplingParams::min_tokens are out.
+  void SetMinTokensStops(std::vector<int32_t> ids) {
+    min_tokens_stops_ = std::move(ids);
+  }
+  const std::vector<int32_t>& min_tokens_stops() const {
+    return min_tokens_stops_;
+  }
   double NextUniform() {
     return std::uniform_real_distribution<double>(0.0, 1.0)(rng_);
   }
@@ -54,6 +70,8 @@ class SamplerState {
  private:
   std::mt19937_64 rng_;
   absl::flat_hash_map<int32_t, int32_t> output_counts_;
+  int32_t num_output_tokens_ = 0;
+  std::vector<int32_t> min_tokens_stops_;
 };
 
 // True when Sample with `params` returns the row's raw argmax and nothing

@@ -1,6 +1,7 @@
 #include "server/openai_json.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <optional>
 #include <utility>
@@ -36,20 +37,56 @@ absl::Status GetFloat(const json& body, const char* name,
   return absl::OkStatus();
 }
 
+// An integer, or a float with an integral value (7.0, as OpenAI's clients
+// may send). Values past int64 saturate, so range checks downstream report
+// them as too large.
 absl::Status GetInt(const json& body, const char* name,
                     std::optional<int64_t>* out) {
   const json& v = Field(body, name);
   if (v.is_null()) return absl::OkStatus();
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
   if (v.is_number_unsigned()) {
     const uint64_t u = v.get<uint64_t>();
-    *out = u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())
-               ? std::numeric_limits<int64_t>::max()
-               : static_cast<int64_t>(u);
+    *out = u > static_cast<uint64_t>(kMax) ? kMax : static_cast<int64_t>(u);
+    return absl::OkStatus();
+  }
+  if (v.is_number_float()) {
+    const double d = v.get<double>();
+    // 2^63 is exact in a double; anything from it up saturates.
+    if (!std::isfinite(d) || d != std::floor(d)) {
+      return Invalid(name, "must be an integer");
+    }
+    *out = d >= 0x1p63   ? kMax
+           : d < -0x1p63 ? std::numeric_limits<int64_t>::min()
+                         : static_cast<int64_t>(d);
     return absl::OkStatus();
   }
   if (!v.is_number_integer()) return Invalid(name, "must be an integer");
   *out = v.get<int64_t>();
   return absl::OkStatus();
+}
+
+// The seed: exactly the proto's uint64 range, [0, 2^64 - 1].
+absl::Status GetSeed(const json& body, std::optional<uint64_t>* out) {
+  const json& v = Field(body, "seed");
+  if (v.is_null()) return absl::OkStatus();
+  if (v.is_number_unsigned()) {
+    *out = v.get<uint64_t>();
+    return absl::OkStatus();
+  }
+  if (v.is_number_integer() || v.is_number_float()) {
+    std::optional<int64_t> i;
+    KV_RETURN_IF_ERROR(GetInt(body, "seed", &i));
+    if (v.is_number_float() && *i >= 0 && *i < (int64_t{1} << 53)) {
+      *out = static_cast<uint64_t>(*i);  // an exact integral float
+      return absl::OkStatus();
+    }
+    return Invalid("seed",
+                   absl::StrCat("out of range: must be an integer in [0, ",
+                                std::numeric_limits<uint64_t>::max(), "], got ",
+                                v.dump()));
+  }
+  return Invalid("seed", "must be an integer");
 }
 
 // An int field that must fit int32 (clamped to the limits beyond, so the
@@ -97,11 +134,20 @@ absl::Status CheckUnsupported(const json& body) {
   std::string suffix;
   KV_RETURN_IF_ERROR(GetString(body, "suffix", &suffix));
   if (!suffix.empty()) return Invalid("suffix", "suffix is not supported");
-  for (const char* name : {"logit_bias", "tools", "functions"}) {
+  for (const char* name :
+       {"logit_bias", "tools", "functions", "prompt_logprobs", "guided_json",
+        "guided_regex", "guided_choice", "guided_grammar",
+        "guided_decoding_backend", "structured_outputs"}) {
     const json& v = Field(body, name);
     if (!v.is_null() && !v.empty()) {
       return Invalid(name, absl::StrCat(name, " is not supported"));
     }
+  }
+  // {"type": "text"} is the default; JSON modes need constrained decoding.
+  const json& format = Field(body, "response_format");
+  if (!format.is_null() &&
+      !(format.is_object() && Field(format, "type") == "text")) {
+    return Invalid("response_format", "only {\"type\": \"text\"} is supported");
   }
   return absl::OkStatus();
 }
@@ -147,13 +193,44 @@ absl::Status ParseSampling(const json& body, OpenAiEndpoint endpoint,
                              : "max_tokens";
   KV_RETURN_IF_ERROR(GetInt32(body, max_name, &max_tokens));
   if (max_tokens) p->set_max_tokens(*max_tokens);
-  std::optional<int64_t> seed;
-  KV_RETURN_IF_ERROR(GetInt(body, "seed", &seed));
-  if (seed) p->set_seed(static_cast<uint64_t>(*seed));
+  std::optional<uint64_t> seed;
+  KV_RETURN_IF_ERROR(GetSeed(body, &seed));
+  if (seed) p->set_seed(*seed);
   bool ignore_eos = false;
   KV_RETURN_IF_ERROR(GetBool(body, "ignore_eos", &ignore_eos));
   p->set_ignore_eos(ignore_eos);
   return ParseStop(body, p);
+}
+
+// vLLM's extensions kvserve honours: stop_token_ids, min_tokens,
+// include_stop_str_in_output, skip_special_tokens.
+absl::Status ParseExtensions(const json& body, v1::SamplingParams* p) {
+  const json& ids = Field(body, "stop_token_ids");
+  if (!ids.is_null()) {
+    if (!ids.is_array()) return Invalid("stop_token_ids", "must be an array");
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (!ids[i].is_number_integer() ||
+          ids[i].get<int64_t>() < std::numeric_limits<int32_t>::min() ||
+          ids[i].get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+        return Invalid(absl::StrCat("stop_token_ids[", i, "]"),
+                       "must be a token id");
+      }
+      p->add_stop_token_ids(static_cast<int32_t>(ids[i].get<int64_t>()));
+    }
+  }
+  std::optional<int32_t> min_tokens;
+  KV_RETURN_IF_ERROR(GetInt32(body, "min_tokens", &min_tokens));
+  if (min_tokens) p->set_min_tokens(*min_tokens);
+  bool include_stop = false;
+  KV_RETURN_IF_ERROR(
+      GetBool(body, "include_stop_str_in_output", &include_stop));
+  p->set_include_stop_str_in_output(include_stop);
+  if (!Field(body, "skip_special_tokens").is_null()) {
+    bool skip = true;
+    KV_RETURN_IF_ERROR(GetBool(body, "skip_special_tokens", &skip));
+    p->set_skip_special_tokens(skip);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ParsePrompt(const json& body, v1::GenerateRequest* req) {
@@ -289,6 +366,7 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view body,
   KV_RETURN_IF_ERROR(ParseStreamOptions(j, &out));
   KV_RETURN_IF_ERROR(
       ParseSampling(j, endpoint, out.generate.mutable_sampling()));
+  KV_RETURN_IF_ERROR(ParseExtensions(j, out.generate.mutable_sampling()));
   KV_RETURN_IF_ERROR(ParseLogprobs(j, &out));
   std::string user;
   KV_RETURN_IF_ERROR(GetString(j, "user", &user));  // type-checked, unused

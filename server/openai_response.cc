@@ -63,7 +63,8 @@ json ChatLogprobs(const OpenAiCallInfo& call,
                        {"bytes", Bytes(piece)},
                        {"top_logprobs", std::move(top)}});
   }
-  return {{"content", std::move(content)}};
+  // OpenAI's schema requires refusal (null: none).
+  return {{"content", std::move(content)}, {"refusal", nullptr}};
 }
 
 // Completions (legacy): tokens, token_logprobs, top_logprobs, text_offset.
@@ -129,7 +130,7 @@ json DeltaChoice(const OpenAiCallInfo& call, const engine::StreamDelta& d,
                  {"logprobs", LogprobsJson(call, d.logprobs, tok)},
                  {"finish_reason", nullptr}};
   if (IsChat(call)) {
-    choice["delta"] = {{"content", d.text}};
+    choice["delta"] = {{"content", d.text}, {"refusal", nullptr}};
   } else {
     choice["text"] = d.text;
   }
@@ -250,7 +251,9 @@ std::string CompletionBody(const OpenAiCallInfo& call,
                    {"logprobs", LogprobsJson(call, result.logprobs, tokenizer)},
                    {"finish_reason", FinishReasonJson(result.finish_reason)}};
     if (IsChat(call)) {
-      choice["message"] = {{"role", "assistant"}, {"content", result.text}};
+      choice["message"] = {{"role", "assistant"},
+                           {"content", result.text},
+                           {"refusal", nullptr}};
     } else {
       choice["text"] = result.text;
     }
@@ -268,11 +271,12 @@ std::string StreamEvents(const OpenAiCallInfo& call,
                          const absl::Status& error) {
   std::string out;
   if (first && IsChat(call)) {
-    out =
-        Event(Chunk(call, {{"index", delta.index},
-                           {"delta", {{"role", "assistant"}, {"content", ""}}},
-                           {"logprobs", nullptr},
-                           {"finish_reason", nullptr}}));
+    out = Event(Chunk(
+        call, {{"index", delta.index},
+               {"delta",
+                {{"role", "assistant"}, {"content", ""}, {"refusal", nullptr}}},
+               {"logprobs", nullptr},
+               {"finish_reason", nullptr}}));
   }
   if (!delta.text.empty() || !delta.logprobs.empty()) {
     absl::StrAppend(&out,

@@ -182,13 +182,15 @@ absl::Status CheckSampling(const v1::SamplingParams& p,
 }
 
 // max_tokens, or its default for an unset field: the context left after a
-// prompt of `prompt_len`, at most kDefaultMaxTokens (at least 1, so that
-// the engine's check names an over-long prompt). The engine checks the
-// result against the context.
+// prompt of `prompt_len` (chat, as OpenAI and vLLM), at most
+// kDefaultMaxTokens for a plain prompt (OpenAI's completions default); at
+// least 1, so that the engine's check names an over-long prompt. The engine
+// checks the result against the context.
 int32_t MaxTokens(const v1::SamplingParams& p, int32_t prompt_len,
-                  int32_t max_context) {
+                  int32_t max_context, bool chat) {
   if (p.has_max_tokens()) return p.max_tokens();
-  return std::clamp(max_context - prompt_len, 1, kDefaultMaxTokens);
+  const int32_t room = std::max(max_context - prompt_len, 1);
+  return chat ? room : std::min(room, kDefaultMaxTokens);
 }
 
 // The operator's limits on prompt length and max_tokens (RequestLimits).
@@ -223,6 +225,7 @@ engine::SamplingParams ToEngineSampling(const v1::SamplingParams& p,
   if (p.has_frequency_penalty()) s.frequency_penalty = p.frequency_penalty();
   s.seed = p.has_seed() ? p.seed() : seed_if_unset;
   s.logprobs = p.logprobs();
+  s.min_tokens = p.min_tokens();
   return s;
 }
 
@@ -275,7 +278,8 @@ absl::StatusOr<engine::RequestSpec> ToRequestSpec(
   KV_RETURN_IF_ERROR(
       CheckOperatorLimits(p, tokens.size(), input_field, limits));
   int32_t max_tokens =
-      MaxTokens(p, static_cast<int32_t>(tokens.size()), model.max_context);
+      MaxTokens(p, static_cast<int32_t>(tokens.size()), model.max_context,
+                request.input_case() == v1::GenerateRequest::kChat);
   if (limits.max_tokens > 0) {
     max_tokens = std::min(max_tokens, limits.max_tokens);
   }
@@ -286,6 +290,9 @@ absl::StatusOr<engine::RequestSpec> ToRequestSpec(
   spec.stop.assign(p.stop().begin(), p.stop().end());
   spec.stop_token_ids.assign(p.stop_token_ids().begin(),
                              p.stop_token_ids().end());
+  spec.include_stop_str_in_output = p.include_stop_str_in_output();
+  spec.skip_special_tokens =
+      !p.has_skip_special_tokens() || p.skip_special_tokens();
   spec.ignore_eos = p.ignore_eos();
   spec.priority = request.priority();
   spec.cache_salt = request.cache_salt();
@@ -297,6 +304,7 @@ absl::Status ToProtoFieldNames(const absl::Status& status) {
   static constexpr std::pair<absl::string_view, absl::string_view> kRenames[] =
       {
           {"max_tokens:", "sampling.max_tokens:"},
+          {"min_tokens:", "sampling.min_tokens:"},
           {"stop_token_ids[", "sampling.stop_token_ids["},
           {"prompt_token_ids[", "prompt_token_ids.ids["},
       };

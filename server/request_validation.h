@@ -1,12 +1,13 @@
 // Proto -> engine conversion of client requests, with validation of the
 // wire fields. Owns the request limits (RequestLimits), the defaults of
 // unset fields (vLLM's: temperature 1, top_p 1, top_k 0 = off, max_tokens
-// 16, random seed), prompt tokenization, and chat rendering. Every rejection
-// is INVALID_ARGUMENT with a message that names the field and its limit,
-// e.g. "sampling.top_p: must be in (0, 1], got 1.5". Does not own deadlines
-// (the RPC layer sets RequestSpec.deadline) nor the spec's own limits (the
-// context, the vocabulary, n, the KV pool): Engine::Submit checks those
-// once for every caller, and ToProtoFieldNames renames its fields.
+// 16 for a prompt and the rest of the context for chat, random seed), prompt
+// tokenization, and chat rendering. Every rejection is INVALID_ARGUMENT with a
+// message that names the field and its limit, e.g. "sampling.top_p: must be in
+// (0, 1], got 1.5". Does not own deadlines (the RPC layer sets
+// RequestSpec.deadline) nor the spec's own limits (the context, the vocabulary,
+// n, the KV pool): Engine::Submit checks those once for every caller, and
+// ToProtoFieldNames renames its fields.
 #pragma once
 
 #include <cstdint>

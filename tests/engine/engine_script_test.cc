@@ -70,6 +70,50 @@ TEST(EngineScriptTest, GreedyRunsToMaxTokensStopTokenAndEos) {
   EXPECT_THAT(s.backend().kv_errors(), IsEmpty());
 }
 
+// min_tokens masks EOS until it is reached; include_stop_str_in_output keeps
+// the matched stop string; skip_special_tokens = false shows "<eos>".
+TEST(EngineScriptTest, MinTokensStopStringsAndSpecialTokens) {
+  Script s;
+  RequestSpec m = Greedy({1, 60}, 8);  // 61 62 63, then EOS without min
+  m.sampling.min_tokens = 5;
+  ASSERT_TRUE(s.Submit("min", m).ok());
+  RequestSpec cut = Greedy({2, 3}, 8);  // "egik..."
+  cut.stop = {"gi"};
+  ASSERT_TRUE(s.Submit("cut", cut).ok());
+  RequestSpec keep = cut;
+  keep.include_stop_str_in_output = true;
+  ASSERT_TRUE(s.Submit("keep", keep).ok());
+  RequestSpec special = Greedy({1, 60}, 6);
+  special.ignore_eos = true;
+  special.skip_special_tokens = false;
+  ASSERT_TRUE(s.Submit("special", special).ok());
+  RequestSpec skipped = special;
+  skipped.skip_special_tokens = true;
+  ASSERT_TRUE(s.Submit("skipped", skipped).ok());
+  ASSERT_TRUE(s.Run());
+
+  // EOS (0) masked, its runner-up 1 goes on: 1 + 1, 1 + 2, ...
+  EXPECT_EQ(s.Get("min").tokens,
+            (std::vector<int32_t>{61, 62, 63, 1, 2, 3, 4, 5}));
+  EXPECT_EQ(s.Get("min").finish, kLength);
+  EXPECT_EQ(s.Get("min").text, "89+abcde");
+  EXPECT_EQ(s.Get("cut").text, "e");
+  EXPECT_EQ(s.Get("cut").finish, kStop);
+  EXPECT_EQ(s.Get("keep").text, "egi");
+  EXPECT_EQ(s.Get("special").tokens,
+            (std::vector<int32_t>{61, 62, 63, 0, 1, 2}));
+  EXPECT_EQ(s.Get("special").text, "89+<eos>ab");
+  EXPECT_EQ(s.Get("skipped").text, "89+ab");
+
+  // min_tokens past max_tokens can never hold.
+  RequestSpec bad = Greedy({2, 3}, 4);
+  bad.sampling.min_tokens = 5;
+  const absl::Status st = s.Submit("bad", bad).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(st.message(),
+              HasSubstr("min_tokens: must be in [0, max_tokens = 4], got 5"));
+}
+
 // n = 3: the prompt is computed once, each completion samples with seed +
 // its index (so it equals an n = 1 request with that seed), and the
 // children copy the shared, partly filled last prompt block before writing.

@@ -190,6 +190,97 @@ class OpenAiApiTest(unittest.TestCase):
                 messages=[{"role": "wizard", "content": "hi"}])
         self.assertEqual(ctx.exception.body["param"], "messages[0].role")
 
+    def test_seed_takes_the_whole_uint64_range(self):
+        def sample(seed):
+            status, body = self.server.request("POST", "/v1/completions", {
+                "prompt": "Once", "max_tokens": 10, "temperature": 1.5,
+                "seed": seed, "ignore_eos": True})
+            self.assertEqual(status, 200, body)
+            return body["choices"][0]["text"]
+        top = sample(2**64 - 1)
+        self.assertEqual(sample(2**64 - 1), top)  # reproducible
+        self.assertNotEqual(sample(2**63 - 1), top)  # not saturated
+        for bad in (-1, 2**64, 1.5):
+            status, body = self.server.request("POST", "/v1/completions", {
+                "prompt": "Once", "max_tokens": 2, "seed": bad})
+            self.assertEqual((status, body["error"]["param"]), (400, "seed"))
+
+    def test_chat_has_refusal_fields(self):
+        req = {"messages": [{"role": "user", "content": "Hi"}],
+               "max_tokens": 3, "temperature": 0, "logprobs": True}
+        status, body = self.server.request("POST", "/v1/chat/completions", req)
+        self.assertEqual(status, 200, body)
+        choice = body["choices"][0]
+        self.assertIn("refusal", choice["message"])
+        self.assertIsNone(choice["message"]["refusal"])
+        self.assertIn("refusal", choice["logprobs"])
+        self.assertIsNone(choice["logprobs"]["refusal"])
+        status, raw = self.server.request("POST", "/v1/chat/completions",
+                                          dict(req, stream=True))
+        deltas = [json.loads(e[len("data: "):])["choices"][0]
+                  for e in raw.split("\n\n") if e and "[DONE]" not in e]
+        with_content = [d for d in deltas if "content" in d["delta"]]
+        self.assertTrue(with_content)
+        self.assertTrue(all(d["delta"]["refusal"] is None
+                            for d in with_content), raw)
+        self.assertTrue(all(d["logprobs"]["refusal"] is None
+                            for d in with_content if d["logprobs"]), raw)
+
+    def test_chat_default_max_tokens_is_the_rest_of_the_context(self):
+        status, body = self.server.request("POST", "/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "Hi"}],
+            "temperature": 0, "ignore_eos": True})
+        self.assertEqual(status, 200, body)
+        usage = body["usage"]
+        # --max-model-len 512: the whole context, not 16 tokens.
+        self.assertEqual(usage["prompt_tokens"] + usage["completion_tokens"],
+                         512)
+        self.assertEqual(body["choices"][0]["finish_reason"], "length")
+        status, body = self.server.request("POST", "/v1/completions", {
+            "prompt": PROMPT, "temperature": 0, "ignore_eos": True})
+        self.assertEqual(body["usage"]["completion_tokens"], 16)
+
+    def test_vllm_extensions_are_honoured(self):
+        chat = {"messages": [{"role": "user", "content": "Hi"}],
+                "temperature": 0, "max_tokens": 96}
+        status, free = self.server.request("POST", "/v1/chat/completions",
+                                           chat)
+        self.assertEqual(status, 200, free)
+        n = free["usage"]["completion_tokens"]
+        self.assertEqual(free["choices"][0]["finish_reason"], "stop")
+        # min_tokens: EOS cannot come before it.
+        status, body = self.server.request(
+            "POST", "/v1/chat/completions", dict(chat, min_tokens=n + 3))
+        self.assertGreaterEqual(body["usage"]["completion_tokens"], n + 3)
+        # stop_token_ids (2 is <|im_end|>) still stops with ignore_eos on,
+        # and skip_special_tokens off shows it in the text.
+        ended = dict(chat, ignore_eos=True, stop_token_ids=[2])
+        status, body = self.server.request("POST", "/v1/chat/completions",
+                                           ended)
+        self.assertEqual(body["choices"][0]["finish_reason"], "stop", body)
+        self.assertEqual(body["usage"]["completion_tokens"], n)
+        status, body = self.server.request(
+            "POST", "/v1/chat/completions",
+            dict(chat, ignore_eos=True, max_tokens=n + 2,
+                 skip_special_tokens=False))
+        self.assertIn("<|im_end|>", body["choices"][0]["message"]["content"])
+        # include_stop_str_in_output keeps the matched stop string.
+        text = free["choices"][0]["message"]["content"]
+        stop = text[len(text) // 2:len(text) // 2 + 2]
+        for include in (False, True):
+            status, body = self.server.request(
+                "POST", "/v1/chat/completions",
+                dict(chat, stop=[stop], include_stop_str_in_output=include))
+            got = body["choices"][0]["message"]["content"]
+            cut = text[:text.index(stop)]
+            self.assertEqual(got, cut + stop if include else cut)
+        for field, value in (("response_format", {"type": "json_object"}),
+                             ("guided_json", {"type": "object"}),
+                             ("prompt_logprobs", 1)):
+            status, body = self.server.request(
+                "POST", "/v1/chat/completions", dict(chat, **{field: value}))
+            self.assertEqual((status, body["error"]["param"]), (400, field))
+
     def test_errors_not_found(self):
         with self.assertRaises(self.openai.NotFoundError) as ctx:
             self.client.completions.create(model="no-such-model",

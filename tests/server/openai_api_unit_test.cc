@@ -1,5 +1,7 @@
+#include <optional>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -13,6 +15,15 @@ using ::testing::StartsWith;
 
 constexpr auto kCompletions = OpenAiEndpoint::kCompletions;
 constexpr auto kChat = OpenAiEndpoint::kChatCompletions;
+
+// The completions body is refused, naming `field`.
+void ExpectInvalidBody(const std::string& body, const std::string& field) {
+  absl::StatusOr<OpenAiRequest> r = ParseOpenAiRequest(body, kCompletions);
+  ASSERT_FALSE(r.ok()) << body;
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()), StartsWith(field + ": "))
+      << body;
+}
 
 TEST(OpenAiJsonTest, ParsesCompletionFields) {
   absl::StatusOr<OpenAiRequest> r = ParseOpenAiRequest(
@@ -59,6 +70,67 @@ TEST(OpenAiJsonTest, ParsesTokenPromptAndChat) {
   EXPECT_EQ(r->generate.sampling().logprobs(), 1);  // engine needs >= 1
 }
 
+// Seeds take the proto's whole uint64 range exactly; integral floats count
+// as integers.
+TEST(OpenAiJsonTest, SeedsAndIntegralFloats) {
+  auto seed = [](const std::string& value) {
+    absl::StatusOr<OpenAiRequest> r = ParseOpenAiRequest(
+        absl::StrCat(R"({"prompt": "x", "seed": )", value, "}"), kCompletions);
+    return r.ok() ? std::optional<uint64_t>(r->generate.sampling().seed())
+                  : std::nullopt;
+  };
+  EXPECT_EQ(seed("18446744073709551615"), 18446744073709551615u);
+  EXPECT_EQ(seed("9223372036854775807"), 9223372036854775807u);
+  EXPECT_EQ(seed("9223372036854775808"), 9223372036854775808u);
+  EXPECT_EQ(seed("0"), 0u);
+  EXPECT_EQ(seed("7.0"), 7u);
+  absl::StatusOr<OpenAiRequest> r =
+      ParseOpenAiRequest(R"({"prompt": "x", "seed": -1})", kCompletions);
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(std::string(r.status().message()),
+              StartsWith("seed: out of range: must be an integer in [0, "
+                         "18446744073709551615], got -1"));
+  ExpectInvalidBody(R"({"prompt": "x", "seed": 1e30})", "seed");
+  ExpectInvalidBody(R"({"prompt": "x", "seed": 18446744073709551616})", "seed");
+  ExpectInvalidBody(R"({"prompt": "x", "seed": 1.5})", "seed");
+  r = ParseOpenAiRequest(R"({"prompt": "x", "max_tokens": 7.0, "n": 2.0})",
+                         kCompletions);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->generate.sampling().max_tokens(), 7);
+  EXPECT_EQ(r->generate.n(), 2);
+}
+
+// vLLM's extensions are honoured; the options kvserve lacks are refused.
+TEST(OpenAiJsonTest, ExtensionsAreHonouredOrRefused) {
+  absl::StatusOr<OpenAiRequest> r = ParseOpenAiRequest(
+      R"({"prompt": "x", "stop_token_ids": [2, 7], "min_tokens": 3,
+          "include_stop_str_in_output": true, "skip_special_tokens": false,
+          "response_format": {"type": "text"}})",
+      kCompletions);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const v1::SamplingParams& p = r->generate.sampling();
+  ASSERT_EQ(p.stop_token_ids_size(), 2);
+  EXPECT_EQ(p.stop_token_ids(1), 7);
+  EXPECT_EQ(p.min_tokens(), 3);
+  EXPECT_TRUE(p.include_stop_str_in_output());
+  ASSERT_TRUE(p.has_skip_special_tokens());
+  EXPECT_FALSE(p.skip_special_tokens());
+  r = ParseOpenAiRequest(R"({"prompt": "x"})", kCompletions);
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->generate.sampling().has_skip_special_tokens());
+  for (const char* field : {"prompt_logprobs", "guided_json", "guided_regex",
+                            "guided_choice", "guided_grammar"}) {
+    ExpectInvalidBody(
+        absl::StrCat(R"({"prompt": "x", ")", field, R"(": ["a"]})"), field);
+  }
+  ExpectInvalidBody(
+      R"({"prompt": "x", "response_format": {"type": "json_object"}})",
+      "response_format");
+  ExpectInvalidBody(R"({"prompt": "x", "stop_token_ids": [1, "a"]})",
+                    "stop_token_ids[1]");
+  ExpectInvalidBody(R"({"prompt": "x", "min_tokens": "3"})", "min_tokens");
+}
+
 void ExpectInvalid(const std::string& body, OpenAiEndpoint endpoint,
                    const std::string& field) {
   absl::StatusOr<OpenAiRequest> r = ParseOpenAiRequest(body, endpoint);
@@ -99,6 +171,9 @@ TEST(OpenAiJsonTest, RenamesValidationFields) {
             "messages[0].role: bad");
   EXPECT_EQ(renamed("prompt_token_ids.ids[2]: bad", kCompletions),
             "prompt[2]: bad");
+  // The engine names a prompt of any input "prompt".
+  EXPECT_EQ(renamed("prompt: too long", kCompletions), "prompt: too long");
+  EXPECT_EQ(renamed("prompt: too long", kChat), "messages: too long");
 }
 
 TEST(OpenAiJsonTest, MapsStatusToHttp) {

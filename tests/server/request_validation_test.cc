@@ -148,6 +148,25 @@ TEST_F(RequestValidationTest, DefaultMaxTokensIsClampedToTheContext) {
   EXPECT_EQ(spec->max_tokens, 6);
 }
 
+// Chat without max_tokens may use the rest of the context (as OpenAI and
+// vLLM), within the operator's --max-tokens-limit.
+TEST_F(RequestValidationTest, ChatDefaultMaxTokensIsTheRestOfTheContext) {
+  v1::GenerateRequest r;
+  auto* m = r.mutable_chat()->add_messages();
+  m->set_role("user");
+  m->set_content("Hi");
+  auto spec = Convert(r);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->max_tokens,
+            kContext - static_cast<int32_t>(spec->prompt_tokens.size()));
+  EXPECT_GT(spec->max_tokens, 16);
+  RequestLimits limits;
+  limits.max_tokens = 20;
+  spec = ToRequestSpec(r, model_, 1234, limits);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->max_tokens, 20);
+}
+
 // The engine's errors name RequestSpec fields; the proto's names replace
 // them.
 TEST(ProtoFieldNamesTest, RenamesTheSpecFields) {
