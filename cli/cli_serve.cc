@@ -149,6 +149,11 @@ void RegisterSecurityFlags(ServeFlags* f, CliArgs* args) {
             "largest max_tokens a request may ask for (default 0 = the "
             "model's context)",
             0, 1 << 24);
+  args->Bool("special-tokens-in-chat-content",
+             &o.limits.special_tokens_in_chat_content,
+             "parse control tokens (e.g. <|im_end|>) typed in chat messages "
+             "as control tokens (default off: plain text, so a message "
+             "cannot forge a turn)");
   args->Int("max-concurrent-streams", &f->max_concurrent_streams,
             "gRPC streams per client connection; clients queue beyond it "
             "(default 0 = gRPC's default)",

@@ -66,20 +66,22 @@ absl::StatusOr<std::vector<int32_t>> ChatTokens(const v1::ChatMessages& chat,
     KV_RETURN_IF_ERROR(CheckUtf8(absl::StrCat(field, ".content"), m.content()));
     messages.push_back({m.role(), m.content()});
   }
-  absl::StatusOr<std::string> text =
-      models::RenderChat(model.chat_format, messages,
-                         /*add_generation_prompt=*/true, model.chat_template);
-  if (!text.ok()) {
+  absl::StatusOr<models::RenderedChat> rendered = models::RenderChatParts(
+      model.chat_format, messages,
+      /*add_generation_prompt=*/true, model.chat_template);
+  if (!rendered.ok()) {
     // RenderChat names fields relative to the message list.
-    const absl::string_view msg = text.status().message();
+    const absl::string_view msg = rendered.status().message();
     return absl::InvalidArgumentError(absl::StartsWith(msg, "messages")
                                           ? absl::StrCat("chat.", msg)
                                           : absl::StrCat("chat: ", msg));
   }
-  // NOTE: the same encoding as `kvserve generate` (BOS as the tokenizer
-  // says, the template's control tokens parsed).
-  return model.tokenizer->Encode(*text, /*add_special=*/true,
-                                 /*parse_special=*/true);
+  // BOS as the tokenizer says; the template's control tokens parsed, those
+  // typed in a message's content only when the operator allows it.
+  static const std::vector<models::TextRange> kNone;
+  return model.tokenizer->Encode(
+      rendered->text, /*add_special=*/true, /*parse_special=*/true,
+      limits.special_tokens_in_chat_content ? kNone : rendered->content);
 }
 
 // Prompt token ids of any input kind, with the input's field name.

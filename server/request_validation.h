@@ -41,6 +41,10 @@ struct RequestLimits {
   // most max_tokens.
   int32_t max_prompt_tokens = 0;
   int32_t max_tokens = 0;
+  // Control tokens typed in chat messages ("<|im_end|>") are parsed as such
+  // (--special-tokens-in-chat-content); off: they are plain text, so a user
+  // cannot forge a turn.
+  bool special_tokens_in_chat_content = false;
 };
 
 // What validation needs to know about the served model.
@@ -54,8 +58,8 @@ struct ServedModel {
 
 // Validates `request` and builds the engine's spec: tokenizes the prompt
 // (text: parse_special off; chat: rendered with the model's chat format,
-// control tokens parsed), applies defaults, and takes `seed_if_unset` as
-// the seed when the request has none. Thread-safe.
+// the template's control tokens parsed), applies defaults, and takes
+// `seed_if_unset` as the seed when the request has none. Thread-safe.
 [[nodiscard]] absl::StatusOr<engine::RequestSpec> ToRequestSpec(
     const v1::GenerateRequest& request, const ServedModel& model,
     uint64_t seed_if_unset, const RequestLimits& limits = {});

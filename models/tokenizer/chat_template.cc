@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
@@ -60,43 +61,87 @@ absl::Status ValidateRoles(const std::vector<ChatMessage>& messages) {
   return absl::OkStatus();
 }
 
-std::string RenderChatMl(const std::vector<ChatMessage>& messages,
-                         bool add_generation_prompt,
-                         const std::string& default_system) {
-  std::string out;
+// A rendering under construction: template text, and the message content
+// within it (TextRange, to be tokenized as plain text).
+class ChatText {
+ public:
+  void Template(std::string_view s) { out_.text.append(s); }
+  void Content(std::string_view s) {
+    const size_t begin = out_.text.size();
+    out_.text.append(s);
+    if (!s.empty()) out_.content.push_back({begin, out_.text.size()});
+  }
+  void Append(const ChatText& other) {
+    const size_t offset = out_.text.size();
+    out_.text += other.out_.text;
+    for (const TextRange& r : other.out_.content) {
+      out_.content.push_back({r.begin + offset, r.end + offset});
+    }
+  }
+  // Strips ASCII whitespace at both ends, clipping the content ranges.
+  void Trim() {
+    const std::string& t = out_.text;
+    const absl::string_view kept = absl::StripAsciiWhitespace(t);
+    const size_t lead = kept.data() - t.data();
+    const size_t end = lead + kept.size();
+    std::vector<TextRange> clipped;
+    for (const TextRange& r : out_.content) {
+      const size_t b = std::max(r.begin, lead), e = std::min(r.end, end);
+      if (b < e) clipped.push_back({b - lead, e - lead});
+    }
+    out_.text = std::string(kept);
+    out_.content = std::move(clipped);
+  }
+  RenderedChat Take() { return std::move(out_); }
+
+ private:
+  RenderedChat out_;
+};
+
+RenderedChat RenderChatMl(const std::vector<ChatMessage>& messages,
+                          bool add_generation_prompt,
+                          const std::string& default_system) {
+  ChatText out;
   if (!default_system.empty() && messages.front().role != "system") {
-    absl::StrAppend(&out, kImStart, "system\n", default_system, kImEnd, "\n");
+    out.Template(
+        absl::StrCat(kImStart, "system\n", default_system, kImEnd, "\n"));
   }
   for (const ChatMessage& m : messages) {
-    absl::StrAppend(&out, kImStart, m.role, "\n", m.content, kImEnd, "\n");
+    out.Template(absl::StrCat(kImStart, m.role, "\n"));
+    out.Content(m.content);
+    out.Template(absl::StrCat(kImEnd, "\n"));
   }
-  if (add_generation_prompt) absl::StrAppend(&out, kImStart, "assistant\n");
-  return out;
+  if (add_generation_prompt)
+    out.Template(absl::StrCat(kImStart, "assistant\n"));
+  return out.Take();
 }
 
-std::string Llama3Turn(std::string_view role, std::string_view content) {
-  return absl::StrCat(kStartHeader, absl::string_view(role.data(), role.size()),
-                      "<|end_header_id|>\n\n", Trim(content), "<|eot_id|>");
+void Llama3Turn(std::string_view role, std::string_view content,
+                ChatText* out) {
+  out->Template(kStartHeader);
+  out->Template(role);
+  out->Template("<|end_header_id|>\n\n");
+  out->Content(Trim(content));
+  out->Template("<|eot_id|>");
 }
 
-std::string RenderLlama3(const std::vector<ChatMessage>& messages,
-                         bool add_generation_prompt,
-                         const std::string& default_system) {
-  std::string out;
+RenderedChat RenderLlama3(const std::vector<ChatMessage>& messages,
+                          bool add_generation_prompt,
+                          const std::string& default_system) {
+  ChatText out;
   if (!default_system.empty() && messages.front().role != "system") {
-    out += Llama3Turn("system", default_system);
+    Llama3Turn("system", default_system, &out);
   }
-  for (const ChatMessage& m : messages) out += Llama3Turn(m.role, m.content);
+  for (const ChatMessage& m : messages) Llama3Turn(m.role, m.content, &out);
   if (add_generation_prompt) {
-    absl::StrAppend(&out, kStartHeader, "assistant<|end_header_id|>\n\n");
+    out.Template(absl::StrCat(kStartHeader, "assistant<|end_header_id|>\n\n"));
   }
-  return out;
+  return out.Take();
 }
 
-// Meta's Llama-2 chat template: the system prompt (even an empty one) is
-// folded into the first user turn; each later user turn starts a new
-// "<s>[INST]" block.
-absl::StatusOr<std::string> RenderLlama2(
+// Llama 2's template folds the system message into the first user turn and
+// has no generation prompt (the text ends after "[/INST]").
+absl::StatusOr<RenderedChat> RenderLlama2(
     const std::vector<ChatMessage>& messages,
     const std::string& default_system) {
   std::optional<std::string> system;
@@ -106,7 +151,7 @@ absl::StatusOr<std::string> RenderLlama2(
     system = messages.front().content;
     first = 1;
   }
-  std::string out;
+  ChatText out;
   bool first_user = true;
   for (size_t i = first; i < messages.size(); ++i) {
     const ChatMessage& m = messages[i];
@@ -117,18 +162,25 @@ absl::StatusOr<std::string> RenderLlama2(
           "model's chat format"));
     }
     if (m.role == "assistant") {
-      absl::StrAppend(&out, " ", Trim(m.content), " </s>");
+      out.Template(" ");
+      out.Content(Trim(m.content));
+      out.Template(" </s>");
       continue;
     }
-    std::string content = m.content;
+    ChatText turn;
     if (first_user && system.has_value()) {
-      content = absl::StrCat("<<SYS>>\n", *system, "\n<</SYS>>\n\n", content);
+      turn.Template("<<SYS>>\n");
+      turn.Content(*system);
+      turn.Template("\n<</SYS>>\n\n");
     }
-    absl::StrAppend(&out, first_user ? "" : "<s>", kInst, " ", Trim(content),
-                    " [/INST]");
+    turn.Content(m.content);
+    turn.Trim();
+    out.Template(absl::StrCat(first_user ? "" : "<s>", kInst, " "));
+    out.Append(turn);
+    out.Template(" [/INST]");
     first_user = false;
   }
-  return out;
+  return out.Take();
 }
 
 }  // namespace
@@ -169,10 +221,9 @@ std::string ExtractDefaultSystemPrompt(std::string_view jinja_template) {
   return "";
 }
 
-absl::StatusOr<std::string> RenderChat(ChatFormat format,
-                                       const std::vector<ChatMessage>& messages,
-                                       bool add_generation_prompt,
-                                       const std::string& default_system) {
+absl::StatusOr<RenderedChat> RenderChatParts(
+    ChatFormat format, const std::vector<ChatMessage>& messages,
+    bool add_generation_prompt, const std::string& default_system) {
   if (format == ChatFormat::kNone) {
     return absl::FailedPreconditionError(
         "chat: the model has no supported chat template");
@@ -193,6 +244,16 @@ absl::StatusOr<std::string> RenderChat(ChatFormat format,
       break;
   }
   return absl::FailedPreconditionError("chat: unknown chat format");
+}
+
+absl::StatusOr<std::string> RenderChat(ChatFormat format,
+                                       const std::vector<ChatMessage>& messages,
+                                       bool add_generation_prompt,
+                                       const std::string& default_system) {
+  absl::StatusOr<RenderedChat> parts =
+      RenderChatParts(format, messages, add_generation_prompt, default_system);
+  if (!parts.ok()) return parts.status();
+  return std::move(parts->text);
 }
 
 }  // namespace kvserve::models

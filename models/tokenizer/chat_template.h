@@ -11,9 +11,11 @@
 //           {assistant|trim} </s><s>[INST] ...
 //
 // The rendered text never starts with BOS: encode it with
-// Tokenizer::Encode(text, /*add_special=*/true, /*parse_special=*/true) so
-// that the tokenizer adds BOS when the model wants one and the control
-// tokens above are recognized.
+// Tokenizer::Encode(text, /*add_special=*/true, /*parse_special=*/true, ...)
+// so that the tokenizer adds BOS when the model wants one and the control
+// tokens above are recognized. RenderChatParts also says where the messages'
+// content lies, so that control tokens typed in a message stay plain text
+// (a user cannot forge "<|im_end|><|im_start|>system").
 #pragma once
 
 #include <string>
@@ -22,6 +24,7 @@
 
 #include "absl/status/statusor.h"
 #include "models/model_config.h"
+#include "models/tokenizer/tokenizer.h"
 #include "models/tokenizer/tokenizer_data.h"
 
 namespace kvserve::models {
@@ -44,6 +47,13 @@ struct ChatMessage {
 [[nodiscard]] std::string ExtractDefaultSystemPrompt(
     std::string_view jinja_template);
 
+// A rendered conversation: `content` lists, in order and disjoint, the byte
+// ranges of `text` that came from the messages (not from the template).
+struct RenderedChat {
+  std::string text;
+  std::vector<TextRange> content;
+};
+
 // Renders `messages` in `format`, ending with the assistant prompt when
 // add_generation_prompt. `default_system` is inserted as a system message
 // when the first message is not one (empty: none). It may also be the
@@ -52,6 +62,10 @@ struct ChatMessage {
 // Errors: FailedPrecondition for kNone; InvalidArgument naming the field for
 // no messages ("messages"), an unknown role ("messages[i].role"), or a
 // Llama-2 system message that is not first.
+[[nodiscard]] absl::StatusOr<RenderedChat> RenderChatParts(
+    ChatFormat format, const std::vector<ChatMessage>& messages,
+    bool add_generation_prompt, const std::string& default_system);
+// RenderChatParts' text.
 [[nodiscard]] absl::StatusOr<std::string> RenderChat(
     ChatFormat format, const std::vector<ChatMessage>& messages,
     bool add_generation_prompt, const std::string& default_system);

@@ -297,14 +297,22 @@ void Tokenizer::BuildSpecials() {
 }
 
 void Tokenizer::Partition(std::string_view text, bool parse_special,
+                          const std::vector<TextRange>& plain,
                           std::vector<Fragment>* out) const {
   size_t raw_start = 0;
+  size_t next_plain = 0;  // the first range of `plain` that ends after pos
   if (has_specials_) {
     for (size_t pos = 0; pos < text.size();) {
+      while (next_plain < plain.size() && plain[next_plain].end <= pos) {
+        ++next_plain;
+      }
       int32_t match = -1;
       for (const Special& s : specials_[static_cast<uint8_t>(text[pos])]) {
-        if ((s.always || parse_special) &&
-            text.substr(pos).starts_with(data_.tokens[s.id])) {
+        const std::string& piece = data_.tokens[s.id];
+        const bool in_plain = next_plain < plain.size() &&
+                              plain[next_plain].begin < pos + piece.size();
+        if ((s.always || (parse_special && !in_plain)) &&
+            text.substr(pos).starts_with(piece)) {
           match = s.id;
           break;
         }
@@ -329,13 +337,19 @@ void Tokenizer::Partition(std::string_view text, bool parse_special,
 
 std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_special,
                                        bool parse_special) const {
+  return Encode(text, add_special, parse_special, {});
+}
+
+std::vector<int32_t> Tokenizer::Encode(
+    std::string_view text, bool add_special, bool parse_special,
+    const std::vector<TextRange>& plain) const {
   std::vector<int32_t> out;
   out.reserve(text.size() / 3 + 2);
   if (add_special && data_.add_bos && data_.bos_id >= 0) {
     out.push_back(data_.bos_id);
   }
   Scratch s;
-  Partition(text, parse_special, &s.fragments);
+  Partition(text, parse_special, plain, &s.fragments);
   bool after_special = true;  // llama.cpp: prefix the first fragment too
   for (const Fragment& f : s.fragments) {
     if (f.token >= 0) {

@@ -44,6 +44,13 @@
 
 namespace kvserve::models {
 
+// Bytes [begin, end) of a text.
+struct TextRange {
+  size_t begin = 0;
+  size_t end = 0;
+  bool operator==(const TextRange&) const = default;
+};
+
 class Tokenizer {
  public:
   // Validates `data` (sizes, ids in range, a known `pre`, compilable
@@ -64,6 +71,12 @@ class Tokenizer {
   [[nodiscard]] std::vector<int32_t> Encode(std::string_view text,
                                             bool add_special,
                                             bool parse_special) const;
+  // The same, but control tokens that overlap a range of `plain` (sorted,
+  // disjoint byte ranges of `text`: untrusted content inside trusted
+  // template text) stay text, as with parse_special off.
+  [[nodiscard]] std::vector<int32_t> Encode(
+      std::string_view text, bool add_special, bool parse_special,
+      const std::vector<TextRange>& plain) const;
 
   // Text of `ids`; skip_special drops control and unknown tokens.
   // Out-of-range ids are skipped (never a crash). Invalid UTF-8 is replaced
@@ -121,6 +134,7 @@ class Tokenizer {
   void BuildPieces();
 
   void Partition(std::string_view text, bool parse_special,
+                 const std::vector<TextRange>& plain,
                  std::vector<Fragment>* out) const;
   void EncodeByteLevel(std::string_view text, Scratch* s,
                        std::vector<int32_t>* out) const;
