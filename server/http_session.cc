@@ -66,6 +66,30 @@ std::string ErrorBody(const std::string& message, const char* type,
   return j.dump();
 }
 
+// A parse error of the request itself, as opposed to the peer going away
+// (end of stream, a partial message, a socket error) or a limit answered
+// on its own (header_limit, body_limit).
+bool IsMalformed(beast::error_code ec) {
+  if (!ec || ec.category() !=
+                 http::make_error_code(http::error::bad_method).category()) {
+    return false;
+  }
+  switch (static_cast<http::error>(ec.value())) {
+    case http::error::end_of_stream:
+    case http::error::partial_message:
+    case http::error::need_more:
+    case http::error::need_buffer:
+    case http::error::buffer_overflow:
+    case http::error::header_limit:
+    case http::error::body_limit:
+    case http::error::stale_parser:
+    case http::error::short_read:
+      return false;
+    default:
+      return true;
+  }
+}
+
 HttpResponse JsonError(int status, std::string body) {
   HttpResponse r;
   r.status = status;
@@ -209,6 +233,7 @@ class Session final : public SessionBase {
 
   void ReadHeader();
   void OnHeader(beast::error_code ec);
+  void RefuseMalformed(beast::error_code ec);
   [[nodiscard]] bool Admit();
   void ReadBody();
   void Dispatch();
@@ -296,6 +321,7 @@ void Session<Stream>::OnHeader(beast::error_code ec) {
                                     kHeaderLimit, " bytes"),
                        "invalid_request_error", "headers_too_large")));
   }
+  if (IsMalformed(ec)) return RefuseMalformed(ec);
   if (ec) return CloseNow();
   const auto& h = parser_->get();
   request_ = HttpRequest();
@@ -384,6 +410,7 @@ void Session<Stream>::ReadBody() {
                                              std::nullopt),
                              "invalid_request_error", "request_too_large")));
         }
+        if (IsMalformed(ec)) return self->RefuseMalformed(ec);
         if (ec) return self->CloseNow();
         self->Dispatch();
       });
@@ -421,6 +448,16 @@ void Session<Stream>::Dispatch() {
   r.content_type = "text/plain";
   r.body = "not found\n";
   Respond(seq_, std::move(r));
+}
+
+// A request the parser refused (RFC 9112 6.3: a bad or conflicting
+// Content-Length, Content-Length with Transfer-Encoding, a bad request line
+// or chunk) gets a 400 before the connection closes.
+template <typename Stream>
+void Session<Stream>::RefuseMalformed(beast::error_code ec) {
+  Refuse(JsonError(
+      400, ErrorBody(absl::StrCat("malformed HTTP request: ", ec.message()),
+                     "invalid_request_error", "bad_request")));
 }
 
 // Answers before the body was read (or while it was too long): the

@@ -178,6 +178,36 @@ TEST_F(HttpServerTest, BodyChunkedBodyAndContinue) {
   EXPECT_THAT(c.ReadUntil("echo:abcde"), HasSubstr("echo:abcde"));
 }
 
+// Framing the parser refuses gets a 400 before the connection closes
+// (RFC 9112 6.3), never a silent close.
+TEST_F(HttpServerTest, MalformedFramingAnswers400) {
+  Start();
+  const std::string cases[] = {
+      "POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: -1\r\n\r\n",
+      "POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\n"
+      "Content-Length: 4\r\n\r\nabcd",
+      "POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\n"
+      "Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+      "this is not http\r\n\r\n",
+      "POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n"
+      "\r\nzz\r\nabc\r\n0\r\n\r\n",
+  };
+  for (const std::string& request : cases) {
+    SCOPED_TRACE(request);
+    Conn c(server_->port());
+    ASSERT_TRUE(c.Send(request));
+    const std::string got = c.ReadUntil("}}");
+    EXPECT_THAT(got, StartsWith("HTTP/1.1 400"));
+    EXPECT_THAT(got, HasSubstr("malformed HTTP request"));
+    EXPECT_THAT(got, HasSubstr("Connection: close"));
+    EXPECT_TRUE(c.ReadEof());
+  }
+  // The server serves on.
+  Conn c(server_->port());
+  ASSERT_TRUE(c.Send(Get("/health")));
+  EXPECT_THAT(c.ReadUntil("ok\n"), StartsWith("HTTP/1.1 200"));
+}
+
 TEST_F(HttpServerTest, SizeLimitAnswers413BeforeTheBody) {
   HttpServer::Options o;
   o.max_request_bytes = 100;
