@@ -168,6 +168,10 @@ void RegisterFlags(ServeFlags* f, CliArgs* args) {
   args->String("model", &o.model,
                "preset name, .gguf file, or HF directory (default "
                "smollm2-135m)");
+  args->String("served-model-name", &o.served_model_name,
+               "the model's name in the OpenAI API, ','-separated aliases "
+               "after the first (default: --model as given; --model and the "
+               "file's own name are accepted too)");
   args->String("host", &o.host, "address to listen on (default 127.0.0.1)");
   args->Int("port", &f->port, "gRPC port (default 50051; 0 = pick a free one)",
             0, 65535);

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/clock.h"
 #include "common/status_macros.h"
 #include "engine/loaded_model.h"
@@ -148,10 +149,20 @@ absl::Status Daemon::StartEngine(const ServeOptions& options) {
       engine::Engine::Create(options.engine, std::move(model), registry_));
   service_ = std::make_unique<KvServeService>(engine_.get(), metrics_.get(),
                                               options.limits, auth_.get());
-  const std::string& name = engine_->model_info().name;
+  // The served name (--served-model-name, else --model as given) is what
+  // /v1/models lists; its other names, --model and the file's own name are
+  // accepted too.
+  std::vector<std::string> names =
+      absl::StrSplit(options.served_model_name, ',', absl::SkipEmpty());
+  if (names.empty()) names.push_back(options.model);
+  names.push_back(options.model);
+  if (!engine_->model_info().name.empty()) {
+    names.push_back(engine_->model_info().name);
+  }
+  std::string served = names.front();
+  names.erase(names.begin());
   openai_ = std::make_unique<OpenAiApi>(engine_.get(), options.limits,
-                                        name.empty() ? options.model : name,
-                                        options.model);
+                                        std::move(served), std::move(names));
   openai_live_.store(openai_.get());
   return absl::OkStatus();
 }

@@ -28,6 +28,9 @@ namespace kvserve::server {
 
 struct ServeOptions {
   std::string model = "smollm2-135m";
+  // The names the OpenAI API serves the model under, ','-separated: the
+  // first is listed by /v1/models and set in responses; empty: `model`.
+  std::string served_model_name;
   std::string host = "127.0.0.1";
   int port = 50051;                 // gRPC; 0: pick a free port
   int metrics_port = 9090;          // HTTP; 0: pick a free port

@@ -359,12 +359,14 @@ bool Session<Stream>::Admit() {
   const std::string& path = request_.path;
   const bool probe = path == "/health" || path == "/ready";
   if (over_cap_ && !probe && path != "/metrics") {
-    Refuse(JsonError(
+    HttpResponse r = JsonError(
         429, ErrorBody(absl::StrFormat(
                            "HTTP server busy: %d connections open, the most "
                            "--http-max-connections allows",
                            o.max_connections),
-                       "rate_limit_error", "too_many_connections")));
+                       "rate_limit_error", "too_many_connections"));
+    r.headers.emplace_back("Retry-After", "1");
+    Refuse(std::move(r));
     return false;
   }
   const bool open = probe || (path == "/metrics" && !o.auth_metrics);

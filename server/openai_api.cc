@@ -21,6 +21,11 @@ void SendError(const absl::Status& status, HttpExchange& ex) {
   HttpResponse r;
   r.status = e.http_status;
   r.body = e.body;
+  // A full queue or a draining server: the client may try again (a drain
+  // sends it elsewhere behind a load balancer).
+  if (r.status == 429 || r.status == 503) {
+    r.headers.emplace_back("Retry-After", "1");
+  }
   ex.Respond(std::move(r));
 }
 
@@ -44,11 +49,11 @@ void Accumulate(engine::StreamDelta& d, OpenAiResult* out) {
 }  // namespace
 
 OpenAiApi::OpenAiApi(engine::Engine* engine, RequestLimits limits,
-                     std::string model_name, std::string alias)
+                     std::string model_name, std::vector<std::string> aliases)
     : engine_(engine),
       limits_(limits),
       model_name_(std::move(model_name)),
-      alias_(std::move(alias)),
+      aliases_(std::move(aliases)),
       created_(absl::ToUnixSeconds(absl::Now())),
       model_(ServedModelOf(*engine)) {}
 
@@ -103,7 +108,8 @@ void OpenAiApi::HandleModels(HttpExchange& ex) const {
 absl::StatusOr<engine::RequestSpec> OpenAiApi::BuildSpec(
     const OpenAiRequest& request) const {
   if (!request.model.empty() && request.model != model_name_ &&
-      (alias_.empty() || request.model != alias_)) {
+      std::find(aliases_.begin(), aliases_.end(), request.model) ==
+          aliases_.end()) {
     return absl::NotFoundError(
         absl::StrFormat("model: '%s' is not served here (this server serves "
                         "'%s')",

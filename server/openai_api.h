@@ -12,6 +12,7 @@
 #include <atomic>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "engine/engine.h"
 #include "server/http_server.h"
@@ -22,11 +23,11 @@ namespace kvserve::server {
 
 class OpenAiApi {
  public:
-  // `engine` must outlive this. `model_name` is the id /v1/models lists;
-  // requests whose "model" is neither it nor `alias` (the --model argument;
-  // may be empty) get 404.
+  // `engine` must outlive this. `model_name` is the id /v1/models lists and
+  // responses carry; requests whose "model" is neither it nor one of
+  // `aliases` get 404.
   OpenAiApi(engine::Engine* engine, RequestLimits limits,
-            std::string model_name, std::string alias = "");
+            std::string model_name, std::vector<std::string> aliases = {});
   OpenAiApi(const OpenAiApi&) = delete;
   OpenAiApi& operator=(const OpenAiApi&) = delete;
 
@@ -54,7 +55,7 @@ class OpenAiApi {
   engine::Engine* const engine_;
   const RequestLimits limits_;
   const std::string model_name_;
-  const std::string alias_;
+  const std::vector<std::string> aliases_;
   const int64_t created_;
   ServedModel model_;
   std::atomic<int64_t> next_id_{0};

@@ -343,8 +343,36 @@ absl::Status ParseStreamOptions(const json& body, OpenAiRequest* out) {
 
 }  // namespace
 
+// True if `body` nests arrays and objects deeper than `limit` (outside
+// strings); a scan before the parse, so a deeply nested body costs no tree.
+bool NestsDeeperThan(absl::string_view body, int limit) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < body.size(); ++i) {
+    const char c = body[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > limit) return true;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return false;
+}
+
 absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view body,
                                                  OpenAiEndpoint endpoint) {
+  if (NestsDeeperThan(body, kMaxJsonDepth)) {
+    return Invalid(
+        "body", absl::StrCat("nested deeper than ", kMaxJsonDepth, " levels"));
+  }
   const json j = json::parse(body.begin(), body.end(), nullptr, false);
   if (j.is_discarded()) return Invalid("body", "not valid JSON");
   if (!j.is_object()) return Invalid("body", "must be a JSON object");

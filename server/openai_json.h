@@ -34,6 +34,9 @@ struct OpenAiRequest {
   int32_t top_logprobs = 0;    // alternatives per token
 };
 
+// Arrays and objects nested deeper than this are refused before parsing.
+inline constexpr int kMaxJsonDepth = 64;
+
 // Parses `body`. INVALID_ARGUMENT names the field (OpenAI's name) in the
 // message prefix "field: ...", for malformed JSON, wrong types, and
 // unsupported options (echo, best_of, suffix, logit_bias, tools).

@@ -57,14 +57,17 @@ absl::StatusOr<std::vector<int32_t>> ChatTokens(const v1::ChatMessages& chat,
   for (int i = 0; i < chat.messages_size(); ++i) {
     const v1::ChatMessage& m = chat.messages(i);
     const std::string field = absl::StrCat("chat.messages[", i, "]");
-    if (m.role() != "system" && m.role() != "user" && m.role() != "assistant") {
+    // "developer" is OpenAI's newer name for the system role.
+    const bool developer = m.role() == "developer";
+    if (m.role() != "system" && m.role() != "user" && m.role() != "assistant" &&
+        !developer) {
       return Invalid(absl::StrCat(field, ".role"),
-                     absl::StrFormat("must be system, user, or assistant, "
-                                     "got '%s'",
+                     absl::StrFormat("must be system, developer, user, or "
+                                     "assistant, got '%s'",
                                      absl::CHexEscape(m.role())));
     }
     KV_RETURN_IF_ERROR(CheckUtf8(absl::StrCat(field, ".content"), m.content()));
-    messages.push_back({m.role(), m.content()});
+    messages.push_back({developer ? "system" : m.role(), m.content()});
   }
   absl::StatusOr<models::RenderedChat> rendered = models::RenderChatParts(
       model.chat_format, messages,

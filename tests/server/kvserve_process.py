@@ -119,6 +119,7 @@ class KvserveProcess:
                              "SmolLM2-135M-Instruct.Q4_1.gguf")
         if not os.path.exists(model):
             raise RuntimeError(f"{model} missing (run deploy/setup.sh)")
+        self.model_path = model
         cmd = [binary, "--model", model, "--port", "0",
                "--metrics-port", "0", *extra]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE,

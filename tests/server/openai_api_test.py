@@ -63,7 +63,7 @@ class OpenAiApiTest(unittest.TestCase):
         import openai
         cls.openai = openai
         cls.server = Server("--max-model-len", "512", "--kv-cache-bytes",
-                            "64MiB")
+                            "64MiB", "--served-model-name", "tiny,tiny-alias")
         cls.client = openai.OpenAI(
             base_url=f"http://127.0.0.1:{cls.server.http_port}/v1",
             api_key="unused", timeout=30, max_retries=0)
@@ -281,6 +281,34 @@ class OpenAiApiTest(unittest.TestCase):
                 "POST", "/v1/chat/completions", dict(chat, **{field: value}))
             self.assertEqual((status, body["error"]["param"]), (400, field))
 
+    def test_served_model_name_and_aliases(self):
+        self.assertEqual(self.model, "tiny")
+        for name in ("tiny", "tiny-alias", self.server.model_path):
+            status, body = self.server.request("POST", "/v1/completions", {
+                "model": name, "prompt": PROMPT, "max_tokens": 1})
+            self.assertEqual(status, 200, (name, body))
+            self.assertEqual(body["model"], "tiny")
+        status, body = self.server.request("POST", "/v1/completions", {
+            "model": "other", "prompt": PROMPT, "max_tokens": 1})
+        self.assertEqual(status, 404, body)
+
+    def test_developer_role_is_system(self):
+        def prompt_tokens(role):
+            status, body = self.server.request(
+                "POST", "/v1/chat/completions", {
+                    "messages": [{"role": role, "content": "Be brief."},
+                                 {"role": "user", "content": "Hi"}],
+                    "max_tokens": 1, "temperature": 0})
+            self.assertEqual(status, 200, body)
+            return body["usage"]["prompt_tokens"]
+        self.assertEqual(prompt_tokens("developer"), prompt_tokens("system"))
+
+    def test_deeply_nested_body_is_refused(self):
+        body = ('{"prompt": "x", "user": ' + "[" * 100000 + "]" * 100000
+                + "}").encode()
+        status, err = self.server.request("POST", "/v1/completions", body)
+        self.assertEqual((status, err["error"]["param"]), (400, "body"))
+
     def test_errors_not_found(self):
         with self.assertRaises(self.openai.NotFoundError) as ctx:
             self.client.completions.create(model="no-such-model",
@@ -348,6 +376,16 @@ class DrainTest(unittest.TestCase):
                 "prompt": PROMPT, "max_tokens": 2})
             self.assertEqual(status, 503, body)
             self.assertEqual(body["error"]["type"], "service_unavailable")
+            probe = http.client.HTTPConnection("127.0.0.1", server.http_port,
+                                               timeout=30)
+            probe.request("POST", "/v1/completions", body=json.dumps({
+                "prompt": PROMPT, "max_tokens": 2}),
+                headers={"Content-Type": "application/json"})
+            refused = probe.getresponse()
+            refused.read()
+            self.assertEqual(refused.status, 503)
+            self.assertEqual(refused.getheader("Retry-After"), "1")
+            probe.close()
             rest = resp.read().decode()
             self.assertTrue(rest.endswith("data: [DONE]\n\n"), rest[-200:])
             self.assertIn('"finish_reason":"length"', rest)

@@ -157,6 +157,19 @@ TEST(OpenAiJsonTest, RejectsWrongTypesAndUnsupported) {
   ExpectInvalid(R"({"messages": [{"role": 1}]})", kChat, "messages[0].role");
   ExpectInvalid(R"({"messages": [], "top_logprobs": 2})", kChat,
                 "top_logprobs");
+  // Nesting is bounded; brackets inside strings do not count.
+  const std::string deep = std::string(65, '[') + std::string(65, ']');
+  ExpectInvalid(absl::StrCat(R"({"prompt": "x", "user": )", deep, "}"),
+                kCompletions, "body");
+  EXPECT_TRUE(ParseOpenAiRequest(absl::StrCat(R"({"prompt": ")",
+                                              std::string(100, '['), R"("})"),
+                                 kCompletions)
+                  .ok());
+  EXPECT_TRUE(ParseOpenAiRequest(
+                  absl::StrCat(R"({"prompt": "\"[", "x": )",
+                               std::string(60, '['), std::string(60, ']'), "}"),
+                  kCompletions)
+                  .ok());
 }
 
 TEST(OpenAiJsonTest, RenamesValidationFields) {
