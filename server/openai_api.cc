@@ -128,12 +128,14 @@ void OpenAiApi::HandleGenerate(std::shared_ptr<HttpExchange> ex,
       ParseOpenAiRequest(ex->request().body, endpoint);
   absl::StatusOr<engine::RequestSpec> spec =
       request.ok() ? BuildSpec(*request) : request.status();
+  const bool valid = spec.ok();
   absl::StatusOr<std::shared_ptr<engine::StreamState>> stream =
-      spec.ok() ? engine_->Submit(*std::move(spec)) : spec.status();
+      valid ? engine_->Submit(*std::move(spec)) : spec.status();
   if (!stream.ok()) {
-    SendError(spec.ok() ? ToOpenAiFieldNames(ToProtoFieldNames(stream.status()),
-                                             endpoint)
-                        : stream.status(),
+    // The engine's errors name RequestSpec fields.
+    SendError(valid ? ToOpenAiFieldNames(ToProtoFieldNames(stream.status()),
+                                         endpoint)
+                    : stream.status(),
               *ex);
     return;
   }
