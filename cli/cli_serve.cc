@@ -49,6 +49,8 @@ struct ServeFlags {
   int64_t kv_cache_bytes = EngineDefaults().kv_cache_bytes;
   int64_t max_num_seqs = SchedulerDefaults().max_num_seqs;
   int64_t max_num_batched_tokens = SchedulerDefaults().max_num_batched_tokens;
+  int64_t long_prefill_token_threshold =
+      SchedulerDefaults().long_prefill_token_threshold;
   int64_t max_queued_requests = EngineDefaults().max_queued_requests;
   int64_t max_model_len = EngineDefaults().max_model_len;
   int64_t threads = 0, http_threads = 2;
@@ -209,6 +211,13 @@ void RegisterFlags(ServeFlags* f, CliArgs* args) {
             absl::StrCat("token budget of one engine step (default ",
                          f->max_num_batched_tokens, ")"),
             1, 1 << 20);
+  args->Int("long-prefill-token-threshold", &f->long_prefill_token_threshold,
+            absl::StrCat("most prompt tokens one request computes per step, "
+                         "so short requests join while a long prompt "
+                         "prefills (default ",
+                         f->long_prefill_token_threshold,
+                         "; 0 = only the step budget)"),
+            0, 1 << 20);
   args->Int("max-queued-requests", &f->max_queued_requests,
             absl::StrCat("waiting requests before RESOURCE_EXHAUSTED "
                          "(default ",
@@ -274,6 +283,8 @@ absl::Status FinishFlags(ServeFlags* f) {
   s.block_size = static_cast<int32_t>(f->block_size);
   s.max_num_seqs = static_cast<int32_t>(f->max_num_seqs);
   s.max_num_batched_tokens = static_cast<int32_t>(f->max_num_batched_tokens);
+  s.long_prefill_token_threshold =
+      static_cast<int32_t>(f->long_prefill_token_threshold);
   s.thrash_preemption_limit = static_cast<int32_t>(f->thrash_preemption_limit);
   s.admission_high_watermark = f->kv_high_watermark;
   KV_ASSIGN_OR_RETURN(s.policy,

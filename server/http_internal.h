@@ -31,6 +31,8 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
 #include "server/http_server.h"
 
 namespace kvserve::server {
@@ -63,6 +65,18 @@ class SessionBase : public std::enable_shared_from_this<SessionBase> {
 struct HttpServer::Core {
   HttpServer::Options options;
   HttpRoutes routes;
+  // kvserve_http_requests_total{route, code}; route is a routed path or
+  // "other" (so unknown paths cannot grow the label set).
+  prometheus::Family<prometheus::Counter>* requests = nullptr;
+
+  // Counts one answer to a request for `path` (any thread).
+  void CountResponse(const std::string& path, int status) const {
+    if (requests == nullptr) return;
+    requests
+        ->Add({{"route", routes.HasPath(path) ? path : "other"},
+               {"code", std::to_string(status)}})
+        .Increment();
+  }
   std::unique_ptr<net::io_context> ioc;
   std::optional<net::executor_work_guard<net::io_context::executor_type>> work;
   std::unique_ptr<net::ssl::context> ssl;  // null: plain HTTP

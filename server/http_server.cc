@@ -135,6 +135,12 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
   auto ssl = MakeSslContext(options.tls);
   if (!ssl.ok()) return ssl.status();
   core->ssl = *std::move(ssl);
+  core->requests = &prometheus::BuildCounter()
+                        .Name("kvserve_http_requests_total")
+                        .Help(
+                            "HTTP requests answered, by route and status "
+                            "code")
+                        .Register(*registry);
   AddProbes(core->routes, std::move(registry), std::move(ready));
   if (add_routes) add_routes(core->routes);
   core->ioc = std::make_unique<net::io_context>(core->options.threads);

@@ -104,6 +104,10 @@ class HttpRoutes {
   [[nodiscard]] const HttpHandler* Find(const HttpRequest& request,
                                         std::string* allowed) const;
   const HttpHandler& fallback() const { return fallback_; }
+  // True if some method is routed at `path`.
+  [[nodiscard]] bool HasPath(const std::string& path) const {
+    return by_path_.contains(path);
+  }
 
  private:
   std::map<std::string, std::map<std::string, HttpHandler>> by_path_;

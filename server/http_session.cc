@@ -279,6 +279,7 @@ class Session final : public SessionBase {
   const bool over_cap_;
   beast::flat_buffer buf_;
   std::optional<http::request_parser<http::string_body>> parser_;
+  std::string route_;  // the current request's path, for the metrics
   HttpRequest request_;
   uint64_t seq_ = 0;
   unsigned version_ = 11;
@@ -299,6 +300,7 @@ class Session final : public SessionBase {
 template <typename Stream>
 void Session<Stream>::ReadHeader() {
   parser_.emplace();
+  route_.clear();
   parser_->header_limit(kHeaderLimit);
   // No limit while the header is read (Beast would fail a Content-Length
   // over it before the header is complete); Admit() checks the declared
@@ -328,6 +330,7 @@ void Session<Stream>::OnHeader(beast::error_code ec) {
   request_.method = std::string(h.method_string());
   const std::string target(h.target());
   request_.path = target.substr(0, target.find('?'));
+  route_ = request_.path;
   for (const auto& field : h) {
     request_.headers.emplace_back(
         absl::AsciiStrToLower(std::string(field.name_string())),
@@ -503,6 +506,7 @@ void Session<Stream>::OnWatch(beast::error_code ec, size_t n) {
 template <typename Stream>
 void Session<Stream>::Respond(uint64_t seq, HttpResponse r) {
   if (!Current(seq) || streaming_) return;
+  core_->CountResponse(route_, r.status);
   std::string data = Head(r, version_, keep_alive_,
                           absl::StrCat("Content-Length: ", r.body.size()));
   absl::StrAppend(&data, r.body);
@@ -512,6 +516,7 @@ void Session<Stream>::Respond(uint64_t seq, HttpResponse r) {
 template <typename Stream>
 void Session<Stream>::StartStream(uint64_t seq, HttpResponse head) {
   if (!Current(seq) || streaming_) return;
+  core_->CountResponse(route_, head.status);
   streaming_ = true;
   if (version_ < 11) keep_alive_ = false;  // no chunking: the close ends it
   Send(Head(head, version_, keep_alive_,

@@ -269,6 +269,26 @@ TEST(SchedulerTest, LongPrefillThresholdCapsChunks) {
   EXPECT_FALSE(h.sched().has_work());
 }
 
+// With the default budget and threshold, a short request that arrives
+// while a long prompt prefills runs in the next step, beside the long
+// prompt's next chunk, rather than after the whole prefill.
+TEST(SchedulerTest, ShortRequestJoinsALongPrefillByDefault) {
+  const SchedulerConfig defaults;
+  SchedulerConfig c = SmallConfig();
+  c.max_num_batched_tokens = defaults.max_num_batched_tokens;  // 512
+  c.long_prefill_token_threshold = defaults.long_prefill_token_threshold;
+  c.num_blocks = 1000;
+  c.max_model_len = 4096;
+  Harness h(c);
+  h.Add(1, 2000, 1);
+  h.ExpectSteps({{0, {1}, {256}}});
+  h.Add(2, 4, 1);
+  h.ExpectSteps({
+      {1, {1, 2}, {256, 4}},
+      {2, {1}, {256}},
+  });
+}
+
 TEST(SchedulerTest, MaxNumSeqsLimitsRunning) {
   SchedulerConfig c = SmallConfig();
   c.max_num_seqs = 2;

@@ -208,6 +208,25 @@ TEST_F(HttpServerTest, MalformedFramingAnswers400) {
   EXPECT_THAT(c.ReadUntil("ok\n"), StartsWith("HTTP/1.1 200"));
 }
 
+// Every answer is counted by route and status code; unknown paths share
+// the "other" route.
+TEST_F(HttpServerTest, CountsRequestsByRouteAndCode) {
+  Start();
+  Conn c(server_->port());
+  ASSERT_TRUE(c.Send(Get("/health") + Get("/nothing") + Get("/elsewhere") +
+                     Get("/stream")));
+  c.ReadUntil("piece 2\n");
+  Conn m(server_->port());
+  ASSERT_TRUE(m.Send(Get("/metrics")));
+  const std::string got = m.ReadUntil(R"(route="/stream"})");
+  EXPECT_THAT(got, HasSubstr(R"(kvserve_http_requests_total{code="200",)"
+                             R"(route="/health"} 1)"));
+  EXPECT_THAT(got, HasSubstr(R"(kvserve_http_requests_total{code="404",)"
+                             R"(route="other"} 2)"));
+  EXPECT_THAT(got, HasSubstr(R"(kvserve_http_requests_total{code="200",)"
+                             R"(route="/stream"} 1)"));
+}
+
 TEST_F(HttpServerTest, SizeLimitAnswers413BeforeTheBody) {
   HttpServer::Options o;
   o.max_request_bytes = 100;
