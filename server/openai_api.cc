@@ -133,10 +133,10 @@ void OpenAiApi::HandleGenerate(std::shared_ptr<HttpExchange> ex,
       valid ? engine_->Submit(*std::move(spec)) : spec.status();
   if (!stream.ok()) {
     // The engine's errors name RequestSpec fields.
-    SendError(valid ? ToOpenAiFieldNames(ToProtoFieldNames(stream.status()),
-                                         endpoint)
-                    : stream.status(),
-              *ex);
+    SendError(
+        valid ? ToOpenAiFieldNames(ToProtoFieldNames(stream.status()), endpoint)
+              : stream.status(),
+        *ex);
     return;
   }
   const bool chat = endpoint == OpenAiEndpoint::kChatCompletions;
