@@ -7,8 +7,10 @@
 #include <utility>
 
 #include "absl/random/random.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "server/served_model.h"
 #include "server/status_mapping.h"
@@ -29,13 +31,23 @@ void SendError(const absl::Status& status, HttpExchange& ex) {
   ex.Respond(std::move(r));
 }
 
-// Aborts the request when the client goes away before its end.
-void AbortOnClose(engine::Engine* engine,
-                  const std::shared_ptr<engine::StreamState>& stream,
+// Aborts the requests when the client goes away before their end.
+void AbortOnClose(engine::Engine* engine, const Streams& streams,
                   HttpExchange& ex) {
-  ex.OnClose([engine, stream] {
-    if (!stream->Done()) engine->Abort(stream->id());
+  ex.OnClose([engine, streams] {
+    for (const auto& s : streams) {
+      if (!s->Done()) engine->Abort(s->id());
+    }
   });
+}
+
+// A batch prompt's error names its prompt: "prompt: x" -> "prompt[i]: x",
+// "prompt[3]: x" -> "prompt[i][3]: x".
+absl::Status BatchFieldNames(const absl::Status& status, size_t i) {
+  const absl::string_view msg = status.message();
+  if (!absl::StartsWith(msg, "prompt")) return status;
+  return absl::Status(status.code(),
+                      absl::StrCat("prompt[", i, "]", msg.substr(6)));
 }
 
 // Appends `d` to `out` (everything but the final reason and usage).
@@ -105,7 +117,7 @@ void OpenAiApi::HandleModels(HttpExchange& ex) const {
   ex.Respond(std::move(r));
 }
 
-absl::StatusOr<engine::RequestSpec> OpenAiApi::BuildSpec(
+absl::StatusOr<std::vector<engine::RequestSpec>> OpenAiApi::BuildSpecs(
     const OpenAiRequest& request) const {
   if (!request.model.empty() && request.model != model_name_ &&
       std::find(aliases_.begin(), aliases_.end(), request.model) ==
@@ -115,121 +127,241 @@ absl::StatusOr<engine::RequestSpec> OpenAiApi::BuildSpec(
                         "'%s')",
                         request.model, model_name_));
   }
-  absl::StatusOr<engine::RequestSpec> spec =
-      ToRequestSpec(request.generate, model_,
-                    absl::Uniform<uint64_t>(absl::BitGen()), limits_);
-  if (!spec.ok()) return ToOpenAiFieldNames(spec.status(), request.endpoint);
-  return spec;
+  std::vector<engine::RequestSpec> specs;
+  if (request.batch.empty()) {
+    absl::StatusOr<engine::RequestSpec> spec =
+        ToRequestSpec(request.generate, model_,
+                      absl::Uniform<uint64_t>(absl::BitGen()), limits_);
+    if (!spec.ok()) return ToOpenAiFieldNames(spec.status(), request.endpoint);
+    specs.push_back(*std::move(spec));
+    return specs;
+  }
+  // One seed for the batch when none is given: prompt i then samples as an
+  // n-completion request with that seed would.
+  const uint64_t seed = absl::Uniform<uint64_t>(absl::BitGen());
+  for (size_t i = 0; i < request.batch.size(); ++i) {
+    v1::GenerateRequest one = request.generate;
+    const v1::GenerateRequest& input = request.batch[i];
+    if (input.has_prompt_token_ids()) {
+      *one.mutable_prompt_token_ids() = input.prompt_token_ids();
+    } else {
+      one.set_prompt(input.prompt());
+    }
+    absl::StatusOr<engine::RequestSpec> spec =
+        ToRequestSpec(one, model_, seed, limits_);
+    if (!spec.ok()) {
+      return BatchFieldNames(
+          ToOpenAiFieldNames(spec.status(), request.endpoint), i);
+    }
+    specs.push_back(*std::move(spec));
+  }
+  return specs;
 }
 
 void OpenAiApi::HandleGenerate(std::shared_ptr<HttpExchange> ex,
                                OpenAiEndpoint endpoint) {
   absl::StatusOr<OpenAiRequest> request =
       ParseOpenAiRequest(ex->request().body, endpoint);
-  absl::StatusOr<engine::RequestSpec> spec =
-      request.ok() ? BuildSpec(*request) : request.status();
-  const bool valid = spec.ok();
-  absl::StatusOr<std::shared_ptr<engine::StreamState>> stream =
-      valid ? engine_->Submit(*std::move(spec)) : spec.status();
-  if (!stream.ok()) {
-    // The engine's errors name RequestSpec fields.
-    SendError(
-        valid ? ToOpenAiFieldNames(ToProtoFieldNames(stream.status()), endpoint)
-              : stream.status(),
-        *ex);
+  absl::StatusOr<std::vector<engine::RequestSpec>> specs =
+      request.ok() ? BuildSpecs(*request) : request.status();
+  if (!specs.ok()) {
+    SendError(specs.status(), *ex);
     return;
+  }
+  Streams streams;
+  for (size_t i = 0; i < specs->size(); ++i) {
+    absl::StatusOr<std::shared_ptr<engine::StreamState>> stream =
+        engine_->Submit(std::move((*specs)[i]));
+    if (!stream.ok()) {
+      // All or nothing: the prompts already queued are withdrawn.
+      for (const auto& s : streams) engine_->Abort(s->id());
+      // The engine's errors name RequestSpec fields.
+      absl::Status error =
+          ToOpenAiFieldNames(ToProtoFieldNames(stream.status()), endpoint);
+      SendError(request->batch.empty() ? error : BatchFieldNames(error, i),
+                *ex);
+      return;
+    }
+    streams.push_back(*std::move(stream));
   }
   const bool chat = endpoint == OpenAiEndpoint::kChatCompletions;
   OpenAiCallInfo call;
   call.endpoint = endpoint;
-  call.id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", (*stream)->id(), "-",
+  call.id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", streams[0]->id(), "-",
                          next_id_.fetch_add(1));
   call.created = absl::ToUnixSeconds(absl::Now());
   call.model = model_name_;
   call.logprobs = request->logprobs;
   call.top_logprobs = request->top_logprobs;
   call.include_usage = request->include_usage;
+  AbortOnClose(engine_, streams, *ex);
   if (request->stream) {
-    StreamResponse(call, *std::move(stream), std::move(ex));
+    StreamResponse(call, std::move(streams), std::move(ex));
   } else {
-    Respond(call, *std::move(stream), std::move(ex));
+    Respond(call, std::move(streams), std::move(ex));
   }
 }
 
-// Non-streaming: the sink (engine thread) collects every delta and acks it
-// at once; the final one queues the answer on the connection's strand.
-void OpenAiApi::Respond(const OpenAiCallInfo& call,
-                        std::shared_ptr<engine::StreamState> stream,
+namespace {
+
+// The first choice index of each stream: stream i's completion j is choice
+// offsets[i] + j (prompt-major, as OpenAI numbers a batch's choices).
+std::vector<int32_t> ChoiceOffsets(const Streams& streams) {
+  std::vector<int32_t> offsets;
+  int32_t next = 0;
+  for (const auto& s : streams) {
+    offsets.push_back(next);
+    next += s->n();
+  }
+  return offsets;
+}
+
+void AddUsage(const engine::Usage& u, engine::Usage* sum) {
+  sum->prompt_tokens += u.prompt_tokens;
+  sum->completion_tokens += u.completion_tokens;
+  sum->cached_prompt_tokens += u.cached_prompt_tokens;
+}
+
+// What the sinks of one non-streaming call share; they run on the engine
+// thread or on an Attach/Ack caller's, hence the lock.
+struct Collected {
+  absl::Mutex mu;
+  std::vector<OpenAiResult> results ABSL_GUARDED_BY(mu);
+  engine::Usage usage ABSL_GUARDED_BY(mu);
+  size_t open ABSL_GUARDED_BY(mu) = 0;  // streams not finished
+  bool failed ABSL_GUARDED_BY(mu) = false;
+};
+
+// What the strand-run writers of one streaming call share (strand only).
+struct Streamed {
+  std::vector<bool> first;  // per choice: nothing written yet
+  engine::Usage usage;
+  size_t open = 0;  // streams not finished
+  bool ended = false;
+};
+
+}  // namespace
+
+// Non-streaming: each sink (engine thread) collects its deltas and acks
+// them at once; the last stream to finish queues the answer on the
+// connection's strand. A failed stream answers the error and withdraws the
+// others.
+void OpenAiApi::Respond(const OpenAiCallInfo& call, Streams streams,
                         std::shared_ptr<HttpExchange> ex) {
-  AbortOnClose(engine_, stream, *ex);
-  auto results = std::make_shared<std::vector<OpenAiResult>>(stream->n());
-  std::weak_ptr<engine::StreamState> weak = stream;
+  const std::vector<int32_t> offsets = ChoiceOffsets(streams);
+  auto c = std::make_shared<Collected>();
+  {
+    absl::MutexLock lock(&c->mu);
+    c->results.resize(offsets.back() + streams.back()->n());
+    c->open = streams.size();
+  }
   // NOTE: the callbacks capture the engine and its tokenizer, never `this`:
   // they may run after the API object is gone (the engine outlives it).
   engine::Engine* engine = engine_;
   const models::Tokenizer* tokenizer = model_.tokenizer;
-  stream->Attach(
-      [engine, tokenizer, call, ex, results, weak](engine::StreamDelta d) {
-        OpenAiResult& result = results->at(d.index);
+  std::vector<engine::RequestId> ids;
+  for (const auto& s : streams) ids.push_back(s->id());
+  for (size_t i = 0; i < streams.size(); ++i) {
+    std::weak_ptr<engine::StreamState> weak = streams[i];
+    const int32_t offset = offsets[i];
+    streams[i]->Attach([engine, tokenizer, call, ex, c, weak, offset,
+                        ids](engine::StreamDelta d) {
+      absl::Status error;
+      bool last = false;
+      {
+        absl::MutexLock lock(&c->mu);
+        OpenAiResult& result = c->results.at(offset + d.index);
         Accumulate(d, &result);
         if (d.index_finished) result.finish_reason = d.finish_reason;
-        if (!d.finished) {
-          // Alive: it is calling us. Ack may deliver the next delta
-          // re-entrantly (at most one per completion index is pending).
-          if (std::shared_ptr<engine::StreamState> s = weak.lock()) s->Ack();
-          return;
+        if (d.finished && !c->failed) {
+          error = FinishStatus(d.finish_reason, d.error, engine->draining());
+          c->failed = !error.ok();
+          AddUsage(d.usage, &c->usage);
+          last = --c->open == 0 && error.ok();
         }
-        if (absl::Status s =
-                FinishStatus(d.finish_reason, d.error, engine->draining());
-            !s.ok()) {
-          SendError(s, *ex);
-          return;
-        }
-        ex->Run([tokenizer, call, ex, results, usage = d.usage] {
-          HttpResponse r;
-          r.body = CompletionBody(call, *results, usage, *tokenizer);
-          ex->Respond(std::move(r));
-        });
+      }
+      if (!d.finished) {
+        // Alive: it is calling us. Ack may deliver the next delta
+        // re-entrantly (at most one per completion index is pending).
+        if (std::shared_ptr<engine::StreamState> s = weak.lock()) s->Ack();
+        return;
+      }
+      if (!error.ok()) {
+        for (engine::RequestId id : ids) engine->Abort(id);
+        SendError(error, *ex);
+        return;
+      }
+      if (!last) return;
+      ex->Run([tokenizer, call, ex, c] {
+        absl::MutexLock lock(&c->mu);
+        HttpResponse r;
+        r.body = CompletionBody(call, c->results, c->usage, *tokenizer);
+        ex->Respond(std::move(r));
       });
+    });
+  }
 }
 
-// Streaming: the sink (engine thread) hands each delta to the connection's
-// strand, which formats its events and writes them; the stream is acked
-// only once they are written, so a slow client holds back its own deltas
-// (they coalesce in the StreamState) and nothing else. A failed write or a
-// closed connection aborts the request.
-void OpenAiApi::StreamResponse(const OpenAiCallInfo& call,
-                               std::shared_ptr<engine::StreamState> stream,
+// Streaming: each sink (engine thread) hands its deltas to the connection's
+// strand, which renumbers their choices, formats their events and writes
+// them; a stream is acked only once they are written, so a slow client
+// holds back its own deltas (they coalesce in the StreamState) and nothing
+// else. The usage chunk and [DONE] follow the last stream's end. A failed
+// write or a closed connection aborts the requests; a failed request ends
+// the response with its error and withdraws the others.
+void OpenAiApi::StreamResponse(const OpenAiCallInfo& call, Streams streams,
                                std::shared_ptr<HttpExchange> ex) {
-  AbortOnClose(engine_, stream, *ex);
   HttpResponse head;
   head.content_type = "text/event-stream";
   head.headers.emplace_back("Cache-Control", "no-cache");
   ex->StartStream(std::move(head));
-  // Per completion index: no delta written yet (chat's role chunk).
-  auto first = std::make_shared<std::vector<bool>>(stream->n(), true);
-  std::weak_ptr<engine::StreamState> weak = stream;
+  const std::vector<int32_t> offsets = ChoiceOffsets(streams);
+  auto shared = std::make_shared<Streamed>();
+  shared->first.assign(offsets.back() + streams.back()->n(), true);
+  shared->open = streams.size();
   engine::Engine* engine = engine_;  // not `this`: see Respond
   const models::Tokenizer* tokenizer = model_.tokenizer;
-  stream->Attach(
-      [engine, tokenizer, call, ex, first, weak](engine::StreamDelta d) {
-        std::shared_ptr<engine::StreamState> s = weak.lock();
-        if (s == nullptr) return;
-        ex->Run([engine, tokenizer, call, ex, first, s, d = std::move(d)] {
-          const absl::Status status =
-              d.finished
-                  ? FinishStatus(d.finish_reason, d.error, engine->draining())
-                  : absl::OkStatus();
-          std::string events =
-              StreamEvents(call, d, first->at(d.index), *tokenizer, status);
-          first->at(d.index) = false;
-          const bool finished = d.finished;
-          ex->Write(std::move(events), [s, finished](bool ok) {
-            if (ok && !finished) s->Ack();
-          });
-          if (finished) ex->EndStream();
+  std::vector<engine::RequestId> ids;
+  for (const auto& s : streams) ids.push_back(s->id());
+  for (size_t i = 0; i < streams.size(); ++i) {
+    std::weak_ptr<engine::StreamState> weak = streams[i];
+    const int32_t offset = offsets[i];
+    streams[i]->Attach([engine, tokenizer, call, ex, shared, weak, offset,
+                        ids](engine::StreamDelta d) {
+      std::shared_ptr<engine::StreamState> s = weak.lock();
+      if (s == nullptr) return;
+      ex->Run([engine, tokenizer, call, ex, shared, s, offset, ids,
+               d = std::move(d)]() mutable {
+        if (shared->ended) return;  // another request failed
+        const bool stream_done = d.finished;
+        const absl::Status status =
+            stream_done
+                ? FinishStatus(d.finish_reason, d.error, engine->draining())
+                : absl::OkStatus();
+        d.index += offset;
+        bool end = !status.ok();
+        if (stream_done && status.ok()) {
+          AddUsage(d.usage, &shared->usage);
+          end = --shared->open == 0;
+          // Only the last stream's end is the response's.
+          d.finished = end;
+          d.usage = shared->usage;
+        }
+        std::string events = StreamEvents(call, d, shared->first.at(d.index),
+                                          *tokenizer, status);
+        shared->first.at(d.index) = false;
+        ex->Write(std::move(events), [s, stream_done](bool ok) {
+          if (ok && !stream_done) s->Ack();
         });
+        if (!end) return;
+        shared->ended = true;
+        if (!status.ok()) {
+          for (engine::RequestId id : ids) engine->Abort(id);
+        }
+        ex->EndStream();
       });
+    });
+  }
 }
 
 }  // namespace kvserve::server

@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,9 @@
 #include "server/request_validation.h"
 
 namespace kvserve::server {
+
+// The requests of one API call: one per prompt of a batch.
+using Streams = std::vector<std::shared_ptr<engine::StreamState>>;
 
 class OpenAiApi {
  public:
@@ -43,13 +47,12 @@ class OpenAiApi {
   void HandleGenerate(std::shared_ptr<HttpExchange> ex,
                       OpenAiEndpoint endpoint);
   void HandleModels(HttpExchange& ex) const;
-  [[nodiscard]] absl::StatusOr<engine::RequestSpec> BuildSpec(
+  // One spec per prompt (a batch has several), in prompt order.
+  [[nodiscard]] absl::StatusOr<std::vector<engine::RequestSpec>> BuildSpecs(
       const OpenAiRequest& request) const;
-  void Respond(const OpenAiCallInfo& call,
-               std::shared_ptr<engine::StreamState> stream,
+  void Respond(const OpenAiCallInfo& call, Streams streams,
                std::shared_ptr<HttpExchange> ex);
-  void StreamResponse(const OpenAiCallInfo& call,
-                      std::shared_ptr<engine::StreamState> stream,
+  void StreamResponse(const OpenAiCallInfo& call, Streams streams,
                       std::shared_ptr<HttpExchange> ex);
 
   engine::Engine* const engine_;

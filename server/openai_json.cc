@@ -233,30 +233,68 @@ absl::Status ParseExtensions(const json& body, v1::SamplingParams* p) {
   return absl::OkStatus();
 }
 
-absl::Status ParsePrompt(const json& body, v1::GenerateRequest* req) {
+// A list of token ids into `ids`; false if `v` is not one.
+bool TokenIdList(const json& v, v1::TokenIds* ids) {
+  if (!v.is_array() || v.empty()) return false;
+  for (const json& t : v) {
+    if (!t.is_number_integer() ||
+        t.get<int64_t>() < std::numeric_limits<int32_t>::min() ||
+        t.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+      return false;
+    }
+    ids->add_ids(static_cast<int32_t>(t.get<int64_t>()));
+  }
+  return true;
+}
+
+// "prompt": a string, a list of token ids, or a batch: a list of strings
+// or of token-id lists (each its own request, OpenAI's and vLLM's).
+absl::Status ParsePrompt(const json& body, OpenAiRequest* out) {
   const json& v = Field(body, "prompt");
+  v1::GenerateRequest* req = &out->generate;
   if (v.is_string()) {
     req->set_prompt(v.get<std::string>());
     return absl::OkStatus();
   }
-  if (v.is_array() && v.size() == 1 && v[0].is_string()) {
-    req->set_prompt(v[0].get<std::string>());
-    return absl::OkStatus();
-  }
   if (!v.is_array() || v.empty()) {
     return Invalid("prompt",
-                   "must be a non-empty string or array of token ids");
+                   "must be a non-empty string, array of token ids, or array "
+                   "of those");
   }
-  v1::TokenIds* ids = req->mutable_prompt_token_ids();
-  for (size_t i = 0; i < v.size(); ++i) {
-    if (!v[i].is_number_integer() ||
-        v[i].get<int64_t>() < std::numeric_limits<int32_t>::min() ||
-        v[i].get<int64_t>() > std::numeric_limits<int32_t>::max()) {
-      return Invalid(absl::StrCat("prompt[", i, "]"),
-                     "must be a token id (one prompt per request is "
-                     "supported)");
+  if (!v[0].is_string() && !v[0].is_array()) {
+    if (TokenIdList(v, req->mutable_prompt_token_ids())) {
+      return absl::OkStatus();
     }
-    ids->add_ids(static_cast<int32_t>(v[i].get<int64_t>()));
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (!v[i].is_number_integer()) {
+        return Invalid(absl::StrCat("prompt[", i, "]"), "must be a token id");
+      }
+    }
+    return Invalid("prompt", "token ids must fit int32");
+  }
+  if (v.size() > static_cast<size_t>(kMaxBatchPrompts)) {
+    return Invalid("prompt", absl::StrCat("at most ", kMaxBatchPrompts,
+                                          " prompts, got ", v.size()));
+  }
+  for (size_t i = 0; i < v.size(); ++i) {
+    v1::GenerateRequest one;
+    if (v[i].is_string()) {
+      one.set_prompt(v[i].get<std::string>());
+    } else if (!TokenIdList(v[i], one.mutable_prompt_token_ids())) {
+      return Invalid(absl::StrCat("prompt[", i, "]"),
+                     "must be a string or a non-empty array of token ids");
+    }
+    out->batch.push_back(std::move(one));
+  }
+  // A batch of one is a plain request.
+  if (out->batch.size() == 1) {
+    const v1::GenerateRequest& one = out->batch.front();
+    if (one.has_prompt_token_ids()) {
+      *req->mutable_prompt_token_ids() = one.prompt_token_ids();
+    } else {
+      req->set_prompt(one.prompt());
+    }
+    out->batch.clear();
   }
   return absl::OkStatus();
 }
@@ -405,7 +443,7 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view body,
   if (endpoint == OpenAiEndpoint::kChatCompletions) {
     KV_RETURN_IF_ERROR(ParseMessages(j, &out.generate));
   } else {
-    KV_RETURN_IF_ERROR(ParsePrompt(j, &out.generate));
+    KV_RETURN_IF_ERROR(ParsePrompt(j, &out));
   }
   return out;
 }

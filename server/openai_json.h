@@ -27,12 +27,19 @@ enum class OpenAiEndpoint { kCompletions, kChatCompletions };
 struct OpenAiRequest {
   OpenAiEndpoint endpoint = OpenAiEndpoint::kCompletions;
   v1::GenerateRequest generate;  // input and sampling
-  std::string model;             // empty when not given
+  // A batch of prompts ("prompt": ["a", "b"] or [[1, 2], [3]]): each its own
+  // request, its input only (the rest is `generate`'s); empty: one prompt,
+  // in `generate`.
+  std::vector<v1::GenerateRequest> batch;
+  std::string model;  // empty when not given
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   bool logprobs = false;       // report logprobs at all
   int32_t top_logprobs = 0;    // alternatives per token
 };
+
+// Most prompts in one batched completions request.
+inline constexpr int kMaxBatchPrompts = 64;
 
 // Arrays and objects nested deeper than this are refused before parsing.
 inline constexpr int kMaxJsonDepth = 64;

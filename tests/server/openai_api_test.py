@@ -309,6 +309,56 @@ class OpenAiApiTest(unittest.TestCase):
         status, err = self.server.request("POST", "/v1/completions", body)
         self.assertEqual((status, err["error"]["param"]), (400, "body"))
 
+    def test_batch_prompts_are_one_request_each(self):
+        def complete(prompt, **kw):
+            status, body = self.server.request("POST", "/v1/completions", dict(
+                {"prompt": prompt, "max_tokens": 4, "temperature": 0,
+                 "ignore_eos": True}, **kw))
+            self.assertEqual(status, 200, body)
+            return body
+        a, b = complete("The capital of France is"), complete("Once upon a")
+        both = complete(["The capital of France is", "Once upon a"], n=2)
+        # Prompt-major choices: prompt i's completion j is choice i * n + j.
+        self.assertEqual([c["index"] for c in both["choices"]], [0, 1, 2, 3])
+        texts = [c["text"] for c in both["choices"]]
+        self.assertEqual(texts, [a["choices"][0]["text"]] * 2
+                         + [b["choices"][0]["text"]] * 2)
+        self.assertEqual(both["usage"]["prompt_tokens"],
+                         a["usage"]["prompt_tokens"]
+                         + b["usage"]["prompt_tokens"])
+        self.assertEqual(both["usage"]["completion_tokens"], 16)
+        ids = complete([[504, 3575, 282], [1, 504]])
+        self.assertEqual(len(ids["choices"]), 2)
+        self.assertEqual(ids["usage"]["prompt_tokens"], 5)
+        # Streamed: the same text per choice, one usage chunk, one [DONE].
+        status, raw = self.server.request("POST", "/v1/completions", {
+            "prompt": ["The capital of France is", "Once upon a"],
+            "max_tokens": 4, "temperature": 0, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}})
+        self.assertEqual(status, 200, raw)
+        events = [e[len("data: "):] for e in raw.split("\n\n") if e]
+        self.assertEqual(events.count("[DONE]"), 1)
+        self.assertEqual(events[-1], "[DONE]")
+        chunks = [json.loads(e) for e in events[:-1]]
+        streamed = {}
+        for ch in chunks:
+            for c in ch["choices"]:
+                streamed[c["index"]] = streamed.get(c["index"], "") + c["text"]
+        self.assertEqual(streamed, {0: a["choices"][0]["text"],
+                                    1: b["choices"][0]["text"]})
+        usage = [ch["usage"] for ch in chunks if ch.get("usage")]
+        self.assertEqual(len(usage), 1)
+        self.assertEqual(usage[0]["completion_tokens"], 8)
+        # A bad prompt fails the whole call, naming it.
+        status, body = self.server.request("POST", "/v1/completions", {
+            "prompt": [[504], [10**7]], "max_tokens": 2})
+        self.assertEqual((status, body["error"]["param"]),
+                         (400, "prompt[1][0]"))
+        self.assertIn("unknown token id", body["error"]["message"])
+        status, body = self.server.request("POST", "/v1/completions", {
+            "prompt": ["x"] * 65, "max_tokens": 2})
+        self.assertEqual((status, body["error"]["param"]), (400, "prompt"))
+
     def test_errors_not_found(self):
         with self.assertRaises(self.openai.NotFoundError) as ctx:
             self.client.completions.create(model="no-such-model",

@@ -131,6 +131,28 @@ TEST(OpenAiJsonTest, ExtensionsAreHonouredOrRefused) {
   ExpectInvalidBody(R"({"prompt": "x", "min_tokens": "3"})", "min_tokens");
 }
 
+// A list of prompts (strings or token-id lists) is a batch; a list of one
+// is a plain prompt.
+TEST(OpenAiJsonTest, BatchPrompts) {
+  absl::StatusOr<OpenAiRequest> r = ParseOpenAiRequest(
+      R"({"prompt": ["a", [5, 6]], "max_tokens": 3})", kCompletions);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->batch.size(), 2u);
+  EXPECT_EQ(r->batch[0].prompt(), "a");
+  EXPECT_EQ(r->batch[1].prompt_token_ids().ids_size(), 2);
+  EXPECT_EQ(r->generate.sampling().max_tokens(), 3);
+  r = ParseOpenAiRequest(R"({"prompt": [[7, 8]]})", kCompletions);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->batch.empty());
+  EXPECT_EQ(r->generate.prompt_token_ids().ids_size(), 2);
+  ExpectInvalidBody(R"({"prompt": ["a", 5]})", "prompt[1]");
+  ExpectInvalidBody(R"({"prompt": ["a", []]})", "prompt[1]");
+  ExpectInvalidBody(R"({"prompt": [[1, "x"]]})", "prompt[0]");
+  std::string many = R"({"prompt": [)";
+  for (int i = 0; i <= kMaxBatchPrompts; ++i) many += i ? ", \"x\"" : "\"x\"";
+  ExpectInvalidBody(many + "]}", "prompt");
+}
+
 void ExpectInvalid(const std::string& body, OpenAiEndpoint endpoint,
                    const std::string& field) {
   absl::StatusOr<OpenAiRequest> r = ParseOpenAiRequest(body, endpoint);
