@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "server/openapi/openapi_spec.h"
 #include "server/served_model.h"
 #include "server/status_mapping.h"
 
@@ -94,6 +95,12 @@ void OpenAiApi::Mount(HttpRoutes& routes, std::function<OpenAiApi*()> api) {
              with_api([](OpenAiApi* self, std::shared_ptr<HttpExchange> ex) {
                self->HandleModels(*ex);
              }));
+  // The API's own description (server/openapi/openapi.json).
+  routes.Add("GET", "/openapi.json", [](std::shared_ptr<HttpExchange> ex) {
+    HttpResponse r;
+    r.body = std::string(OpenApiSpec());
+    ex->Respond(std::move(r));
+  });
   // Unknown /v1 routes answer in the OpenAI shape.
   routes.SetFallback([](std::shared_ptr<HttpExchange> ex) {
     const HttpRequest& r = ex->request();
