@@ -189,6 +189,11 @@ absl::Status Daemon::StartGrpc(const ServeOptions& options) {
   // daemon share the port silently; fail loudly instead.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(service_.get());
+  reflection_v1_ = std::make_unique<ReflectionV1Service>(
+      std::vector<std::string>{kServiceName, "grpc.health.v1.Health",
+                               "grpc.reflection.v1.ServerReflection",
+                               "grpc.reflection.v1alpha.ServerReflection"});
+  builder.RegisterService(reflection_v1_.get());
   grpc_server_ = builder.BuildAndStart();
   if (grpc_server_ == nullptr || grpc_port_ == 0) {
     return absl::UnavailableError(

@@ -22,6 +22,7 @@
 #include "server/metrics.h"
 #include "server/openai_api.h"
 #include "server/readiness.h"
+#include "server/reflection_v1.h"
 #include "server/tls.h"
 
 namespace kvserve::server {
@@ -86,6 +87,7 @@ class Daemon {
   std::unique_ptr<HttpServer> http_;
   std::unique_ptr<engine::Engine> engine_;
   std::unique_ptr<KvServeService> service_;
+  std::unique_ptr<ReflectionV1Service> reflection_v1_;
   std::unique_ptr<OpenAiApi> openai_;
   std::atomic<OpenAiApi*> openai_live_{nullptr};  // set once ready
   std::unique_ptr<grpc::Server> grpc_server_;

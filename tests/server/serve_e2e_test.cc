@@ -9,6 +9,8 @@
 
 #include "absl/strings/match.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/descriptor.pb.h"
+#include "grpc/reflection/v1/reflection.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "kvcache/kv_sizing.h"
 #include "tests/server/server_testutil.h"
@@ -435,6 +437,47 @@ TEST_F(ServeE2eTest, ReflectionListsTheService) {
   EXPECT_TRUE(status.ok()) << status.error_message();
   EXPECT_THAT(reply, HasSubstr("kvserve.v1.KvServe"));
   EXPECT_THAT(reply, HasSubstr("grpc.health.v1.Health"));
+}
+
+// Reflection v1 (what current grpcurl tries first): services, the file of
+// a symbol with its imports, and NOT_FOUND for unknown names, over one
+// stream.
+TEST_F(ServeE2eTest, ReflectionV1DescribesTheApi) {
+  namespace refl = grpc::reflection::v1;
+  auto stub = refl::ServerReflection::NewStub(server_->Channel());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  auto stream = stub->ServerReflectionInfo(&ctx);
+  refl::ServerReflectionRequest req;
+  refl::ServerReflectionResponse resp;
+  req.set_list_services("*");
+  ASSERT_TRUE(stream->Write(req));
+  ASSERT_TRUE(stream->Read(&resp));
+  std::vector<std::string> names;
+  for (const auto& svc : resp.list_services_response().service()) {
+    names.push_back(svc.name());
+  }
+  EXPECT_THAT(names, ::testing::Contains("kvserve.v1.KvServe"));
+  EXPECT_THAT(names,
+              ::testing::Contains("grpc.reflection.v1.ServerReflection"));
+  req.set_file_containing_symbol("kvserve.v1.KvServe.Generate");
+  ASSERT_TRUE(stream->Write(req));
+  ASSERT_TRUE(stream->Read(&resp));
+  ASSERT_TRUE(resp.has_file_descriptor_response()) << resp.DebugString();
+  const auto& files = resp.file_descriptor_response().file_descriptor_proto();
+  ASSERT_FALSE(files.empty());
+  google::protobuf::FileDescriptorProto file;
+  ASSERT_TRUE(file.ParseFromString(*files.rbegin()));  // imports come first
+  EXPECT_EQ(file.name(), "kvserve/v1/kvserve.proto");
+  ASSERT_GT(file.service_size(), 0);
+  EXPECT_EQ(file.service(0).name(), "KvServe");
+  req.set_file_containing_symbol("no.such.Symbol");
+  ASSERT_TRUE(stream->Write(req));
+  ASSERT_TRUE(stream->Read(&resp));
+  EXPECT_EQ(resp.error_response().error_code(),
+            static_cast<int32_t>(grpc::StatusCode::NOT_FOUND));
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
 }
 
 TEST_F(ServeE2eTest, MetricsHealthAndReady) {
