@@ -292,6 +292,7 @@ TEST_F(HttpServerTest, ConnectionCapRefusesApiButServesProbes) {
              "\r\n\r\nx"));
   const std::string got = c.ReadUntil("}}");
   EXPECT_THAT(got, StartsWith("HTTP/1.1 429"));
+  EXPECT_THAT(got, HasSubstr("Retry-After: 1\r\n"));
   EXPECT_THAT(got, HasSubstr("--http-max-connections"));
   Conn d(server_->port());
   ASSERT_TRUE(d.Send(Get("/ready")));
