@@ -155,33 +155,10 @@ void Engine::Impl::Stop() {
 // The one check of a spec's limits; errors name the RequestSpec field.
 // The server renames the fields to its wire names.
 absl::Status Engine::Impl::CheckSpec(const RequestSpec& spec) const {
-  if (spec.n < 1 || spec.n > kMaxCompletions) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "n: must be in [1, %d], got %d", kMaxCompletions, spec.n));
-  }
-  if (spec.sampling.min_tokens < 0 ||
-      spec.sampling.min_tokens > spec.max_tokens) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("min_tokens: must be in [0, max_tokens = %d], got %d",
-                        spec.max_tokens, spec.sampling.min_tokens));
-  }
-  KV_RETURN_IF_ERROR(CheckVocab(spec.prompt_tokens, "prompt_token_ids"));
-  KV_RETURN_IF_ERROR(CheckVocab(spec.stop_token_ids, "stop_token_ids"));
+  KV_RETURN_IF_ERROR(CheckRequestSpec(spec, info_.vocab_size));
   // The scheduler's config is immutable after creation: safe to read here.
   return scheduler_->config().CheckRequestSize(
       static_cast<int64_t>(spec.prompt_tokens.size()), spec.max_tokens);
-}
-
-absl::Status Engine::Impl::CheckVocab(const std::vector<int32_t>& ids,
-                                      absl::string_view field) const {
-  for (size_t i = 0; i < ids.size(); ++i) {
-    if (ids[i] < 0 || ids[i] >= info_.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s[%d]: unknown token id %d (the vocabulary is [0, %d))", field, i,
-          ids[i], info_.vocab_size));
-    }
-  }
-  return absl::OkStatus();
 }
 
 absl::StatusOr<std::shared_ptr<StreamState>> Engine::Impl::Submit(

@@ -32,9 +32,6 @@ class Registry;
 
 namespace kvserve::engine {
 
-// Most completions one request may ask for (RequestSpec::n).
-inline constexpr int32_t kMaxCompletions = 16;
-
 // The engine's configuration, typed and with the only defaults there are:
 // the serve flags start from these values, and `scheduler` is the
 // scheduler's own configuration with its defaults.

@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "common/thread_owner.h"
 #include "engine/engine.h"
@@ -64,10 +63,6 @@ class Engine::Impl {
 
   absl::StatusOr<scheduler::SchedulerConfig> SchedulerConfigFor() const;
   absl::Status CheckSpec(const RequestSpec& spec) const;
-  // OK if every id of `ids` is in the model's vocabulary; else names
-  // `field`[i].
-  absl::Status CheckVocab(const std::vector<int32_t>& ids,
-                          absl::string_view field) const;
   void Loop();
   bool TakeInbox(Inbox* inbox);
   void Admit(std::unique_ptr<LiveRequest> r);

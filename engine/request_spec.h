@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "engine/sampler.h"
 #include "scheduler/request.h"
@@ -14,6 +15,9 @@
 namespace kvserve::engine {
 
 using RequestId = int64_t;
+
+// Most completions one request may ask for (RequestSpec::n).
+inline constexpr int32_t kMaxCompletions = 16;
 
 struct RequestSpec {
   std::vector<int32_t> prompt_tokens;
@@ -36,6 +40,13 @@ struct RequestSpec {
   // sampling.seed + i, so it equals an n = 1 request with that seed.
   int32_t n = 1;
 };
+
+// The limits of a spec that do not depend on the KV pool: n in [1,
+// kMaxCompletions], min_tokens in [0, max_tokens], prompt and stop token
+// ids in [0, vocab_size). INVALID_ARGUMENT naming the RequestSpec field.
+// Engine::Submit checks these, then SchedulerConfig::CheckRequestSize.
+[[nodiscard]] absl::Status CheckRequestSpec(const RequestSpec& spec,
+                                            int32_t vocab_size);
 
 // The scheduler's enum (scheduler/request.h) is the one source: the engine
 // finishes requests in the scheduler with the reason it streams.

@@ -2,15 +2,19 @@
 // byte picks GenerateRequest / TokenizeRequest / DetokenizeRequest, the rest
 // is parsed as that message's wire format (bytes that do not parse are
 // skipped; libFuzzer's comparison tracing finds the field tags quickly). A
-// request either fails with INVALID_ARGUMENT naming a field, or yields a
-// spec within the model's limits.
+// request, through the server's validation and then the engine's own check
+// of the spec (what Engine::Submit runs), either fails with
+// INVALID_ARGUMENT or OUT_OF_RANGE and a message, or yields a spec within
+// the model's limits.
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
 #include "absl/status/status.h"
+#include "engine/request_spec.h"
 #include "google/protobuf/stubs/logging.h"
 #include "models/tokenizer/chat_template.h"
+#include "scheduler/scheduler_config.h"
 #include "server/request_validation.h"
 #include "tests/fuzz/fuzz_util.h"
 
@@ -49,11 +53,29 @@ void FuzzGenerate(const uint8_t* data, size_t size) {
   auto spec = ToRequestSpec(request, Model(), /*seed_if_unset=*/7);
   if (!spec.ok()) return CheckRejection(spec.status());
   const int32_t vocab = Model().tokenizer->vocab_size();
+  // The engine's checks: the spec's own limits, then its size against the
+  // context and a pool that holds it.
+  absl::Status engine = engine::CheckRequestSpec(*spec, vocab);
+  if (engine.ok()) {
+    scheduler::SchedulerConfig config;
+    config.max_model_len = kContext;
+    config.num_blocks = 1024;
+    engine = config.CheckRequestSize(
+        static_cast<int64_t>(spec->prompt_tokens.size()), spec->max_tokens);
+  }
+  if (!engine.ok()) return CheckRejection(engine);
   if (spec->prompt_tokens.empty() || spec->max_tokens < 1) __builtin_trap();
   if (static_cast<int64_t>(spec->prompt_tokens.size()) > kContext) {
     __builtin_trap();
   }
+  if (static_cast<int64_t>(spec->prompt_tokens.size()) + spec->max_tokens >
+      kContext) {
+    __builtin_trap();
+  }
   for (int32_t id : spec->prompt_tokens) {
+    if (id < 0 || id >= vocab) __builtin_trap();
+  }
+  for (int32_t id : spec->stop_token_ids) {
     if (id < 0 || id >= vocab) __builtin_trap();
   }
 }

@@ -1,0 +1,41 @@
+#include "engine/request_spec.h"
+
+#include <string_view>
+
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+
+namespace kvserve::engine {
+namespace {
+
+absl::Status CheckVocab(const std::vector<int32_t>& ids, int32_t vocab_size,
+                        std::string_view field) {
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= vocab_size) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s[%d]: unknown token id %d (the vocabulary is [0, %d))", field, i,
+          ids[i], vocab_size));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CheckRequestSpec(const RequestSpec& spec, int32_t vocab_size) {
+  if (spec.n < 1 || spec.n > kMaxCompletions) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "n: must be in [1, %d], got %d", kMaxCompletions, spec.n));
+  }
+  if (spec.sampling.min_tokens < 0 ||
+      spec.sampling.min_tokens > spec.max_tokens) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("min_tokens: must be in [0, max_tokens = %d], got %d",
+                        spec.max_tokens, spec.sampling.min_tokens));
+  }
+  KV_RETURN_IF_ERROR(
+      CheckVocab(spec.prompt_tokens, vocab_size, "prompt_token_ids"));
+  return CheckVocab(spec.stop_token_ids, vocab_size, "stop_token_ids");
+}
+
+}  // namespace kvserve::engine
