@@ -27,8 +27,9 @@ absl::Status CheckRequestSpec(const RequestSpec& spec, int32_t vocab_size) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "n: must be in [1, %d], got %d", kMaxCompletions, spec.n));
   }
-  if (spec.sampling.min_tokens < 0 ||
-      spec.sampling.min_tokens > spec.max_tokens) {
+  // A bad max_tokens is CheckRequestSize's to name.
+  if (spec.max_tokens >= 1 && (spec.sampling.min_tokens < 0 ||
+                               spec.sampling.min_tokens > spec.max_tokens)) {
     return absl::InvalidArgumentError(
         absl::StrFormat("min_tokens: must be in [0, max_tokens = %d], got %d",
                         spec.max_tokens, spec.sampling.min_tokens));

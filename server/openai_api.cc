@@ -143,9 +143,11 @@ absl::StatusOr<std::vector<engine::RequestSpec>> OpenAiApi::BuildSpecs(
     specs.push_back(*std::move(spec));
     return specs;
   }
-  // One seed for the batch when none is given: prompt i then samples as an
-  // n-completion request with that seed would.
+  // One random seed for the batch when none is given, advanced by the
+  // choices before each prompt: choice k samples with seed + k, as the
+  // completions of one n-choice request do (identical prompts differ).
   const uint64_t seed = absl::Uniform<uint64_t>(absl::BitGen());
+  uint64_t choices_before = 0;
   for (size_t i = 0; i < request.batch.size(); ++i) {
     v1::GenerateRequest one = request.generate;
     const v1::GenerateRequest& input = request.batch[i];
@@ -155,11 +157,12 @@ absl::StatusOr<std::vector<engine::RequestSpec>> OpenAiApi::BuildSpecs(
       one.set_prompt(input.prompt());
     }
     absl::StatusOr<engine::RequestSpec> spec =
-        ToRequestSpec(one, model_, seed, limits_);
+        ToRequestSpec(one, model_, seed + choices_before, limits_);
     if (!spec.ok()) {
       return BatchFieldNames(
           ToOpenAiFieldNames(spec.status(), request.endpoint), i);
     }
+    choices_before += static_cast<uint64_t>(spec->n);
     specs.push_back(*std::move(spec));
   }
   return specs;

@@ -202,6 +202,18 @@ absl::Status ParseSampling(const json& body, OpenAiEndpoint endpoint,
   return ParseStop(body, p);
 }
 
+// True if `t` is an integer that fits int32 (a huge unsigned value must not
+// wrap through int64 into range).
+bool IsInt32(const json& t) {
+  if (t.is_number_unsigned()) {
+    return t.get<uint64_t>() <=
+           static_cast<uint64_t>(std::numeric_limits<int32_t>::max());
+  }
+  return t.is_number_integer() &&
+         t.get<int64_t>() >= std::numeric_limits<int32_t>::min() &&
+         t.get<int64_t>() <= std::numeric_limits<int32_t>::max();
+}
+
 // vLLM's extensions kvserve honours: stop_token_ids, min_tokens,
 // include_stop_str_in_output, skip_special_tokens.
 absl::Status ParseExtensions(const json& body, v1::SamplingParams* p) {
@@ -209,9 +221,7 @@ absl::Status ParseExtensions(const json& body, v1::SamplingParams* p) {
   if (!ids.is_null()) {
     if (!ids.is_array()) return Invalid("stop_token_ids", "must be an array");
     for (size_t i = 0; i < ids.size(); ++i) {
-      if (!ids[i].is_number_integer() ||
-          ids[i].get<int64_t>() < std::numeric_limits<int32_t>::min() ||
-          ids[i].get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+      if (!IsInt32(ids[i])) {
         return Invalid(absl::StrCat("stop_token_ids[", i, "]"),
                        "must be a token id");
       }
@@ -237,11 +247,7 @@ absl::Status ParseExtensions(const json& body, v1::SamplingParams* p) {
 bool TokenIdList(const json& v, v1::TokenIds* ids) {
   if (!v.is_array() || v.empty()) return false;
   for (const json& t : v) {
-    if (!t.is_number_integer() ||
-        t.get<int64_t>() < std::numeric_limits<int32_t>::min() ||
-        t.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
-      return false;
-    }
+    if (!IsInt32(t)) return false;
     ids->add_ids(static_cast<int32_t>(t.get<int64_t>()));
   }
   return true;
@@ -265,12 +271,10 @@ absl::Status ParsePrompt(const json& body, OpenAiRequest* out) {
     if (TokenIdList(v, req->mutable_prompt_token_ids())) {
       return absl::OkStatus();
     }
-    for (size_t i = 0; i < v.size(); ++i) {
-      if (!v[i].is_number_integer()) {
-        return Invalid(absl::StrCat("prompt[", i, "]"), "must be a token id");
-      }
-    }
-    return Invalid("prompt", "token ids must fit int32");
+    size_t bad = 0;
+    while (bad + 1 < v.size() && IsInt32(v[bad])) ++bad;
+    return Invalid(absl::StrCat("prompt[", bad, "]"),
+                   "must be a token id (an int32)");
   }
   if (v.size() > static_cast<size_t>(kMaxBatchPrompts)) {
     return Invalid("prompt", absl::StrCat("at most ", kMaxBatchPrompts,

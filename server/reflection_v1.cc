@@ -13,16 +13,17 @@ namespace pb = google::protobuf;
 using grpc::reflection::v1::ServerReflectionRequest;
 using grpc::reflection::v1::ServerReflectionResponse;
 
-// `file` and every file it imports, each once, dependencies first.
+// `file` and every file it imports, each once, the requested file first
+// (clients such as grpcurl read the first as the answer).
 void AddFile(const pb::FileDescriptor* file, std::set<std::string>* seen,
              grpc::reflection::v1::FileDescriptorResponse* out) {
   if (!seen->insert(file->name()).second) return;
-  for (int i = 0; i < file->dependency_count(); ++i) {
-    AddFile(file->dependency(i), seen, out);
-  }
   pb::FileDescriptorProto proto;
   file->CopyTo(&proto);
   proto.SerializeToString(out->add_file_descriptor_proto());
+  for (int i = 0; i < file->dependency_count(); ++i) {
+    AddFile(file->dependency(i), seen, out);
+  }
 }
 
 void NotFound(const std::string& what, ServerReflectionResponse* out) {

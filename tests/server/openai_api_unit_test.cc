@@ -148,6 +148,10 @@ TEST(OpenAiJsonTest, BatchPrompts) {
   ExpectInvalidBody(R"({"prompt": ["a", 5]})", "prompt[1]");
   ExpectInvalidBody(R"({"prompt": ["a", []]})", "prompt[1]");
   ExpectInvalidBody(R"({"prompt": [[1, "x"]]})", "prompt[0]");
+  // A huge unsigned id does not wrap into range.
+  ExpectInvalidBody(R"({"prompt": [18446744073709551615]})", "prompt[0]");
+  ExpectInvalidBody(R"({"prompt": "x", "stop_token_ids": [4294967297]})",
+                    "stop_token_ids[0]");
   std::string many = R"({"prompt": [)";
   for (int i = 0; i <= kMaxBatchPrompts; ++i) many += i ? ", \"x\"" : "\"x\"";
   ExpectInvalidBody(many + "]}", "prompt");
