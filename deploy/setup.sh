@@ -54,7 +54,7 @@ APT_PACKAGES=(
   python3 python3-venv
 )
 if [ "$WITH_TEST" = 1 ]; then
-  APT_PACKAGES+=(clang libclang-rt-14-dev libomp-dev clang-tidy clang-format prometheus
+  APT_PACKAGES+=(clang libclang-rt-14-dev clang-tidy clang-format prometheus
                  shellcheck systemd)
 fi
 if [ "$WITH_BENCH" = 1 ]; then

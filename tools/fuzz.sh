@@ -38,7 +38,7 @@ if [ ! -f "$BUILD_DIR/build.ninja" ]; then
     -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" \
     -DCMAKE_C_FLAGS_DEBUG="-O1 -g1" -DKVSERVE_FUZZ=ON \
     -DKVSERVE_BUILD_TESTS=OFF -DKVSERVE_BUILD_BENCHMARKS=OFF \
-    -DKVSERVE_OPENMP=OFF -DKVSERVE_CUDA=OFF >/dev/null
+    -DKVSERVE_CUDA=OFF >/dev/null
 fi
 cmake --build "$BUILD_DIR" -j "$(nproc)" --target "${TARGETS[@]}"
 

@@ -10,9 +10,8 @@
 #   fuzz  a short run of each libFuzzer target of that build (FUZZ_SECONDS
 #         each, default 30) from its seed corpus in tests/fuzz/corpus/.
 #   tidy  tools/clang_tidy.sh over the project's sources (.clang-tidy).
-#   tsan  gcc build with ThreadSanitizer (no OpenMP: its runtime is not
-#         instrumented) in build-tsan; runs the engine, scheduler and server
-#         tests.
+#   tsan  gcc build with ThreadSanitizer in build-tsan; runs the engine,
+#         scheduler and server tests.
 #
 #   tools/sanitizers.sh [STAGE...]     default: asan fuzz tidy tsan
 #
@@ -86,7 +85,7 @@ stage_tidy() {
 
 stage_tsan() {
   cmake -S . -B build-tsan "${SAN_FLAGS[@]}" -DKVSERVE_SANITIZE=thread \
-    -DKVSERVE_OPENMP=OFF >/dev/null
+    >/dev/null
   # The server e2e tests spawn the kvserve binary: build it sanitized too.
   local targets=(kvserve)
   for f in tests/engine/*_test.cc tests/scheduler/*_test.cc \
