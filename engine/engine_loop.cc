@@ -203,6 +203,7 @@ void Engine::Impl::AddStepCounters(const scheduler::StepStats& s,
   metrics_->AddRecomputedTokens(s.recomputed_tokens);
   metrics_->AddSwapBlocks(swapped_out, swapped_in);
   metrics_->AddUncacheableTokens(s.prefix_cache_uncacheable_tokens);
+  metrics_->AddTailHits(s.prefix_cache_tail_hits);
   metrics_->AddPrefixCache(s.prefix_cache_queries_tokens,
                            s.prefix_cache_hit_tokens);
 }

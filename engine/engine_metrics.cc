@@ -110,8 +110,16 @@ EngineMetrics::EngineMetrics(prometheus::Registry& r,
       &BuildCounter()
            .Name("kvserve_prefix_cache_uncacheable_tokens_total")
            .Help(
-               "Prompt tokens in a partial last block, which cannot be "
-               "cached")
+               "Prompt tokens in a partial last block, which no block hash "
+               "covers (a later request may hit them as a cached tail)")
+           .Register(r)
+           .Add({});
+  prefix_tail_hits_ =
+      &BuildCounter()
+           .Name("kvserve_prefix_cache_tail_hits_total")
+           .Help(
+               "Prefix hits that also took the first tokens of a cached "
+               "partial block, each by one block copy")
            .Register(r)
            .Add({});
   forward_seconds_ = &BuildCounter()

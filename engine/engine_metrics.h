@@ -79,13 +79,15 @@ class EngineMetrics {
     prefix_hits_->Increment(hits);
   }
   void AddUncacheableTokens(int64_t n) { prefix_uncacheable_->Increment(n); }
+  void AddTailHits(int64_t n) { prefix_tail_hits_->Increment(n); }
 
  private:
   prometheus::Gauge *blocks_active_, *blocks_cached_, *blocks_free_,
       *blocks_total_, *usage_, *reserved_, *unwritten_, *running_, *waiting_;
   prometheus::Counter *preempt_recompute_, *preempt_swap_, *recomputed_tokens_,
       *prompt_tokens_, *generation_tokens_, *steps_, *rejected_,
-      *prefix_queries_, *prefix_hits_, *prefix_uncacheable_, *forward_seconds_;
+      *prefix_queries_, *prefix_hits_, *prefix_uncacheable_, *prefix_tail_hits_,
+      *forward_seconds_;
   prometheus::Counter* finished_[6];
   prometheus::Gauge *swap_used_, *swap_total_, *blocks_active_peak_;
   prometheus::Counter *swap_out_bytes_, *swap_in_bytes_, *prompt_computed_;

@@ -56,6 +56,16 @@ void BlockPool::Touch(absl::Span<const BlockId> blocks) {
   }
 }
 
+void BlockPool::Pin(BlockId block) {
+  CheckId(block);
+  BlockMeta& m = blocks_[block];
+  if (m.ref_count == 0) {  // free | cached -> active
+    Unlink(block);
+    if (m.has_hash) --num_cached_evictable_;
+  }
+  ++m.ref_count;
+}
+
 bool BlockPool::CacheBlock(BlockId block, BlockHash hash) {
   CheckId(block);
   BlockMeta& m = blocks_[block];

@@ -101,6 +101,11 @@ class BlockPool {
   // (KV_CHECKed).
   void Touch(absl::Span<const BlockId> blocks);
 
+  // Adds one reference to `block` in any state: a free or cached block
+  // leaves the free queue. For a block whose content its caller tracks
+  // itself (KvCacheManager's tails: plain free blocks it knows are intact).
+  void Pin(BlockId block);
+
   // Records that active block `block` holds the full-block content `hash`,
   // making it findable by GetCachedBlock (and, once freed, evictable rather
   // than free). Returns false and changes nothing when another block already

@@ -42,6 +42,32 @@ KvCacheManager::KvCacheManager(int32_t num_blocks, int32_t block_size,
   KV_CHECK(hash_fn != nullptr, "null hash_fn");
   content_.resize(num_blocks);
   content_tokens_.resize(static_cast<size_t>(num_blocks) * block_size);
+  content_len_.resize(num_blocks, 0);
+  generation_.resize(num_blocks, 0);
+}
+
+std::vector<BlockId> KvCacheManager::TakeFresh(int32_t n) {
+  std::vector<BlockId> blocks = pool_.Allocate(n);
+  for (const BlockId b : blocks) ++generation_[b];
+  return blocks;
+}
+
+void KvCacheManager::IndexContent(BlockId block, BlockHash parent, BlockHash ns,
+                                  absl::Span<const int32_t> tokens) {
+  if (content_len_[block] > 0) {  // drop the block's previous entry
+    const BlockContent& old = content_[block];
+    auto it = children_.find(ChildKey{old.parent, old.ns});
+    if (it != children_.end()) {
+      std::erase_if(it->second,
+                    [block](const Child& c) { return c.block == block; });
+      if (it->second.empty()) children_.erase(it);
+    }
+  }
+  std::copy(tokens.begin(), tokens.end(),
+            content_tokens_.begin() + static_cast<size_t>(block) * block_size_);
+  content_[block] = {parent, ns};
+  content_len_[block] = static_cast<int32_t>(tokens.size());
+  children_[ChildKey{parent, ns}].push_back({block, generation_[block]});
 }
 
 int32_t KvCacheManager::NumBlocksNeeded(RequestId request,
@@ -58,7 +84,7 @@ std::optional<std::vector<BlockId>> KvCacheManager::Allocate(
   const int32_t needed = NumBlocksNeeded(request, total_tokens);
   if (needed > pool_.num_free()) return std::nullopt;
   if (needed == 0) return std::vector<BlockId>();
-  std::vector<BlockId> fresh = pool_.Allocate(needed);
+  std::vector<BlockId> fresh = TakeFresh(needed);
   std::vector<BlockId>& table = tables_[request].blocks;
   table.insert(table.end(), fresh.begin(), fresh.end());
   return fresh;
@@ -87,13 +113,12 @@ bool KvCacheManager::AllocateForWrite(RequestId request,
     KV_DCHECK(idx >= table.num_hashed);
     BlockId& entry = table.blocks[idx];
     const BlockId old = entry;
-    entry = pool_.Allocate(1).front();  // free -> active
+    entry = TakeFresh(1).front();  // free -> active
     copies->push_back({old, entry});
     pool_.Free(absl::MakeConstSpan(&old, 1));  // active (ref - 1), intact
   }
   if (fresh > 0) {
-    const std::vector<BlockId> blocks =
-        pool_.Allocate(static_cast<int32_t>(fresh));
+    const std::vector<BlockId> blocks = TakeFresh(static_cast<int32_t>(fresh));
     table.blocks.insert(table.blocks.end(), blocks.begin(), blocks.end());
   }
   return true;
@@ -129,7 +154,7 @@ bool KvCacheManager::SwapIn(RequestId request, std::vector<BlockMove>* moves) {
   const auto n = static_cast<int32_t>(slots.size());
   if (n > pool_.num_free()) return false;
   Table& table = tables_[request];
-  table.blocks = pool_.Allocate(n);  // free -> active
+  table.blocks = TakeFresh(n);  // free -> active
   for (int32_t i = 0; i < n; ++i) moves->push_back({slots[i], table.blocks[i]});
   swap_.Free(slots);
   swapped_.erase(it);
@@ -161,7 +186,45 @@ PrefixMatch KvCacheManager::FindCachedPrefix(const TokenSequence& tokens,
     parent = hash;
   }
   match.num_tokens = static_cast<int32_t>(match.blocks.size()) * block_size_;
+  const int32_t rest =
+      std::min(block_size_ - 1, tokens.size() - 1 - match.num_tokens);
+  if (rest > 0) FindTail(tokens, match.num_tokens, rest, parent, ns, &match);
   return match;
+}
+
+void KvCacheManager::FindTail(const TokenSequence& tokens, int32_t begin,
+                              int32_t max_tokens, BlockHash parent,
+                              BlockHash ns, PrefixMatch* match) const {
+  // A popular prefix may have many children: look at the newest few.
+  constexpr int kMaxCandidates = 64;
+  auto it = children_.find(ChildKey{parent, ns});
+  if (it == children_.end()) return;
+  std::vector<int32_t> want(max_tokens);
+  tokens.Copy(begin, max_tokens, want.data());
+  int32_t best = 0;
+  BlockId best_block = kNoBlock;
+  int looked = 0;
+  for (auto c = it->second.rbegin();
+       c != it->second.rend() && looked < kMaxCandidates && best < max_tokens;
+       ++c) {
+    if (generation_[c->block] != c->generation) continue;  // reallocated
+    ++looked;
+    const int32_t n = std::min(content_len_[c->block], max_tokens);
+    const int32_t* stored =
+        content_tokens_.data() + static_cast<size_t>(c->block) * block_size_;
+    const auto common = static_cast<int32_t>(
+        std::mismatch(want.begin(), want.begin() + n, stored).first -
+        want.begin());
+    if (common > best) {
+      best = common;
+      best_block = c->block;
+    }
+  }
+  if (best == 0) return;
+  match->tail_block = best_block;
+  match->tail_tokens = best;
+  match->num_tokens += best;
+  if (pool_.ref_count(best_block) == 0) ++match->num_evictable;
 }
 
 bool KvCacheManager::ContentMatches(BlockId block, BlockHash parent,
@@ -186,7 +249,8 @@ bool KvCacheManager::CanAllocateWithPrefix(const PrefixMatch& prefix,
 }
 
 std::optional<std::vector<BlockId>> KvCacheManager::AllocateWithPrefix(
-    RequestId request, const PrefixMatch& prefix, int64_t total_tokens) {
+    RequestId request, const PrefixMatch& prefix, int64_t total_tokens,
+    std::vector<BlockMove>* copies) {
   owner_.CheckOwner("KvCacheManager");
   KV_CHECK(!tables_.contains(request), "request ", request, " has blocks");
   KV_CHECK(total_tokens >= prefix.num_tokens, "total_tokens=", total_tokens,
@@ -198,11 +262,18 @@ std::optional<std::vector<BlockId>> KvCacheManager::AllocateWithPrefix(
     return std::nullopt;
   }
   if (matched == 0 && fresh_needed == 0) return std::vector<BlockId>();
+  const bool tail = prefix.tail_block != kNoBlock;
+  KV_CHECK(!tail || (fresh_needed >= 1 && copies != nullptr),
+           "a tail hit needs a block and a copy list");
   // Touch first: the matched evictable blocks leave the free queue before
   // Allocate pops (and may evict) from its head.
   pool_.Touch(prefix.blocks);  // cached -> active | active -> active
-  std::vector<BlockId> fresh =
-      pool_.Allocate(static_cast<int32_t>(fresh_needed));
+  if (tail) {
+    pool_.Pin(prefix.tail_block);
+    pinned_.push_back(prefix.tail_block);
+  }
+  std::vector<BlockId> fresh = TakeFresh(static_cast<int32_t>(fresh_needed));
+  if (tail) copies->push_back({prefix.tail_block, fresh.front()});
   Table& table = tables_[request];
   table.blocks = prefix.blocks;
   table.blocks.insert(table.blocks.end(), fresh.begin(), fresh.end());
@@ -226,19 +297,47 @@ void KvCacheManager::CacheComputedBlocks(RequestId request,
   std::vector<int32_t> block_tokens(block_size_);
   for (int32_t i = table.num_hashed; i < full; ++i) {
     const BlockId block = table.blocks[i];
-    int32_t* stored =
-        content_tokens_.data() + static_cast<size_t>(block) * block_size_;
     tokens.Copy(i * block_size_, block_size_, block_tokens.data());
     const BlockHash hash = hash_fn_(table.last_hash, ns, block_tokens);
     // A shared block may already carry this hash (a prefix hit).
     if (!pool_.block_hash(block).has_value() && pool_.CacheBlock(block, hash)) {
       // active -> active (hashed): remember what it holds for hit checks.
-      std::copy(block_tokens.begin(), block_tokens.end(), stored);
-      content_[block] = {table.last_hash, ns};
+      IndexContent(block, table.last_hash, ns, block_tokens);
     }
     table.last_hash = hash;
     table.num_hashed = i + 1;
   }
+}
+
+void KvCacheManager::CachePartialBlock(RequestId request,
+                                       const TokenSequence& tokens,
+                                       int32_t num_computed_tokens,
+                                       BlockHash ns) {
+  owner_.CheckOwner("KvCacheManager");
+  auto it = tables_.find(request);
+  if (it == tables_.end()) return;
+  const Table& table = it->second;
+  const int32_t computed = std::min(num_computed_tokens, tokens.size());
+  const int32_t idx = computed / block_size_;
+  const int32_t len = computed - idx * block_size_;
+  if (len == 0 || idx != table.num_hashed ||
+      idx >= static_cast<int32_t>(table.blocks.size())) {
+    return;
+  }
+  const BlockId block = table.blocks[idx];
+  if (pool_.ref_count(block) != 1 || pool_.block_hash(block).has_value()) {
+    return;
+  }
+  std::vector<int32_t> block_tokens(len);
+  tokens.Copy(idx * block_size_, len, block_tokens.data());
+  IndexContent(block, table.last_hash, ns, block_tokens);
+}
+
+void KvCacheManager::ReleasePinned() {
+  owner_.CheckOwner("KvCacheManager");
+  if (pinned_.empty()) return;
+  pool_.Free(pinned_);
+  pinned_.clear();
 }
 
 int32_t KvCacheManager::Free(RequestId request) {
@@ -319,6 +418,7 @@ absl::Status KvCacheManager::CheckInvariants() const {
       ++holders[b];
     }
   }
+  for (const BlockId b : pinned_) ++holders[b];
   KV_RETURN_IF_ERROR(swap_.CheckInvariants());
   std::vector<bool> slot_held(swap_.num_slots(), false);
   int32_t slots_held = 0;

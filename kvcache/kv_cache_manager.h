@@ -16,6 +16,20 @@
 // and Free releases tail-first: active -> cached (hashed) | free, so that
 // evictable blocks are reclaimed LRU, tails before heads.
 //
+// Tails: past the full blocks, a hit may also take the first tokens of one
+// more block, so that an exact repeat or the next turn of a chat recomputes
+// only what is new. Every block whose content is known is indexed under its
+// (parent hash, namespace): full blocks when they are hashed, and the
+// partially computed last block of a request when it ends
+// (CachePartialBlock; it then goes back to the free queue like any block).
+// FindCachedPrefix picks the candidate sharing the longest token prefix
+// with the request's next tokens. The source is never written: the hit
+// gets a fresh block and a {source, fresh} copy, and the source stays
+// pinned until ReleasePinned (after the step's copies ran). An index entry
+// is valid while its block has not been reallocated since (a per-block
+// generation, bumped on every allocation, proves it); each block has at
+// most one entry, so the index never exceeds num_blocks entries.
+//
 // Copy-on-write: Fork shares every block of the parent (ref + 1), including
 // a partially filled last block. AllocateForWrite, before a request writes
 // its next tokens, replaces a shared block it is about to write (ref > 1)
@@ -35,7 +49,7 @@
 // Invariants (CheckInvariants verifies them):
 //   - the pool's invariants hold;
 //   - every block's ref count equals the number of block tables holding it
-//     (tables are the only owners of references);
+//     plus its pins (tables and pins are the only owners of references);
 //   - no table is empty (a request with no blocks has no table);
 //   - a table's hashed blocks are a prefix of it;
 //   - the swap space's invariants hold; every used slot belongs to exactly
@@ -88,11 +102,16 @@ struct TokenSequence {
 };
 
 // The cached prefix of a request: its first `blocks.size()` full blocks are
-// cached, holding `num_tokens` = blocks.size() * block_size tokens.
+// cached, then the first `tail_tokens` tokens of the next block are those
+// of `tail_block` (none when tail_block is kNoBlock): `num_tokens` =
+// blocks.size() * block_size + tail_tokens tokens in all.
 struct PrefixMatch {
   int32_t num_tokens = 0;
   std::vector<BlockId> blocks;
-  // Matched blocks with ref 0: taking them removes them from the free queue.
+  BlockId tail_block = kNoBlock;
+  int32_t tail_tokens = 0;
+  // Matched blocks (the tail included) with ref 0: taking them removes them
+  // from the free queue.
   int32_t num_evictable = 0;
 };
 
@@ -165,10 +184,10 @@ class KvCacheManager {
   }
 
   // Side-effect free: the longest cached prefix of `tokens` under namespace
-  // `ns`, in full blocks, leaving at least the last token uncached (its
-  // logits are needed): at most floor((tokens.size() - 1) / block_size)
-  // blocks. A block matches only when its hash is cached and its stored
-  // tokens, parent hash and namespace equal the request's.
+  // `ns`, leaving at least the last token uncached (its logits are needed):
+  // full blocks first (a block matches only when its hash is cached and its
+  // stored tokens, parent hash and namespace equal the request's), then a
+  // tail (see the header comment).
   [[nodiscard]] PrefixMatch FindCachedPrefix(const TokenSequence& tokens,
                                              BlockHash ns) const;
 
@@ -183,12 +202,28 @@ class KvCacheManager {
   // Creates `request`'s table from `prefix` (cached -> active, active ->
   // active) and grows it to cover `total_tokens` with fresh blocks
   // (free -> active, or cached -> free -> active evicting the LRU head).
+  // A tail's fresh block gets its content by a {tail, fresh} copy appended
+  // to *copies; the tail block stays pinned until ReleasePinned.
   // Returns the fresh blocks; nullopt, changing nothing, when they do not
   // fit. Preconditions: `request` has no table; `prefix` comes from
   // FindCachedPrefix since the last mutating call; total_tokens >=
   // prefix.num_tokens (KV_CHECKed).
   [[nodiscard]] std::optional<std::vector<BlockId>> AllocateWithPrefix(
-      RequestId request, const PrefixMatch& prefix, int64_t total_tokens);
+      RequestId request, const PrefixMatch& prefix, int64_t total_tokens,
+      std::vector<BlockMove>* copies = nullptr);
+
+  // Indexes `request`'s partially computed last block as a tail (see the
+  // header comment): call it when the first num_computed_tokens of `tokens`
+  // are written and the request is about to be freed. No-op when there is
+  // no such block, when its earlier blocks are not all hashed, or when the
+  // block is shared (another holder may still write it).
+  void CachePartialBlock(RequestId request, const TokenSequence& tokens,
+                         int32_t num_computed_tokens, BlockHash ns);
+
+  // Unpins the tail blocks AllocateWithPrefix copied from. Call once the
+  // copies it reported have been performed (the scheduler: at the start of
+  // the next step).
+  void ReleasePinned();
 
   // Registers the full blocks of `request` whose tokens are all computed
   // (the first num_computed_tokens of `tokens`) and not yet registered:
@@ -247,9 +282,36 @@ class KvCacheManager {
     BlockHash ns = 0;
   };
 
+  // The index key of a block's content: its parent and namespace.
+  struct ChildKey {
+    BlockHash parent = kNoParentHash;
+    BlockHash ns = 0;
+    bool operator==(const ChildKey&) const = default;
+    template <typename H>
+    friend H AbslHashValue(H h, const ChildKey& k) {
+      return H::combine(std::move(h), k.parent, k.ns);
+    }
+  };
+  struct Child {
+    BlockId block = kNoBlock;
+    uint32_t generation = 0;  // valid while generation_[block] equals it
+  };
+
   [[nodiscard]] bool ContentMatches(BlockId block, BlockHash parent,
                                     BlockHash ns,
                                     absl::Span<const int32_t> tokens) const;
+  // pool_.Allocate, bumping each block's generation (its old content and
+  // index entry become stale).
+  [[nodiscard]] std::vector<BlockId> TakeFresh(int32_t n);
+  // Records that `block` holds `tokens` after `parent` under `ns` and
+  // indexes it, replacing the block's previous entry.
+  void IndexContent(BlockId block, BlockHash parent, BlockHash ns,
+                    absl::Span<const int32_t> tokens);
+  // The best tail for the tokens [begin, begin + max_tokens) of `tokens`
+  // after `parent`: sets match->tail_block/tail_tokens when one shares at
+  // least one token.
+  void FindTail(const TokenSequence& tokens, int32_t begin, int32_t max_tokens,
+                BlockHash parent, BlockHash ns, PrefixMatch* match) const;
 
   BlockPool pool_;
   SwapSpace swap_;
@@ -258,10 +320,15 @@ class KvCacheManager {
   absl::flat_hash_map<RequestId, Table> tables_;
   // Swapped-out requests: their slots, in table order.
   absl::flat_hash_map<RequestId, std::vector<SwapSlot>> swapped_;
-  // Per block: its content while it carries a hash (stale otherwise).
+  // Per block: its content while it carries a hash or is a valid tail
+  // (stale otherwise); content_len_ tokens of its row are meaningful.
   std::vector<BlockContent> content_;
   std::vector<int32_t> content_tokens_;  // [num_blocks][block_size]
-  ThreadOwner owner_;                    // the one thread that may mutate
+  std::vector<int32_t> content_len_;     // 0: not indexed
+  std::vector<uint32_t> generation_;     // bumped by TakeFresh
+  absl::flat_hash_map<ChildKey, std::vector<Child>> children_;
+  std::vector<BlockId> pinned_;  // tail sources of pending copies
+  ThreadOwner owner_;            // the one thread that may mutate
 };
 
 }  // namespace kvserve::kvcache

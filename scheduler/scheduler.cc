@@ -106,6 +106,8 @@ absl::Status Scheduler::Finish(RequestId id, FinishReason reason) {
 }
 
 void Scheduler::Retire(Request* r, FinishReason reason) {
+  // Between Schedule and UpdateFromOutput its last tokens may be unwritten.
+  if (!pending_update_) CachePartialBlock(*r);
   kv_.Free(r->id());  // blocks, or swap slots of a swapped-out request
   switch (reason) {
     case FinishReason::kStop:
@@ -148,6 +150,8 @@ SchedulerOutput Scheduler::Schedule() {
   KV_CHECK(!pending_update_, "Schedule() before UpdateFromOutput() of step ",
            num_steps_ - 1);
   const StepStats before = CumulativeStepStats();
+  // The previous step's copies have run: their tail sources may go.
+  kv_.ReleasePinned();
   StepPlan plan;
   plan.budget = config_.max_num_batched_tokens;
   plan.scheduled.reserve(running_.size() + 8);
@@ -170,6 +174,8 @@ SchedulerOutput Scheduler::Schedule() {
           after.prefix_cache_hit_tokens - before.prefix_cache_hit_tokens,
       .prefix_cache_uncacheable_tokens = after.prefix_cache_uncacheable_tokens -
                                          before.prefix_cache_uncacheable_tokens,
+      .prefix_cache_tail_hits =
+          after.prefix_cache_tail_hits - before.prefix_cache_tail_hits,
   };
   pending_update_ = !out.scheduled.empty();
   ++num_steps_;
@@ -185,6 +191,7 @@ StepStats Scheduler::CumulativeStepStats() const {
       .prefix_cache_queries_tokens = prefix_cache_queries_tokens_,
       .prefix_cache_hit_tokens = prefix_cache_hit_tokens_,
       .prefix_cache_uncacheable_tokens = prefix_cache_uncacheable_tokens_,
+      .prefix_cache_tail_hits = num_tail_copies_total_,
   };
 }
 
@@ -296,6 +303,15 @@ std::vector<FinishedRequest> Scheduler::UpdateFromOutput(
   return finished;
 }
 
+void Scheduler::CachePartialBlock(const Request& r) {
+  if (!config_.enable_prefix_caching ||
+      config_.kv_reservation != KvReservation::kPaged) {
+    return;
+  }
+  kv_.CachePartialBlock(r.id(), r.tokens(), r.num_computed_tokens_,
+                        r.cache_ns_);
+}
+
 void Scheduler::CacheComputedBlocks(const Request& r) {
   if (!config_.enable_prefix_caching) return;
   kv_.CacheComputedBlocks(r.id(), r.tokens(), r.num_computed_tokens(),
@@ -338,6 +354,7 @@ SchedulerStats Scheduler::stats() const {
   s.swap_slots_used = s.kv.swap_slots_used;
   s.swap_slots_total = s.kv.swap_slots_total;
   s.num_copied_blocks_total = num_copied_blocks_total_;
+  s.num_tail_hits_total = num_tail_copies_total_;
   s.prefix_cache_uncacheable_tokens = prefix_cache_uncacheable_tokens_;
   s.num_scheduled_tokens_total = num_scheduled_tokens_total_;
   s.num_finished_total = num_finished_total_;

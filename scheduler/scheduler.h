@@ -109,6 +109,7 @@ struct StepStats {
   int64_t prefix_cache_queries_tokens = 0;
   int64_t prefix_cache_hit_tokens = 0;
   int64_t prefix_cache_uncacheable_tokens = 0;
+  int64_t prefix_cache_tail_hits = 0;  // num_tail_hits_total
 };
 
 // The plan of one step. Plain data; the engine may keep it until
@@ -198,6 +199,9 @@ struct SchedulerStats {
   int32_t swap_slots_total = 0;
   // Blocks copied by copy-on-write.
   int64_t num_copied_blocks_total = 0;
+  // Prefix hits that took a cached tail (the first tokens of a block past
+  // the full ones), each one block copy.
+  int64_t num_tail_hits_total = 0;
   int64_t num_scheduled_tokens_total = 0;
   int64_t num_finished_total = 0;  // every reason, aborts included
   int64_t num_aborted_total = 0;
@@ -206,7 +210,8 @@ struct SchedulerStats {
   int64_t prefix_cache_queries_tokens = 0;
   int64_t prefix_cache_hit_tokens = 0;
   // Prompt tokens in a partial last block (num_prompt_tokens % block_size),
-  // which no block hash can cover, counted at each request's first
+  // which no block hash covers (a later request can still hit them as a
+  // cached tail once this one ends), counted at each request's first
   // admission with prefix caching on.
   int64_t prefix_cache_uncacheable_tokens = 0;
   // Why the latest step stopped admitting (kQueueEmpty before any step).
@@ -361,6 +366,9 @@ class Scheduler {
   }
   // Registers the newly computed full blocks of a running request.
   void CacheComputedBlocks(const Request& request);
+  // Indexes the partially computed last block of a request about to free
+  // its blocks, all of whose computed tokens are written.
+  void CachePartialBlock(const Request& request);
   [[nodiscard]] SchedulerOutput BuildOutput(StepPlan& plan);
   // The cumulative counters that StepStats reports increments of.
   [[nodiscard]] StepStats CumulativeStepStats() const;
@@ -394,6 +402,7 @@ class Scheduler {
   int64_t num_swapped_out_blocks_total_ = 0;
   int64_t num_swapped_in_blocks_total_ = 0;
   int64_t num_copied_blocks_total_ = 0;
+  int64_t num_tail_copies_total_ = 0;
   int64_t prefix_cache_uncacheable_tokens_ = 0;
   int64_t num_scheduled_tokens_total_ = 0;
   int64_t num_finished_total_ = 0;

@@ -38,9 +38,14 @@ void Scheduler::Admit(Request* r, const kvcache::PrefixMatch& match, int32_t n,
                  .has_value(),
              "admission passed but Allocate failed");
   } else {
+    const size_t copies_before = plan.copies.size();
     const auto fresh = kv_.AllocateWithPrefix(
-        r->id(), match, AdmissionTokens(match.num_tokens, n));
+        r->id(), match, AdmissionTokens(match.num_tokens, n), &plan.copies);
     KV_CHECK(fresh.has_value(), "admission passed but Allocate failed");
+    // A cached tail arrives by copy, before this step's forward.
+    plan.copy_owners.resize(plan.copies.size(), r);
+    num_tail_copies_total_ +=
+        static_cast<int64_t>(plan.copies.size() - copies_before);
     const bool first = r->num_preemptions_ == 0;
     r->num_computed_tokens_ = match.num_tokens;
     if (first) r->num_cached_tokens_ = match.num_tokens;

@@ -93,6 +93,7 @@ void Scheduler::Preempt(size_t index, StepPlan& plan) {
     num_swapped_out_blocks_total_ += blocks;
     ++num_preemptions_swap_total_;
   } else {
+    CachePartialBlock(*r);  // its readmission may hit it
     kv_.Free(r->id());
     num_preempted_tokens_total_ += computed;
     r->num_computed_tokens_ = 0;  // recompute prompt + output on readmission

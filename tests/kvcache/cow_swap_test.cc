@@ -247,10 +247,14 @@ TEST(CowSwapSoakTest, RandomOpsKeepContentsAndInvariants) {
       }
       const TokenSequence seq{m.tokens, {}};
       const PrefixMatch match = kv.FindCachedPrefix(seq, kNs);
-      if (!kv.AllocateWithPrefix(id, match, match.num_tokens + 1)) {
+      std::vector<BlockMove> copies;  // a cached tail arrives by copy
+      if (!kv.AllocateWithPrefix(id, match, match.num_tokens + 1, &copies)) {
         ++counts["refused"];
         continue;
       }
+      for (const BlockMove& c : copies) copy(kv_bytes, c.src, kv_bytes, c.dst);
+      kv.ReleasePinned();
+      counts["tail_hits"] += static_cast<int>(copies.size());
       m.written = match.num_tokens;
       counts["hit_tokens"] += match.num_tokens;
       it = live.emplace(id, std::move(m)).first;
@@ -286,7 +290,9 @@ TEST(CowSwapSoakTest, RandomOpsKeepContentsAndInvariants) {
       kv.Fork(id, child, (c.written + kB - 1) / kB);
       live.emplace(child, std::move(c));
       ++counts["fork"];
-    } else if (kind == 8) {  // free
+    } else if (kind == 8) {  // free, leaving its partial block as a tail
+      kv.CachePartialBlock(id, TokenSequence{it->second.tokens, {}},
+                           it->second.written, kNs);
       kv.Free(id);
       live.erase(it);
       ++counts["free"];

@@ -111,10 +111,11 @@ TEST_F(PrefixCacheTest, LastTokenIsNeverCached) {
   EXPECT_EQ(Prefill(kv_, 1, a), 0);
   ASSERT_INVARIANTS(kv_);
   EXPECT_TRUE(kv_.pool().block_hash(1).has_value());
-  EXPECT_EQ(kv_.FindCachedPrefix(Seq(a), kNs).num_tokens, 4);
+  // Full blocks, then the first tokens of block 1 as a tail.
+  EXPECT_EQ(kv_.FindCachedPrefix(Seq(a), kNs).num_tokens, 7);
   EXPECT_EQ(kv_.FindCachedPrefix(Seq(Iota(0, 9)), kNs).num_tokens, 8);
   EXPECT_EQ(kv_.FindCachedPrefix(Seq(Iota(0, 5)), kNs).num_tokens, 4);
-  EXPECT_EQ(kv_.FindCachedPrefix(Seq(Iota(0, 4)), kNs).num_tokens, 0);
+  EXPECT_EQ(kv_.FindCachedPrefix(Seq(Iota(0, 4)), kNs).num_tokens, 3);
   EXPECT_EQ(kv_.FindCachedPrefix(Seq(Iota(0, 1)), kNs).num_tokens, 0);
   ASSERT_INVARIANTS(kv_);
 }
@@ -248,6 +249,101 @@ TEST_F(PrefixCacheTest, ForkedChildKeepsHashingFromParent) {
   ASSERT_INVARIANTS(kv_);
   EXPECT_THAT(kv_.FindCachedPrefix(Seq(longer), kNs).blocks,
               ElementsAre(0, 1, 2));
+}
+
+// Request 1 computes all of `prompt`, registers its full blocks and its
+// partial last block, and ends.
+void ServeAndEnd(KvCacheManager& kv, RequestId id,
+                 const std::vector<int32_t>& prompt) {
+  const PrefixMatch m = kv.FindCachedPrefix(Seq(prompt), kNs);
+  std::vector<BlockMove> copies;
+  ASSERT_TRUE(kv.AllocateWithPrefix(id, m, prompt.size(), &copies));
+  kv.CacheComputedBlocks(id, Seq(prompt), prompt.size(), kNs);
+  kv.CachePartialBlock(id, Seq(prompt), prompt.size(), kNs);
+  kv.Free(id);
+  kv.ReleasePinned();
+}
+
+TEST_F(PrefixCacheTest, ExactRepeatTakesThePartialTailByCopy) {
+  const std::vector<int32_t> a = Iota(0, 10);  // blocks 0, 1 full; 2 partial
+  ServeAndEnd(kv_, 1, a);
+  ASSERT_INVARIANTS(kv_);
+  const PrefixMatch m = kv_.FindCachedPrefix(Seq(a), kNs);
+  EXPECT_THAT(m.blocks, ElementsAre(0, 1));
+  EXPECT_EQ(m.tail_block, 2);
+  EXPECT_EQ(m.tail_tokens, 1);  // token 9 is recomputed for its logits
+  EXPECT_EQ(m.num_tokens, 9);
+  EXPECT_EQ(m.num_evictable, 3);
+  EXPECT_TRUE(kv_.CanAllocateWithPrefix(m, 10, 0));
+  std::vector<BlockMove> copies;
+  const auto fresh = kv_.AllocateWithPrefix(2, m, 10, &copies);
+  ASSERT_TRUE(fresh.has_value());
+  ASSERT_EQ(fresh->size(), 1u);
+  EXPECT_THAT(copies, ElementsAre(BlockMove{2, fresh->front()}));
+  EXPECT_THAT(kv_.GetBlockTable(2), ElementsAre(0, 1, fresh->front()));
+  EXPECT_EQ(kv_.pool().ref_count(2), 1);  // pinned until the copy has run
+  ASSERT_INVARIANTS(kv_);
+  kv_.ReleasePinned();
+  EXPECT_EQ(kv_.pool().ref_count(2), 0);
+  ASSERT_INVARIANTS(kv_);
+  // The source is intact and still a tail for the next repeat.
+  EXPECT_EQ(kv_.FindCachedPrefix(Seq(a), kNs).tail_block, 2);
+}
+
+TEST_F(PrefixCacheTest, NextTurnTakesTheLongestCommonTail) {
+  ServeAndEnd(kv_, 1, Iota(0, 10));
+  // The next turn resends tokens 0..9 and adds its own.
+  const PrefixMatch next =
+      kv_.FindCachedPrefix(Seq(Concat(Iota(0, 10), {70, 71})), kNs);
+  EXPECT_EQ(next.tail_tokens, 2);
+  EXPECT_EQ(next.num_tokens, 10);
+  // Diverging after token 8: one tail token.
+  const PrefixMatch diverged =
+      kv_.FindCachedPrefix(Seq(Concat(Iota(0, 9), {70, 71})), kNs);
+  EXPECT_EQ(diverged.tail_tokens, 1);
+  EXPECT_EQ(diverged.num_tokens, 9);
+  // Diverging at the block boundary: no tail.
+  const PrefixMatch none =
+      kv_.FindCachedPrefix(Seq(Concat(Iota(0, 8), {70, 71})), kNs);
+  EXPECT_EQ(none.tail_block, kNoBlock);
+  EXPECT_EQ(none.num_tokens, 8);
+  // Another namespace sees nothing.
+  EXPECT_EQ(
+      kv_.FindCachedPrefix(Seq(Iota(0, 10)), NamespaceHash("model", "salt"))
+          .num_tokens,
+      0);
+}
+
+TEST_F(PrefixCacheTest, AFullBlockServesAsATail) {
+  ServeAndEnd(kv_, 1, Iota(0, 12));  // three full blocks
+  const PrefixMatch m = kv_.FindCachedPrefix(Seq(Iota(0, 11)), kNs);
+  EXPECT_THAT(m.blocks, ElementsAre(0, 1));
+  EXPECT_EQ(m.tail_block, 2);
+  EXPECT_EQ(m.tail_tokens, 2);
+  EXPECT_EQ(m.num_tokens, 10);
+}
+
+TEST_F(PrefixCacheTest, AReallocatedTailIsNoLongerHit) {
+  ServeAndEnd(kv_, 1, Iota(0, 10));
+  ASSERT_EQ(kv_.FindCachedPrefix(Seq(Iota(0, 10)), kNs).tail_block, 2);
+  // Take every free block: the tail (a plain free block) is reused.
+  ASSERT_TRUE(kv_.Allocate(9, 11 * 4).has_value());
+  kv_.Free(9);
+  const PrefixMatch m = kv_.FindCachedPrefix(Seq(Iota(0, 10)), kNs);
+  EXPECT_EQ(m.tail_block, kNoBlock);
+  EXPECT_EQ(m.num_tokens, 0);  // the full blocks were evicted too
+  ASSERT_INVARIANTS(kv_);
+}
+
+TEST_F(PrefixCacheTest, ASharedPartialBlockIsNotATail) {
+  const std::vector<int32_t> a = Iota(0, 10);
+  ASSERT_TRUE(kv_.AllocateWithPrefix(1, {}, 10).has_value());
+  kv_.CacheComputedBlocks(1, Seq(a), 10, kNs);
+  kv_.Fork(1, 2);  // block 2 is shared: the child may still write it
+  kv_.CachePartialBlock(1, Seq(a), 10, kNs);
+  kv_.Free(1);
+  EXPECT_EQ(kv_.FindCachedPrefix(Seq(a), kNs).tail_block, kNoBlock);
+  ASSERT_INVARIANTS(kv_);
 }
 
 }  // namespace

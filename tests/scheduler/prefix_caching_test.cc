@@ -96,18 +96,22 @@ TEST(PrefixCachingTest, LastPromptTokenIsAlwaysRecomputed) {
   Scheduler sched(CachingConfig());
   Add(sched, 1, Iota(0, 8), 1);  // exactly two blocks
   (void)Step(sched);
-  Add(sched, 2, Iota(0, 8), 1);  // same prompt: only one block may be reused
+  Add(sched, 2, Iota(0, 8), 1);  // same prompt: one block and a 3-token tail
   SchedulerOutput out = Step(sched);
   ASSERT_EQ(out.scheduled.size(), 1u);
-  EXPECT_EQ(out.scheduled[0].start_position, 4);
-  EXPECT_EQ(out.scheduled[0].num_new_tokens, 4);
+  EXPECT_EQ(out.scheduled[0].start_position, 7);
+  EXPECT_EQ(out.scheduled[0].num_new_tokens, 1);
   EXPECT_TRUE(out.scheduled[0].produces_token);
+  // The tail (block 1, still held by request 1) arrives by copy.
+  ASSERT_EQ(out.blocks_to_copy.size(), 1u);
+  EXPECT_EQ(out.blocks_to_copy[0].src, out.BlockTable(out.scheduled[0])[0] + 1);
+  EXPECT_EQ(sched.stats().num_tail_hits_total, 1);
   Add(sched, 3, Iota(0, 9), 1);  // one more token: both blocks reused
   out = Step(sched);
   ASSERT_EQ(out.scheduled.size(), 1u);
   EXPECT_EQ(out.scheduled[0].start_position, 8);
   EXPECT_EQ(out.scheduled[0].num_new_tokens, 1);
-  EXPECT_EQ(sched.stats().prefix_cache_hit_tokens, 4 + 8);
+  EXPECT_EQ(sched.stats().prefix_cache_hit_tokens, 7 + 8);
 }
 
 TEST(PrefixCachingTest, LiveRequestSharesItsComputedBlocks) {
@@ -199,6 +203,10 @@ TEST(PrefixCachingSoakTest, SharedPrefixesReadBackTheirTokens) {
     }
     const SchedulerOutput out = sched.Schedule();
     ExpectInvariants(sched);
+    for (const kvcache::BlockMove& m : out.blocks_to_copy) {  // cached tails
+      std::copy_n(slots.begin() + m.src * c.block_size, c.block_size,
+                  slots.begin() + m.dst * c.block_size);
+    }
     for (const ScheduledRequest& s : out.scheduled) {
       const Request* r = sched.GetRequest(s.id);
       auto slot = [&](int32_t pos) -> Slot& {

@@ -106,8 +106,15 @@ class KvFeaturesTest(unittest.TestCase):
         _, usage_b = server.generate(prompt, 1, salt="tenant-b")
         self.assertEqual(usage_b.cached_prompt_tokens, 0)
         self.assertEqual(hits(), before)
+        tails = counter(server.metrics(),
+                        "kvserve_prefix_cache_tail_hits_total")
         _, usage_a2 = server.generate(prompt, 1, salt="tenant-a")
-        self.assertEqual(usage_a2.cached_prompt_tokens, 192)  # 12 blocks
+        self.assertEqual(counter(server.metrics(),
+                                 "kvserve_prefix_cache_tail_hits_total"),
+                         tails + 1)
+        # 12 full blocks and 7 of the cached partial 13th: every prompt
+        # token but the last, which is always computed.
+        self.assertEqual(usage_a2.cached_prompt_tokens, 199)
 
     def test_preemption_by_swap_and_recompute_keeps_greedy_outputs(self):
         prompts = [token_ids(200 + i, 40) for i in range(8)]
