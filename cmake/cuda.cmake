@@ -60,9 +60,15 @@ function(kvserve_cuda_library)
   endif()
   add_library(kvserve_cuda STATIC ${cu_srcs} ${cc_srcs})
   target_include_directories(kvserve_cuda PUBLIC ${CMAKE_SOURCE_DIR})
+  # cuBLAS is opened at run time (models/cuda/cublas_loader.cc), not
+  # linked: a CPU run of the binary never maps it.
   target_link_libraries(kvserve_cuda PUBLIC kvserve_loader kvserve_model_core CUDA::cudart
-                        CUDA::cublas CUDA::cublasLt)
+                        ${CMAKE_DL_LIBS})
   target_compile_definitions(kvserve_cuda PUBLIC KVSERVE_CUDA=1)
+  set(_cublas_soname "libcublas.so.${CUDAToolkit_VERSION_MAJOR}")
+  set_source_files_properties(${CMAKE_CURRENT_SOURCE_DIR}/cuda/cublas_loader.cc
+    PROPERTIES COMPILE_DEFINITIONS
+    "KVSERVE_CUBLAS_SONAME=\"${_cublas_soname}\";KVSERVE_CUBLAS_PATH=\"${CUDAToolkit_LIBRARY_DIR}/${_cublas_soname}\"")
   # The directory's host flags (-march=native, -Wextra, sanitizers) are not
   # nvcc flags: keep them for the .cc files only.
   get_target_property(dir_opts kvserve_cuda COMPILE_OPTIONS)

@@ -13,6 +13,8 @@ namespace kvserve {
 namespace {
 
 constexpr int64_t kAlign = int64_t{2} << 20;  // a transparent huge page
+// Huge pages from here on: rounding a touch up to 2 MiB costs at most 1/32.
+constexpr int64_t kHugePagesFrom = int64_t{64} << 20;
 
 int64_t PageSize() {
   static const int64_t page = sysconf(_SC_PAGESIZE);
@@ -65,7 +67,7 @@ absl::StatusOr<PageBuffer> PageBuffer::Reserve(int64_t bytes,
   b.data_ = reinterpret_cast<char*>((base + kAlign - 1) / kAlign * kAlign);
   b.size_ = bytes;
   // Best effort: fewer TLB misses when attention walks the pages.
-  madvise(b.data_, rounded, MADV_HUGEPAGE);
+  if (rounded >= kHugePagesFrom) madvise(b.data_, rounded, MADV_HUGEPAGE);
   return b;
 }
 

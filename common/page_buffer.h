@@ -4,8 +4,11 @@
 // costs no time at start and no resident memory until a block is written.
 // The reservation itself is checked by the kernel's overcommit policy, so a
 // budget far beyond the machine still fails at start, not on first use.
-// Movable, not copyable; the mapping is 2 MiB aligned and asks for
-// transparent huge pages where the kernel offers them.
+// Movable, not copyable; the mapping is 2 MiB aligned, and a buffer of at
+// least 64 MiB asks for transparent huge pages where the kernel offers them
+// (a smaller one would commit a whole 2 MiB page per touched block: the KV
+// pool is one buffer per layer and K/V, so a small pool would be resident
+// in full after its first request).
 #pragma once
 
 #include <cstddef>

@@ -40,6 +40,9 @@ class WeightSource {
   // The tensor `name`; NotFound naming the file and tensor if absent.
   [[nodiscard]] virtual absl::StatusOr<RawTensor> Get(
       const std::string& name) const = 0;
+  // Gives the pages of file-backed tensors back to the OS; every tensor
+  // stays readable (touched pages fault back in). A no-op for memory.
+  virtual void DropResidentPages() const {}
 };
 
 }  // namespace kvserve::models

@@ -42,8 +42,17 @@ median TTFT at 1 stream), and each server process's peak RSS (VmHWM of
 /proc/PID/status after the runs). Prints one Markdown table with
 kvserve / llama-server ratios; --json OUT writes the raw per-request records.
 
+--prefix-hits K measures prefix-cache hits instead, at 1 stream: per run a
+new prompt, sent once cold and then K times again exactly (the multi-turn
+case: the whole prompt re-sent), each server in turn; recorded per server are
+the cold TTFT, the hits' TTFT p50/p90 and the cached prompt tokens each
+server reports for the hits (llama-server's timings.cache_n, kvserve's
+usage.prompt_tokens_details.cached_tokens).
+
     .venv/bin/python tools/bench_vs_llama_server.py \\
         --streams 1,4,16,32,64 --prompt-tokens 64,4096 --max-tokens 64
+    .venv/bin/python tools/bench_vs_llama_server.py --prefix-hits 8 \\
+        --prompt-tokens 1300 --max-tokens 8 --repeats 3
 """
 
 import argparse
@@ -322,6 +331,66 @@ def measure_config(args, streams, prompt_len, rng, raw):
     return {name: aggregate(runs[name], rss[name], streams) for name in SERVERS}
 
 
+def measure_hits(args, prompt_len, rng):
+    """Cold and exact-repeat TTFT at 1 stream (see --prefix-hits)."""
+    context = prompt_len + args.max_tokens + CONTEXT_MARGIN
+    servers = {}
+    cold = {name: [] for name in SERVERS}
+    hits = {name: [] for name in SERVERS}
+    cached = {name: [] for name in SERVERS}
+    try:
+        servers["llama"] = LlamaServerProcess(llama_command(args, context, 1))
+        servers["kvserve"] = start_kvserve(args, context, 1)
+        if args.corpus is None:
+            args.corpus = corpus_tokens(servers["llama"].http_port)
+        for name in SERVERS:
+            warm_up(servers[name].http_port, args.corpus, args.max_tokens)
+        for _ in range(args.repeats):
+            prompt = make_prompt(args.corpus, prompt_len, rng)
+            for name in SERVERS:
+                port = servers[name].http_port
+                for i in range(args.prefix_hits + 1):
+                    (rec,) = asyncio.run(drive(port, [prompt],
+                                               args.max_tokens, args.timeout))
+                    if rec["error"]:
+                        raise BenchError(f"{name}: request failed: "
+                                         f"{rec['error']}")
+                    ttft = rec["first"] - rec["start"]
+                    if i == 0:
+                        cold[name].append(ttft)
+                    else:
+                        hits[name].append(ttft)
+                        cached[name].append(rec["cached_tokens"] or 0)
+    finally:
+        for server in servers.values():
+            server.kill()
+    return {name: {"cold_ttft": percentile(cold[name], 50),
+                   "hit_ttft_p50": percentile(hits[name], 50),
+                   "hit_ttft_p90": percentile(hits[name], 90),
+                   "cached_min": min(cached[name]),
+                   "cached_max": max(cached[name])} for name in SERVERS}
+
+
+def print_hits_table(args, results):
+    print(f"\nprefix-cache hits, kvserve vs llama-server: "
+          f"{os.path.basename(args.model)}, {args.threads} threads, KV "
+          f"{args.kv_dtype}, 1 stream, {args.prefix_hits} exact repeats "
+          f"after each cold prompt, {args.repeats} prompts\n")
+    print("| prompt | server | cold TTFT ms | hit TTFT p50 ms | "
+          "hit TTFT p90 ms | cached tokens per hit |")
+    print("|---|---|---|---|---|---|")
+    keys = ("cold_ttft", "hit_ttft_p50", "hit_ttft_p90")
+    for prompt_len, res in results:
+        for name, label in (("kvserve", "kvserve"), ("llama", "llama-server")):
+            r = res[name]
+            span = (f"{r['cached_min']}" if r["cached_min"] == r["cached_max"]
+                    else f"{r['cached_min']}-{r['cached_max']}")
+            print(f"| {prompt_len} | {label} | " + " | ".join(
+                cell(r[k], 1) for k in keys) + f" | {span} |")
+        print(f"| {prompt_len} | kvserve/llama | " + " | ".join(
+            ratio(res["kvserve"][k], res["llama"][k]) for k in keys) + " | |")
+
+
 def aggregate(runs, rss, streams):
     ttft = [t for r in runs for t in r["ttft_s"]]
     tpot = [t for r in runs for t in r["tpot_s"]]
@@ -407,6 +476,9 @@ def build_parser():
                    help="seconds one request may take (default %(default)s)")
     p.add_argument("--seed", type=int, default=0,
                    help="seed of the random prompts (default 0)")
+    p.add_argument("--prefix-hits", type=int, default=0, metavar="K",
+                   help="measure prefix-cache hits instead: each prompt cold, "
+                   "then K exact repeats, 1 stream (default 0: off)")
     p.add_argument("--json", metavar="OUT",
                    help="write the raw results (every request) to OUT")
     return p
@@ -428,6 +500,10 @@ def main(argv=None):
         args.corpus = None
         rng = random.Random(args.seed)
         raw, results = [], []
+        if args.prefix_hits > 0:
+            hit_results = [(n, measure_hits(args, n, rng)) for n in prompts]
+            print_hits_table(args, hit_results)
+            return 0
         for prompt_len in prompts:
             for n in streams:
                 results.append(((n, prompt_len),

@@ -30,6 +30,9 @@ absl::StatusOr<std::unique_ptr<CpuLlamaModel>> CpuLlamaModel::Create(
   std::unique_ptr<CpuLlamaModel> model(
       new CpuLlamaModel(config, std::move(weights)));
   KV_RETURN_IF_ERROR(model->LoadWeights());
+  // The packed matrices own copies; the forward reads only token_embd rows
+  // from the file afterwards, which fault back in as tokens are embedded.
+  model->weights_->DropResidentPages();
   return model;
 }
 
@@ -70,11 +73,12 @@ absl::StatusOr<std::unique_ptr<cpu::PackedMatrix>> CpuLlamaModel::PackFused(
     return std::make_unique<cpu::PackedMatrix>(std::move(m));
   }
   RawTensor fused = parts[0];
+  std::unique_ptr<uint8_t[]> buf;  // the concatenation, only while packing
   if (parts.size() > 1) {
     const int64_t cols = parts[0].shape[0];
     const GgmlType type = same_type ? parts[0].type : GgmlType::kF32;
     const size_t row_bytes = RowBytes(type, cols);
-    auto buf = std::make_unique<uint8_t[]>(row_bytes * rows);
+    buf = std::make_unique<uint8_t[]>(row_bytes * rows);
     uint8_t* dst = buf.get();
     for (const RawTensor& t : parts) {
       if (same_type) {
@@ -91,7 +95,6 @@ absl::StatusOr<std::unique_ptr<cpu::PackedMatrix>> CpuLlamaModel::PackFused(
                       {cols, rows},
                       buf.get(),
                       row_bytes * rows};
-    owned_.push_back(std::move(buf));
   }
   // NOTE: PackMatrix keeps one kernel family for every batch size (no
   // separate prefill representation): a row's result must not depend on
@@ -127,6 +130,9 @@ absl::Status CpuLlamaModel::LoadWeights() {
     KV_ASSIGN_OR_RETURN(
         layer.gate_up, PackFused({p + "ffn_gate.weight", p + "ffn_up.weight"}));
     KV_ASSIGN_OR_RETURN(layer.down, PackFused({p + "ffn_down.weight"}));
+    // Packed copies replace the file's pages layer by layer, so the peak
+    // holds one layer of both, not the whole file twice.
+    weights_->DropResidentPages();
   }
   return absl::OkStatus();
 }

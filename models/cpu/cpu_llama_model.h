@@ -23,8 +23,9 @@ namespace kvserve::models {
 
 class CpuLlamaModel {
  public:
-  // Packs every weight the forward needs from `weights` (which it keeps
-  // alive: packed matrices may point into its mmap). Fails with a Status
+  // Packs every weight the forward needs from `weights`, which it keeps
+  // alive (token embeddings are read from it in place) with its resident
+  // pages dropped after packing. Fails with a Status
   // naming the tensor when one is missing or has the wrong shape or type.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<CpuLlamaModel>> Create(
       const ModelConfig& config, std::unique_ptr<WeightSource> weights);
@@ -78,8 +79,6 @@ class CpuLlamaModel {
   std::vector<float> output_norm_;
   std::unique_ptr<cpu::PackedMatrix> output_;
   std::vector<Layer> layers_;
-  // Buffers for fused tensors that are not in the source file.
-  std::vector<std::unique_ptr<uint8_t[]>> owned_;
   size_t weight_bytes_ = 0;
   std::map<std::string, size_t> source_bytes_;
   std::set<std::string> counted_;

@@ -87,6 +87,7 @@ class GgufFile {
   // Byte offset of the data section from the start of the file.
   uint64_t data_offset() const { return data_offset_; }
   size_t file_size() const { return file_->size(); }
+  void DropResidentPages() const { file_->DropResidentPages(); }
 
   // --- Metadata ---------------------------------------------------------
   const std::vector<GgufKv>& metadata() const { return kvs_; }
@@ -160,6 +161,8 @@ class GgufWeightSource : public WeightSource {
   bool Has(const std::string& name) const override;
   [[nodiscard]] absl::StatusOr<RawTensor> Get(
       const std::string& name) const override;
+
+  void DropResidentPages() const override { file_->DropResidentPages(); }
 
   const GgufFile& file() const { return *file_; }
 

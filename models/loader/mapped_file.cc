@@ -53,6 +53,12 @@ absl::StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(
 
 MappedFile::~MappedFile() { ::munmap(const_cast<uint8_t*>(data_), size_); }
 
+void MappedFile::DropResidentPages() const {
+  // A private read-only file mapping has no dirty pages, so MADV_DONTNEED
+  // only drops them from the page tables; failure just keeps them.
+  (void)::madvise(const_cast<uint8_t*>(data_), size_, MADV_DONTNEED);
+}
+
 absl::StatusOr<std::string> ReadFileToString(const std::string& path,
                                              size_t max_bytes) {
   KV_ASSIGN_OR_RETURN(std::unique_ptr<MappedFile> f, MappedFile::Open(path));

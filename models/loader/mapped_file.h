@@ -28,6 +28,10 @@ class MappedFile {
   const std::string& path() const { return path_; }
   const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
+  // Unmaps the resident pages from this process (they stay in the page
+  // cache): the bytes read the same, faulting back in where touched. For a
+  // reader done with most of the file, e.g. after packing its weights.
+  void DropResidentPages() const;
 
  private:
   MappedFile(std::string path, const uint8_t* data, size_t size)

@@ -44,6 +44,7 @@ class SafetensorsFile {
       const std::string& path);
 
   const std::string& path() const { return file_->path(); }
+  void DropResidentPages() const { file_->DropResidentPages(); }
   const std::vector<SafetensorsTensorInfo>& tensors() const { return tensors_; }
   // nullptr if absent; `name` as stored in the file.
   const SafetensorsTensorInfo* Find(std::string_view name) const;
@@ -81,6 +82,10 @@ class SafetensorsWeightSource : public WeightSource {
   bool Has(const std::string& name) const override;
   [[nodiscard]] absl::StatusOr<RawTensor> Get(
       const std::string& name) const override;
+
+  void DropResidentPages() const override {
+    for (const auto& shard : shards_) shard->DropResidentPages();
+  }
 
   const std::vector<std::unique_ptr<SafetensorsFile>>& shards() const {
     return shards_;
