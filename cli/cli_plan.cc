@@ -463,10 +463,26 @@ std::string AttentionLines(const Plan& p) {
 
 }  // namespace
 
+// "92.1 MiB in the file (F32 0.1, Q4_1 63.3, Q8_0 28.7 MiB)", as the
+// server's start log words it.
+std::string WeightsText(const Plan& p) {
+  int64_t total = 0;
+  std::vector<std::string> parts;
+  for (const auto& [type, bytes] : p.weight_bytes_by_type) {
+    total += bytes;
+    parts.push_back(absl::StrFormat("%s %.1f", type, bytes / 1048576.0));
+  }
+  return absl::StrFormat("%.1f MiB in the file (%s MiB)", total / 1048576.0,
+                         absl::StrJoin(parts, ", "));
+}
+
 std::string FormatPlan(const Plan& p) {
   const kvcache::KvPlan& kv = p.kv;
   const char* per_rank = p.flags.tp > 1 ? " per rank" : "";
   std::string out = Line("model", ModelText(p));
+  if (!p.weight_bytes_by_type.empty()) {
+    absl::StrAppend(&out, Line("weights", WeightsText(p)));
+  }
   absl::StrAppend(&out, Line("kv dtype", DtypeText(p)));
   absl::StrAppend(
       &out, Line("bytes per token",
@@ -527,6 +543,12 @@ std::string FormatPlanJson(const Plan& p) {
     }
   } else {
     j["attention"] = c.num_kv_heads == c.num_heads ? "mha" : "gqa";
+  }
+  if (!p.weight_bytes_by_type.empty()) {
+    int64_t total = 0;
+    for (const auto& [type, bytes] : p.weight_bytes_by_type) total += bytes;
+    j["weights"] = {{"bytes", total},
+                    {"bytes_by_type", p.weight_bytes_by_type}};
   }
   j["kv_dtype"] = std::string(kvcache::KvDtypeName(p.flags.kv_dtype));
   j["kv_dtype_bytes"] = kvcache::KvBytesPerElement(p.flags.kv_dtype);
@@ -601,23 +623,25 @@ absl::StatusOr<std::optional<models::ModelConfig>> LoadMlaConfig(
 
 // Architecture numbers for --model: a preset needs no files; anything else
 // is resolved to a path and read by `loader`.
-absl::StatusOr<std::pair<std::string, models::ModelConfig>> LoadPlanConfig(
+absl::StatusOr<std::pair<std::string, PlanModel>> LoadPlanConfig(
     const std::string& model, const ConfigLoader& loader) {
   if (const models::ModelPreset* preset = models::FindPreset(model)) {
-    return std::make_pair(preset->name, preset->config);
+    return std::make_pair(preset->name, PlanModel{.config = preset->config});
   }
   KV_ASSIGN_OR_RETURN(std::string path, models::ResolveModelPath(model));
   KV_ASSIGN_OR_RETURN(std::optional<models::ModelConfig> mla,
                       LoadMlaConfig(path));
-  if (mla.has_value()) return std::make_pair(path, *std::move(mla));
+  if (mla.has_value()) {
+    return std::make_pair(path, PlanModel{.config = *std::move(mla)});
+  }
   if (!loader) {
     return absl::UnimplementedError(absl::StrCat(
         "model '", model, "' resolved to ", path,
         ", but loading config from files is not wired yet; use a preset: ",
         models::PresetNames()));
   }
-  KV_ASSIGN_OR_RETURN(models::ModelConfig config, loader(path));
-  return std::make_pair(path, std::move(config));
+  KV_ASSIGN_OR_RETURN(PlanModel loaded, loader(path));
+  return std::make_pair(path, std::move(loaded));
 }
 
 }  // namespace
@@ -642,11 +666,13 @@ int RunPlan(const std::vector<std::string>& args, const ConfigLoader& loader,
     absl::StrAppend(err, "kvserve plan: ", loaded.status().message(), "\n");
     return 1;
   }
-  absl::StatusOr<Plan> plan = BuildPlan(loaded->first, loaded->second, *flags);
+  absl::StatusOr<Plan> plan =
+      BuildPlan(loaded->first, loaded->second.config, *flags);
   if (!plan.ok()) {
     absl::StrAppend(err, "kvserve plan: ", plan.status().message(), "\n");
     return 2;
   }
+  plan->weight_bytes_by_type = std::move(loaded->second.weight_bytes_by_type);
   absl::StrAppend(out, flags->json ? FormatPlanJson(*plan) : FormatPlan(*plan));
   return 0;
 }

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -23,9 +24,16 @@
 
 namespace kvserve::cli {
 
-// Reads a ModelConfig from a resolved path (a .gguf file or an HF directory).
+// What a model file tells the plan: its architecture numbers and the bytes of
+// its tensors by type name ("Q4_K", "F32", ...; empty when not read).
+struct PlanModel {
+  models::ModelConfig config;
+  std::map<std::string, int64_t> weight_bytes_by_type;
+};
+
+// Reads a PlanModel from a resolved path (a .gguf file or an HF directory).
 using ConfigLoader =
-    std::function<absl::StatusOr<models::ModelConfig>(const std::string& path)>;
+    std::function<absl::StatusOr<PlanModel>(const std::string& path)>;
 
 // Share of device HBM kept back for activations, CUDA context and allocator
 // slack when --gpu derives the KV budget (vLLM's default
@@ -84,6 +92,8 @@ struct Plan {
   int64_t mha_equivalent_bytes_per_token = 0;
   int64_t gqa8_equivalent_bytes_per_token = 0;
   std::vector<std::string> notes;
+  // Tensor bytes in the model's file by type; empty for presets.
+  std::map<std::string, int64_t> weight_bytes_by_type;
 };
 
 // Builds the plan for `config` (already loaded) and `flags`. InvalidArgument

@@ -44,13 +44,14 @@ int main(int argc, char** argv) {
     // weights are not read.
     return kvserve::cli::RunPlanCommand(
         argc, argv,
-        [](const std::string& path)
-            -> absl::StatusOr<kvserve::models::ModelConfig> {
+        [](const std::string& path) -> absl::StatusOr<kvserve::cli::PlanModel> {
           kvserve::models::OpenModelFilesOptions options;
           options.check_weights = false;
           KV_ASSIGN_OR_RETURN(kvserve::models::ModelFiles files,
                               kvserve::models::OpenModelFiles(path, options));
-          return files.config;
+          return kvserve::cli::PlanModel{
+              .config = files.config,
+              .weight_bytes_by_type = files.weights->TensorBytesByType()};
         });
   }
   std::fprintf(stderr, "kvserve: unknown command '%s'\n%s", cmd.c_str(),

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,8 @@ class WeightSource {
   // The tensor `name`; NotFound naming the file and tensor if absent.
   [[nodiscard]] virtual absl::StatusOr<RawTensor> Get(
       const std::string& name) const = 0;
+  // Bytes of every tensor the source holds, by ggml type name ("Q4_K").
+  virtual std::map<std::string, int64_t> TensorBytesByType() const = 0;
   // Gives the pages of file-backed tensors back to the OS; every tensor
   // stays readable (touched pages fault back in). A no-op for memory.
   virtual void DropResidentPages() const {}

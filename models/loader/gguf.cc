@@ -564,6 +564,14 @@ absl::StatusOr<RawTensor> GgufFile::GetTensor(std::string_view name) const {
   return r;
 }
 
+std::map<std::string, int64_t> GgufWeightSource::TensorBytesByType() const {
+  std::map<std::string, int64_t> out;
+  for (const GgufTensorInfo& t : file_->tensors()) {
+    out[std::string(TypeName(t.type))] += static_cast<int64_t>(t.nbytes);
+  }
+  return out;
+}
+
 bool GgufWeightSource::Has(const std::string& name) const {
   return file_->FindTensor(name) != nullptr;
 }

@@ -162,6 +162,7 @@ class GgufWeightSource : public WeightSource {
   [[nodiscard]] absl::StatusOr<RawTensor> Get(
       const std::string& name) const override;
 
+  std::map<std::string, int64_t> TensorBytesByType() const override;
   void DropResidentPages() const override { file_->DropResidentPages(); }
 
   const GgufFile& file() const { return *file_; }

@@ -311,6 +311,17 @@ absl::Status SafetensorsWeightSource::AddShard(
   return absl::OkStatus();
 }
 
+std::map<std::string, int64_t> SafetensorsWeightSource::TensorBytesByType()
+    const {
+  std::map<std::string, int64_t> out;
+  for (const auto& shard : shards_) {
+    for (const SafetensorsTensorInfo& t : shard->tensors()) {
+      out[std::string(TypeName(t.type))] += static_cast<int64_t>(t.nbytes);
+    }
+  }
+  return out;
+}
+
 bool SafetensorsWeightSource::Has(const std::string& name) const {
   return by_name_.contains(name);
 }

@@ -83,6 +83,7 @@ class SafetensorsWeightSource : public WeightSource {
   [[nodiscard]] absl::StatusOr<RawTensor> Get(
       const std::string& name) const override;
 
+  std::map<std::string, int64_t> TensorBytesByType() const override;
   void DropResidentPages() const override {
     for (const auto& shard : shards_) shard->DropResidentPages();
   }

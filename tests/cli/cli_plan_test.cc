@@ -93,9 +93,11 @@ TEST(PlanReportTest, FileConfigThroughTheLoaderHook) {
   std::ofstream(file) << "x";
   std::string loaded_path;
   const ConfigLoader loader =
-      [&](const std::string& path) -> absl::StatusOr<models::ModelConfig> {
+      [&](const std::string& path) -> absl::StatusOr<PlanModel> {
     loaded_path = path;
-    return L64Config();
+    return PlanModel{
+        .config = L64Config(),
+        .weight_bytes_by_type = {{"Q4_K", 3 << 20}, {"F32", 1 << 19}}};
   };
   const Result r = RunArgs({"--model", file, "--kv-dtype", "fp16", "--context",
                             "4096", "--concurrency", "50"},
@@ -103,6 +105,8 @@ TEST(PlanReportTest, FileConfigThroughTheLoaderHook) {
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_EQ(loaded_path, file);
   EXPECT_THAT(r.out, HasSubstr("model            " + file + " (L=64"));
+  EXPECT_THAT(r.out, HasSubstr("weights          3.5 MiB in the file (F32 0.5, "
+                               "Q4_K 3.0 MiB)\n"));
   EXPECT_THAT(r.out, HasSubstr("bytes per token  262,144 (256.0 KiB)\n"));
   EXPECT_THAT(r.out, HasSubstr("per sequence     4,096 tokens = 1,073,741,824 "
                                "bytes (1.07 GB), 256 blocks of 16\n"));
@@ -114,11 +118,10 @@ TEST(PlanReportTest, FileConfigThroughTheLoaderHook) {
   EXPECT_THAT(unwired.err,
               HasSubstr("loading config from files is not wired yet"));
   // Loader errors are reported as they are.
-  const Result failing =
-      RunArgs({"--model", file},
-              [](const std::string&) -> absl::StatusOr<models::ModelConfig> {
-                return absl::DataLossError("truncated GGUF header");
-              });
+  const Result failing = RunArgs(
+      {"--model", file}, [](const std::string&) -> absl::StatusOr<PlanModel> {
+        return absl::DataLossError("truncated GGUF header");
+      });
   EXPECT_EQ(failing.rc, 1);
   EXPECT_THAT(failing.err, HasSubstr("truncated GGUF header"));
   std::filesystem::remove(file);
@@ -385,7 +388,7 @@ std::string ConfigOnlyDir(const std::string& name, const char* config_json) {
 
 // A loader that must not run: MLA directories are read by plan itself.
 const ConfigLoader kRefusingLoader =
-    [](const std::string& path) -> absl::StatusOr<models::ModelConfig> {
+    [](const std::string& path) -> absl::StatusOr<PlanModel> {
   return absl::InternalError("loader called for " + path);
 };
 

@@ -15,6 +15,7 @@ refused at start, naming the flag: fp8 on the CPU, an unknown name.
 
 import json
 import os
+import re
 import subprocess
 import sys
 import unittest
@@ -87,6 +88,28 @@ class KvDtypes(unittest.TestCase):
                     chan.close()
                 finally:
                     server.kill()
+
+    def test_plan_and_start_log_agree_on_weight_bytes(self):
+        gguf = os.path.join(ARGS.source_dir, "weights",
+                            "SmolLM2-135M-Instruct.Q4_1.gguf")
+        out = subprocess.run(
+            [ARGS.binary, "plan", "--model", gguf, "--json"],
+            capture_output=True, text=True, timeout=60)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        by_type = json.loads(out.stdout)["weights"]["bytes_by_type"]
+        self.assertEqual(set(by_type), {"F32", "Q4_1", "Q8_0"})
+        server = KvserveProcess(ARGS.binary, ARGS.source_dir, "--model", gguf)
+        try:
+            line = server.wait_for(re.compile(
+                r"weights: ([0-9.]+) MiB in the file \(([^)]*) MiB\)"), 60)
+        finally:
+            server.kill()
+        self.assertIsNotNone(line)
+        logged = dict(part.split(" ") for part in line.group(2).split(", "))
+        self.assertEqual(
+            logged, {t: f"{b / 1048576:.1f}" for t, b in by_type.items()})
+        self.assertEqual(line.group(1),
+                         f"{sum(by_type.values()) / 1048576:.1f}")
 
     def test_generate_takes_the_flag(self):
         out = subprocess.run(

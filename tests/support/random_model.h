@@ -31,6 +31,13 @@ class MemoryWeights : public WeightSource {
     return RawTensor{name, GgmlType::kF32, e.shape, e.data.data(),
                      e.data.size() * sizeof(float)};
   }
+  std::map<std::string, int64_t> TensorBytesByType() const override {
+    int64_t bytes = 0;
+    for (const auto& [name, e] : tensors_) {
+      bytes += static_cast<int64_t>(e.data.size() * sizeof(float));
+    }
+    return {{"F32", bytes}};
+  }
   // shape in ggml order ({cols, rows} for matrices).
   void Add(const std::string& name, std::vector<int64_t> shape,
            std::vector<float> data) {
