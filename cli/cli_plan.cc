@@ -15,6 +15,7 @@
 #include "common/cli_args.h"
 #include "common/status_macros.h"
 #include "common/strings.h"
+#include "models/ggml_types.h"
 #include "models/loader/hf_config.h"
 #include "models/loader/mapped_file.h"
 #include "models/loader/model_resolver.h"
@@ -463,25 +464,14 @@ std::string AttentionLines(const Plan& p) {
 
 }  // namespace
 
-// "92.1 MiB in the file (F32 0.1, Q4_1 63.3, Q8_0 28.7 MiB)", as the
-// server's start log words it.
-std::string WeightsText(const Plan& p) {
-  int64_t total = 0;
-  std::vector<std::string> parts;
-  for (const auto& [type, bytes] : p.weight_bytes_by_type) {
-    total += bytes;
-    parts.push_back(absl::StrFormat("%s %.1f", type, bytes / 1048576.0));
-  }
-  return absl::StrFormat("%.1f MiB in the file (%s MiB)", total / 1048576.0,
-                         absl::StrJoin(parts, ", "));
-}
-
 std::string FormatPlan(const Plan& p) {
   const kvcache::KvPlan& kv = p.kv;
   const char* per_rank = p.flags.tp > 1 ? " per rank" : "";
   std::string out = Line("model", ModelText(p));
   if (!p.weight_bytes_by_type.empty()) {
-    absl::StrAppend(&out, Line("weights", WeightsText(p)));
+    absl::StrAppend(
+        &out,
+        Line("weights", models::FileBytesByTypeText(p.weight_bytes_by_type)));
   }
   absl::StrAppend(&out, Line("kv dtype", DtypeText(p)));
   absl::StrAppend(

@@ -1,6 +1,10 @@
 #include "models/ggml_types.h"
 
 #include <cstring>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 
 namespace kvserve::models {
 
@@ -112,6 +116,17 @@ uint16_t Fp32ToBf16(float f) {
   if ((x & 0x7fffffff) > 0x7f800000) return (x >> 16) | 0x40;  // quiet nan
   x += 0x7fff + ((x >> 16) & 1);
   return static_cast<uint16_t>(x >> 16);
+}
+
+std::string FileBytesByTypeText(const std::map<std::string, int64_t>& bytes) {
+  int64_t total = 0;
+  std::vector<std::string> parts;
+  for (const auto& [type, n] : bytes) {
+    total += n;
+    parts.push_back(absl::StrFormat("%s %.1f", type, n / 1048576.0));
+  }
+  return absl::StrFormat("%.1f MiB in the file (%s MiB)", total / 1048576.0,
+                         absl::StrJoin(parts, ", "));
 }
 
 }  // namespace kvserve::models

@@ -5,6 +5,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <string>
 #include <string_view>
 
 namespace kvserve::models {
@@ -86,5 +88,9 @@ inline float Bf16ToFp32(uint16_t h) {
   return v.f;
 }
 uint16_t Fp32ToBf16(float f);  // round to nearest even
+
+// Tensor bytes by type name, as the start log and `kvserve plan` show them:
+// "92.1 MiB in the file (F32 0.1, Q4_1 63.3, Q8_0 28.7 MiB)".
+std::string FileBytesByTypeText(const std::map<std::string, int64_t>& bytes);
 
 }  // namespace kvserve::models

@@ -8,7 +8,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/clock.h"
 #include "common/status_macros.h"
@@ -16,6 +15,7 @@
 #include "engine/model_backend.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "models/ggml_types.h"
 #include "models/loader/model_resolver.h"
 #include "spdlog/spdlog.h"
 
@@ -112,14 +112,8 @@ namespace {
 // MiB packed": what each ggml type of the file costs, and what the packed
 // forms hold in memory.
 void LogWeightTypes(const models::CpuLlamaModel& m) {
-  size_t total = 0;
-  std::vector<std::string> parts;
-  for (const auto& [type, bytes] : m.source_bytes_by_type()) {
-    total += bytes;
-    parts.push_back(absl::StrFormat("%s %.1f", type, bytes / 1048576.0));
-  }
-  spdlog::info("weights: {:.1f} MiB in the file ({} MiB), {:.1f} MiB packed",
-               total / 1048576.0, absl::StrJoin(parts, ", "),
+  spdlog::info("weights: {}, {:.1f} MiB packed",
+               models::FileBytesByTypeText(m.source_bytes_by_type()),
                m.weight_bytes() / 1048576.0);
 }
 

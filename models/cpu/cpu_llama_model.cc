@@ -30,16 +30,14 @@ absl::StatusOr<std::unique_ptr<CpuLlamaModel>> CpuLlamaModel::Create(
   std::unique_ptr<CpuLlamaModel> model(
       new CpuLlamaModel(config, std::move(weights)));
   KV_RETURN_IF_ERROR(model->LoadWeights());
-  // The packed matrices own copies; the forward reads only token_embd rows
-  // from the file afterwards, which fault back in as tokens are embedded.
-  model->weights_->DropResidentPages();
   return model;
 }
 
 absl::StatusOr<RawTensor> CpuLlamaModel::GetCounted(const std::string& name) {
   KV_ASSIGN_OR_RETURN(RawTensor t, weights_->Get(name));
   if (counted_.insert(name).second) {
-    source_bytes_[std::string(TypeName(t.type))] += t.nbytes;
+    source_bytes_[std::string(TypeName(t.type))] +=
+        static_cast<int64_t>(t.nbytes);
   }
   return t;
 }
@@ -131,7 +129,9 @@ absl::Status CpuLlamaModel::LoadWeights() {
         layer.gate_up, PackFused({p + "ffn_gate.weight", p + "ffn_up.weight"}));
     KV_ASSIGN_OR_RETURN(layer.down, PackFused({p + "ffn_down.weight"}));
     // Packed copies replace the file's pages layer by layer, so the peak
-    // holds one layer of both, not the whole file twice.
+    // holds one layer of both, not the whole file twice. The packed
+    // matrices own their bytes; the forward reads only token_embd rows from
+    // the file, which fault back in as tokens are embedded.
     weights_->DropResidentPages();
   }
   return absl::OkStatus();

@@ -35,7 +35,7 @@ class CpuLlamaModel {
   size_t weight_bytes() const { return weight_bytes_; }
   // Bytes of the source tensors the forward reads, by ggml type name (each
   // tensor once): what the file holds, beside weight_bytes().
-  const std::map<std::string, size_t>& source_bytes_by_type() const {
+  const std::map<std::string, int64_t>& source_bytes_by_type() const {
     return source_bytes_;
   }
 
@@ -80,7 +80,7 @@ class CpuLlamaModel {
   std::unique_ptr<cpu::PackedMatrix> output_;
   std::vector<Layer> layers_;
   size_t weight_bytes_ = 0;
-  std::map<std::string, size_t> source_bytes_;
+  std::map<std::string, int64_t> source_bytes_;
   std::set<std::string> counted_;
 
   // Scratch, grown on demand and reused across steps.
