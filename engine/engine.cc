@@ -109,6 +109,7 @@ absl::Status Engine::Impl::Init(
   info_.vocab_size = c.vocab_size;
   info_.max_context = max_model_len_;
   info_.kv_bytes_per_token = per_token;
+  info_.kv_bytes_per_block = backend_ref.bytes_per_block();
   info_.block_size = config_.scheduler.block_size;
   info_.num_blocks = num_blocks;
   info_.kv_dtype = std::string(backend_ref.kv_dtype());
@@ -138,6 +139,10 @@ absl::Status Engine::Impl::Init(
         CacheConfigInfo{config_.scheduler.block_size, num_blocks, per_token,
                         info_.kv_dtype, backend_ref.num_swap_slots(),
                         backend_ref.bytes_per_block()});
+    scheduler_->SetEvictionObserver(
+        [metrics = metrics_.get()](const kvcache::Eviction& e) {
+          metrics->ObserveEviction(e);
+        });
   }
   PublishStats(0, 0);
   return absl::OkStatus();
@@ -258,5 +263,8 @@ const models::Tokenizer& Engine::tokenizer() const {
 }
 const LoadedModel& Engine::model() const { return impl_->model(); }
 EngineStats Engine::Stats() const { return impl_->Stats(); }
+std::shared_ptr<const KvState> Engine::KvStateSnapshot() const {
+  return impl_->KvStateSnapshot();
+}
 
 }  // namespace kvserve::engine

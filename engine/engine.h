@@ -32,6 +32,8 @@ class Registry;
 
 namespace kvserve::engine {
 
+struct KvState;
+
 // The engine's configuration, typed and with the only defaults there are:
 // the serve flags start from these values, and `scheduler` is the
 // scheduler's own configuration with its defaults.
@@ -68,6 +70,7 @@ struct ModelInfo {
   int32_t head_dim = 0, intermediate_size = 0, vocab_size = 0;
   int32_t max_context = 0;
   int64_t kv_bytes_per_token = 0;
+  int64_t kv_bytes_per_block = 0;
   int32_t block_size = 0, num_blocks = 0;
   std::string kv_dtype;
   std::string device;  // the backend's device name ("cpu", "cuda:0")
@@ -136,6 +139,10 @@ class Engine {
   // weights) has moved into the backend and is null here.
   const LoadedModel& model() const;
   EngineStats Stats() const;
+  // The KV cache as the engine thread last saw it (engine/kv_state.h), at
+  // most ~200 ms old while it is read regularly; null until the engine
+  // thread built the first one. Thread-safe; never waits.
+  std::shared_ptr<const KvState> KvStateSnapshot() const;
 
  private:
   class Impl;

@@ -7,6 +7,7 @@
 // blocks by ref count.
 #include <algorithm>
 
+#include "common/clock.h"
 #include "engine/engine_impl.h"
 #include "spdlog/spdlog.h"
 
@@ -39,6 +40,11 @@ void Engine::Impl::FirstScheduled(const scheduler::ScheduledRequest& s,
   }
   if (const scheduler::Request* req = scheduler_->GetRequest(s.id)) {
     r.num_preemptions = req->num_preemptions();
+    r.kv_stats = req->kv_stats();
+  }
+  if (r.preempted_at != absl::InfinitePast()) {
+    r.preempted_seconds += SecondsBetween(r.preempted_at, t0);
+    r.preempted_at = absl::InfinitePast();
   }
   if (r.first_scheduled != absl::InfinitePast()) return;
   r.first_scheduled = t0;

@@ -12,6 +12,7 @@
 #include "common/thread_owner.h"
 #include "engine/engine.h"
 #include "engine/engine_metrics.h"
+#include "engine/kv_state.h"
 #include "engine/live_request.h"
 #include "engine/model_backend.h"
 #include "engine/model_runner.h"
@@ -50,6 +51,9 @@ class Engine::Impl {
 
   const ModelInfo& info() const { return info_; }
   const LoadedModel& model() const { return model_; }
+  // The latest snapshot (null before the engine thread built one); asks
+  // for fresh ones for a while. Any thread; never waits for the loop.
+  std::shared_ptr<const KvState> KvStateSnapshot() const;
   EngineStats Stats() const {
     absl::MutexLock lock(&stats_mu_);
     return stats_;
@@ -89,6 +93,9 @@ class Engine::Impl {
                   std::vector<SampleResult>& sampled);
   void FinishRequest(RequestId id, FinishReason reason,
                      const std::string& error = "");
+  // The KV part of r's final usage.
+  [[nodiscard]] KvUsage KvUsageOf(const LiveRequest& r, double queued_seconds,
+                                  absl::Time now) const;
   void ExpireDeadlines();
   // Ends an aborted request: a deadline if it is (almost) past, else a
   // client cancel.
@@ -97,6 +104,7 @@ class Engine::Impl {
   void FinishDeadline(RequestId id, const LiveRequest& r);
   void FailAll(const std::vector<RequestId>& ids, const std::string& error);
   void PublishStats(double step_seconds, int64_t tokens);
+  void MaybeBuildKvState();
 
   const EngineConfig config_;
   LoadedModel model_;
@@ -121,6 +129,12 @@ class Engine::Impl {
   // touch live_reqs_ (Admit, ExpireDeadlines, Step, FinishRequest) check it.
   LiveRequestMap live_reqs_;
   ThreadOwner loop_owner_;
+
+  int64_t written_slots_ = 0;  // as of the latest PublishStats
+  absl::Time kv_state_built_ = absl::InfinitePast();
+  mutable std::atomic<int64_t> kv_state_wanted_ns_{0};
+  mutable absl::Mutex kv_state_mu_;
+  std::shared_ptr<const KvState> kv_state_ ABSL_GUARDED_BY(kv_state_mu_);
 
   mutable absl::Mutex stats_mu_;
   EngineStats stats_ ABSL_GUARDED_BY(stats_mu_);

@@ -79,6 +79,7 @@ void Engine::Impl::Loop() {
     } else {
       PublishStats(0, 0);  // finishes outside a step still show in metrics
     }
+    MaybeBuildKvState();
   }
   // Stopping: cancel what is left (queued in the inbox or live).
   {
@@ -175,6 +176,10 @@ void Engine::Impl::Step() {
     AddStepCounters(out.stats, 0, 0);
     return WaitAfterEmptyStep();
   }
+  for (const RequestId id : out.preempted) {
+    auto it = live_reqs_.find(id);
+    if (it != live_reqs_.end()) it->second->preempted_at = t0;
+  }
   for (const auto& s : out.scheduled) FirstScheduled(s, t0);
   StepResult result = runner_->Execute(out, live_reqs_, *scheduler_);
   if (metrics_) metrics_->AddForwardSeconds(result.forward_seconds);
@@ -191,7 +196,10 @@ void Engine::Impl::Step() {
     EmitTokens(out, result.producers, result.sampled);
   }
   for (const auto& f : finished) {
-    if (live_reqs_.contains(f.id)) FinishRequest(f.id, FinishReason::kLength);
+    auto it = live_reqs_.find(f.id);
+    if (it == live_reqs_.end()) continue;
+    it->second->kv_stats = f.kv_stats;
+    FinishRequest(f.id, FinishReason::kLength);
   }
   PublishStats(SecondsBetween(t0, absl::Now()), out.total_num_tokens);
 }
@@ -199,7 +207,7 @@ void Engine::Impl::Step() {
 void Engine::Impl::AddStepCounters(const scheduler::StepStats& s,
                                    int64_t swapped_out, int64_t swapped_in) {
   if (!metrics_) return;
-  metrics_->AddPreemptions(s.preemptions_recompute, s.preemptions_swap);
+  metrics_->AddPreemptions(s);
   metrics_->AddRecomputedTokens(s.recomputed_tokens);
   metrics_->AddSwapBlocks(swapped_out, swapped_in);
   metrics_->AddUncacheableTokens(s.prefix_cache_uncacheable_tokens);
@@ -245,6 +253,7 @@ void Engine::Impl::FinishRequest(RequestId id, FinishReason reason,
   LiveRequest& r = *it->second;
   if (const scheduler::Request* req = scheduler_->GetRequest(id)) {
     r.num_preemptions = req->num_preemptions();
+    r.kv_stats = req->kv_stats();
   }
   // Frees the blocks now (the scheduler may have retired it already).
   if (scheduler_->GetRequest(id) != nullptr) {
@@ -259,6 +268,7 @@ void Engine::Impl::FinishRequest(RequestId id, FinishReason reason,
   if (r.first_scheduled != absl::InfinitePast()) {
     t.queue_seconds = SecondsBetween(r.arrival, r.first_scheduled);
   }
+  usage.kv = KvUsageOf(r, t.queue_seconds, now);
   if (r.first_token != absl::InfinitePast()) {
     t.time_to_first_token = SecondsBetween(r.arrival, r.first_token);
   }
@@ -283,6 +293,52 @@ void Engine::Impl::FinishRequest(RequestId id, FinishReason reason,
   --live_;
 }
 
+// At most every kKvStateInterval while someone read a snapshot lately (and
+// once at start, so the first reader finds one).
+void Engine::Impl::MaybeBuildKvState() {
+  constexpr absl::Duration kKvStateInterval = absl::Milliseconds(200);
+  constexpr absl::Duration kKvStateInterest = absl::Seconds(10);
+  const absl::Time now = absl::Now();
+  const absl::Time wanted = absl::FromUnixNanos(kv_state_wanted_ns_.load());
+  if (kv_state_built_ != absl::InfinitePast() &&
+      (now - wanted > kKvStateInterest ||
+       now - kv_state_built_ < kKvStateInterval)) {
+    return;
+  }
+  auto st = std::make_shared<const KvState>(BuildKvState(
+      *scheduler_, info_.kv_dtype, info_.kv_bytes_per_block, written_slots_));
+  kv_state_built_ = now;
+  absl::MutexLock lock(&kv_state_mu_);
+  kv_state_ = std::move(st);
+}
+
+std::shared_ptr<const KvState> Engine::Impl::KvStateSnapshot() const {
+  kv_state_wanted_ns_.store(absl::GetCurrentTimeNanos());
+  absl::MutexLock lock(&kv_state_mu_);
+  return kv_state_;
+}
+
+KvUsage Engine::Impl::KvUsageOf(const LiveRequest& r, double queued_seconds,
+                                absl::Time now) const {
+  const scheduler::RequestKvStats& s = r.kv_stats;
+  const int64_t block_bytes = info_.kv_bytes_per_block;
+  KvUsage kv;
+  kv.kv_dtype = info_.kv_dtype;
+  kv.peak_blocks = s.peak_blocks;
+  kv.peak_bytes = s.peak_blocks * block_bytes;
+  kv.preemptions_recompute = s.preemptions_recompute;
+  kv.preemptions_swap = s.preemptions_swap;
+  kv.recomputed_tokens = s.recomputed_tokens;
+  kv.swapped_out_bytes = s.swapped_out_blocks * block_bytes;
+  kv.swapped_in_bytes = s.swapped_in_blocks * block_bytes;
+  kv.queued_seconds = queued_seconds;
+  kv.preempted_seconds = r.preempted_seconds;
+  if (r.preempted_at != absl::InfinitePast()) {
+    kv.preempted_seconds += SecondsBetween(r.preempted_at, now);
+  }
+  return kv;
+}
+
 void Engine::Impl::PublishStats(double step_seconds, int64_t tokens) {
   const scheduler::SchedulerStats s = scheduler_->stats();
   int64_t reserved = 0;
@@ -298,11 +354,21 @@ void Engine::Impl::PublishStats(double step_seconds, int64_t tokens) {
     absl::MutexLock lock(&mu_);
     queued_ = s.num_waiting + static_cast<int64_t>(inbox_.adds.size());
   }
+  written_slots_ = scheduler_->kv_cache().WrittenSlots([this](RequestId id) {
+    const scheduler::Request* r = scheduler_->GetRequest(id);
+    return r == nullptr ? 0 : r->num_computed_tokens();
+  });
   if (metrics_) {
     metrics_->SetKvBlocks(s.kv.active_blocks, s.kv.cached_evictable_blocks,
                           s.kv.free_blocks - s.kv.cached_evictable_blocks);
     metrics_->SetQueues(s.num_running, s.num_waiting);
     metrics_->SetReservedSlots(reserved, unwritten);
+    const int64_t bs = config_.scheduler.block_size;
+    const int64_t written = written_slots_;
+    metrics_->SetTokenSlots(
+        written, s.kv.active_blocks * bs - written,
+        s.kv.cached_evictable_blocks * bs,
+        (s.kv.free_blocks - s.kv.cached_evictable_blocks) * bs);
     metrics_->SetSwapBlocks(s.swap_slots_used,
                             runner_->backend().num_swap_slots());
     if (tokens > 0) metrics_->ObserveStep(step_seconds, tokens);

@@ -61,12 +61,7 @@ EngineMetrics::EngineMetrics(prometheus::Registry& r,
                    .Register(r);
   running_ = &reqs.Add({{"state", "running"}});
   waiting_ = &reqs.Add({{"state", "waiting"}});
-  auto& pre = BuildCounter()
-                  .Name("kvserve_preemptions_total")
-                  .Help("Requests preempted to free KV blocks, by mode")
-                  .Register(r);
-  preempt_recompute_ = &pre.Add({{"mode", "recompute"}});
-  preempt_swap_ = &pre.Add({{"mode", "swap"}});
+  RegisterKvVisibility(r, info);
   recomputed_tokens_ = &BuildCounter()
                             .Name("kvserve_preemption_recomputed_tokens_total")
                             .Help(
@@ -207,6 +202,91 @@ EngineMetrics::EngineMetrics(prometheus::Registry& r,
             {"bytes_per_token", absl::StrCat(info.bytes_per_token)},
             {"kv_dtype", info.kv_dtype}})
       .Set(1);
+}
+
+void EngineMetrics::RegisterKvVisibility(prometheus::Registry& r,
+                                         const CacheConfigInfo& info) {
+  auto& pre = BuildCounter()
+                  .Name("kvserve_preemptions_total")
+                  .Help(
+                      "Requests preempted to free KV blocks, by mode and "
+                      "reason (no_free_block: a running request's next "
+                      "tokens; priority: a waiting request of higher "
+                      "priority)")
+                  .Register(r);
+  for (int m = 0; m < 2; ++m) {
+    for (int k = 0; k < 2; ++k) {
+      preempt_[m][k] =
+          &pre.Add({{"mode", m == 0 ? "recompute" : "swap"},
+                    {"reason", k == 0 ? "no_free_block" : "priority"}});
+    }
+  }
+  auto& slots = BuildGauge()
+                    .Name("kvserve_kv_token_slots")
+                    .Help(
+                        "KV token slots by state (shared blocks once): "
+                        "active_written + active_unwritten + cached + free "
+                        "= kvserve_kv_token_slots_capacity")
+                    .Register(r);
+  for (int i = 0; i < 4; ++i) {
+    static constexpr const char* kStates[] = {
+        "active_written", "active_unwritten", "cached", "free"};
+    slots_[i] = &slots.Add({{"state", kStates[i]}});
+  }
+  BuildGauge()
+      .Name("kvserve_kv_token_slots_capacity")
+      .Help("KV token slots in the pool (blocks * block size)")
+      .Register(r)
+      .Add({})
+      .Set(static_cast<double>(info.num_blocks) * info.block_size);
+  auto& ev = BuildCounter()
+                 .Name("kvserve_kv_evictions_total")
+                 .Help(
+                     "Cached KV blocks evicted for new content, by what "
+                     "needed the block")
+                 .Register(r);
+  for (int i = 0; i < kvcache::kNumEvictReasons; ++i) {
+    evictions_[i] = &ev.Add(
+        {{"reason",
+          kvcache::EvictReasonName(static_cast<kvcache::EvictReason>(i))}});
+  }
+  evicted_age_ =
+      &BuildHistogram()
+           .Name("kvserve_kv_evicted_block_age_seconds")
+           .Help("Seconds a cached block stayed evictable before eviction")
+           .Register(r)
+           .Add({}, Histogram::BucketBoundaries{0.01, 0.1, 1, 5, 15, 60, 300,
+                                                900, 3600, 14400, 86400});
+  evicted_reuses_ =
+      &BuildHistogram()
+           .Name("kvserve_kv_evicted_block_reuses")
+           .Help("Prefix-cache hits an evicted block served while cached")
+           .Register(r)
+           .Add({}, Histogram::BucketBoundaries{0, 1, 2, 4, 8, 16, 64, 256});
+}
+
+void EngineMetrics::AddPreemptions(const scheduler::StepStats& s) {
+  preempt_[0][1]->Increment(
+      static_cast<double>(s.priority_preemptions_recompute));
+  preempt_[1][1]->Increment(static_cast<double>(s.priority_preemptions_swap));
+  preempt_[0][0]->Increment(static_cast<double>(
+      s.preemptions_recompute - s.priority_preemptions_recompute));
+  preempt_[1][0]->Increment(
+      static_cast<double>(s.preemptions_swap - s.priority_preemptions_swap));
+}
+
+void EngineMetrics::SetTokenSlots(int64_t written, int64_t unwritten,
+                                  int64_t cached, int64_t free) {
+  slots_[0]->Set(static_cast<double>(written));
+  slots_[1]->Set(static_cast<double>(unwritten));
+  slots_[2]->Set(static_cast<double>(cached));
+  slots_[3]->Set(static_cast<double>(free));
+}
+
+void EngineMetrics::ObserveEviction(const kvcache::Eviction& e) {
+  evictions_[static_cast<int>(e.reason)]->Increment();
+  evicted_age_->Observe(e.age_seconds);
+  evicted_reuses_->Observe(e.reuses);
 }
 
 void EngineMetrics::SetKvBlocks(int64_t active, int64_t cached, int64_t free) {

@@ -7,10 +7,12 @@
 #include <memory>
 
 #include "engine/request_spec.h"
+#include "kvcache/block_pool.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+#include "scheduler/scheduler.h"
 
 namespace kvserve::engine {
 
@@ -38,10 +40,13 @@ class EngineMetrics {
     running_->Set(running);
     waiting_->Set(waiting);
   }
-  void AddPreemptions(int64_t recompute, int64_t swap) {
-    preempt_recompute_->Increment(recompute);
-    preempt_swap_->Increment(swap);
-  }
+  // A step's preemptions by mode and reason.
+  void AddPreemptions(const scheduler::StepStats& s);
+  // Token slots by state; they sum to the capacity.
+  void SetTokenSlots(int64_t written, int64_t unwritten, int64_t cached,
+                     int64_t free);
+  // Called on the engine thread for each evicted cached block.
+  void ObserveEviction(const kvcache::Eviction& e);
   // Swap traffic in blocks (exported in bytes).
   void AddSwapBlocks(int64_t out, int64_t in) {
     swap_out_bytes_->Increment(static_cast<double>(out) * bytes_per_block_);
@@ -84,10 +89,16 @@ class EngineMetrics {
  private:
   prometheus::Gauge *blocks_active_, *blocks_cached_, *blocks_free_,
       *blocks_total_, *usage_, *reserved_, *unwritten_, *running_, *waiting_;
-  prometheus::Counter *preempt_recompute_, *preempt_swap_, *recomputed_tokens_,
-      *prompt_tokens_, *generation_tokens_, *steps_, *rejected_,
-      *prefix_queries_, *prefix_hits_, *prefix_uncacheable_, *prefix_tail_hits_,
-      *forward_seconds_;
+  void RegisterKvVisibility(prometheus::Registry& r,
+                            const CacheConfigInfo& info);
+
+  prometheus::Counter* preempt_[2][2];  // [recompute, swap][reason]
+  prometheus::Gauge* slots_[4];
+  prometheus::Counter* evictions_[kvcache::kNumEvictReasons];
+  prometheus::Histogram *evicted_age_, *evicted_reuses_;
+  prometheus::Counter *recomputed_tokens_, *prompt_tokens_, *generation_tokens_,
+      *steps_, *rejected_, *prefix_queries_, *prefix_hits_,
+      *prefix_uncacheable_, *prefix_tail_hits_, *forward_seconds_;
   prometheus::Counter* finished_[6];
   prometheus::Gauge *swap_used_, *swap_total_, *blocks_active_peak_;
   prometheus::Counter *swap_out_bytes_, *swap_in_bytes_, *prompt_computed_;

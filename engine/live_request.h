@@ -11,6 +11,7 @@
 #include "engine/output_processor.h"
 #include "engine/request_spec.h"
 #include "engine/stream_state.h"
+#include "scheduler/request.h"
 
 namespace kvserve::engine {
 
@@ -30,6 +31,12 @@ struct LiveRequest {
   int32_t index = 0;
   int32_t pending_forks = 0;
   int32_t num_preemptions = 0;  // as of its latest scheduling
+  // The scheduler's KV accounting as of its latest scheduling.
+  scheduler::RequestKvStats kv_stats;
+  // Since its latest preemption (InfinitePast: not preempted now), and the
+  // time it spent preempted before that.
+  absl::Time preempted_at = absl::InfinitePast();
+  double preempted_seconds = 0;
 
   // Whether this step computes the prompt of a parent that still has to
   // fork its n > 1 children (they sample from a copy of its logits row).

@@ -39,4 +39,17 @@ absl::Status CheckRequestSpec(const RequestSpec& spec, int32_t vocab_size) {
   return CheckVocab(spec.stop_token_ids, vocab_size, "stop_token_ids");
 }
 
+void AddKvUsage(const KvUsage& part, KvUsage* sum) {
+  if (sum->kv_dtype.empty()) sum->kv_dtype = part.kv_dtype;
+  sum->peak_blocks += part.peak_blocks;
+  sum->peak_bytes += part.peak_bytes;
+  sum->preemptions_recompute += part.preemptions_recompute;
+  sum->preemptions_swap += part.preemptions_swap;
+  sum->recomputed_tokens += part.recomputed_tokens;
+  sum->swapped_out_bytes += part.swapped_out_bytes;
+  sum->swapped_in_bytes += part.swapped_in_bytes;
+  sum->queued_seconds += part.queued_seconds;
+  sum->preempted_seconds += part.preempted_seconds;
+}
+
 }  // namespace kvserve::engine

@@ -53,11 +53,31 @@ struct RequestSpec {
 using FinishReason = scheduler::FinishReason;
 using scheduler::FinishReasonName;
 
+// What a request cost the KV cache. A usage that covers several completions
+// or prompts sums theirs (a block shared by two completions counts in both
+// peaks); kv_dtype is the engine's.
+struct KvUsage {
+  std::string kv_dtype;
+  int32_t peak_blocks = 0;  // most blocks held at once
+  int64_t peak_bytes = 0;   // peak_blocks * bytes per block
+  int32_t preemptions_recompute = 0;
+  int32_t preemptions_swap = 0;
+  int64_t recomputed_tokens = 0;  // computed tokens preemption discarded
+  int64_t swapped_out_bytes = 0;
+  int64_t swapped_in_bytes = 0;
+  double queued_seconds = 0;     // arrival -> first scheduled
+  double preempted_seconds = 0;  // preempted -> scheduled again, summed
+};
+
 struct Usage {
   int32_t prompt_tokens = 0;
   int32_t completion_tokens = 0;
   int32_t cached_prompt_tokens = 0;
+  KvUsage kv;
 };
+
+// Adds `part`'s KV costs to `sum` (see KvUsage).
+void AddKvUsage(const KvUsage& part, KvUsage* sum);
 
 struct Timings {
   double queue_seconds = 0;        // arrival -> first scheduled

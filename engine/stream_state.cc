@@ -84,6 +84,7 @@ void StreamState::Finish(int32_t index, FinishReason reason, const Usage& usage,
     total_usage_.cached_prompt_tokens =
         std::max(total_usage_.cached_prompt_tokens, usage.cached_prompt_tokens);
     total_usage_.completion_tokens += usage.completion_tokens;
+    AddKvUsage(usage.kv, &total_usage_.kv);
   }
   Deliver();
 }

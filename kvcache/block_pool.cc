@@ -1,18 +1,45 @@
 #include "kvcache/block_pool.h"
 
+#include <chrono>
+
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
 
 namespace kvserve::kvcache {
+namespace {
+
+int64_t SteadyNanos() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+const char* EvictReasonName(EvictReason reason) {
+  switch (reason) {
+    case EvictReason::kAdmit:
+      return "admit";
+    case EvictReason::kGrow:
+      return "grow";
+    case EvictReason::kCopyOnWrite:
+      return "copy_on_write";
+    case EvictReason::kSwapIn:
+      return "swap_in";
+  }
+  return "unknown";
+}
 
 BlockPool::BlockPool(int32_t num_blocks) {
   KV_CHECK(num_blocks >= 1, "num_blocks=", num_blocks);
   blocks_.resize(num_blocks);
   hashes_.resize(num_blocks);
+  cached_since_ns_.resize(num_blocks, 0);
+  reuses_.resize(num_blocks, 0);
   for (BlockId b = 0; b < num_blocks; ++b) PushBack(b);
 }
 
-std::vector<BlockId> BlockPool::Allocate(int32_t n) {
+std::vector<BlockId> BlockPool::Allocate(int32_t n, EvictReason reason) {
   KV_CHECK(n >= 0 && n <= num_free_, "n=", n, " num_free=", num_free_);
   std::vector<BlockId> out;
   out.reserve(n);
@@ -24,7 +51,15 @@ std::vector<BlockId> BlockPool::Allocate(int32_t n) {
       // Lazy deletion: the map entry goes stale (no map access here).
       m.has_hash = false;
       --num_cached_evictable_;
+      ++evictions_[static_cast<int>(reason)];
+      if (observer_) {
+        observer_(
+            {reason,
+             1e-9 * static_cast<double>(SteadyNanos() - cached_since_ns_[b]),
+             reuses_[b]});
+      }
     }
+    reuses_[b] = 0;
     m.ref_count = 1;  // free -> active
     out.push_back(b);
   }
@@ -38,7 +73,10 @@ void BlockPool::Free(absl::Span<const BlockId> blocks) {
     KV_CHECK(m.ref_count >= 1, "block ", b, " freed at ref 0");
     if (--m.ref_count > 0) continue;  // active -> active (one owner fewer)
     // active -> cached (has hash) | active -> free (no hash)
-    if (m.has_hash) ++num_cached_evictable_;
+    if (m.has_hash) {
+      ++num_cached_evictable_;
+      cached_since_ns_[b] = SteadyNanos();
+    }
     PushBack(b);
   }
 }
@@ -96,6 +134,13 @@ std::optional<BlockId> BlockPool::GetCachedBlock(BlockHash hash) const {
   auto it = cached_.find(hash);
   if (it == cached_.end() || !IsLive(it->second, hash)) return std::nullopt;
   return it->second;
+}
+
+void BlockPool::RecordHits(absl::Span<const BlockId> blocks) {
+  for (const BlockId b : blocks) {
+    CheckId(b);
+    ++reuses_[b];
+  }
 }
 
 int32_t BlockPool::ref_count(BlockId block) const {

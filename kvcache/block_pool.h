@@ -42,10 +42,17 @@
 //   - num_free() + num_active() == num_blocks(), and num_cached_evictable()
 //     counts the ref-0 blocks that carry a hash.
 //
+// Evictions: Allocate says why it needs blocks (EvictReason); every cached
+// block it evicts is counted under that reason, and, when an observer is
+// set, reported with how long it sat evictable and how many prefix hits it
+// served while it held its hash (RecordHits), for the metrics.
+//
 // Thread safety: none. Engine thread only.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -74,6 +81,25 @@ struct BlockMove {
   bool operator==(const BlockMove&) const = default;
 };
 
+// What a block is allocated for: the reason an eviction is counted under.
+enum class EvictReason : uint8_t {
+  kAdmit,        // a request's first blocks (admission, readmission, fork)
+  kGrow,         // a running request's next tokens
+  kCopyOnWrite,  // a private copy of a shared block about to be written
+  kSwapIn,       // blocks for a swapped-out request's slots
+};
+inline constexpr int kNumEvictReasons = 4;
+// "admit", "grow", "copy_on_write", "swap_in" (static storage).
+[[nodiscard]] const char* EvictReasonName(EvictReason reason);
+
+// One cached block reclaimed for new content.
+struct Eviction {
+  EvictReason reason = EvictReason::kGrow;
+  double age_seconds = 0;  // since it last became evictable (ref 0, hashed)
+  int32_t reuses = 0;      // prefix hits it served while hashed
+};
+using EvictionObserver = std::function<void(const Eviction&)>;
+
 class BlockPool {
  public:
   // All blocks start free, queued in id order (block 0 at the head).
@@ -86,8 +112,10 @@ class BlockPool {
   // Pops `n` blocks from the head of the free queue and gives each ref 1.
   // A popped cached block loses its hash (it is evicted; its map entry goes
   // stale, O(1) whatever the map size). Returns them in pop order.
-  // Precondition: 0 <= n <= num_free() (KV_CHECKed).
-  [[nodiscard]] std::vector<BlockId> Allocate(int32_t n);
+  // Precondition: 0 <= n <= num_free() (KV_CHECKed). Evictions count
+  // under `reason`.
+  [[nodiscard]] std::vector<BlockId> Allocate(
+      int32_t n, EvictReason reason = EvictReason::kGrow);
 
   // Drops one reference from each block, in the given order. Blocks that
   // reach ref 0 are appended to the free-queue tail in that order, so pass a
@@ -119,6 +147,18 @@ class BlockPool {
   // NOTE: callers must compare the block's tokens too: equal hashes do not
   // prove equal content.
   [[nodiscard]] std::optional<BlockId> GetCachedBlock(BlockHash hash) const;
+
+  // Counts one prefix hit on each block (reported at its eviction).
+  void RecordHits(absl::Span<const BlockId> blocks);
+
+  // Cached blocks evicted so far for `reason`.
+  [[nodiscard]] int64_t evictions(EvictReason reason) const {
+    return evictions_[static_cast<int>(reason)];
+  }
+  // Called for every eviction from now on (null: none).
+  void set_eviction_observer(EvictionObserver observer) {
+    observer_ = std::move(observer);
+  }
 
   [[nodiscard]] int32_t ref_count(BlockId block) const;
   [[nodiscard]] std::optional<BlockHash> block_hash(BlockId block) const;
@@ -177,6 +217,12 @@ class BlockPool {
   int32_t num_cached_evictable_ = 0;
   // hash -> block: live entries plus stale ones (see the header comment).
   absl::flat_hash_map<BlockHash, BlockId> cached_;
+  // Per block: when it last became evictable (steady clock, ns) and its
+  // prefix hits since it was last allocated.
+  std::vector<int64_t> cached_since_ns_;
+  std::vector<int32_t> reuses_;
+  std::array<int64_t, kNumEvictReasons> evictions_{};
+  EvictionObserver observer_;
 };
 
 }  // namespace kvserve::kvcache

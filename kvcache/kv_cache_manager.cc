@@ -46,8 +46,8 @@ KvCacheManager::KvCacheManager(int32_t num_blocks, int32_t block_size,
   generation_.resize(num_blocks, 0);
 }
 
-std::vector<BlockId> KvCacheManager::TakeFresh(int32_t n) {
-  std::vector<BlockId> blocks = pool_.Allocate(n);
+std::vector<BlockId> KvCacheManager::TakeFresh(int32_t n, EvictReason reason) {
+  std::vector<BlockId> blocks = pool_.Allocate(n, reason);
   for (const BlockId b : blocks) ++generation_[b];
   return blocks;
 }
@@ -79,12 +79,12 @@ int32_t KvCacheManager::NumBlocksNeeded(RequestId request,
 }
 
 std::optional<std::vector<BlockId>> KvCacheManager::Allocate(
-    RequestId request, int64_t total_tokens) {
+    RequestId request, int64_t total_tokens, EvictReason reason) {
   owner_.CheckOwner("KvCacheManager");
   const int32_t needed = NumBlocksNeeded(request, total_tokens);
   if (needed > pool_.num_free()) return std::nullopt;
   if (needed == 0) return std::vector<BlockId>();
-  std::vector<BlockId> fresh = TakeFresh(needed);
+  std::vector<BlockId> fresh = TakeFresh(needed, reason);
   std::vector<BlockId>& table = tables_[request].blocks;
   table.insert(table.end(), fresh.begin(), fresh.end());
   return fresh;
@@ -113,12 +113,13 @@ bool KvCacheManager::AllocateForWrite(RequestId request,
     KV_DCHECK(idx >= table.num_hashed);
     BlockId& entry = table.blocks[idx];
     const BlockId old = entry;
-    entry = TakeFresh(1).front();  // free -> active
+    entry = TakeFresh(1, EvictReason::kCopyOnWrite).front();  // -> active
     copies->push_back({old, entry});
     pool_.Free(absl::MakeConstSpan(&old, 1));  // active (ref - 1), intact
   }
   if (fresh > 0) {
-    const std::vector<BlockId> blocks = TakeFresh(static_cast<int32_t>(fresh));
+    const std::vector<BlockId> blocks =
+        TakeFresh(static_cast<int32_t>(fresh), EvictReason::kGrow);
     table.blocks.insert(table.blocks.end(), blocks.begin(), blocks.end());
   }
   return true;
@@ -154,7 +155,7 @@ bool KvCacheManager::SwapIn(RequestId request, std::vector<BlockMove>* moves) {
   const auto n = static_cast<int32_t>(slots.size());
   if (n > pool_.num_free()) return false;
   Table& table = tables_[request];
-  table.blocks = TakeFresh(n);  // free -> active
+  table.blocks = TakeFresh(n, EvictReason::kSwapIn);  // free -> active
   for (int32_t i = 0; i < n; ++i) moves->push_back({slots[i], table.blocks[i]});
   swap_.Free(slots);
   swapped_.erase(it);
@@ -268,11 +269,13 @@ std::optional<std::vector<BlockId>> KvCacheManager::AllocateWithPrefix(
   // Touch first: the matched evictable blocks leave the free queue before
   // Allocate pops (and may evict) from its head.
   pool_.Touch(prefix.blocks);  // cached -> active | active -> active
+  pool_.RecordHits(prefix.blocks);
   if (tail) {
     pool_.Pin(prefix.tail_block);
     pinned_.push_back(prefix.tail_block);
   }
-  std::vector<BlockId> fresh = TakeFresh(static_cast<int32_t>(fresh_needed));
+  std::vector<BlockId> fresh =
+      TakeFresh(static_cast<int32_t>(fresh_needed), EvictReason::kAdmit);
   if (tail) copies->push_back({prefix.tail_block, fresh.front()});
   Table& table = tables_[request];
   table.blocks = prefix.blocks;
@@ -378,6 +381,33 @@ void KvCacheManager::Fork(RequestId parent, RequestId child,
   }
   pool_.Touch(copy.blocks);
   tables_.emplace(child, std::move(copy));
+}
+
+int64_t KvCacheManager::WrittenSlots(
+    const std::function<int32_t(RequestId)>& computed_tokens) const {
+  int64_t written = 0;
+  // Shared blocks: the most any holder wrote, counted once.
+  absl::flat_hash_map<BlockId, int32_t> shared;
+  for (const auto& [id, table] : tables_) {
+    const int64_t computed = computed_tokens(id);
+    for (size_t i = 0; i < table.blocks.size(); ++i) {
+      const BlockId b = table.blocks[i];
+      const auto n = static_cast<int32_t>(std::clamp<int64_t>(
+          computed - static_cast<int64_t>(i) * block_size_, 0, block_size_));
+      if (pool_.ref_count(b) == 1) {
+        written += n;
+      } else {
+        int32_t& most = shared[b];
+        most = std::max(most, n);
+      }
+    }
+  }
+  for (const BlockId b : pinned_) {
+    int32_t& most = shared[b];
+    most = std::max(most, content_len_[b]);
+  }
+  for (const auto& [b, n] : shared) written += n;
+  return written;
 }
 
 const std::vector<BlockId>& KvCacheManager::GetBlockTable(

@@ -59,6 +59,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -142,8 +143,10 @@ class KvCacheManager {
   //   region     c  c  c  c |  c  c  n  n |  n  n  n  .
   //   (c: computed, n: to compute now, .: empty slot; 9 = free-queue head)
   //   Returns {9}; the table is [7 3 9]. Existing entries never change.
+  // Evictions it causes count under `reason`.
   [[nodiscard]] std::optional<std::vector<BlockId>> Allocate(
-      RequestId request, int64_t total_tokens);
+      RequestId request, int64_t total_tokens,
+      EvictReason reason = EvictReason::kGrow);
 
   // Prepares `request` to write positions [num_computed_tokens,
   // total_tokens): copy-on-write of a shared block at num_computed_tokens
@@ -260,6 +263,18 @@ class KvCacheManager {
     return static_cast<int32_t>(tables_.size());
   }
   [[nodiscard]] const BlockPool& pool() const { return pool_; }
+  void set_eviction_observer(EvictionObserver observer) {
+    pool_.set_eviction_observer(std::move(observer));
+  }
+
+  // Token slots written in active blocks, each block once however many
+  // tables share it: a table's block i holds min(block_size, max(0,
+  // computed(request) - i * block_size)) written tokens, the most any holder
+  // has written; a pinned tail source holds its indexed tokens. Active
+  // blocks * block_size minus this is the reserved-but-unwritten space.
+  // O(total table entries).
+  [[nodiscard]] int64_t WrittenSlots(
+      const std::function<int32_t(RequestId)>& computed_tokens) const;
 
   // Verifies the invariants above; O(num_blocks + total table entries).
   [[nodiscard]] absl::Status CheckInvariants() const;
@@ -302,7 +317,7 @@ class KvCacheManager {
                                     absl::Span<const int32_t> tokens) const;
   // pool_.Allocate, bumping each block's generation (its old content and
   // index entry become stale).
-  [[nodiscard]] std::vector<BlockId> TakeFresh(int32_t n);
+  [[nodiscard]] std::vector<BlockId> TakeFresh(int32_t n, EvictReason reason);
   // Records that `block` holds `tokens` after `parent` under `ns` and
   // indexes it, replacing the block's previous entry.
   void IndexContent(BlockId block, BlockHash parent, BlockHash ns,

@@ -49,6 +49,18 @@ enum class FinishReason {
   kError,      // an engine error (e.g. a failed forward)
 };
 
+// What a request cost the KV cache over its life (the scheduler's part of
+// the per-request accounting; the engine adds the times).
+struct RequestKvStats {
+  int32_t peak_blocks = 0;  // most blocks its table held at once
+  int32_t preemptions_recompute = 0;
+  int32_t preemptions_swap = 0;
+  // Computed tokens its recompute preemptions discarded.
+  int64_t recomputed_tokens = 0;
+  int64_t swapped_out_blocks = 0;
+  int64_t swapped_in_blocks = 0;
+};
+
 [[nodiscard]] absl::string_view RequestStatusName(RequestStatus status);
 // A C string (static storage) so that it formats in logs and metric labels.
 [[nodiscard]] const char* FinishReasonName(FinishReason reason);
@@ -119,6 +131,7 @@ class Request {
   [[nodiscard]] bool is_finished() const;
   // Preemptions over its whole life (recompute and swap).
   [[nodiscard]] int32_t num_preemptions() const { return num_preemptions_; }
+  [[nodiscard]] const RequestKvStats& kv_stats() const { return kv_stats_; }
   // Preemptions since it last caught up to its last token (thrash guard).
   [[nodiscard]] int32_t num_consecutive_preemptions() const {
     return consecutive_preemptions_;
@@ -146,6 +159,7 @@ class Request {
   int32_t num_cached_tokens_ = 0;
   int32_t num_preemptions_ = 0;
   int32_t consecutive_preemptions_ = 0;
+  RequestKvStats kv_stats_;
   std::string cache_salt_;
   kvcache::BlockHash cache_ns_ = 0;  // NamespaceHash(model id, salt)
   RequestStatus status_ = RequestStatus::kWaiting;

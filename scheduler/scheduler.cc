@@ -158,6 +158,7 @@ SchedulerOutput Scheduler::Schedule() {
   ScheduleRunning(plan);
   if (plan.preempted.empty()) {
     AdmitWaiting(plan);
+    PreemptForPriority(plan);
   } else {
     last_admission_stop_ = AdmissionStop::kPreempted;
   }
@@ -167,6 +168,10 @@ SchedulerOutput Scheduler::Schedule() {
       .preemptions_recompute =
           after.preemptions_recompute - before.preemptions_recompute,
       .preemptions_swap = after.preemptions_swap - before.preemptions_swap,
+      .priority_preemptions_recompute = after.priority_preemptions_recompute -
+                                        before.priority_preemptions_recompute,
+      .priority_preemptions_swap =
+          after.priority_preemptions_swap - before.priority_preemptions_swap,
       .recomputed_tokens = after.recomputed_tokens - before.recomputed_tokens,
       .prefix_cache_queries_tokens = after.prefix_cache_queries_tokens -
                                      before.prefix_cache_queries_tokens,
@@ -187,6 +192,9 @@ StepStats Scheduler::CumulativeStepStats() const {
       .preemptions_recompute =
           num_preemptions_total_ - num_preemptions_swap_total_,
       .preemptions_swap = num_preemptions_swap_total_,
+      .priority_preemptions_recompute =
+          num_priority_preemptions_recompute_total_,
+      .priority_preemptions_swap = num_priority_preemptions_swap_total_,
       .recomputed_tokens = num_preempted_tokens_total_,
       .prefix_cache_queries_tokens = prefix_cache_queries_tokens_,
       .prefix_cache_hit_tokens = prefix_cache_hit_tokens_,
@@ -290,7 +298,8 @@ std::vector<FinishedRequest> Scheduler::UpdateFromOutput(
     r->output_.push_back(token);
     if (r->num_output_tokens() >= r->max_tokens()) {
       r->status_ = RequestStatus::kFinishedLength;
-      finished.push_back({r->id(), FinishReason::kLength, r->num_preemptions_});
+      finished.push_back(
+          {r->id(), FinishReason::kLength, r->num_preemptions_, r->kv_stats_});
     }
   }
   KV_CHECK(k == sampled.size(), "sampled has ", sampled.size(),
@@ -345,6 +354,9 @@ SchedulerStats Scheduler::stats() const {
   s.num_steps = num_steps_;
   s.num_preemptions_total = num_preemptions_total_;
   s.num_preemptions_swap_total = num_preemptions_swap_total_;
+  s.num_priority_preemptions_recompute_total =
+      num_priority_preemptions_recompute_total_;
+  s.num_priority_preemptions_swap_total = num_priority_preemptions_swap_total_;
   s.num_preemptions_recompute_total =
       num_preemptions_total_ - num_preemptions_swap_total_;
   s.num_preempted_tokens_total = num_preempted_tokens_total_;

@@ -105,7 +105,11 @@ struct ScheduledRequest {
 struct StepStats {
   int64_t preemptions_recompute = 0;  // num_preemptions_recompute_total
   int64_t preemptions_swap = 0;       // num_preemptions_swap_total
-  int64_t recomputed_tokens = 0;      // num_recomputed_tokens_total
+  // Of those, the preemptions for a waiting request of higher priority
+  // (num_priority_preemptions_*_total); the rest found no free block.
+  int64_t priority_preemptions_recompute = 0;
+  int64_t priority_preemptions_swap = 0;
+  int64_t recomputed_tokens = 0;  // num_recomputed_tokens_total
   int64_t prefix_cache_queries_tokens = 0;
   int64_t prefix_cache_hit_tokens = 0;
   int64_t prefix_cache_uncacheable_tokens = 0;
@@ -161,8 +165,15 @@ struct SchedulerOutput {
 struct FinishedRequest {
   RequestId id = 0;
   FinishReason reason = FinishReason::kLength;
-  // Request::num_preemptions() at its end.
+  // Request::num_preemptions() and kv_stats() at its end.
   int32_t num_preemptions = 0;
+  RequestKvStats kv_stats;
+};
+
+// Why a running request lost its KV blocks.
+enum class PreemptReason {
+  kNoFreeBlock,  // a running request's next tokens found no free block
+  kPriority,     // a waiting request of higher priority did not fit
 };
 
 // Why admission stopped in a step: the typed result of the admission check
@@ -188,6 +199,9 @@ struct SchedulerStats {
   int64_t num_preemptions_total = 0;  // recompute + swap
   int64_t num_preemptions_recompute_total = 0;
   int64_t num_preemptions_swap_total = 0;
+  // Preemptions that made room for a waiting request of higher priority.
+  int64_t num_priority_preemptions_recompute_total = 0;
+  int64_t num_priority_preemptions_swap_total = 0;
   // Computed tokens discarded by preemptions (the work they cost; only
   // recompute discards any).
   int64_t num_preempted_tokens_total = 0;
@@ -298,6 +312,10 @@ class Scheduler {
   [[nodiscard]] SchedulerStats stats() const;
   [[nodiscard]] const SchedulerConfig& config() const { return config_; }
   [[nodiscard]] const kvcache::KvCacheManager& kv_cache() const { return kv_; }
+  // Reports every eviction of a cached block from now on.
+  void SetEvictionObserver(kvcache::EvictionObserver observer) {
+    kv_.set_eviction_observer(std::move(observer));
+  }
 
   // Makes the calling thread the owner of this scheduler and its KV manager
   // (their mutating methods check it in debug builds). The engine calls it
@@ -326,7 +344,14 @@ class Scheduler {
   // Keeps *index pointing at the same request when a victim before it leaves.
   bool AllocateOrPreempt(size_t* index, int32_t n, StepPlan& plan);
   [[nodiscard]] size_t PickVictim() const;
-  void Preempt(size_t index, StepPlan& plan);
+  void Preempt(size_t index, StepPlan& plan,
+               PreemptReason reason = PreemptReason::kNoFreeBlock);
+  // Priority policy: when the waiting head did not fit (KV or the high
+  // watermark), preempts running requests of larger priority value, worst
+  // first, until it fits or none is left. Runs after admission.
+  void PreemptForPriority(StepPlan& plan);
+  // Raises r's peak_blocks to its table's size.
+  void NotePeakBlocks(Request& r);
   // Whether to preempt `r` (holding `blocks` computed blocks) by swap.
   [[nodiscard]] bool ChooseSwap(const Request& r, int32_t blocks) const;
   void AdmitWaiting(StepPlan& plan);
@@ -398,6 +423,8 @@ class Scheduler {
   int64_t num_steps_ = 0;
   int64_t num_preemptions_total_ = 0;
   int64_t num_preemptions_swap_total_ = 0;
+  int64_t num_priority_preemptions_recompute_total_ = 0;
+  int64_t num_priority_preemptions_swap_total_ = 0;
   int64_t num_preempted_tokens_total_ = 0;
   int64_t num_swapped_out_blocks_total_ = 0;
   int64_t num_swapped_in_blocks_total_ = 0;

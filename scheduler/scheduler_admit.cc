@@ -34,7 +34,9 @@ void Scheduler::Admit(Request* r, const kvcache::PrefixMatch& match, int32_t n,
     // tokens and does no prefix lookup.
     KV_CHECK(kv_.SwapIn(r->id(), &plan.swap_in), "swap-in failed");
     num_swapped_in_blocks_total_ += swapped;
-    KV_CHECK(kv_.Allocate(r->id(), AdmissionTokens(r->num_computed_tokens_, n))
+    r->kv_stats_.swapped_in_blocks += swapped;
+    KV_CHECK(kv_.Allocate(r->id(), AdmissionTokens(r->num_computed_tokens_, n),
+                          kvcache::EvictReason::kAdmit)
                  .has_value(),
              "admission passed but Allocate failed");
   } else {
@@ -62,6 +64,7 @@ void Scheduler::Admit(Request* r, const kvcache::PrefixMatch& match, int32_t n,
            " was not queued");
   r->status_ = RequestStatus::kRunning;
   r->admit_seq_ = next_admit_seq_++;
+  NotePeakBlocks(*r);
   running_.push_back(r);
   plan.scheduled.emplace_back(r, n);
   plan.budget -= n;

@@ -26,7 +26,41 @@ bool Scheduler::AllocateOrPreempt(size_t* index, int32_t n, StepPlan& plan) {
     plan.copy_owners.push_back(r);
     ++num_copied_blocks_total_;
   }
+  NotePeakBlocks(*r);
   return true;
+}
+
+void Scheduler::NotePeakBlocks(Request& r) {
+  r.kv_stats_.peak_blocks =
+      std::max(r.kv_stats_.peak_blocks,
+               static_cast<int32_t>(kv_.GetBlockTable(r.id()).size()));
+}
+
+void Scheduler::PreemptForPriority(StepPlan& plan) {
+  // A step that swapped a request in swaps nothing out (a freed slot could
+  // be reused before it is read): such a head waits one more step.
+  if (config_.policy != SchedulingPolicy::kPriority || !plan.swap_in.empty()) {
+    return;
+  }
+  while (last_admission_stop_ == AdmissionStop::kKvBlocks ||
+         last_admission_stop_ == AdmissionStop::kHighWatermark) {
+    const Request* head = waiting_.begin()->second;
+    if (running_.empty()) return;
+    const size_t victim = PickVictim();
+    if (running_[victim]->priority() <= head->priority()) return;
+    Preempt(victim, plan, PreemptReason::kPriority);
+    // Nothing is admitted in a step that preempts (no step both swaps out
+    // and swaps in): the head is admitted next step. Stop once it would fit.
+    int64_t reserved_blocks = -1;
+    Request* next = nullptr;
+    kvcache::PrefixMatch match;
+    const AdmissionStop stop =
+        NextAdmission(plan, &reserved_blocks, &next, &match);
+    last_admission_stop_ = stop == AdmissionStop::kNone || next != head
+                               ? AdmissionStop::kPreempted
+                               : stop;
+  }
+  if (!plan.preempted.empty()) last_admission_stop_ = AdmissionStop::kPreempted;
 }
 
 size_t Scheduler::PickVictim() const {
@@ -61,7 +95,7 @@ bool Scheduler::ChooseSwap(const Request& r, int32_t blocks) const {
   return swap < recompute;
 }
 
-void Scheduler::Preempt(size_t index, StepPlan& plan) {
+void Scheduler::Preempt(size_t index, StepPlan& plan, PreemptReason reason) {
   Request* r = running_[index];
   running_.erase(running_.begin() + index);
   // A victim already planned this step (priority policy) gives its tokens
@@ -92,11 +126,21 @@ void Scheduler::Preempt(size_t index, StepPlan& plan) {
     kv_.SwapOut(r->id(), blocks, &plan.swap_out);
     num_swapped_out_blocks_total_ += blocks;
     ++num_preemptions_swap_total_;
+    ++r->kv_stats_.preemptions_swap;
+    r->kv_stats_.swapped_out_blocks += blocks;
+    if (reason == PreemptReason::kPriority) {
+      ++num_priority_preemptions_swap_total_;
+    }
   } else {
     CachePartialBlock(*r);  // its readmission may hit it
     kv_.Free(r->id());
     num_preempted_tokens_total_ += computed;
     r->num_computed_tokens_ = 0;  // recompute prompt + output on readmission
+    ++r->kv_stats_.preemptions_recompute;
+    r->kv_stats_.recomputed_tokens += computed;
+    if (reason == PreemptReason::kPriority) {
+      ++num_priority_preemptions_recompute_total_;
+    }
   }
   ++num_preemptions_total_;
   ++r->num_preemptions_;
@@ -148,7 +192,8 @@ absl::Status Scheduler::Fork(RequestId parent_id,
       kvcache::BlocksForTokens(computed, config_.block_size));
   if (shared > 0) kv_.Fork(parent_id, c->id(), shared);
   if (config_.kv_reservation == KvReservation::kMaxLength &&
-      !kv_.Allocate(c->id(), config_.slab_blocks() * config_.block_size)) {
+      !kv_.Allocate(c->id(), config_.slab_blocks() * config_.block_size,
+                    kvcache::EvictReason::kAdmit)) {
     kv_.Free(c->id());
     return absl::ResourceExhaustedError(
         absl::StrCat("fork child ", c->id(), ": no free max-length slab of ",
@@ -161,6 +206,7 @@ absl::Status Scheduler::Fork(RequestId parent_id,
   c->num_cached_tokens_ = parent->num_cached_tokens_;
   c->status_ = RequestStatus::kRunning;
   c->admit_seq_ = next_admit_seq_++;
+  NotePeakBlocks(*c);
   running_.push_back(c);
   requests_.emplace(c->id(), std::move(child));
   return absl::OkStatus();

@@ -372,7 +372,9 @@ bool Session<Stream>::Admit() {
     Refuse(std::move(r));
     return false;
   }
-  const bool open = probe || (path == "/metrics" && !o.auth_metrics);
+  // /ui is a static page: the data it draws needs the token.
+  const bool open =
+      probe || path == "/ui" || (path == "/metrics" && !o.auth_metrics);
   if (o.auth != nullptr && !open) {
     const std::string* value = request_.Header("authorization");
     const absl::Status s = o.auth->CheckAuthorization(

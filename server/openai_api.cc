@@ -12,9 +12,12 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "engine/kv_state.h"
+#include "server/kv_state_json.h"
 #include "server/openapi/openapi_spec.h"
 #include "server/served_model.h"
 #include "server/status_mapping.h"
+#include "server/ui/kv_page.h"
 
 namespace kvserve::server {
 namespace {
@@ -95,6 +98,19 @@ void OpenAiApi::Mount(HttpRoutes& routes, std::function<OpenAiApi*()> api) {
              with_api([](OpenAiApi* self, std::shared_ptr<HttpExchange> ex) {
                self->HandleModels(*ex);
              }));
+  routes.Add("GET", "/v1/kv/state",
+             with_api([](OpenAiApi* self, std::shared_ptr<HttpExchange> ex) {
+               self->HandleKvState(*ex);
+             }));
+  // The KV page: static, holds no data (what it shows needs the token).
+  routes.Add("GET", "/ui", [](std::shared_ptr<HttpExchange> ex) {
+    HttpResponse r;
+    r.content_type = "text/html; charset=utf-8";
+    r.body = std::string(KvPageHtml());
+    r.headers.emplace_back("Content-Security-Policy", std::string(kKvPageCsp));
+    r.headers.emplace_back("X-Content-Type-Options", "nosniff");
+    ex->Respond(std::move(r));
+  });
   // The API's own description (server/openapi/openapi.json).
   routes.Add("GET", "/openapi.json", [](std::shared_ptr<HttpExchange> ex) {
     HttpResponse r;
@@ -121,6 +137,18 @@ void OpenAiApi::Mount(HttpRoutes& routes, std::function<OpenAiApi*()> api) {
 void OpenAiApi::HandleModels(HttpExchange& ex) const {
   HttpResponse r;
   r.body = ModelsBody(model_name_, created_, engine_->model_info());
+  ex.Respond(std::move(r));
+}
+
+void OpenAiApi::HandleKvState(HttpExchange& ex) const {
+  std::shared_ptr<const engine::KvState> state = engine_->KvStateSnapshot();
+  if (state == nullptr) {
+    SendError(absl::UnavailableError("the KV state is not collected yet"), ex);
+    return;
+  }
+  HttpResponse r;
+  r.body = KvStateJson(*state, model_name_);
+  r.headers.emplace_back("Cache-Control", "no-store");
   ex.Respond(std::move(r));
 }
 
@@ -230,6 +258,7 @@ void AddUsage(const engine::Usage& u, engine::Usage* sum) {
   sum->prompt_tokens += u.prompt_tokens;
   sum->completion_tokens += u.completion_tokens;
   sum->cached_prompt_tokens += u.cached_prompt_tokens;
+  engine::AddKvUsage(u.kv, &sum->kv);
 }
 
 // What the sinks of one non-streaming call share; they run on the engine

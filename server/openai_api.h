@@ -2,6 +2,8 @@
 //   POST /v1/completions       prompt (text or token ids) -> text
 //   POST /v1/chat/completions  messages rendered with the model's chat format
 //   GET  /v1/models            the served model
+//   GET  /v1/kv/state          the KV cache (engine/kv_state.h)
+//   GET  /ui                   the page that draws it (server/ui/)
 // Both POST routes stream as server-sent events with "stream": true. Owns
 // the request lifecycle over HTTP: parse (openai_json.h), validate
 // (request_validation.h), Submit, collect or stream the deltas, and Abort
@@ -47,6 +49,8 @@ class OpenAiApi {
   void HandleGenerate(std::shared_ptr<HttpExchange> ex,
                       OpenAiEndpoint endpoint);
   void HandleModels(HttpExchange& ex) const;
+  // GET /v1/kv/state: the engine's latest KV snapshot.
+  void HandleKvState(HttpExchange& ex) const;
   // One spec per prompt (a batch has several), in prompt order.
   [[nodiscard]] absl::StatusOr<std::vector<engine::RequestSpec>> BuildSpecs(
       const OpenAiRequest& request) const;

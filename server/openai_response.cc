@@ -29,12 +29,28 @@ json FinishReasonJson(engine::FinishReason r) {
   }
 }
 
+// kvserve's extension of `usage`: what the call cost the KV cache.
+json KvUsageJson(const engine::KvUsage& kv) {
+  return {{"kv_dtype", kv.kv_dtype},
+          {"peak_kv_blocks", kv.peak_blocks},
+          {"peak_kv_bytes", kv.peak_bytes},
+          {"preemptions",
+           {{"recompute", kv.preemptions_recompute},
+            {"swap", kv.preemptions_swap}}},
+          {"recomputed_tokens", kv.recomputed_tokens},
+          {"swapped_out_bytes", kv.swapped_out_bytes},
+          {"swapped_in_bytes", kv.swapped_in_bytes},
+          {"queued_seconds", kv.queued_seconds},
+          {"preempted_seconds", kv.preempted_seconds}};
+}
+
 json UsageJson(const engine::Usage& u) {
   return {
       {"prompt_tokens", u.prompt_tokens},
       {"completion_tokens", u.completion_tokens},
       {"total_tokens", u.prompt_tokens + u.completion_tokens},
-      {"prompt_tokens_details", {{"cached_tokens", u.cached_prompt_tokens}}}};
+      {"prompt_tokens_details", {{"cached_tokens", u.cached_prompt_tokens}}},
+      {"kvserve", KvUsageJson(u.kv)}};
 }
 
 json Bytes(const std::string& piece) {

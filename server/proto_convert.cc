@@ -53,6 +53,18 @@ void ToProto(const engine::StreamDelta& delta,
     usage->set_prompt_tokens(delta.usage.prompt_tokens);
     usage->set_completion_tokens(delta.usage.completion_tokens);
     usage->set_cached_prompt_tokens(delta.usage.cached_prompt_tokens);
+    const engine::KvUsage& kv = delta.usage.kv;
+    v1::KvUsage* k = usage->mutable_kv();
+    k->set_kv_dtype(kv.kv_dtype);
+    k->set_peak_blocks(kv.peak_blocks);
+    k->set_peak_bytes(kv.peak_bytes);
+    k->set_preemptions_recompute(kv.preemptions_recompute);
+    k->set_preemptions_swap(kv.preemptions_swap);
+    k->set_recomputed_tokens(kv.recomputed_tokens);
+    k->set_swapped_out_bytes(kv.swapped_out_bytes);
+    k->set_swapped_in_bytes(kv.swapped_in_bytes);
+    k->set_queued_seconds(kv.queued_seconds);
+    k->set_preempted_seconds(kv.preempted_seconds);
   }
   v1::Timings* timings = out->mutable_timings();
   timings->set_queue_seconds(delta.timings.queue_seconds);
