@@ -8,8 +8,8 @@
 #   deploy/setup.sh            build and run dependencies, .venv, the model
 #   deploy/setup.sh --test     also the tools only the test suite needs
 #                              (clang and its sanitizer runtime, clang-tidy,
-#                              clang-format,
-#                              promtool, shellcheck); tools/test.sh uses it
+#                              clang-format, promtool, shellcheck, headless
+#                              chromium); tools/test.sh uses it
 #   deploy/setup.sh --bench    also requirements-bench.txt (llama-cpp-python
 #                              compiles llama.cpp: slow), llama.cpp's
 #                              llama-server, llama-perplexity, llama-quantize
@@ -56,6 +56,9 @@ APT_PACKAGES=(
 if [ "$WITH_TEST" = 1 ]; then
   APT_PACKAGES+=(clang libclang-rt-14-dev clang-tidy clang-format prometheus
                  shellcheck systemd)
+  # Headless chromium runs the KV cache page (GET /ui) in
+  # tests/server/kv_ui_browser_test.py.
+  APT_PACKAGES+=(chromium)
 fi
 if [ "$WITH_BENCH" = 1 ]; then
   APT_PACKAGES+=(linux-perf)

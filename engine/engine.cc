@@ -145,6 +145,7 @@ absl::Status Engine::Impl::Init(
         });
   }
   PublishStats(0, 0);
+  MaybeBuildKvState();  // readers find a snapshot from the start
   return absl::OkStatus();
 }
 

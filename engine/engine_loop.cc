@@ -173,7 +173,16 @@ void Engine::Impl::Step() {
   const absl::Time t0 = absl::Now();
   scheduler::SchedulerOutput out = scheduler_->Schedule();
   if (out.empty()) {
-    AddStepCounters(out.stats, 0, 0);
+    // A step may preempt by swap and schedule nothing (its blocks go to a
+    // more important waiting request next step): the swap-outs still run.
+    StepResult moved;
+    if (absl::Status s = runner_->RunBlockMoves(out, &moved); !s.ok()) {
+      spdlog::error("block moves failed at step {}: {}", out.step,
+                    s.ToString());
+      FailAll(out.preempted, s.ToString());
+    }
+    AddStepCounters(out.stats, moved.swapped_out_blocks,
+                    moved.swapped_in_blocks);
     return WaitAfterEmptyStep();
   }
   for (const RequestId id : out.preempted) {
@@ -262,8 +271,10 @@ void Engine::Impl::FinishRequest(RequestId id, FinishReason reason,
   const std::string tail = r.output ? r.output->Flush() : "";
   if (!tail.empty()) r.stream->Push({}, tail, {});
   const absl::Time now = absl::Now();
-  Usage usage{static_cast<int32_t>(r.spec.prompt_tokens.size()),
-              r.completion_tokens, r.cached_prompt_tokens};
+  Usage usage;
+  usage.prompt_tokens = static_cast<int32_t>(r.spec.prompt_tokens.size());
+  usage.completion_tokens = r.completion_tokens;
+  usage.cached_prompt_tokens = r.cached_prompt_tokens;
   Timings t;
   if (r.first_scheduled != absl::InfinitePast()) {
     t.queue_seconds = SecondsBetween(r.arrival, r.first_scheduled);
@@ -283,9 +294,10 @@ void Engine::Impl::FinishRequest(RequestId id, FinishReason reason,
   // Children never forked (the parent ended before its first token) end
   // with it, so that the stream completes.
   for (int32_t i = 1; i <= r.pending_forks; ++i) {
-    r.stream->Finish(i, reason,
-                     Usage{usage.prompt_tokens, 0, usage.cached_prompt_tokens},
-                     t, error);
+    Usage unforked = usage;
+    unforked.completion_tokens = 0;
+    unforked.kv = KvUsage{.kv_dtype = info_.kv_dtype};
+    r.stream->Finish(i, reason, unforked, t, error);
   }
   r.pending_forks = 0;
   live_reqs_.erase(it);

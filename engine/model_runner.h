@@ -74,11 +74,13 @@ class ModelRunner {
   // engine calls it first thing on its thread.
   void BindOwnerThread() { owner_.Rebind(); }
 
- private:
   // Performs `out`'s block moves on the backend in the scheduler's order:
-  // swap out, swap in, copy-on-write copies.
+  // swap out, swap in, copy-on-write copies. Execute runs it; a step that
+  // schedules nothing but preempts by swap needs it alone.
   [[nodiscard]] absl::Status RunBlockMoves(
       const scheduler::SchedulerOutput& out, StepResult* result);
+
+ private:
   models::ForwardBatch BuildBatch(const scheduler::SchedulerOutput& out,
                                   const LiveRequestMap& live,
                                   std::vector<int32_t>* producers) const;

@@ -468,7 +468,10 @@ def check_dashboard(r, root, series):
         "kvserve_kv_blocks", "kvserve_preemptions_total",
         "kvserve_prefix_cache_hits_tokens_total",
         "kvserve_time_to_first_token_seconds_bucket",
-        "kvserve_inter_token_latency_seconds_bucket", "kvserve_requests"))
+        "kvserve_inter_token_latency_seconds_bucket", "kvserve_requests",
+        "kvserve_kv_token_slots", "kvserve_kv_evictions_total",
+        "kvserve_kv_evicted_block_age_seconds_bucket",
+        "kvserve_kv_evicted_block_reuses_bucket"))
 
 
 def check_alerts(r, root, series):

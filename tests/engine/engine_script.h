@@ -219,11 +219,12 @@ class Script {
   std::map<std::string, Completion> completions_ ABSL_GUARDED_BY(mu_);
 };
 
-// The value of counter or gauge `name` with label `key` = `value` (an empty
-// `key`: its first series) in `registry`; 0 if absent.
+// The sum of counter or gauge `name`'s series with label `key` = `value` (an
+// empty `key`: its first series) in `registry`; 0 if absent.
 inline double MetricValue(prometheus::Registry& registry,
                           const std::string& name, const std::string& key,
                           const std::string& value) {
+  double sum = 0;
   for (const prometheus::MetricFamily& f : registry.Collect()) {
     if (f.name != name) continue;
     for (const prometheus::ClientMetric& m : f.metric) {
@@ -232,12 +233,13 @@ inline double MetricValue(prometheus::Registry& registry,
         match = match || (l.name == key && l.value == value);
       }
       if (match) {
-        return f.type == prometheus::MetricType::Counter ? m.counter.value
+        sum += f.type == prometheus::MetricType::Counter ? m.counter.value
                                                          : m.gauge.value;
+        if (key.empty()) return sum;
       }
     }
   }
-  return 0;
+  return sum;
 }
 
 }  // namespace kvserve::engine::test

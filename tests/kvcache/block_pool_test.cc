@@ -325,5 +325,40 @@ TEST(BlockPoolTest, RepeatedFullEvictionKeepsMapBounded) {
   }
 }
 
+// Each eviction is reported with its reason, how long the block sat
+// evictable, and the hits it served; a plain free block is no eviction.
+TEST(BlockPoolTest, EvictionsReportReasonAgeAndReuses) {
+  BlockPool pool(3);
+  std::vector<Eviction> seen;
+  pool.set_eviction_observer([&seen](const Eviction& e) { seen.push_back(e); });
+  const std::vector<BlockId> a = pool.Allocate(2);
+  ASSERT_TRUE(pool.CacheBlock(a[0], 11));
+  ASSERT_TRUE(pool.CacheBlock(a[1], 12));
+  pool.RecordHits({a[0]});
+  pool.RecordHits({a[0]});
+  pool.Free(a);  // both cached; block 2 is plain free at the head
+  EXPECT_THAT(pool.FreeQueue(), ElementsAre(2, a[0], a[1]));
+  const std::vector<BlockId> b = pool.Allocate(2, EvictReason::kSwapIn);
+  EXPECT_THAT(b, ElementsAre(2, a[0]));
+  ASSERT_EQ(seen.size(), 1u);  // block 2 was free, not cached
+  EXPECT_EQ(seen[0].reason, EvictReason::kSwapIn);
+  EXPECT_EQ(seen[0].reuses, 2);
+  EXPECT_GE(seen[0].age_seconds, 0.0);
+  EXPECT_LT(seen[0].age_seconds, 60.0);
+  EXPECT_EQ(pool.evictions(EvictReason::kSwapIn), 1);
+  const std::vector<BlockId> c = pool.Allocate(1, EvictReason::kCopyOnWrite);
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[1].reason, EvictReason::kCopyOnWrite);
+  EXPECT_EQ(seen[1].reuses, 0);
+  EXPECT_EQ(pool.evictions(EvictReason::kCopyOnWrite), 1);
+  EXPECT_EQ(
+      pool.evictions(EvictReason::kAdmit) + pool.evictions(EvictReason::kGrow),
+      0);
+  // A reused block starts counting hits again from zero.
+  pool.Free(b);
+  pool.Free(c);
+  ASSERT_INVARIANTS(pool);
+}
+
 }  // namespace
 }  // namespace kvserve::kvcache

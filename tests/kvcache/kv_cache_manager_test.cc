@@ -128,6 +128,49 @@ TEST_F(KvCacheManagerTest, ForkMisuseAborts) {
 }
 
 // Seeded random grow / fork / free against a model of each request's length.
+// Written slots count each block once: a block shared by a fork counts what
+// its furthest holder wrote, not the sum.
+TEST_F(KvCacheManagerTest, WrittenSlotsCountSharedBlocksOnce) {
+  ASSERT_THAT(kv_.Allocate(1, 20), Optional(ElementsAre(0, 1)));
+  std::map<RequestId, int32_t> computed = {{1, 20}};
+  auto of = [&computed](RequestId id) { return computed[id]; };
+  EXPECT_EQ(kv_.WrittenSlots(of), 20);
+  kv_.Fork(1, 2);  // block 1 (4 tokens written) is shared
+  computed[2] = 20;
+  EXPECT_EQ(kv_.WrittenSlots(of), 20);
+  // The child copies block 1 before writing token 20 of its own.
+  std::vector<BlockMove> copies;
+  ASSERT_TRUE(kv_.AllocateForWrite(2, 20, 21, &copies));
+  ASSERT_THAT(copies, ElementsAre(BlockMove{1, 2}));
+  computed[2] = 21;
+  EXPECT_EQ(kv_.WrittenSlots(of), 16 + 4 + 5);
+  // Allocated but unwritten slots do not count.
+  ASSERT_TRUE(kv_.Allocate(1, 40).has_value());
+  EXPECT_EQ(kv_.WrittenSlots(of), 16 + 4 + 5);
+  computed[1] = 40;
+  EXPECT_EQ(kv_.WrittenSlots(of), 16 + 16 + 8 + 5);
+}
+
+// Evictions count under the reason the caller gives.
+TEST(KvCacheManagerEvictionTest, EvictionsCountByReason) {
+  KvCacheManager kv(2, 4);
+  std::vector<int32_t> tokens = {1, 2, 3, 4, 5, 6, 7, 8};
+  ASSERT_TRUE(kv.Allocate(1, 8).has_value());
+  kv.CacheComputedBlocks(1, TokenSequence{tokens, {}}, 8, 0);
+  kv.Free(1);  // both blocks cached, evictable
+  std::vector<Eviction> seen;
+  kv.set_eviction_observer([&seen](const Eviction& e) { seen.push_back(e); });
+  ASSERT_TRUE(kv.Allocate(2, 4, EvictReason::kAdmit).has_value());
+  ASSERT_TRUE(kv.Allocate(2, 8).has_value());  // grow by default
+  EXPECT_EQ(kv.pool().evictions(EvictReason::kAdmit), 1);
+  EXPECT_EQ(kv.pool().evictions(EvictReason::kGrow), 1);
+  EXPECT_EQ(kv.pool().evictions(EvictReason::kSwapIn), 0);
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[0].reason, EvictReason::kAdmit);
+  EXPECT_EQ(seen[1].reason, EvictReason::kGrow);
+  EXPECT_GE(seen[0].age_seconds, 0);
+}
+
 TEST(KvCacheManagerSoakTest, RandomOpsKeepInvariantsAndEndAllFree) {
   constexpr int32_t kBlocks = 64;
   constexpr int32_t kBlockSize = 4;

@@ -144,7 +144,9 @@ TEST(ConcurrencyE2eTest, SmallKvCacheForcesPreemptionWithIdenticalOutput) {
   EXPECT_TRUE(WaitForMetrics(
       server->http_port(),
       [](const auto& m) {
-        return Get(m, R"(kvserve_preemptions_total{mode="recompute"})") > 0 &&
+        return Get(m,
+                   R"(kvserve_preemptions_total{mode="recompute",reason="no_free_block"})") >
+                   0 &&
                Get(m, R"(kvserve_kv_blocks{state="active"})") == 0;
       },
       absl::Seconds(10), &scrape))

@@ -91,7 +91,7 @@ class CudaDeviceTest(unittest.TestCase):
             server.close()
         self.assertEqual(got, reference)
         self.assertGreater(counter(m, "kvserve_preemptions_total",
-                                   mode="swap"), 0)
+                                   mode="swap", reason="no_free_block"), 0)
         self.assertGreater(counter(m, "kvserve_swap_bytes_total",
                                    direction="out"), 0)
         self.assertGreater(counter(m, "kvserve_swap_bytes_total",

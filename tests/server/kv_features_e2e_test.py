@@ -135,7 +135,8 @@ class KvFeaturesTest(unittest.TestCase):
                 server.close()
             self.assertEqual(got, reference, mode)
             self.assertGreater(
-                counter(m, "kvserve_preemptions_total", mode=mode), 0, mode)
+                counter(m, "kvserve_preemptions_total", mode=mode,
+                        reason="no_free_block"), 0, mode)
             if mode == "swap":
                 self.assertGreater(counter(m, "kvserve_swap_bytes_total",
                                            direction="out"), 0)
