@@ -30,6 +30,9 @@
 //      also stops above admission_high_watermark, and a thrashing head (see
 //      thrash_preemption_limit) waits until its whole remaining prefill fits.
 //      kCacheAware picks the head by longest cached prefix (bounded window).
+//      kPriority: a head that does not fit (KV blocks or the high
+//      watermark) preempts running requests of larger priority value, worst
+//      first, until it would fit; it is admitted next step.
 //   3. Build the output; advance num_computed_tokens of what was scheduled.
 // A request whose computed tokens reach num_tokens() in a step produces a
 // token; UpdateFromOutput appends it, registers the request's newly computed

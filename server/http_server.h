@@ -8,8 +8,9 @@
 // openai_api.h).
 //
 // Owns the listening socket, the I/O threads, every connection, HTTPS
-// (Options.tls), the bearer-token check (everything but /health and /ready,
-// and /metrics unless Options.auth_metrics), and the body-size limit. Does
+// (Options.tls), the bearer-token check (everything but /health, /ready, the
+// static /ui page, and /metrics unless Options.auth_metrics), and the
+// body-size limit. Does
 // not own the registry's metrics or the readiness decision (the caller
 // passes a predicate).
 //

@@ -206,31 +206,45 @@ class KvVisibilityTest(unittest.TestCase):
 
     def test_priority_preemption_is_counted_by_reason(self):
         # 24 blocks: the low-priority request holds 18 or more, the urgent
-        # one needs 10 and preempts it.
-        server = Server("--scheduling-policy", "priority",
-                        "--no-prefix-caching", "--preemption-mode",
-                        "recompute", kv_bytes=str(24 * BLOCK_BYTES))
-        try:
-            started = threading.Event()
-            low = {}
+        # one needs 10 and preempts it. By swap, the preempting step runs
+        # nothing but the swap-out; the victim's greedy tokens must come out
+        # as they do by recompute.
+        low_tokens = {}
+        for mode in ("recompute", "swap"):
+            server = Server("--scheduling-policy", "priority",
+                            "--no-prefix-caching", "--preemption-mode", mode,
+                            "--swap-space-bytes", "64MiB",
+                            kv_bytes=str(24 * BLOCK_BYTES))
+            try:
+                started = threading.Event()
+                low = {}
 
-            def run_low():
-                low["r"] = server.generate(
-                    token_ids(21, 280), 60, priority=10,
-                    on_token=lambda n: started.set())
-            t = threading.Thread(target=run_low)
-            t.start()
-            self.assertTrue(started.wait(60))
-            _, high = server.generate(token_ids(22, 150), 8, priority=0)
-            t.join(120)
-            m = server.wait_metrics(idle)
-        finally:
-            server.close()
-        self.assertEqual(high.kv.preemptions_recompute, 0)
-        self.assertGreaterEqual(low["r"][1].kv.preemptions_recompute, 1)
-        self.assertEqual(len(low["r"][0]), 60)
-        self.assertGreaterEqual(
-            counter(m, PREEMPT, mode="recompute", reason="priority"), 1)
+                def run_low():
+                    low["r"] = server.generate(
+                        token_ids(21, 280), 60, priority=10,
+                        on_token=lambda n: started.set())
+                t = threading.Thread(target=run_low)
+                t.start()
+                self.assertTrue(started.wait(60))
+                _, high = server.generate(token_ids(22, 150), 8, priority=0)
+                t.join(120)
+                m = server.wait_metrics(idle)
+            finally:
+                server.close()
+            self.assertEqual(high.kv.preemptions_recompute +
+                             high.kv.preemptions_swap, 0)
+            kv = low["r"][1].kv
+            got = kv.preemptions_swap if mode == "swap" else \
+                kv.preemptions_recompute
+            self.assertGreaterEqual(got, 1, mode)
+            self.assertEqual(len(low["r"][0]), 60)
+            self.assertEqual(counter(m, PREEMPT, mode=mode, reason="priority"),
+                             got, mode)
+            if mode == "swap":
+                self.assertEqual(kv.swapped_out_bytes, kv.swapped_in_bytes)
+                self.assertGreater(kv.swapped_out_bytes, 0)
+            low_tokens[mode] = low["r"][0]
+        self.assertEqual(low_tokens["swap"], low_tokens["recompute"])
 
     def test_kv_state_matches_schema_and_pool(self):
         import jsonschema
