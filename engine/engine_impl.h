@@ -105,6 +105,9 @@ class Engine::Impl {
   void FailAll(const std::vector<RequestId>& ids, const std::string& error);
   void PublishStats(double step_seconds, int64_t tokens);
   void MaybeBuildKvState();
+  // KvCacheManager::WrittenSlots of the live requests.
+  [[nodiscard]] int64_t WrittenSlots() const;
+  void PublishTokenSlots(const kvcache::KvUsage& kv);
 
   const EngineConfig config_;
   LoadedModel model_;
@@ -130,7 +133,7 @@ class Engine::Impl {
   LiveRequestMap live_reqs_;
   ThreadOwner loop_owner_;
 
-  int64_t written_slots_ = 0;  // as of the latest PublishStats
+  absl::Time slots_published_ = absl::InfinitePast();
   absl::Time kv_state_built_ = absl::InfinitePast();
   mutable std::atomic<int64_t> kv_state_wanted_ns_{0};
   mutable absl::Mutex kv_state_mu_;

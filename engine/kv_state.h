@@ -58,7 +58,7 @@ struct KvState {
 };
 
 // Reads `scheduler` (engine thread only). `written_slots` is the KV
-// manager's WrittenSlots for the current step.
+// manager's WrittenSlots now.
 [[nodiscard]] KvState BuildKvState(const scheduler::Scheduler& scheduler,
                                    const std::string& kv_dtype,
                                    int64_t bytes_per_block,

@@ -161,6 +161,11 @@ class BlockPool {
   }
 
   [[nodiscard]] int32_t ref_count(BlockId block) const;
+  // ref_count without the id check, for hot loops over ids that came from
+  // this pool. Precondition: 0 <= block < num_blocks().
+  [[nodiscard]] int32_t ref_count_unchecked(BlockId block) const {
+    return blocks_[block].ref_count;
+  }
   [[nodiscard]] std::optional<BlockHash> block_hash(BlockId block) const;
 
   [[nodiscard]] int32_t num_blocks() const {

@@ -384,17 +384,20 @@ void KvCacheManager::Fork(RequestId parent, RequestId child,
 }
 
 int64_t KvCacheManager::WrittenSlots(
-    const std::function<int32_t(RequestId)>& computed_tokens) const {
+    absl::FunctionRef<int32_t(RequestId)> computed_tokens) const {
   int64_t written = 0;
   // Shared blocks: the most any holder wrote, counted once.
   absl::flat_hash_map<BlockId, int32_t> shared;
+  const int64_t bs = block_size_;
   for (const auto& [id, table] : tables_) {
     const int64_t computed = computed_tokens(id);
-    for (size_t i = 0; i < table.blocks.size(); ++i) {
+    const auto size = static_cast<int64_t>(table.blocks.size());
+    // Blocks past the computed tokens hold nothing, shared or not.
+    const int64_t touched = std::min(size, (computed + bs - 1) / bs);
+    for (int64_t i = 0; i < touched; ++i) {
+      const auto n = static_cast<int32_t>(std::min(bs, computed - i * bs));
       const BlockId b = table.blocks[i];
-      const auto n = static_cast<int32_t>(std::clamp<int64_t>(
-          computed - static_cast<int64_t>(i) * block_size_, 0, block_size_));
-      if (pool_.ref_count(b) == 1) {
+      if (pool_.ref_count_unchecked(b) == 1) {
         written += n;
       } else {
         int32_t& most = shared[b];

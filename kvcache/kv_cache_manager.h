@@ -64,6 +64,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "common/thread_owner.h"
@@ -274,7 +275,7 @@ class KvCacheManager {
   // blocks * block_size minus this is the reserved-but-unwritten space.
   // O(total table entries).
   [[nodiscard]] int64_t WrittenSlots(
-      const std::function<int32_t(RequestId)>& computed_tokens) const;
+      absl::FunctionRef<int32_t(RequestId)> computed_tokens) const;
 
   // Verifies the invariants above; O(num_blocks + total table entries).
   [[nodiscard]] absl::Status CheckInvariants() const;

@@ -4,11 +4,17 @@
 //
 //   BM_DecodeStep/256      256 sequences in steady decode (mid-length tables)
 //   BM_ChurnStep/256       decode plus arrivals and finishes every few steps
+//   BM_WrittenSlots/256    KvCacheManager::WrittenSlots over those tables
+//                          (the engine: at most every 50 ms while busy)
+//   BM_BuildKvState/N      engine::BuildKvState of an N-block pool, 256
+//                          sequences running (at most every 200 ms while
+//                          /v1/kv/state is polled)
 #include <memory>
 #include <vector>
 
 #include "benchmark/benchmark.h"
 #include "common/check.h"
+#include "engine/kv_state.h"
 #include "scheduler/scheduler.h"
 
 namespace kvserve::scheduler {
@@ -96,6 +102,51 @@ void BM_ChurnStep(benchmark::State& state) {
       static_cast<double>(finished) / state.iterations();
 }
 BENCHMARK(BM_ChurnStep)->Arg(256)->Unit(benchmark::kMicrosecond);
+
+// `num_seqs` sequences of 512 prompt + 1,500 decoded tokens (126 blocks
+// each), all running.
+void BM_WrittenSlots(benchmark::State& state) {
+  const auto num_seqs = static_cast<int32_t>(state.range(0));
+  Scheduler sched(BenchConfig(num_seqs));
+  std::vector<int32_t> sampled;
+  for (RequestId id = 0; id < num_seqs; ++id) {
+    AddRequest(sched, id, kPromptLen, 4000);
+  }
+  while (sched.GetRequest(num_seqs - 1)->num_output_tokens() < 1500) {
+    Step(sched, sampled);
+  }
+  const auto computed = [&sched](RequestId id) {
+    return sched.GetRequest(id)->num_computed_tokens();
+  };
+  int64_t written = 0;
+  for (auto _ : state) {
+    written = sched.kv_cache().WrittenSlots(computed);
+    benchmark::DoNotOptimize(written);
+  }
+  state.counters["blocks"] = sched.kv_usage().active_blocks;
+  state.counters["written"] = static_cast<double>(written);
+}
+BENCHMARK(BM_WrittenSlots)->Arg(256)->Unit(benchmark::kMicrosecond);
+
+void BM_BuildKvState(benchmark::State& state) {
+  SchedulerConfig c = BenchConfig(256);
+  c.num_blocks = static_cast<int32_t>(state.range(0));
+  Scheduler sched(c);
+  std::vector<int32_t> sampled;
+  for (RequestId id = 0; id < 256; ++id) AddRequest(sched, id, kPromptLen, 64);
+  while (sched.num_waiting() > 0) Step(sched, sampled);
+  size_t bytes = 0;
+  for (auto _ : state) {
+    const engine::KvState st = engine::BuildKvState(sched, "fp16", 1, 0);
+    bytes = st.cell_active.size();
+    benchmark::DoNotOptimize(bytes);
+  }
+  state.counters["cells"] = static_cast<double>(bytes);
+}
+BENCHMARK(BM_BuildKvState)
+    ->Arg(64 * 1024)
+    ->Arg(1024 * 1024)
+    ->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace kvserve::scheduler
