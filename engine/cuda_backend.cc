@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,12 +46,26 @@ models::ForwardBatch ProfileBatch(int32_t n, int32_t rows, int32_t block_size,
   return b;
 }
 
+// The KV element type for --kv-cache-dtype: bf16 (auto) or fp8 (e4m3).
+absl::StatusOr<mc::KvElem> CudaKvElem(std::optional<kvcache::KvDtype> dtype) {
+  if (!dtype.has_value() || *dtype == kvcache::KvDtype::kBF16) {
+    return mc::KvElem::kBf16;
+  }
+  if (*dtype == kvcache::KvDtype::kFP8) return mc::KvElem::kFp8E4M3;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--kv-cache-dtype ", std::string(kvcache::KvDtypeName(*dtype)),
+      ": the CUDA backend stores bf16 or fp8 (e4m3) KV (use auto, bf16 or "
+      "fp8, or --device cpu for f32, fp16, int8 and int4)"));
+}
+
 class CudaBackend final : public ModelBackend {
  public:
   static absl::StatusOr<std::unique_ptr<ModelBackend>> Create(
       const BackendConfig& config, LoadedModel* model);
   std::string_view device_name() const override { return device_name_; }
-  std::string_view kv_dtype() const override { return "bf16"; }
+  std::string_view kv_dtype() const override {
+    return kv_.elem == mc::KvElem::kFp8E4M3 ? "fp8" : "bf16";
+  }
   int32_t num_blocks() const override { return kv_.num_blocks; }
   int32_t block_size() const override { return kv_.block_size; }
   int64_t bytes_per_block() const override { return bytes_per_block_; }
@@ -135,8 +150,8 @@ absl::Status CudaBackend::Profile(const BackendConfig& config) {
   mc::DeviceBuffer tmp;
   KV_RETURN_IF_ERROR(
       tmp.Allocate(2LL * c.num_layers * blocks * block_bytes_, "profiling KV"));
-  mc::CudaKvCache kv{blocks, config.block_size, tmp.as<mc::bf16>(),
-                     blocks * block_bytes_ / 2};
+  mc::CudaKvCache kv{blocks, config.block_size, tmp.as<void>(),
+                     blocks * block_bytes_, kv_.elem};
   const models::ForwardBatch b =
       ProfileBatch(n, rows, config.block_size, c.vocab_size);
   models::ForwardOutput out;
@@ -191,8 +206,8 @@ absl::Status CudaBackend::AllocateKv(const BackendConfig& config) {
   }
   const int32_t nb = static_cast<int32_t>(std::min<int64_t>(blocks, 1 << 30));
   KV_RETURN_IF_ERROR(kv_buffer_.Allocate(nb * bytes_per_block_, "KV blocks"));
-  kv_ = mc::CudaKvCache{nb, config.block_size, kv_buffer_.as<mc::bf16>(),
-                        nb * block_bytes_ / 2};
+  kv_ = mc::CudaKvCache{nb, config.block_size, kv_buffer_.as<void>(),
+                        nb * block_bytes_, kv_.elem};
   return absl::OkStatus();
 }
 
@@ -221,14 +236,7 @@ absl::Status CudaBackend::AllocateSwap(const BackendConfig& config) {
 
 absl::StatusOr<std::unique_ptr<ModelBackend>> CudaBackend::Create(
     const BackendConfig& config, LoadedModel* model) {
-  if (config.kv_dtype.has_value() &&
-      *config.kv_dtype != kvcache::KvDtype::kBF16) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--kv-cache-dtype ",
-        std::string(kvcache::KvDtypeName(*config.kv_dtype)),
-        ": the CUDA backend stores bf16 KV only (use auto or bf16, or "
-        "--device cpu for f32, fp16, int8 and int4)"));
-  }
+  KV_ASSIGN_OR_RETURN(const mc::KvElem elem, CudaKvElem(config.kv_dtype));
   // LoadModel(..., Device::kCuda) keeps the weights; a model loaded for the CPU
   // is re-opened from its path (the packed CPU copy is then dropped).
   std::unique_ptr<models::WeightSource> weights = std::move(model->weights);
@@ -246,23 +254,24 @@ absl::StatusOr<std::unique_ptr<ModelBackend>> CudaBackend::Create(
   cudaDeviceProp prop{};
   KV_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, 0));
   std::unique_ptr<CudaBackend> b(new CudaBackend());
+  b->kv_.elem = elem;
   KV_ASSIGN_OR_RETURN(b->model_,
                       mc::CudaLlamaModel::Create(model->config, *weights));
   weights.reset();  // the host copy is no longer needed
-  b->block_bytes_ = b->model_->BlockElems(config.block_size) * 2;
+  b->block_bytes_ = b->model_->BlockBytes(config.block_size, elem);
   b->bytes_per_block_ = 2LL * model->config.num_layers * b->block_bytes_;
   KV_RETURN_IF_ERROR(b->Profile(config));
   KV_RETURN_IF_ERROR(b->AllocateKv(config));
   KV_RETURN_IF_ERROR(b->AllocateSwap(config));
   spdlog::info(
       "CUDA backend on {} ({} SMs): weights {:.2f} GiB bf16, {} KV blocks of "
-      "{} tokens ({:.2f} GiB bf16), {} swap slots, prefill {:.1f} us/token",
+      "{} tokens ({:.2f} GiB {}), {} swap slots, prefill {:.1f} us/token",
       prop.name, prop.multiProcessorCount,
       b->model_->weight_bytes() / 1073741824.0, b->kv_.num_blocks,
       config.block_size,
       b->kv_.num_blocks * static_cast<double>(b->bytes_per_block_) /
           1073741824.0,
-      b->num_swap_slots_, b->seconds_per_prefill_token_ * 1e6);
+      b->kv_dtype(), b->num_swap_slots_, b->seconds_per_prefill_token_ * 1e6);
   return std::unique_ptr<ModelBackend>(std::move(b));
 }
 
@@ -288,8 +297,8 @@ absl::Status CudaBackend::CopyBlocks(absl::Span<const BlockMove> moves) {
     KV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(pairs_.as<int32_t>(), pairs, n * 8,
                                             cudaMemcpyHostToDevice, s));
     KV_CUDA_RETURN_IF_ERROR(mc::CopyKvBlocks(
-        kv_.base, kv_.plane_elems, 2 * model_->config().num_layers,
-        block_bytes_ / 2, pairs_.as<int32_t>(), static_cast<int>(n), s));
+        kv_.base, kv_.plane_bytes, 2 * model_->config().num_layers,
+        block_bytes_, pairs_.as<int32_t>(), static_cast<int>(n), s));
     KV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
     return absl::OkStatus();
   };
@@ -344,9 +353,9 @@ absl::Status CudaBackend::Swap(absl::Span<const BlockMove> moves, bool out) {
                             bytes_per_block_, cudaMemcpyHostToDevice, s));
       }
       KV_CUDA_RETURN_IF_ERROR(
-          mc::StageKvBlocks(kv_.base, kv_.plane_elems, planes, block_bytes_ / 2,
+          mc::StageKvBlocks(kv_.base, kv_.plane_bytes, planes, block_bytes_,
                             pairs_.as<int32_t>() + c0, static_cast<int>(cn),
-                            staging_.as<mc::bf16>(), out, s));
+                            staging_.as<void>(), out, s));
       for (int64_t i = 0; out && i < cn; ++i) {
         KV_CUDA_RETURN_IF_ERROR(
             cudaMemcpyAsync(host + moves[c0 + i].dst * bytes_per_block_,

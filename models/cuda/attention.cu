@@ -51,13 +51,13 @@ __device__ inline void Unpack8(const uint4& raw, float* f) {
   }
 }
 
-template <int D, int ROWS>
+template <int D, int ROWS, typename KvT>
 __global__ void __launch_bounds__(kThreads)
     PagedAttnKernel(AttnShape s, FastDiv block_div,
                     const AttnWorkItem* __restrict__ items, int partition,
                     int num_splits, const float* __restrict__ q,
-                    int64_t q_stride, const bf16* __restrict__ kc,
-                    const bf16* __restrict__ vc,
+                    int64_t q_stride, const KvT* __restrict__ kc,
+                    const KvT* __restrict__ vc,
                     const int32_t* __restrict__ tables,
                     float* __restrict__ part, bf16* __restrict__ out) {
   using S = Smem<D, ROWS>;
@@ -106,7 +106,7 @@ __global__ void __launch_bounds__(kThreads)
 
   const int32_t* table =
       tables + static_cast<int64_t>(it.seq) * s.max_blocks_per_seq;
-  attn::KvTileLoader<D> tile;
+  attn::KvTileLoader<D, KvT> tile;
   float acc[kPvRpt][2];
 #pragma unroll
   for (int j = 0; j < kPvRpt; ++j) acc[j][0] = acc[j][1] = 0.0f;
@@ -283,25 +283,25 @@ __global__ void __launch_bounds__(kCombineWarps * 32)
   for (int j = 0; j < kPerLane; ++j) dst[j] = __float2bfloat16(acc[j] * inv);
 }
 
-template <int D, int ROWS>
+template <int D, int ROWS, typename KvT>
 cudaError_t Launch(const AttnShape& s, int num_items, int splits, int partition,
                    const AttnWorkItem* items, const float* q, int64_t q_stride,
-                   const bf16* kc, const bf16* vc, const int32_t* tables,
+                   const KvT* kc, const KvT* vc, const int32_t* tables,
                    float* scratch, bf16* out, bool mma, cudaStream_t stream) {
   if (num_items == 0) return cudaSuccess;
   if (ROWS == kSmallRows && mma) {
-    const cudaError_t err = attn::LaunchMmaDecode<D>(
+    const cudaError_t err = attn::LaunchMmaDecode<D, KvT>(
         s, num_items, splits, partition, items, q, q_stride, kc, vc, tables,
         scratch, out, stream);
     if (err != cudaSuccess) return err;
   } else {
     constexpr int kBytes = Smem<D, ROWS>::kBytes;
     static const cudaError_t attr = cudaFuncSetAttribute(
-        PagedAttnKernel<D, ROWS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-        kBytes);
+        PagedAttnKernel<D, ROWS, KvT>,
+        cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
     if (attr != cudaSuccess) return attr;
     const dim3 grid(splits, s.num_kv_heads, num_items);
-    KV_LAUNCH(grid, kThreads, kBytes, stream, PagedAttnKernel<D, ROWS>)
+    KV_LAUNCH(grid, kThreads, kBytes, stream, PagedAttnKernel<D, ROWS, KvT>)
     (s, FastDiv(s.block_size), items, partition, splits, q, q_stride, kc, vc,
      tables, scratch, out);
   }
@@ -349,6 +349,35 @@ void ChooseSplits(const AttnShape& s, const std::vector<AttnWorkItem>& items,
   }
 }
 
+// Both kinds of items (small decode groups, then tiles) for D = head_dim.
+template <typename KvT>
+cudaError_t LaunchAll(const AttnShape& shape, const AttnPlan& plan,
+                      const AttnWorkItem* items_small,
+                      const AttnWorkItem* items_tiles, const float* q,
+                      int64_t q_stride, const KvT* kc, const KvT* vc,
+                      const int32_t* block_tables, float* scratch, bf16* out,
+                      cudaStream_t stream) {
+  const int ns = static_cast<int>(plan.small.size());
+  const int nt = static_cast<int>(plan.tiles.size());
+  cudaError_t err;
+  if (shape.head_dim == 128) {
+    err = Launch<128, kSmallRows>(
+        shape, ns, plan.small_splits, plan.small_partition, items_small, q,
+        q_stride, kc, vc, block_tables, scratch, out, plan.mma_decode, stream);
+    if (err != cudaSuccess) return err;
+    return Launch<128, kTileRows>(
+        shape, nt, plan.tile_splits, plan.tile_partition, items_tiles, q,
+        q_stride, kc, vc, block_tables, scratch, out, false, stream);
+  }
+  err = Launch<64, kSmallRows>(
+      shape, ns, plan.small_splits, plan.small_partition, items_small, q,
+      q_stride, kc, vc, block_tables, scratch, out, plan.mma_decode, stream);
+  if (err != cudaSuccess) return err;
+  return Launch<64, kTileRows>(shape, nt, plan.tile_splits, plan.tile_partition,
+                               items_tiles, q, q_stride, kc, vc, block_tables,
+                               scratch, out, false, stream);
+}
+
 }  // namespace
 
 int64_t AttnScratchFloats(const AttnShape& shape, int num_sms,
@@ -387,8 +416,8 @@ AttnPlan PlanAttention(const AttnShape& shape, const int32_t* seq_starts,
 cudaError_t PagedAttention(const AttnShape& shape, const AttnPlan& plan,
                            const AttnWorkItem* items_small,
                            const AttnWorkItem* items_tiles, const float* q,
-                           int64_t q_stride, const bf16* k_cache,
-                           const bf16* v_cache, const int32_t* block_tables,
+                           int64_t q_stride, const void* k_cache,
+                           const void* v_cache, const int32_t* block_tables,
                            float* scratch, bf16* out, cudaStream_t stream) {
   const int group = shape.num_heads / shape.num_kv_heads;
   if (shape.num_kv_heads <= 0 ||
@@ -396,27 +425,16 @@ cudaError_t PagedAttention(const AttnShape& shape, const AttnPlan& plan,
       (shape.head_dim != 64 && shape.head_dim != 128)) {
     return cudaErrorInvalidValue;
   }
-  const int ns = static_cast<int>(plan.small.size());
-  const int nt = static_cast<int>(plan.tiles.size());
-  cudaError_t err;
-  if (shape.head_dim == 128) {
-    err = Launch<128, kSmallRows>(shape, ns, plan.small_splits,
-                                  plan.small_partition, items_small, q,
-                                  q_stride, k_cache, v_cache, block_tables,
-                                  scratch, out, plan.mma_decode, stream);
-    if (err != cudaSuccess) return err;
-    return Launch<128, kTileRows>(
-        shape, nt, plan.tile_splits, plan.tile_partition, items_tiles, q,
-        q_stride, k_cache, v_cache, block_tables, scratch, out, false, stream);
+  if (shape.kv_elem == KvElem::kFp8E4M3) {
+    return LaunchAll(shape, plan, items_small, items_tiles, q, q_stride,
+                     static_cast<const fp8*>(k_cache),
+                     static_cast<const fp8*>(v_cache), block_tables, scratch,
+                     out, stream);
   }
-  err = Launch<64, kSmallRows>(shape, ns, plan.small_splits,
-                               plan.small_partition, items_small, q, q_stride,
-                               k_cache, v_cache, block_tables, scratch, out,
-                               plan.mma_decode, stream);
-  if (err != cudaSuccess) return err;
-  return Launch<64, kTileRows>(shape, nt, plan.tile_splits, plan.tile_partition,
-                               items_tiles, q, q_stride, k_cache, v_cache,
-                               block_tables, scratch, out, false, stream);
+  return LaunchAll(shape, plan, items_small, items_tiles, q, q_stride,
+                   static_cast<const bf16*>(k_cache),
+                   static_cast<const bf16*>(v_cache), block_tables, scratch,
+                   out, stream);
 }
 
 }  // namespace kvserve::models::cuda

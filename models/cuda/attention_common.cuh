@@ -6,11 +6,13 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 
 #include <cmath>
 #include <cstdint>
 
 #include "models/cuda/fast_div.h"
+#include "models/cuda/fp8.cuh"
 #include "models/cuda/kernels.h"
 
 namespace kvserve::models::cuda::attn {
@@ -78,18 +80,44 @@ __device__ inline bool KeyVisible(const AttnShape& s, const AttnWorkItem& it,
   return t <= pos && (s.sliding_window <= 0 || t > pos - s.sliding_window);
 }
 
-// K and V of one 64-key tile, staged in registers (16-byte loads, issued a
-// tile ahead of use) and then stored to shared memory rows of `pad` bf16.
-template <int D>
+// Eight KV values as loaded from the cache: 16 bytes of bf16, 8 of fp8.
+template <typename KvT>
+struct KvChunk {
+  using Raw = uint4;
+};
+template <>
+struct KvChunk<fp8> {
+  using Raw = uint2;
+};
+
+// Eight cached values as eight bf16.
+__device__ inline uint4 ToBf16x8(const uint4& raw) { return raw; }
+__device__ inline uint4 ToBf16x8(const uint2& raw) {
+  const uint32_t w[2] = {raw.x, raw.y};
+  uint32_t o[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t pair = w[i / 2] >> (16 * (i % 2));
+    o[i] = Fp8ToBf16Bits(pair & 0xFFu) |
+           (Fp8ToBf16Bits((pair >> 8) & 0xFFu) << 16);
+  }
+  return make_uint4(o[0], o[1], o[2], o[3]);
+}
+
+// K and V of one 64-key tile, staged in registers (loads of 8 values,
+// issued a tile ahead of use) and then stored to shared memory rows of `pad`
+// bf16, converted from the cache's element type KvT (bf16 or fp8).
+template <int D, typename KvT = bf16>
 struct KvTileLoader {
-  static constexpr int kCh = D / 8;  // 16-byte chunks per key
+  using Raw = typename KvChunk<KvT>::Raw;
+  static constexpr int kCh = D / 8;  // 8-value chunks per key
   static constexpr int kLpt = kTileKeys * kCh / kThreads;
   static_assert(kLpt * kThreads == kTileKeys * kCh);
-  uint4 kr[kLpt], vr[kLpt];
+  Raw kr[kLpt], vr[kLpt];
 
   // Keys t0 .. min(t0 + 64, end) - 1 of the sequence whose block table is
   // `table`, KV head kvh; keys past `end` load as zeros.
-  __device__ void Load(const bf16* __restrict__ kc, const bf16* __restrict__ vc,
+  __device__ void Load(const KvT* __restrict__ kc, const KvT* __restrict__ vc,
                        const int32_t* __restrict__ table, FastDiv block_div,
                        int kvh, int num_kv_heads, int t0, int end) {
     const int nk = min(kTileKeys, end - t0);
@@ -104,11 +132,11 @@ struct KvTileLoader {
         const int64_t slot = static_cast<int64_t>(table[blk]) * block_div.d +
                              (t - blk * block_div.d);
         const int64_t off = slot * slot_stride + kvh * D + ch * 8;
-        kr[i] = __ldg(reinterpret_cast<const uint4*>(kc + off));
-        vr[i] = __ldg(reinterpret_cast<const uint4*>(vc + off));
+        kr[i] = __ldg(reinterpret_cast<const Raw*>(kc + off));
+        vr[i] = __ldg(reinterpret_cast<const Raw*>(vc + off));
       } else {
-        kr[i] = make_uint4(0, 0, 0, 0);
-        vr[i] = make_uint4(0, 0, 0, 0);
+        kr[i] = Raw{};
+        vr[i] = Raw{};
       }
     }
   }
@@ -118,8 +146,8 @@ struct KvTileLoader {
     for (int i = 0; i < kLpt; ++i) {
       const int c = static_cast<int>(threadIdx.x) + i * kThreads;
       const int key = c / kCh, ch = c % kCh;
-      *reinterpret_cast<uint4*>(k_s + key * pad + ch * 8) = kr[i];
-      *reinterpret_cast<uint4*>(v_s + key * pad + ch * 8) = vr[i];
+      *reinterpret_cast<uint4*>(k_s + key * pad + ch * 8) = ToBf16x8(kr[i]);
+      *reinterpret_cast<uint4*>(v_s + key * pad + ch * 8) = ToBf16x8(vr[i]);
     }
   }
 };
@@ -172,11 +200,11 @@ __device__ inline void OnlineSoftmaxTile(float* p_s, int pstride, float* m_s,
 // The tensor-core decode kernel (attention_mma.cu) for `num_items` small
 // items (rows <= 8), writing out or, with splits > 1, the partials that
 // CombineKernel<D, kSmallRows> merges. D is 64 or 128.
-template <int D>
+template <int D, typename KvT>
 cudaError_t LaunchMmaDecode(const AttnShape& s, int num_items, int splits,
                             int partition, const AttnWorkItem* items,
-                            const float* q, int64_t q_stride, const bf16* kc,
-                            const bf16* vc, const int32_t* tables,
+                            const float* q, int64_t q_stride, const KvT* kc,
+                            const KvT* vc, const int32_t* tables,
                             float* scratch, bf16* out, cudaStream_t stream);
 
 }  // namespace kvserve::models::cuda::attn

@@ -74,13 +74,13 @@ __device__ inline void TilePV(const bf16* v_s, const bf16* pb_s, int warp,
   }
 }
 
-template <int D>
+template <int D, typename KvT>
 __global__ void __launch_bounds__(kThreads)
     MmaDecodeKernel(AttnShape s, FastDiv block_div,
                     const AttnWorkItem* __restrict__ items, int partition,
                     int num_splits, const float* __restrict__ q,
-                    int64_t q_stride, const bf16* __restrict__ kc,
-                    const bf16* __restrict__ vc,
+                    int64_t q_stride, const KvT* __restrict__ kc,
+                    const KvT* __restrict__ vc,
                     const int32_t* __restrict__ tables,
                     float* __restrict__ part, bf16* __restrict__ out) {
   using S = MmaSmem<D>;
@@ -129,7 +129,7 @@ __global__ void __launch_bounds__(kThreads)
 
   const int32_t* table =
       tables + static_cast<int64_t>(it.seq) * s.max_blocks_per_seq;
-  KvTileLoader<D> tile;
+  KvTileLoader<D, KvT> tile;
   float acc[kM][4];
 #pragma unroll
   for (int m = 0; m < kM; ++m)
@@ -194,30 +194,30 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-template <int D>
+template <int D, typename KvT>
 cudaError_t LaunchMmaDecode(const AttnShape& s, int num_items, int splits,
                             int partition, const AttnWorkItem* items,
-                            const float* q, int64_t q_stride, const bf16* kc,
-                            const bf16* vc, const int32_t* tables,
+                            const float* q, int64_t q_stride, const KvT* kc,
+                            const KvT* vc, const int32_t* tables,
                             float* scratch, bf16* out, cudaStream_t stream) {
   constexpr int kBytes = MmaSmem<D>::kBytes;
   static_assert(kBytes <= 48 * 1024, "no opt-in needed");
   const dim3 grid(splits, s.num_kv_heads, num_items);
-  KV_LAUNCH(grid, kThreads, kBytes, stream, MmaDecodeKernel<D>)
+  KV_LAUNCH(grid, kThreads, kBytes, stream, MmaDecodeKernel<D, KvT>)
   (s, FastDiv(s.block_size), items, partition, splits, q, q_stride, kc, vc,
    tables, scratch, out);
   return cudaGetLastError();
 }
 
-template cudaError_t LaunchMmaDecode<64>(const AttnShape&, int, int, int,
-                                         const AttnWorkItem*, const float*,
-                                         int64_t, const bf16*, const bf16*,
-                                         const int32_t*, float*, bf16*,
-                                         cudaStream_t);
-template cudaError_t LaunchMmaDecode<128>(const AttnShape&, int, int, int,
-                                          const AttnWorkItem*, const float*,
-                                          int64_t, const bf16*, const bf16*,
-                                          const int32_t*, float*, bf16*,
-                                          cudaStream_t);
+#define KV_INSTANTIATE_MMA_DECODE(D, KvT)                                 \
+  template cudaError_t LaunchMmaDecode<D, KvT>(                           \
+      const AttnShape&, int, int, int, const AttnWorkItem*, const float*, \
+      int64_t, const KvT*, const KvT*, const int32_t*, float*, bf16*,     \
+      cudaStream_t);
+KV_INSTANTIATE_MMA_DECODE(64, bf16)
+KV_INSTANTIATE_MMA_DECODE(128, bf16)
+KV_INSTANTIATE_MMA_DECODE(64, fp8)
+KV_INSTANTIATE_MMA_DECODE(128, fp8)
+#undef KV_INSTANTIATE_MMA_DECODE
 
 }  // namespace kvserve::models::cuda::attn

@@ -322,7 +322,8 @@ absl::Status CudaLlamaModel::RunLayers(const ForwardBatch& batch,
                   kv.block_size,
                   batch.max_blocks_per_seq,
                   c.sliding_window,
-                  1.0f / std::sqrt(static_cast<float>(c.head_dim))};
+                  1.0f / std::sqrt(static_cast<float>(c.head_dim)),
+                  kv.elem};
   KV_CUDA_RETURN_IF_ERROR(
       EmbeddingGather(embd_.as<bf16>(), d_tokens_, n, hidden, x, stream_));
   for (int l = 0; l < c.num_layers; ++l) {
@@ -336,7 +337,7 @@ absl::Status CudaLlamaModel::RunLayers(const ForwardBatch& batch,
         qkv, n, qkv_dim, c.num_heads, c.num_kv_heads, c.head_dim,
         c.rope_style == RopeStyle::kInterleaved, inv_freq_.as<float>(),
         c.qkv_bias ? L.bias.as<float>() : nullptr, d_positions_, d_slots_,
-        kv.k(l), kv.v(l), stream_));
+        kv.elem, kv.k(l), kv.v(l), stream_));
     KV_CUDA_RETURN_IF_ERROR(PagedAttention(
         shape, plan, d_small_, d_tiles_, qkv, qkv_dim, kv.k(l), kv.v(l),
         d_tables_, attn_scratch_.as<float>(), attn_.as<bf16>(), stream_));

@@ -25,17 +25,21 @@
 
 namespace kvserve::models::cuda {
 
-// Device KV storage, non-owning: 2 * num_layers planes of plane_elems bf16
-// each (plane 2l: K of layer l, 2l + 1: V), each plane laid out
-// [num_blocks][block_size][num_kv_heads][head_dim].
+// Device KV storage, non-owning: 2 * num_layers planes of plane_bytes each
+// (plane 2l: K of layer l, 2l + 1: V), each plane laid out
+// [num_blocks][block_size][num_kv_heads][head_dim] in `elem`.
 struct CudaKvCache {
   int32_t num_blocks = 0;
   int32_t block_size = 0;
-  bf16* base = nullptr;
-  int64_t plane_elems = 0;
+  void* base = nullptr;
+  int64_t plane_bytes = 0;
+  KvElem elem = KvElem::kBf16;
 
-  bf16* k(int layer) const { return base + (2LL * layer) * plane_elems; }
-  bf16* v(int layer) const { return base + (2LL * layer + 1) * plane_elems; }
+  void* k(int layer) const { return Plane(2 * layer); }
+  void* v(int layer) const { return Plane(2 * layer + 1); }
+  void* Plane(int p) const {
+    return static_cast<unsigned char*>(base) + p * plane_bytes;
+  }
 };
 
 class CudaLlamaModel {
@@ -61,6 +65,10 @@ class CudaLlamaModel {
   int64_t BlockElems(int32_t block_size) const {
     return static_cast<int64_t>(block_size) * config_.num_kv_heads *
            config_.head_dim;
+  }
+  // Bytes of one KV block in one plane.
+  int64_t BlockBytes(int32_t block_size, KvElem elem) const {
+    return BlockElems(block_size) * KvElemBytes(elem);
   }
 
   // Grows the workspace for steps of up to `tokens` tokens, `seqs`

@@ -9,6 +9,7 @@
 #include <climits>
 #include <cmath>
 
+#include "models/cuda/fp8.cuh"
 #include "models/cuda/kernels.h"
 #include "models/cuda/launch.h"
 
@@ -22,11 +23,24 @@ int GridFor(int64_t n, int threads = kThreads) {
       std::min<int64_t>((n + threads - 1) / threads, 65535 * 8));
 }
 
-__global__ void QkvRopeCacheKernel(
-    float* qkv, int64_t qkv_stride, int nh, int nkv, int d, bool interleaved,
-    const float* __restrict__ inv_freq, const float* __restrict__ bias,
-    const int32_t* __restrict__ positions, const int32_t* __restrict__ slots,
-    bf16* __restrict__ kc, bf16* __restrict__ vc) {
+// One KV value in the cache's element type.
+__device__ inline bf16 ToKv(float x, const bf16*) {
+  return __float2bfloat16(x);
+}
+__device__ inline fp8 ToKv(float x, const fp8*) {
+  fp8 v;
+  v.__x = F32ToFp8Bits(x);  // round to nearest even, saturating
+  return v;
+}
+
+template <typename KvT>
+__global__ void QkvRopeCacheKernel(float* qkv, int64_t qkv_stride, int nh,
+                                   int nkv, int d, bool interleaved,
+                                   const float* __restrict__ inv_freq,
+                                   const float* __restrict__ bias,
+                                   const int32_t* __restrict__ positions,
+                                   const int32_t* __restrict__ slots,
+                                   KvT* __restrict__ kc, KvT* __restrict__ vc) {
   KV_DYNAMIC_SMEM(float, cs);  // cos [d/2], sin [d/2]
   const int64_t t = blockIdx.x;
   const int half = d / 2;
@@ -60,15 +74,15 @@ __global__ void QkvRopeCacheKernel(
       v[ia] = ra;
       v[ib] = rb;
     } else {
-      bf16* k = kc + slot * kv_dim + static_cast<int64_t>(h - nh) * d;
-      k[ia] = __float2bfloat16(ra);
-      k[ib] = __float2bfloat16(rb);
+      KvT* k = kc + slot * kv_dim + static_cast<int64_t>(h - nh) * d;
+      k[ia] = ToKv(ra, k);
+      k[ib] = ToKv(rb, k);
     }
   }
   for (int64_t idx = threadIdx.x; idx < kv_dim; idx += blockDim.x) {
     float x = row[q_dim + kv_dim + idx];
     if (bias != nullptr) x += bias[q_dim + kv_dim + idx];
-    vc[slot * kv_dim + idx] = __float2bfloat16(x);
+    vc[slot * kv_dim + idx] = ToKv(x, vc);
   }
 }
 
@@ -197,27 +211,27 @@ __global__ void EmbeddingKernel(const bf16* __restrict__ table,
   }
 }
 
-__global__ void CopyBlocksKernel(bf16* base, int64_t plane_elems,
-                                 int64_t block_elems,
+__global__ void CopyBlocksKernel(unsigned char* base, int64_t plane_bytes,
+                                 int64_t block_bytes,
                                  const int32_t* __restrict__ pairs) {
   const int32_t src = pairs[2 * blockIdx.x], dst = pairs[2 * blockIdx.x + 1];
-  bf16* plane = base + blockIdx.y * plane_elems;
-  const uint4* s = reinterpret_cast<const uint4*>(plane + src * block_elems);
-  uint4* d = reinterpret_cast<uint4*>(plane + dst * block_elems);
-  const int64_t n = block_elems / 8;
+  unsigned char* plane = base + blockIdx.y * plane_bytes;
+  const uint4* s = reinterpret_cast<const uint4*>(plane + src * block_bytes);
+  uint4* d = reinterpret_cast<uint4*>(plane + dst * block_bytes);
+  const int64_t n = block_bytes / 16;
   for (int64_t k = threadIdx.x; k < n; k += blockDim.x) d[k] = s[k];
 }
 
-__global__ void StageBlocksKernel(bf16* base, int64_t plane_elems,
-                                  int64_t block_elems,
+__global__ void StageBlocksKernel(unsigned char* base, int64_t plane_bytes,
+                                  int64_t block_bytes,
                                   const int32_t* __restrict__ blocks,
-                                  bf16* staging, bool to_staging) {
+                                  unsigned char* staging, bool to_staging) {
   const int64_t i = blockIdx.x, p = blockIdx.y;
-  uint4* dev = reinterpret_cast<uint4*>(base + p * plane_elems +
-                                        blocks[i] * block_elems);
+  uint4* dev = reinterpret_cast<uint4*>(base + p * plane_bytes +
+                                        blocks[i] * block_bytes);
   uint4* st =
-      reinterpret_cast<uint4*>(staging + (i * gridDim.y + p) * block_elems);
-  const int64_t n = block_elems / 8;
+      reinterpret_cast<uint4*>(staging + (i * gridDim.y + p) * block_bytes);
+  const int64_t n = block_bytes / 16;
   for (int64_t k = threadIdx.x; k < n; k += blockDim.x) {
     if (to_staging) {
       st[k] = dev[k];
@@ -271,13 +285,22 @@ cudaError_t QkvRopeCache(float* qkv, int64_t num_tokens, int64_t qkv_stride,
                          int num_heads, int num_kv_heads, int head_dim,
                          bool interleaved, const float* inv_freq,
                          const float* bias, const int32_t* positions,
-                         const int32_t* slot_mapping, bf16* k_cache,
-                         bf16* v_cache, cudaStream_t stream) {
+                         const int32_t* slot_mapping, KvElem kv_elem,
+                         void* k_cache, void* v_cache, cudaStream_t stream) {
   if (num_tokens == 0) return cudaSuccess;
-  KV_LAUNCH(num_tokens, 128, head_dim * sizeof(float), stream,
-            QkvRopeCacheKernel)
-  (qkv, qkv_stride, num_heads, num_kv_heads, head_dim, interleaved, inv_freq,
-   bias, positions, slot_mapping, k_cache, v_cache);
+  if (kv_elem == KvElem::kFp8E4M3) {
+    KV_LAUNCH(num_tokens, 128, head_dim * sizeof(float), stream,
+              QkvRopeCacheKernel<fp8>)
+    (qkv, qkv_stride, num_heads, num_kv_heads, head_dim, interleaved, inv_freq,
+     bias, positions, slot_mapping, static_cast<fp8*>(k_cache),
+     static_cast<fp8*>(v_cache));
+  } else {
+    KV_LAUNCH(num_tokens, 128, head_dim * sizeof(float), stream,
+              QkvRopeCacheKernel<bf16>)
+    (qkv, qkv_stride, num_heads, num_kv_heads, head_dim, interleaved, inv_freq,
+     bias, positions, slot_mapping, static_cast<bf16*>(k_cache),
+     static_cast<bf16*>(v_cache));
+  }
   return cudaGetLastError();
 }
 
@@ -327,26 +350,27 @@ cudaError_t EmbeddingGather(const bf16* table, const int32_t* ids,
   return cudaGetLastError();
 }
 
-cudaError_t CopyKvBlocks(bf16* base, int64_t plane_elems, int num_planes,
-                         int64_t block_elems, const int32_t* pairs,
+cudaError_t CopyKvBlocks(void* base, int64_t plane_bytes, int num_planes,
+                         int64_t block_bytes, const int32_t* pairs,
                          int num_pairs, cudaStream_t stream) {
   if (num_pairs == 0) return cudaSuccess;
-  if (block_elems % 8 != 0) return cudaErrorInvalidValue;
+  if (block_bytes % 16 != 0) return cudaErrorInvalidValue;
   const dim3 grid(num_pairs, num_planes);
   KV_LAUNCH(grid, kThreads, 0, stream, CopyBlocksKernel)
-  (base, plane_elems, block_elems, pairs);
+  (static_cast<unsigned char*>(base), plane_bytes, block_bytes, pairs);
   return cudaGetLastError();
 }
 
-cudaError_t StageKvBlocks(bf16* base, int64_t plane_elems, int num_planes,
-                          int64_t block_elems, const int32_t* blocks,
-                          int num_blocks, bf16* staging, bool to_staging,
+cudaError_t StageKvBlocks(void* base, int64_t plane_bytes, int num_planes,
+                          int64_t block_bytes, const int32_t* blocks,
+                          int num_blocks, void* staging, bool to_staging,
                           cudaStream_t stream) {
   if (num_blocks == 0) return cudaSuccess;
-  if (block_elems % 8 != 0) return cudaErrorInvalidValue;
+  if (block_bytes % 16 != 0) return cudaErrorInvalidValue;
   const dim3 grid(num_blocks, num_planes);
   KV_LAUNCH(grid, kThreads, 0, stream, StageBlocksKernel)
-  (base, plane_elems, block_elems, blocks, staging, to_staging);
+  (static_cast<unsigned char*>(base), plane_bytes, block_bytes, blocks,
+   static_cast<unsigned char*>(staging), to_staging);
   return cudaGetLastError();
 }
 

@@ -3,13 +3,15 @@
 // and the forward call them from .cc files; each launches on `stream` and
 // returns the launch's cudaError_t (cudaGetLastError), never synchronizes.
 //
-// KV cache layout, per layer, K and V separately, bf16:
+// KV cache layout, per layer, K and V separately, in the cache's element
+// type (KvElem: bf16, or fp8 e4m3 with no scale):
 //   [num_blocks][block_size][num_kv_heads][head_dim]
 // Token t of a sequence lives at slot block_table[t / B] * B + t % B; one
 // slot holds num_kv_heads * head_dim values (the "slot stride").
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -18,6 +20,16 @@
 namespace kvserve::models::cuda {
 
 using bf16 = __nv_bfloat16;
+using fp8 = __nv_fp8_e4m3;
+
+// The element type of the KV planes. fp8 e4m3 stores values as they are
+// (scale 1, saturating at +-448): K and V of Llama-family models stay far
+// below that, and every fp8 value is exact in bf16, so attention reads a
+// tile of fp8 into the same bf16 shared-memory tile as a bf16 cache.
+enum class KvElem : int32_t { kBf16 = 0, kFp8E4M3 = 1 };
+inline constexpr int KvElemBytes(KvElem e) {
+  return e == KvElem::kBf16 ? 2 : 1;
+}
 
 // ---- attention -------------------------------------------------------------
 
@@ -40,6 +52,7 @@ struct AttnShape {
   int32_t max_blocks_per_seq = 0;
   int32_t sliding_window = 0;  // 0: whole prefix
   float scale = 1.0f;          // applied to q . k
+  KvElem kv_elem = KvElem::kBf16;
 };
 
 // Host-side plan of one step's attention: the small-group items (up to 8 query
@@ -82,12 +95,12 @@ AttnPlan PlanAttention(const AttnShape& shape, const int32_t* seq_starts,
 // plan: causal softmax attention of query head h (q fp32 rows, stride
 // q_stride floats, query heads first) over the paged K/V of its sequence.
 // `items_small` / `items_tiles` are device copies of plan.small / tiles;
-// `scratch` holds AttnScratchFloats floats.
+// `scratch` holds AttnScratchFloats floats. The caches hold shape.kv_elem.
 cudaError_t PagedAttention(const AttnShape& shape, const AttnPlan& plan,
                            const AttnWorkItem* items_small,
                            const AttnWorkItem* items_tiles, const float* q,
-                           int64_t q_stride, const bf16* k_cache,
-                           const bf16* v_cache, const int32_t* block_tables,
+                           int64_t q_stride, const void* k_cache,
+                           const void* v_cache, const int32_t* block_tables,
                            float* scratch, bf16* out, cudaStream_t stream);
 
 // ---- per-token kernels -----------------------------------------------------
@@ -96,14 +109,15 @@ cudaError_t PagedAttention(const AttnShape& shape, const AttnPlan& plan,
 // num_heads + num_kv_heads head vectors of its qkv row (fp32, stride
 // qkv_stride) by RoPE at positions[t] (angles pos * inv_freq[i] in double;
 // interleaved pairs (2i, 2i+1) or half-split pairs (i, i + D/2)), keeps the
-// rotated q in place and writes rotated k and v as bf16 into the caches at
-// slot_mapping[t] (reshape-and-cache). inv_freq and bias are device arrays.
+// rotated q in place and writes rotated k and v, converted to `kv_elem`,
+// into the caches at slot_mapping[t] (reshape-and-cache). inv_freq and bias
+// are device arrays.
 cudaError_t QkvRopeCache(float* qkv, int64_t num_tokens, int64_t qkv_stride,
                          int num_heads, int num_kv_heads, int head_dim,
                          bool interleaved, const float* inv_freq,
                          const float* bias, const int32_t* positions,
-                         const int32_t* slot_mapping, bf16* k_cache,
-                         bf16* v_cache, cudaStream_t stream);
+                         const int32_t* slot_mapping, KvElem kv_elem,
+                         void* k_cache, void* v_cache, cudaStream_t stream);
 
 // Row i of `out` = RmsNorm(x[r] (+ delta[r])) * w, r = rows ? rows[i] : i.
 // Without `rows`, x[r] += delta[r] is also stored back (fused residual add).
@@ -133,20 +147,20 @@ cudaError_t EmbeddingGather(const bf16* table, const int32_t* ids,
 
 // Whole-block copies in every layer: for each pair (src, dst) of `pairs`
 // (device, 2 * num_pairs ints) and each of `num_planes` planes (K and V of
-// every layer, plane p at base + p * plane_elems), block src -> block dst of
-// block_elems values each.
-cudaError_t CopyKvBlocks(bf16* base, int64_t plane_elems, int num_planes,
-                         int64_t block_elems, const int32_t* pairs,
+// every layer, plane p at base + p * plane_bytes), block src -> block dst of
+// block_bytes bytes each (a multiple of 16; any element type).
+cudaError_t CopyKvBlocks(void* base, int64_t plane_bytes, int num_planes,
+                         int64_t block_bytes, const int32_t* pairs,
                          int num_pairs, cudaStream_t stream);
 
 // Swap staging: for block i of `blocks` (device, num_blocks ints) and each
-// plane p, block blocks[i] of plane p <-> staging[(i * num_planes + p) *
-// block_elems ...] (one block's planes contiguous: the layout of a host
+// plane p, block blocks[i] of plane p <-> staging bytes [(i * num_planes +
+// p) * block_bytes ...] (one block's planes contiguous: the layout of a host
 // swap slot, so each block then moves in one copy). to_staging: gather
-// (swap out); else scatter (swap in).
-cudaError_t StageKvBlocks(bf16* base, int64_t plane_elems, int num_planes,
-                          int64_t block_elems, const int32_t* blocks,
-                          int num_blocks, bf16* staging, bool to_staging,
+// (swap out); else scatter (swap in). block_bytes: a multiple of 16.
+cudaError_t StageKvBlocks(void* base, int64_t plane_bytes, int num_planes,
+                          int64_t block_bytes, const int32_t* blocks,
+                          int num_blocks, void* staging, bool to_staging,
                           cudaStream_t stream);
 
 // ---- conversions -----------------------------------------------------------

@@ -18,6 +18,7 @@
 
 #include "models/cpu/ops.h"
 #include "models/cpu/paged_attention.h"
+#include "models/cuda/fp8.cuh"
 #include "models/cuda/kernels.h"
 #include "models/forward_batch.h"
 #include "models/kv_view.h"
@@ -51,6 +52,16 @@ float FromBf16Bits(uint16_t h) {
   float f;
   std::memcpy(&f, &u, 4);
   return f;
+}
+// fp8 e4m3 bits of f (the kernels' own rounding: models/cuda/fp8.cuh), and
+// their value by the format's definition, independently of that header.
+uint8_t ToFp8Bits(float f) { return F32ToFp8Bits(f); }
+float FromFp8Bits(uint8_t b) {
+  const int e = (b >> 3) & 15, m = b & 7;
+  if (e == 15 && m == 7) return NAN;
+  const float mag =
+      e == 0 ? std::ldexp(m / 8.0f, -6) : std::ldexp(1.0f + m / 8.0f, e - 7);
+  return (b & 0x80) ? -mag : mag;
 }
 
 // A device array that is freed on scope exit; Poison() fills it with NaN.
@@ -97,6 +108,17 @@ std::vector<float> ToFloat(const std::vector<uint16_t>& h) {
   return f;
 }
 
+// The first n values of a KV cache array: bf16, or fp8 bytes.
+std::vector<float> CacheToFloat(const Dev<uint16_t>& d, size_t n, bool fp8) {
+  if (!fp8) return ToFloat(d.Down(n));
+  const std::vector<uint16_t> raw = d.Down((n + 1) / 2);
+  std::vector<float> f(n);
+  for (size_t i = 0; i < n; ++i) {
+    f[i] = FromFp8Bits(reinterpret_cast<const uint8_t*>(raw.data())[i]);
+  }
+  return f;
+}
+
 // ||got - want|| / ||want|| over [off, off + n); NaN compares as failure.
 double RelErr(const float* got, const float* want, size_t n) {
   double num = 0, den = 0;
@@ -113,6 +135,30 @@ int NumSms() {
   (void)cudaGetDevice(&dev);
   (void)cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   return sms;
+}
+
+// The fp8 e4m3 conversions of the KV pages against the format's
+// definition: every code decodes exactly (bf16 bits), every finite code
+// survives a round trip, ties round to even, out-of-range values saturate.
+TEST(CudaKernels, Fp8ConversionsFollowTheFormat) {
+  for (uint32_t b = 0; b < 256; ++b) {
+    const float want = FromFp8Bits(static_cast<uint8_t>(b));
+    const float got = FromBf16Bits(static_cast<uint16_t>(Fp8ToBf16Bits(b)));
+    if (std::isnan(want)) {
+      EXPECT_TRUE(std::isnan(got)) << b;
+      continue;
+    }
+    EXPECT_EQ(got, want) << b;
+    EXPECT_EQ(F32ToFp8Bits(want), b) << want;
+  }
+  EXPECT_EQ(F32ToFp8Bits(1e6f), 0x7e);
+  EXPECT_EQ(F32ToFp8Bits(-INFINITY), 0xfe);
+  EXPECT_EQ(F32ToFp8Bits(460.0f), 0x7e);
+  EXPECT_EQ(F32ToFp8Bits(1.0625f), 0x38);    // 1 + 1/16: tie, to even (1.0)
+  EXPECT_EQ(F32ToFp8Bits(1.1875f), 0x3a);    // 1 + 3/16: tie, to even (1.25)
+  EXPECT_EQ(F32ToFp8Bits(0x1p-10f), 0x00);   // half of 2^-9: tie, to 0
+  EXPECT_EQ(F32ToFp8Bits(0x1.8p-9f), 0x02);  // 1.5 * 2^-9: tie, to 2
+  EXPECT_TRUE(std::isnan(FromFp8Bits(F32ToFp8Bits(NAN))));
 }
 
 TEST(CudaKernels, AddRmsNormMatchesCpu) {
@@ -249,33 +295,37 @@ TEST(CudaKernels, QkvRopeCacheMatchesCpu) {
         }
         Dev<float> dqkv(qkv.size()), dbias(bias.size()), dinv(c.d / 2);
         Dev<int32_t> dpos(n), dslots(n);
-        Dev<uint16_t> kc(num_slots * kv_dim), vc(num_slots * kv_dim);
-        dqkv.Up(qkv);
         dbias.Up(bias);
         dinv.Up(rope.inv_freq());
         dpos.Up(pos);
         dslots.Up(slots);
-        kc.Poison();
-        vc.Poison();
-        CK(QkvRopeCache(dqkv.get(), n, stride, c.h, c.hkv, c.d,
-                        style == RopeStyle::kInterleaved, dinv.get(),
-                        with_bias ? dbias.get() : nullptr, dpos.get(),
-                        dslots.get(), reinterpret_cast<bf16*>(kc.get()),
-                        reinterpret_cast<bf16*>(vc.get()), nullptr));
-        const std::vector<float> got = dqkv.Down(qkv.size());
-        const std::vector<float> k = ToFloat(kc.Down(num_slots * kv_dim));
-        const std::vector<float> v = ToFloat(vc.Down(num_slots * kv_dim));
-        for (int64_t i = 0; i < n; ++i) {
-          const float* want = ref.data() + i * stride;
-          EXPECT_LT(RelErr(got.data() + i * stride, want, q_dim), 1e-4)
-              << "q, token " << i << " heads " << c.h;
-          EXPECT_LT(RelErr(k.data() + slots[i] * kv_dim, want + q_dim, kv_dim),
-                    1e-2)
-              << "k, token " << i;
-          EXPECT_LT(RelErr(v.data() + slots[i] * kv_dim, want + q_dim + kv_dim,
-                           kv_dim),
-                    1e-2)
-              << "v, token " << i;
+        for (const KvElem elem : {KvElem::kBf16, KvElem::kFp8E4M3}) {
+          const bool f8 = elem == KvElem::kFp8E4M3;
+          Dev<uint16_t> kc(num_slots * kv_dim), vc(num_slots * kv_dim);
+          dqkv.Up(qkv);
+          kc.Poison();
+          vc.Poison();
+          CK(QkvRopeCache(dqkv.get(), n, stride, c.h, c.hkv, c.d,
+                          style == RopeStyle::kInterleaved, dinv.get(),
+                          with_bias ? dbias.get() : nullptr, dpos.get(),
+                          dslots.get(), elem, kc.get(), vc.get(), nullptr));
+          const std::vector<float> got = dqkv.Down(qkv.size());
+          const std::vector<float> k = CacheToFloat(kc, num_slots * kv_dim, f8);
+          const std::vector<float> v = CacheToFloat(vc, num_slots * kv_dim, f8);
+          // Rounding to bf16 costs 2^-9 of each value, to fp8 e4m3 2^-4.
+          const double tol = f8 ? 4e-2 : 1e-2;
+          for (int64_t i = 0; i < n; ++i) {
+            const float* want = ref.data() + i * stride;
+            EXPECT_LT(RelErr(got.data() + i * stride, want, q_dim), 1e-4)
+                << "q, token " << i << " heads " << c.h;
+            EXPECT_LT(
+                RelErr(k.data() + slots[i] * kv_dim, want + q_dim, kv_dim), tol)
+                << "k, token " << i << " fp8 " << f8;
+            EXPECT_LT(RelErr(v.data() + slots[i] * kv_dim,
+                             want + q_dim + kv_dim, kv_dim),
+                      tol)
+                << "v, token " << i << " fp8 " << f8;
+          }
         }
       }
     }
@@ -288,6 +338,7 @@ struct AttnCase {
   std::vector<std::pair<int, int>> seqs;
   int num_sms;  // 0: the device's (a large value forces split-K)
   AttnTuning tuning = {};
+  KvElem elem = KvElem::kBf16;  // the caches' element type
 };
 
 void RunAttention(const AttnCase& c, std::mt19937& rng) {
@@ -331,12 +382,24 @@ void RunAttention(const AttnCase& c, std::mt19937& rng) {
       static_cast<int64_t>(num_blocks) * bs * slot_elems;
   std::vector<float> kf = Random(cache_elems, rng),
                      vf = Random(cache_elems, rng);
+  // The caches' bytes (bf16 or fp8 values), and the same values in fp32
+  // for the reference.
+  const bool f8 = c.elem == KvElem::kFp8E4M3;
   std::vector<uint16_t> kh(cache_elems), vh(cache_elems);
+  auto* k8 = reinterpret_cast<uint8_t*>(kh.data());
+  auto* v8 = reinterpret_cast<uint8_t*>(vh.data());
   for (int64_t i = 0; i < cache_elems; ++i) {
-    kh[i] = ToBf16Bits(kf[i]);
-    kf[i] = FromBf16Bits(kh[i]);
-    vh[i] = ToBf16Bits(vf[i]);
-    vf[i] = FromBf16Bits(vh[i]);
+    if (f8) {
+      k8[i] = ToFp8Bits(kf[i]);
+      kf[i] = FromFp8Bits(k8[i]);
+      v8[i] = ToFp8Bits(vf[i]);
+      vf[i] = FromFp8Bits(v8[i]);
+    } else {
+      kh[i] = ToBf16Bits(kf[i]);
+      kf[i] = FromBf16Bits(kh[i]);
+      vh[i] = ToBf16Bits(vf[i]);
+      vf[i] = FromBf16Bits(vh[i]);
+    }
   }
   const int64_t q_stride = (c.h + 2 * c.hkv) * c.d;
   // Scaled so that softmax is neither flat nor one-hot.
@@ -354,7 +417,8 @@ void RunAttention(const AttnCase& c, std::mt19937& rng) {
   PagedAttention(AttentionParams{c.h, c.hkv, c.d, scale, c.window}, b, q.data(),
                  q_stride, ref_kv, 0, ref.data());
 
-  const AttnShape shape{c.h, c.hkv, c.d, bs, max_blocks, c.window, scale};
+  const AttnShape shape{c.h,        c.hkv,    c.d,   bs,
+                        max_blocks, c.window, scale, c.elem};
   const int sms = c.num_sms > 0 ? c.num_sms : NumSms();
   const AttnPlan plan =
       PlanAttention(shape, b.seq_starts.data(), b.context_lens.data(),
@@ -372,10 +436,8 @@ void RunAttention(const AttnCase& c, std::mt19937& rng) {
   out.Poison();
   scratch.Poison();
   CK(PagedAttention(shape, plan, small.get(), tiles.get(), dq.get(), q_stride,
-                    reinterpret_cast<const bf16*>(dk.get()),
-                    reinterpret_cast<const bf16*>(dv.get()), tables.get(),
-                    scratch.get(), reinterpret_cast<bf16*>(out.get()),
-                    nullptr));
+                    dk.get(), dv.get(), tables.get(), scratch.get(),
+                    reinterpret_cast<bf16*>(out.get()), nullptr));
   CK(cudaDeviceSynchronize());
   const std::vector<float> got = ToFloat(out.Down(ref.size()));
   int bad = 0;
@@ -491,6 +553,30 @@ TEST(CudaKernels, PagedAttentionSlidingWindow) {
   }
 }
 
+// fp8 e4m3 caches: the kernels convert each tile to bf16 exactly, so the
+// reference over the same fp8 values holds to the bf16 tolerance. Decode
+// (FMA and tensor-core kernels, split-K), prefill tiles, a window.
+TEST(CudaKernels, PagedAttentionFp8Kv) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(13);
+  constexpr KvElem kFp8 = KvElem::kFp8E4M3;
+  AttnTuning mma;
+  mma.mma_decode = true;
+  for (int d : {64, 128}) {
+    for (int ratio : {1, 3, 8}) {
+      std::vector<std::pair<int, int>> seqs;
+      for (int ctx : {1, 17, 65, 1024}) seqs.push_back({1, ctx});
+      seqs.push_back({37, 37});
+      seqs.push_back({5, 900});
+      RunAttention({4 * ratio, 4, d, 16, 0, seqs, 0, {}, kFp8}, rng);
+      RunAttention({4 * ratio, 4, d, 32, 0, seqs, 1000, {}, kFp8}, rng);
+      RunAttention({4 * ratio, 4, d, 16, 0, seqs, 1000, mma, kFp8}, rng);
+    }
+  }
+  RunAttention(
+      {32, 8, 128, 24, 100, {{1, 3000 / kLong}, {70, 300}}, 0, {}, kFp8}, rng);
+}
+
 TEST(CudaKernels, CopyKvBlocksCopiesEveryPlane) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(8);
@@ -504,8 +590,8 @@ TEST(CudaKernels, CopyKvBlocksCopiesEveryPlane) {
   Dev<int32_t> dp(pairs.size());
   d.Up(data);
   dp.Up(pairs);
-  CK(CopyKvBlocks(reinterpret_cast<bf16*>(d.get()), plane_elems, planes,
-                  block_elems, dp.get(), 3, nullptr));
+  CK(CopyKvBlocks(d.get(), plane_elems * 2, planes, block_elems * 2, dp.get(),
+                  3, nullptr));
   std::vector<uint16_t> want = data;
   for (int p = 0; p < planes; ++p) {
     for (int i = 0; i < 3; ++i) {
@@ -536,10 +622,10 @@ TEST(CudaKernels, StageKvBlocksGathersAndScatters) {
   ds.Up(src);
   dd.Up(dst);
   st.Poison();
-  auto* base = reinterpret_cast<bf16*>(d.get());
-  auto* stage = reinterpret_cast<bf16*>(st.get());
-  CK(StageKvBlocks(base, plane_elems, planes, block_elems, ds.get(), n, stage,
-                   /*to_staging=*/true, nullptr));
+  uint16_t* base = d.get();
+  uint16_t* stage = st.get();
+  CK(StageKvBlocks(base, plane_elems * 2, planes, block_elems * 2, ds.get(), n,
+                   stage, /*to_staging=*/true, nullptr));
   std::vector<uint16_t> want_stage(n * planes * block_elems);
   std::vector<uint16_t> want = data;
   for (int i = 0; i < n; ++i) {
@@ -552,8 +638,8 @@ TEST(CudaKernels, StageKvBlocksGathersAndScatters) {
     }
   }
   EXPECT_EQ(st.Down(want_stage.size()), want_stage);
-  CK(StageKvBlocks(base, plane_elems, planes, block_elems, dd.get(), n, stage,
-                   /*to_staging=*/false, nullptr));
+  CK(StageKvBlocks(base, plane_elems * 2, planes, block_elems * 2, dd.get(), n,
+                   stage, /*to_staging=*/false, nullptr));
   EXPECT_EQ(d.Down(data.size()), want);
 }
 

@@ -13,6 +13,7 @@ Elsewhere it exits 77 (ctest: skipped), as without grpcio.
 """
 
 import os
+import re
 import sys
 import unittest
 
@@ -97,6 +98,42 @@ class CudaDeviceTest(unittest.TestCase):
         self.assertGreater(counter(m, "kvserve_swap_bytes_total",
                                    direction="in"), 0)
         self.assertEqual(counter(m, "kvserve_kv_blocks", state="active"), 0)
+
+    def test_fp8_kv_pages_hold_twice_the_blocks_and_swap(self):
+        """--kv-cache-dtype fp8: e4m3 pages, half the bytes of bf16, so the
+        same budget holds twice the blocks; greedy outputs survive swap
+        preemption as with bf16."""
+        prompts = [token_ids(400 + i, PROMPT) for i in range(4)]
+        blocks = re.compile(r"kv cache on cuda:0: (\d+) bytes/token \((\w+)\), "
+                            r"(\d+) blocks")
+        ref = Server("--kv-cache-dtype", "fp8")
+        try:
+            reference = ref.generate_all(prompts)
+            per_token, dtype, num_blocks = ref.wait_for(blocks, 10).groups()
+        finally:
+            ref.close()
+        self.assertEqual(dtype, "fp8")
+        self.assertEqual(int(per_token), BLOCK_BYTES // BLOCK // 2)
+        self.assertEqual(int(num_blocks), 2 * 64)
+        for tokens in reference:
+            self.assertEqual(len(tokens), NEW)
+        # 10 fp8 blocks; the 4 requests need 16 at the end.
+        server = Server("--kv-cache-dtype", "fp8", "--preemption-mode", "swap",
+                        "--swap-space-bytes", "32MiB",
+                        kv_bytes=str(10 * BLOCK_BYTES // 2))
+        try:
+            got = server.generate_all(prompts)
+            m = server.wait_metrics(lambda m: counter(
+                m, "kvserve_kv_blocks", state="active") == 0)
+        finally:
+            server.close()
+        self.assertEqual(got, reference)
+        self.assertGreater(counter(m, "kvserve_swap_bytes_total",
+                                   direction="in"), 0)
+        self.assertEqual(counter(m, "kvserve_swap_bytes_total",
+                                 direction="out"),
+                         counter(m, "kvserve_swap_bytes_total",
+                                 direction="in"))
 
 
 def _setup(args, pb, pb_grpc):

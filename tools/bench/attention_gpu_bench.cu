@@ -5,9 +5,11 @@
 //     models/cuda/attention.cu models/cuda/attention_mma.cu \
 //     models/cuda/elementwise.cu -o attention_bench
 // 1. checks PagedAttention against a CPU fp32 reference (decode and prefill,
-//    GQA 1/4/8, D 64/128, split-K forced and not, NaN-poisoned output);
+//    GQA 1/4/8, D 64/128, split-K forced and not, NaN-poisoned output), with
+//    bf16 and with fp8 e4m3 KV pages;
 // 2. measures copy bandwidth and decode attention GB/s (Llama-3-8B and 70B
-//    head shapes, D=128, block 16, batch 1..256, context 512..32K);
+//    head shapes, D=128, block 16, batch 1..256, context 512..32K; bf16
+//    pages on both kernels, fp8 pages on the FMA one);
 // 3. sweeps the split-K tuning (AttnTuning: blocks per SM x minimum keys per
 //    split, FMA or tensor-core decode kernel) at batch 1..32, context 4K
 //    and 32K, as fractions of copy bandwidth, to choose the defaults from
@@ -58,9 +60,10 @@ T* Upload(const std::vector<T>& v) {
 }
 
 // One check: seqs of (new tokens, context); returns the worst row error.
+// `elem`: the pages' element type (the reference reads the same values).
 double Check(int h, int hkv, int d, int bs, int sms,
              const std::vector<std::pair<int, int>>& seqs,
-             const AttnTuning& tuning, std::mt19937& rng) {
+             const AttnTuning& tuning, KvElem elem, std::mt19937& rng) {
   const int g = h / hkv;
   int mb = 0, total = 0;
   for (auto [n, c] : seqs) {
@@ -86,27 +89,38 @@ double Check(int h, int hkv, int d, int bs, int sms,
   std::vector<uint16_t> k(elems), v(elems);
   for (auto& x : k) x = ToBf16(u(rng));
   for (auto& x : v) x = ToBf16(u(rng));
+  // fp8 pages: the bytes uploaded, and k / v rounded to them.
+  std::vector<uint8_t> k8, v8;
+  if (elem == KvElem::kFp8E4M3) {
+    k8.resize(elems);
+    v8.resize(elems);
+    for (int64_t i = 0; i < elems; ++i) {
+      const fp8 a(Bf16(k[i])), b(Bf16(v[i]));
+      k8[i] = a.__x;
+      v8[i] = b.__x;
+      k[i] = ToBf16(static_cast<float>(a));
+      v[i] = ToBf16(static_cast<float>(b));
+    }
+  }
   const int64_t qs = static_cast<int64_t>(h + 2 * hkv) * d;
   std::vector<float> q(t * qs);
   for (auto& x : q) x = 2 * u(rng);
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  const AttnShape shape{h, hkv, d, bs, mb, 0, scale};
+  const AttnShape shape{h, hkv, d, bs, mb, 0, scale, elem};
   const AttnPlan plan = PlanAttention(shape, starts.data(), lens.data(),
                                       seqs.size(), sms, tuning);
   AttnWorkItem* ds = Upload(plan.small);
   AttnWorkItem* dt = Upload(plan.tiles);
   float* dq = Upload(q);
-  uint16_t* dk = Upload(k);
-  uint16_t* dv = Upload(v);
+  void* dk = k8.empty() ? static_cast<void*>(Upload(k)) : Upload(k8);
+  void* dv = v8.empty() ? static_cast<void*>(Upload(v)) : Upload(v8);
   int32_t* dtab = Upload(tables);
   float* scratch = nullptr;
   CK(cudaMalloc(&scratch, AttnScratchFloats(shape, sms, tuning) * 4));
   uint16_t* dout = nullptr;
   CK(cudaMalloc(&dout, t * h * d * 2));
   CK(cudaMemset(dout, 0xff, t * h * d * 2));  // NaN
-  CK(PagedAttention(shape, plan, ds, dt, dq, qs,
-                    reinterpret_cast<const bf16*>(dk),
-                    reinterpret_cast<const bf16*>(dv), dtab, scratch,
+  CK(PagedAttention(shape, plan, ds, dt, dq, qs, dk, dv, dtab, scratch,
                     reinterpret_cast<bf16*>(dout), nullptr));
   CK(cudaDeviceSynchronize());
   std::vector<uint16_t> out(t * h * d);
@@ -162,13 +176,15 @@ double Check(int h, int hkv, int d, int bs, int sms,
 constexpr int kD = 128, kBs = 16, kHkv = 8;
 
 struct Pool {
-  bf16 *k, *v;
+  void *k, *v;
   int64_t blocks;
+  KvElem elem = KvElem::kBf16;
 };
 
 // K + V of every context token, q in (fp32) and out (bf16).
-double DecodeBytes(int h, int batch, int ctx) {
-  return 2.0 * batch * ctx * kHkv * kD * 2 + batch * h * kD * 6.0;
+double DecodeBytes(int h, int batch, int ctx, KvElem elem = KvElem::kBf16) {
+  return 2.0 * batch * ctx * kHkv * kD * KvElemBytes(elem) +
+         batch * h * kD * 6.0;
 }
 
 // Median seconds of one decode attention call at batch x context with
@@ -178,7 +194,7 @@ double TimeDecode(int h, int batch, int ctx, const AttnTuning& tuning,
   const int mb = (ctx + kBs - 1) / kBs;
   std::vector<int32_t> starts(batch + 1), lens(batch, ctx);
   std::iota(starts.begin(), starts.end(), 0);
-  const AttnShape shape{h, kHkv, kD, kBs, mb, 0, 0.088f};
+  const AttnShape shape{h, kHkv, kD, kBs, mb, 0, 0.088f, kv.elem};
   const AttnPlan plan =
       PlanAttention(shape, starts.data(), lens.data(), batch, sms, tuning);
   constexpr int kSets = 13;
@@ -233,15 +249,18 @@ int main() {
   mma.mma_decode = true;
   bool mma_ok = true;
   for (const C& c : checks) {
-    for (const AttnTuning& tuning : {AttnTuning{}, mma}) {
-      const double err =
-          Check(c.h, c.hkv, c.d, c.bs, c.sms, c.seqs, tuning, rng);
-      const bool pass = err < 1e-2;
-      (tuning.mma_decode ? mma_ok : ok) &= pass;
-      std::printf(
-          "check H=%d Hkv=%d D=%d B=%d sms=%d %s: max row rel err %.2e %s\n",
-          c.h, c.hkv, c.d, c.bs, c.sms, tuning.mma_decode ? "mma" : "fma", err,
-          pass ? "ok" : "FAIL");
+    for (const KvElem elem : {KvElem::kBf16, KvElem::kFp8E4M3}) {
+      for (const AttnTuning& tuning : {AttnTuning{}, mma}) {
+        const double err =
+            Check(c.h, c.hkv, c.d, c.bs, c.sms, c.seqs, tuning, elem, rng);
+        const bool pass = err < 1e-2;
+        (tuning.mma_decode ? mma_ok : ok) &= pass;
+        std::printf(
+            "check H=%d Hkv=%d D=%d B=%d sms=%d %s %s: max row rel err %.2e "
+            "%s\n",
+            c.h, c.hkv, c.d, c.bs, c.sms, tuning.mma_decode ? "mma" : "fma",
+            elem == KvElem::kBf16 ? "bf16" : "fp8", err, pass ? "ok" : "FAIL");
+      }
     }
   }
   // The tensor-core decode kernel is timed only where it computes the
@@ -250,8 +269,8 @@ int main() {
   const double copy_bw = kvserve::gpu_bench::CopyBandwidth(size_t{4} << 30);
   std::printf(
       "\ncopy bandwidth %.0f GB/s\n\n| heads | batch | context | fma us | "
-      "GB/s | of copy | mma us | of copy "
-      "|\n|---|---|---|---|---|---|---|---|\n",
+      "GB/s | of copy | mma us | of copy | fp8 fma us | fp8 GB/s | fp8 of "
+      "copy |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
       copy_bw / 1e9);
   const int64_t pool = 256LL * 32768 / kBs + 1024;
   const int64_t elems = pool * kBs * kHkv * kD;
@@ -261,16 +280,23 @@ int main() {
   CK(FillRandomBf16(kc, elems, 1, 1.0f, nullptr));
   CK(FillRandomBf16(vc, elems, 2, 1.0f, nullptr));
   const Pool kv{kc, vc, pool};
+  // The same bytes read as fp8 pages (twice the blocks; values irrelevant).
+  const Pool kv8{kc, vc, 2 * pool, KvElem::kFp8E4M3};
   for (int h : {32, 64}) {
     for (int batch : {1, 8, 64, 256}) {
       for (int ctx : {512, 4096, 32768}) {
         const double t = TimeDecode(h, batch, ctx, {}, kv, sms, rng);
         const double tm =
             mma_ok ? TimeDecode(h, batch, ctx, mma, kv, sms, rng) : INFINITY;
+        const double t8 = TimeDecode(h, batch, ctx, {}, kv8, sms, rng);
         const double by = DecodeBytes(h, batch, ctx);
-        std::printf("| %d/%d | %d | %d | %.1f | %.0f | %.2f | %.1f | %.2f |\n",
-                    h, kHkv, batch, ctx, t * 1e6, by / t / 1e9,
-                    by / t / copy_bw, tm * 1e6, by / tm / copy_bw);
+        const double by8 = DecodeBytes(h, batch, ctx, KvElem::kFp8E4M3);
+        std::printf(
+            "| %d/%d | %d | %d | %.1f | %.0f | %.2f | %.1f | %.2f | %.1f | "
+            "%.0f | %.2f |\n",
+            h, kHkv, batch, ctx, t * 1e6, by / t / 1e9, by / t / copy_bw,
+            tm * 1e6, by / tm / copy_bw, t8 * 1e6, by8 / t8 / 1e9,
+            by8 / t8 / copy_bw);
       }
     }
   }
