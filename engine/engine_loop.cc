@@ -172,6 +172,10 @@ void Engine::Impl::Step() {
   loop_owner_.CheckOwner("Engine::Impl::Step");
   const absl::Time t0 = absl::Now();
   scheduler::SchedulerOutput out = scheduler_->Schedule();
+  for (const RequestId id : out.preempted) {
+    auto it = live_reqs_.find(id);
+    if (it != live_reqs_.end()) it->second->preempted_at = t0;
+  }
   if (out.empty()) {
     // A step may preempt by swap and schedule nothing (its blocks go to a
     // more important waiting request next step): the swap-outs still run.
@@ -184,10 +188,6 @@ void Engine::Impl::Step() {
     AddStepCounters(out.stats, moved.swapped_out_blocks,
                     moved.swapped_in_blocks);
     return WaitAfterEmptyStep();
-  }
-  for (const RequestId id : out.preempted) {
-    auto it = live_reqs_.find(id);
-    if (it != live_reqs_.end()) it->second->preempted_at = t0;
   }
   for (const auto& s : out.scheduled) FirstScheduled(s, t0);
   StepResult result = runner_->Execute(out, live_reqs_, *scheduler_);
@@ -305,18 +305,18 @@ void Engine::Impl::FinishRequest(RequestId id, FinishReason reason,
   --live_;
 }
 
-// At most every kKvStateInterval while someone read a snapshot lately (and
-// once at start, so the first reader finds one).
+// Every kKvStateInterval while someone read a snapshot lately, else every
+// kKvStateIdleInterval (so that a first or rare reader never gets an old
+// one), and once at start.
 void Engine::Impl::MaybeBuildKvState() {
   constexpr absl::Duration kKvStateInterval = absl::Milliseconds(200);
+  constexpr absl::Duration kKvStateIdleInterval = absl::Seconds(1);
   constexpr absl::Duration kKvStateInterest = absl::Seconds(10);
   const absl::Time now = absl::Now();
   const absl::Time wanted = absl::FromUnixNanos(kv_state_wanted_ns_.load());
-  if (kv_state_built_ != absl::InfinitePast() &&
-      (now - wanted > kKvStateInterest ||
-       now - kv_state_built_ < kKvStateInterval)) {
-    return;
-  }
+  const absl::Duration interval =
+      now - wanted > kKvStateInterest ? kKvStateIdleInterval : kKvStateInterval;
+  if (now - kv_state_built_ < interval) return;
   auto st = std::make_shared<const KvState>(BuildKvState(
       *scheduler_, info_.kv_dtype, info_.kv_bytes_per_block, WrittenSlots()));
   kv_state_built_ = now;
@@ -393,11 +393,13 @@ void Engine::Impl::PublishStats(double step_seconds, int64_t tokens) {
     queued_ = s.num_waiting + static_cast<int64_t>(inbox_.adds.size());
   }
   if (metrics_) {
+    // Token slots first: once a scrape sees kvserve_kv_blocks{active} at 0,
+    // the slots it sees are final too.
+    PublishTokenSlots(s.kv);
     metrics_->SetKvBlocks(s.kv.active_blocks, s.kv.cached_evictable_blocks,
                           s.kv.free_blocks - s.kv.cached_evictable_blocks);
     metrics_->SetQueues(s.num_running, s.num_waiting);
     metrics_->SetReservedSlots(reserved, unwritten);
-    PublishTokenSlots(s.kv);
     metrics_->SetSwapBlocks(s.swap_slots_used,
                             runner_->backend().num_swap_slots());
     if (tokens > 0) metrics_->ObserveStep(step_seconds, tokens);

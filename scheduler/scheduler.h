@@ -353,6 +353,10 @@ class Scheduler {
   // watermark), preempts running requests of larger priority value, worst
   // first, until it fits or none is left. Runs after admission.
   void PreemptForPriority(StepPlan& plan);
+  // Whether preempting every running request less important than `head`
+  // would let its first chunk in (KV blocks and the high watermark); no
+  // request loses its work for a head that would wait anyway.
+  [[nodiscard]] bool PriorityPreemptionHelps(const Request& head) const;
   // Raises r's peak_blocks to its table's size.
   void NotePeakBlocks(Request& r);
   // Whether to preempt `r` (holding `blocks` computed blocks) by swap.

@@ -30,6 +30,29 @@ bool Scheduler::AllocateOrPreempt(size_t* index, int32_t n, StepPlan& plan) {
   return true;
 }
 
+bool Scheduler::PriorityPreemptionHelps(const Request& head) const {
+  // Blocks that preempting every less important running request frees: the
+  // ones only it holds.
+  int64_t freed = 0;
+  for (const Request* r : running_) {
+    if (r->priority() <= head.priority()) continue;
+    for (const kvcache::BlockId b : kv_.GetBlockTable(r->id())) {
+      if (kv_.pool().ref_count(b) == 1) ++freed;
+    }
+  }
+  const int64_t active = kv_.pool().num_active() - freed;
+  if (active > config_.admission_high_watermark * kv_.num_blocks()) {
+    return false;
+  }
+  // The head's first chunk, as admission would size it (its cached prefix
+  // ignored: an upper bound).
+  const int32_t start = head.num_computed_tokens_;
+  const int32_t n = NumNewTokens(head, start, config_.max_num_batched_tokens);
+  const int64_t need =
+      kvcache::BlocksForTokens(AdmissionTokens(start, n), config_.block_size);
+  return kv_.num_free_blocks() + freed - need >= watermark_blocks_;
+}
+
 void Scheduler::NotePeakBlocks(Request& r) {
   r.kv_stats_.peak_blocks =
       std::max(r.kv_stats_.peak_blocks,
@@ -48,6 +71,7 @@ void Scheduler::PreemptForPriority(StepPlan& plan) {
     if (running_.empty()) return;
     const size_t victim = PickVictim();
     if (running_[victim]->priority() <= head->priority()) return;
+    if (plan.preempted.empty() && !PriorityPreemptionHelps(*head)) return;
     Preempt(victim, plan, PreemptReason::kPriority);
     // Nothing is admitted in a step that preempts (no step both swaps out
     // and swaps in): the head is admitted next step. Stop once it would fit.
@@ -132,7 +156,9 @@ void Scheduler::Preempt(size_t index, StepPlan& plan, PreemptReason reason) {
       ++num_priority_preemptions_swap_total_;
     }
   } else {
-    CachePartialBlock(*r);  // its readmission may hit it
+    // Its readmission may hit its partial last block, unless that block is
+    // a copy-on-write target whose copy was just voided (it holds nothing).
+    if (!copied) CachePartialBlock(*r);
     kv_.Free(r->id());
     num_preempted_tokens_total_ += computed;
     r->num_computed_tokens_ = 0;  // recompute prompt + output on readmission

@@ -160,5 +160,53 @@ TEST(KvAccountingTest, NoPriorityPreemptionForEqualPriorityOrFcfs) {
   }
 }
 
+// A head that would not fit even with every less important request gone
+// preempts nothing: the low-priority request keeps running.
+TEST(KvAccountingTest, NoPriorityPreemptionThatCannotHelp) {
+  SchedulerConfig c = TinyConfig();
+  c.num_blocks = 6;
+  c.policy = SchedulingPolicy::kPriority;
+  Driver d(c);
+  d.Add(1, 12, 4, /*priority=*/0);  // 3 blocks, then a 4th; as important
+  d.Add(2, 4, 4, /*priority=*/9);   // 1 block, then a 2nd
+  d.Step();
+  d.Add(3, 16, 2, /*priority=*/0);  // 4 blocks: 6 - 3 without request 2
+  d.Run();
+  EXPECT_EQ(d.sched().stats().num_preemptions_total, 0);
+  EXPECT_EQ(d.finished_.size(), 3u);
+}
+
+// A victim whose copy-on-write copy was voided by its preemption must not
+// index that copy (it holds nothing) as a cached tail.
+TEST(KvAccountingTest, VoidedCopyOnWriteBlockIsNoCachedTail) {
+  SchedulerConfig c = TinyConfig();
+  c.policy = SchedulingPolicy::kPriority;
+  c.enable_prefix_caching = true;
+  Driver d(c);
+  d.Add(1, 6, 8, /*priority=*/5);  // a full block and 2 tokens of another
+  d.Step();                        // prompt computed, first token sampled
+  const Request* parent = d.sched().GetRequest(1);
+  std::vector<int32_t> prompt = parent->prompt_token_ids();
+  auto child = std::make_unique<Request>(2, prompt, 8, /*priority=*/5);
+  child->set_output_token_ids({99});
+  ASSERT_TRUE(d.sched().Fork(1, std::move(child)).ok());
+  // Next step: the parent copies the shared partial block (COW), the child
+  // writes the original; the urgent head needs 3 of the 4 blocks, so both
+  // are preempted and the parent's copy never runs.
+  d.Add(3, 9, 2, /*priority=*/0);
+  const SchedulerOutput out = d.sched().Schedule();
+  ASSERT_EQ(out.preempted.size(), 2u);
+  ASSERT_EQ(out.blocks_to_copy.size(), 0u);  // voided with its owner
+  const kvcache::PrefixMatch m = d.sched().kv_cache().FindCachedPrefix(
+      {prompt, std::vector<int32_t>{7}}, kvcache::NamespaceHash("", ""));
+  EXPECT_EQ(m.blocks.size(), 1u);
+  // Blocks 0 and 1 hold the prompt; block 2 (the free queue's head) was the
+  // parent's copy-on-write target. The tail is the child's block 1, whose
+  // two tokens were written, never the void copy.
+  EXPECT_EQ(m.tail_block, 1);
+  EXPECT_EQ(m.tail_tokens, 2);
+  ASSERT_TRUE(d.sched().CheckInvariants().ok());
+}
+
 }  // namespace
 }  // namespace kvserve::scheduler

@@ -237,6 +237,9 @@ class KvVisibilityTest(unittest.TestCase):
             got = kv.preemptions_swap if mode == "swap" else \
                 kv.preemptions_recompute
             self.assertGreaterEqual(got, 1, mode)
+            # Preempted in a step that ran nothing else: its time preempted
+            # still counts.
+            self.assertGreater(kv.preempted_seconds, 0, mode)
             self.assertEqual(len(low["r"][0]), 60)
             self.assertEqual(counter(m, PREEMPT, mode=mode, reason="priority"),
                              got, mode)
