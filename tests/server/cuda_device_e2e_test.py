@@ -63,6 +63,31 @@ class Server(KvserveProcess):
 
 
 class CudaDeviceTest(unittest.TestCase):
+    def check_swap_keeps_outputs(self, prompts, reference, kv_bytes, *extra):
+        """With 10 blocks (the 4 requests need 16 at the end) some requests
+        are swapped out and back; their greedy tokens equal `reference`.
+        Returns the final scrape, once no block is in use."""
+        server = Server(*extra, "--preemption-mode", "swap",
+                        "--swap-space-bytes", "32MiB", kv_bytes=kv_bytes)
+        try:
+            got = server.generate_all(prompts)
+            m = server.wait_metrics(lambda m: counter(
+                m, "kvserve_kv_blocks", state="active") == 0)
+        finally:
+            server.close()
+        self.assertEqual(got, reference)
+        self.assertGreater(counter(m, "kvserve_preemptions_total",
+                                   mode="swap", reason="no_free_block"), 0)
+        self.assertGreater(counter(m, "kvserve_swap_bytes_total",
+                                   direction="in"), 0)
+        # Every block swapped out came back.
+        self.assertEqual(counter(m, "kvserve_swap_bytes_total",
+                                 direction="out"),
+                         counter(m, "kvserve_swap_bytes_total",
+                                 direction="in"))
+        self.assertEqual(counter(m, "kvserve_kv_blocks", state="active"), 0)
+        return m
+
     def test_swap_preemption_keeps_greedy_outputs(self):
         prompts = [token_ids(300 + i, PROMPT) for i in range(4)]
         ref = Server()
@@ -81,23 +106,8 @@ class CudaDeviceTest(unittest.TestCase):
             self.assertEqual(len(tokens), NEW)
         self.assertEqual(full, alone)
         self.assertEqual(top, alone)
-        # 10 blocks; the 4 requests need 16 at the end: some are swapped out.
-        server = Server("--preemption-mode", "swap", "--swap-space-bytes",
-                        "32MiB", kv_bytes=str(10 * BLOCK_BYTES))
-        try:
-            got = server.generate_all(prompts)
-            m = server.wait_metrics(lambda m: counter(
-                m, "kvserve_kv_blocks", state="active") == 0)
-        finally:
-            server.close()
-        self.assertEqual(got, reference)
-        self.assertGreater(counter(m, "kvserve_preemptions_total",
-                                   mode="swap", reason="no_free_block"), 0)
-        self.assertGreater(counter(m, "kvserve_swap_bytes_total",
-                                   direction="out"), 0)
-        self.assertGreater(counter(m, "kvserve_swap_bytes_total",
-                                   direction="in"), 0)
-        self.assertEqual(counter(m, "kvserve_kv_blocks", state="active"), 0)
+        self.check_swap_keeps_outputs(prompts, reference,
+                                      str(10 * BLOCK_BYTES))
 
     def test_fp8_kv_pages_hold_twice_the_blocks_and_swap(self):
         """--kv-cache-dtype fp8: e4m3 pages, half the bytes of bf16, so the
@@ -117,23 +127,9 @@ class CudaDeviceTest(unittest.TestCase):
         self.assertEqual(int(num_blocks), 2 * 64)
         for tokens in reference:
             self.assertEqual(len(tokens), NEW)
-        # 10 fp8 blocks; the 4 requests need 16 at the end.
-        server = Server("--kv-cache-dtype", "fp8", "--preemption-mode", "swap",
-                        "--swap-space-bytes", "32MiB",
-                        kv_bytes=str(10 * BLOCK_BYTES // 2))
-        try:
-            got = server.generate_all(prompts)
-            m = server.wait_metrics(lambda m: counter(
-                m, "kvserve_kv_blocks", state="active") == 0)
-        finally:
-            server.close()
-        self.assertEqual(got, reference)
-        self.assertGreater(counter(m, "kvserve_swap_bytes_total",
-                                   direction="in"), 0)
-        self.assertEqual(counter(m, "kvserve_swap_bytes_total",
-                                 direction="out"),
-                         counter(m, "kvserve_swap_bytes_total",
-                                 direction="in"))
+        self.check_swap_keeps_outputs(prompts, reference,
+                                      str(10 * BLOCK_BYTES // 2),
+                                      "--kv-cache-dtype", "fp8")
 
 
 def _setup(args, pb, pb_grpc):

@@ -21,7 +21,8 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kvserve_process import (KvserveProcess, counter,  # noqa: E402
-                             run_concurrently, run_unittests, token_ids)
+                             metric_sum, run_concurrently, run_unittests,
+                             token_ids)
 
 ARGS = None
 PB = None
@@ -30,18 +31,6 @@ BLOCK = 16
 # SmolLM2-135M: 30 layers x 3 KV heads x 64 x (K, V) x fp16 per token.
 BLOCK_BYTES = 30 * 3 * 64 * 2 * 2 * BLOCK
 PREEMPT = "kvserve_preemptions_total"
-
-
-def metric_sum(m, name, **labels):
-    """Sum of every series of `name` whose labels include `labels`."""
-    total = 0.0
-    for key, value in m.items():
-        base, _, rest = key.partition("{")
-        if base != name:
-            continue
-        if all(f'{k}="{v}"' in rest for k, v in labels.items()):
-            total += value
-    return total
 
 
 class Server(KvserveProcess):

@@ -51,6 +51,18 @@ def counter(metrics, name, **labels):
     return metrics.get(key, 0.0)
 
 
+def metric_sum(metrics, name, **labels):
+    """Sum of parse_metrics() samples of `name` whose labels include
+    `labels` (all series of `name` without labels)."""
+    total = 0.0
+    for key, value in metrics.items():
+        base, _, rest = key.partition("{")
+        if base == name and all(f'{k}="{v}"' in rest
+                                for k, v in labels.items()):
+            total += value
+    return total
+
+
 def run_concurrently(fn, items):
     """[fn(item) for item in items], each call on its own thread at once."""
     results = [None] * len(items)
