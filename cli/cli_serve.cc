@@ -56,6 +56,7 @@ struct ServeFlags {
   int64_t threads = 0, http_threads = 2;
   int64_t http_max_connections = 4096;
   double kv_cache_fraction = EngineDefaults().kv_cache_fraction;
+  double rope_scale = 1;
   double drain_timeout = 30;
   double stall_timeout = 30;
   int64_t fault_step_delay_ms = 0;
@@ -227,6 +228,11 @@ void RegisterFlags(ServeFlags* f, CliArgs* args) {
             "longest sequence, prompt + output (default 0 = the model's "
             "context)",
             0, 1 << 24);
+  args->Float("rope-scale", &f->rope_scale,
+              "linear RoPE scaling: positions divided by this factor, the "
+              "model's context multiplied by it (default 1 = the model's own "
+              "RoPE; refused for a model that already scales RoPE)",
+              1, 64);
   args->String("scheduling-policy", &f->scheduling_policy,
                absl::StrCat("fcfs, priority, or cache-aware (longest cached "
                             "prefix first among equal priorities) (default ",
@@ -267,6 +273,7 @@ absl::Status FinishFlags(ServeFlags* f) {
   ServeOptions& o = f->options;
   o.port = static_cast<int>(f->port);
   o.metrics_port = static_cast<int>(f->metrics_port);
+  o.rope_scale = static_cast<float>(f->rope_scale);
   o.http_threads = static_cast<int>(f->http_threads);
   o.http_max_connections = static_cast<int>(f->http_max_connections);
   o.stall_timeout = absl::Seconds(f->stall_timeout);

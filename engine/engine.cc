@@ -62,8 +62,9 @@ absl::Status Engine::Impl::Init(
     const std::shared_ptr<prometheus::Registry>& registry,
     std::unique_ptr<ModelBackend> backend) {
   const models::ModelConfig& c = model_.config;
-  // Positions past the trained context would run with RoPE angles the model
-  // never saw: refused, as vLLM does, not clamped behind the user's back.
+  // Positions past the trained context (times --rope-scale, applied by the
+  // loader) would run with RoPE angles the model never saw: refused, as vLLM
+  // does, not clamped behind the user's back.
   if (config_.max_model_len > c.max_position) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "--max-model-len %d exceeds the model's context of %d tokens "

@@ -4,12 +4,13 @@
 #include "engine/model_backend.h"
 #include "models/loader/model_files.h"
 #include "models/loader/model_resolver.h"
+#include "models/rope.h"
 #include "models/tokenizer/tokenizer_json.h"
 
 namespace kvserve::engine {
 
 absl::StatusOr<LoadedModel> LoadModel(std::string_view name_or_path,
-                                      Device device) {
+                                      Device device, float rope_scale) {
   // Before reading any weights: a device that cannot run here fails fast.
   KV_RETURN_IF_ERROR(CheckDevice(device));
   LoadedModel out;
@@ -18,6 +19,7 @@ absl::StatusOr<LoadedModel> LoadModel(std::string_view name_or_path,
                       models::OpenModelFiles(out.path));
   out.format = files.format;
   out.config = files.config;
+  KV_RETURN_IF_ERROR(models::ApplyLinearRopeScale(rope_scale, &out.config));
   models::TokenizerData tok_data = std::move(files.tokenizer);
   if (!files.tokenizer_json_path.empty()) {
     KV_ASSIGN_OR_RETURN(tok_data,

@@ -35,8 +35,11 @@ struct LoadedModel {
 // (as --device): when it resolves to Device::kCuda the weights
 // are checked and kept in `weights` for the GPU upload, not packed. A
 // device that cannot run here gets CheckDevice's error before any file is
-// read.
+// read. `rope_scale` > 1 (--rope-scale) stretches RoPE linearly and the
+// context with it (models::ApplyLinearRopeScale) before anything is built
+// from the config.
 [[nodiscard]] absl::StatusOr<LoadedModel> LoadModel(
-    std::string_view name_or_path, Device device = Device::kCpu);
+    std::string_view name_or_path, Device device = Device::kCpu,
+    float rope_scale = 1.0f);
 
 }  // namespace kvserve::engine

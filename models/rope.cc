@@ -1,9 +1,35 @@
 #include "models/rope.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 
+#include "absl/strings/str_format.h"
+
 namespace kvserve::models {
+
+absl::Status ApplyLinearRopeScale(float factor, ModelConfig* config) {
+  if (!(factor >= 1.0f && factor <= 64.0f)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--rope-scale %g must be in [1, 64]", static_cast<double>(factor)));
+  }
+  if (factor == 1.0f) return absl::OkStatus();
+  if (config->rope_scaling.type != RopeScalingType::kNone) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--rope-scale %g: the model already scales RoPE (%s, factor %g); "
+        "a second scaling is not one it was trained with",
+        static_cast<double>(factor),
+        config->rope_scaling.type == RopeScalingType::kLinear ? "linear"
+                                                              : "llama3",
+        static_cast<double>(config->rope_scaling.factor)));
+  }
+  config->rope_scaling.type = RopeScalingType::kLinear;
+  config->rope_scaling.factor = factor;
+  config->rope_scaling.original_max_position = config->max_position;
+  config->max_position = static_cast<int>(std::min<double>(
+      static_cast<double>(config->max_position) * factor, double{1 << 24}));
+  return absl::OkStatus();
+}
 
 Rope::Rope(const ModelConfig& config)
     : head_dim_(config.head_dim), style_(config.rope_style) {

@@ -5,9 +5,18 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "models/model_config.h"
 
 namespace kvserve::models {
+
+// Linear RoPE scaling chosen at start (llama.cpp's --rope-scale, vLLM's
+// rope_scaling {"rope_type": "linear"}): positions are divided by `factor`
+// and the context grows by it. factor 1 leaves `config` as it is. Refused
+// for a factor outside [1, 64] and for a model whose RoPE already scales
+// (two scalings do not compose into one the model was trained with).
+[[nodiscard]] absl::Status ApplyLinearRopeScale(float factor,
+                                                ModelConfig* config);
 
 class Rope {
  public:

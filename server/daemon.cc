@@ -125,14 +125,25 @@ absl::Status Daemon::StartEngine(const ServeOptions& options) {
   // The form of the weights follows the device: packed for the CPU, kept
   // for the GPU upload ("auto" without a GPU loads for the CPU).
   const engine::Device device = engine::ResolveDevice(options.engine.device);
-  KV_ASSIGN_OR_RETURN(engine::LoadedModel model,
-                      engine::LoadModel(model_path_, device));
+  KV_ASSIGN_OR_RETURN(
+      engine::LoadedModel model,
+      engine::LoadModel(model_path_, device, options.rope_scale));
   const models::ModelConfig& c = model.config;
   spdlog::info(
       "model {} ({}) loaded for {} in {:.2f} s: {} layers, hidden {}, {} "
-      "heads / {} KV heads, vocab {}{}",
+      "heads / {} KV heads, vocab {}, context {}{}{}",
       model.path, model.format, engine::DeviceName(device), SecondsSince(t0),
       c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.vocab_size,
+      c.max_position,
+      c.rope_scaling.type == models::RopeScalingType::kNone
+          ? std::string()
+          : absl::StrFormat(
+                " (RoPE %s x%g of %d)",
+                c.rope_scaling.type == models::RopeScalingType::kLinear
+                    ? "linear"
+                    : "llama3",
+                static_cast<double>(c.rope_scaling.factor),
+                c.rope_scaling.original_max_position),
       model.model != nullptr
           ? absl::StrFormat(", %.1f MiB of packed weights",
                             model.model->weight_bytes() / 1048576.0)

@@ -38,6 +38,7 @@ struct ServeOptions {
   int http_threads = 2;             // HTTP I/O threads (streams hold none)
   int http_max_connections = 4096;  // beyond: 429 but for the probes
   engine::EngineConfig engine;
+  float rope_scale = 1.0f;  // --rope-scale (engine::LoadModel)
   // Not ready while requests wait and no step completed for this long.
   absl::Duration stall_timeout = absl::Seconds(30);  // 0: never
   RequestLimits limits;

@@ -13,6 +13,9 @@ both are started with matching settings:
                S sequences of L tokens; llama-server -np S -c S*L (it divides
                -c among its S slots, each rounded up to a multiple of 256),
                L = prompt + output + 16
+  RoPE         --rope-scale F: kvserve --rope-scale F; llama-server
+               --rope-scaling linear --rope-scale F (contexts past the
+               model's own, e.g. 16K on an 8K model)
   KV type      kvserve --kv-cache-dtype fp16|int8|int4|f32; llama-server
                -ctk/-ctv f16|q8_0|q4_0|f32, with flash attention
                (-fa on: llama.cpp needs it for a quantized V cache;
@@ -172,6 +175,8 @@ def start_kvserve(args, context, streams):
              str(max(streams, 1)), "--kv-cache-dtype", args.kv_dtype,
              "--kv-cache-bytes", str(kv_pool_bytes(args, context, streams)),
              "--swap-space-bytes", "0", "--prefix-caching"]
+    if args.rope_scale != 1:
+        extra += ["--rope-scale", f"{args.rope_scale:g}"]
     try:
         return KvserveProcess(args.kvserve, ROOT, *extra)
     except RuntimeError as e:
@@ -183,7 +188,9 @@ def llama_command(args, context, streams):
     return [args.llama_server, "-m", args.model, "-t", str(args.threads),
             "-tb", str(args.threads), "-c", str(context * streams), "-np",
             str(streams), "-ctk", kv, "-ctv", kv, "-fa", args.llama_flash_attn,
-            "--cache-ram", "0", "--no-webui"]
+            "--cache-ram", "0", "--no-webui"] + (
+                ["--rope-scaling", "linear", "--rope-scale",
+                 f"{args.rope_scale:g}"] if args.rope_scale != 1 else [])
 
 
 def corpus_tokens(port):
@@ -479,6 +486,11 @@ def build_parser():
     p.add_argument("--prefix-hits", type=int, default=0, metavar="K",
                    help="measure prefix-cache hits instead: each prompt cold, "
                    "then K exact repeats, 1 stream (default 0: off)")
+    p.add_argument("--rope-scale", type=float, default=1.0,
+                   help="linear RoPE scaling of both servers (kvserve "
+                   "--rope-scale F; llama-server --rope-scaling linear "
+                   "--rope-scale F), to run prompts past the model's "
+                   "context (default 1: off)")
     p.add_argument("--json", metavar="OUT",
                    help="write the raw results (every request) to OUT")
     return p

@@ -9,6 +9,7 @@ block); a greedy completion of "The capital of France is" over HTTP starts
 with " Paris" (all but int4, whose answer is only checked to be text).
 `kvserve generate` takes the flag too. Combinations that cannot run are
 refused at start, naming the flag: fp8 on the CPU, an unknown name.
+--rope-scale 2 doubles the context a request may use.
 
     kv_dtype_e2e_test.py --binary build/server/kvserve --source-dir .
 """
@@ -19,6 +20,7 @@ import re
 import subprocess
 import sys
 import unittest
+import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -149,6 +151,57 @@ class KvDtypes(unittest.TestCase):
         self.assertIn("--max-model-len 16400 exceeds the model's context of "
                       "8192 tokens", err)
         self.assertNotIn("kvserve: listening", err)
+
+    def test_rope_scale_stretches_the_context(self):
+        # --rope-scale 2 (linear, as llama.cpp's --rope-scale): the context
+        # doubles, so a request needing more than 8,192 tokens is taken;
+        # the same request is refused (400) without it.
+        def first_chunk(server):
+            req = urllib.request.Request(
+                f"http://127.0.0.1:{server.http_port}/v1/completions",
+                data=json.dumps({
+                    "prompt": "The capital of France is", "max_tokens": 12000,
+                    "temperature": 0, "stream": True,
+                    "ignore_eos": True}).encode(),
+                headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=60) as r:
+                    return r.status, r.readline()
+            except urllib.error.HTTPError as e:
+                return e.code, e.read()
+
+        scaled = KvserveProcess(ARGS.binary, ARGS.source_dir, "--rope-scale",
+                                "2", "--max-model-len", "16384",
+                                "--kv-cache-bytes", "512MiB")
+        try:
+            line = scaled.wait_for(re.compile(
+                r"context (\d+) \(RoPE linear x2 of 8192\)"), 60)
+            self.assertIsNotNone(line)
+            self.assertEqual(line.group(1), "16384")
+            with urllib.request.urlopen(
+                    f"http://127.0.0.1:{scaled.http_port}/v1/models",
+                    timeout=30) as r:
+                model = json.loads(r.read())["data"][0]
+            self.assertEqual(model["max_model_len"], 16384)
+            status, body = first_chunk(scaled)
+            self.assertEqual(status, 200, body)
+            self.assertTrue(body.startswith(b"data: "), body)
+        finally:
+            scaled.kill()
+        plain = KvserveProcess(ARGS.binary, ARGS.source_dir,
+                               "--kv-cache-bytes", "512MiB")
+        try:
+            status, body = first_chunk(plain)
+            self.assertEqual(status, 400, body)
+            self.assertIn(b"exceeds the model's context of 8192", body)
+        finally:
+            plain.kill()
+        out = subprocess.run(
+            [ARGS.binary, "--port", "0", "--metrics-port", "0",
+             "--rope-scale", "0.5"],
+            capture_output=True, text=True, timeout=60, cwd=ARGS.source_dir)
+        self.assertEqual(out.returncode, 2)
+        self.assertIn("--rope-scale", out.stderr)
 
 
 def main():
