@@ -425,6 +425,18 @@ cudaError_t PagedAttention(const AttnShape& shape, const AttnPlan& plan,
       (shape.head_dim != 64 && shape.head_dim != 128)) {
     return cudaErrorInvalidValue;
   }
+  if (shape.kv_elem == KvElem::kInt8) {
+    // Every chunk load is 8-byte aligned, every block 16-byte aligned.
+    if (static_cast<int64_t>(shape.block_size) * shape.num_kv_heads *
+            shape.head_dim % 256 !=
+        0) {
+      return cudaErrorInvalidValue;
+    }
+    return LaunchAll(shape, plan, items_small, items_tiles, q, q_stride,
+                     static_cast<const int8_t*>(k_cache),
+                     static_cast<const int8_t*>(v_cache), block_tables, scratch,
+                     out, stream);
+  }
   if (shape.kv_elem == KvElem::kFp8E4M3) {
     return LaunchAll(shape, plan, items_small, items_tiles, q, q_stride,
                      static_cast<const fp8*>(k_cache),

@@ -10,9 +10,11 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "models/cuda/fast_div.h"
 #include "models/cuda/fp8.cuh"
+#include "models/cuda/int8_kv.cuh"
 #include "models/cuda/kernels.h"
 
 namespace kvserve::models::cuda::attn {
@@ -80,7 +82,14 @@ __device__ inline bool KeyVisible(const AttnShape& s, const AttnWorkItem& it,
   return t <= pos && (s.sliding_window <= 0 || t > pos - s.sliding_window);
 }
 
-// Eight KV values as loaded from the cache: 16 bytes of bf16, 8 of fp8.
+// Eight int8 values and the fp16 bits of their group's scale.
+struct Q8Chunk {
+  uint2 q;
+  uint32_t scale;
+};
+
+// Eight KV values as loaded from the cache: 16 bytes of bf16, 8 of fp8,
+// 8 of int8 and their scale.
 template <typename KvT>
 struct KvChunk {
   using Raw = uint4;
@@ -88,6 +97,10 @@ struct KvChunk {
 template <>
 struct KvChunk<fp8> {
   using Raw = uint2;
+};
+template <>
+struct KvChunk<int8_t> {
+  using Raw = Q8Chunk;
 };
 
 // Eight cached values as eight bf16.
@@ -103,10 +116,30 @@ __device__ inline uint4 ToBf16x8(const uint2& raw) {
   }
   return make_uint4(o[0], o[1], o[2], o[3]);
 }
+// int8 values times their fp16 scale: the product is exact in fp32 (8 + 11
+// significant bits), then rounded to bf16, which adds at most 2^-9 of the
+// value (<= amax / 512 absolute) to the quantization error of at most
+// scale / 2 = amax / 254: the int8 pages dequantize about 1.5 times less
+// precisely than the CPU's int8 KV, which reads the fp32 products.
+__device__ inline uint4 ToBf16x8(const Q8Chunk& raw) {
+  const float d = F16BitsToF32(raw.scale);
+  const uint32_t w[2] = {raw.q.x, raw.q.y};
+  uint32_t o[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t pair = w[i / 2] >> (16 * (i % 2));
+    const float lo = static_cast<float>(static_cast<int8_t>(pair & 0xFFu)) * d;
+    const float hi =
+        static_cast<float>(static_cast<int8_t>((pair >> 8) & 0xFFu)) * d;
+    o[i] = F32ToBf16Bits(lo) | (F32ToBf16Bits(hi) << 16);
+  }
+  return make_uint4(o[0], o[1], o[2], o[3]);
+}
 
 // K and V of one 64-key tile, staged in registers (loads of 8 values,
 // issued a tile ahead of use) and then stored to shared memory rows of `pad`
-// bf16, converted from the cache's element type KvT (bf16 or fp8).
+// bf16, converted from the cache's element type KvT (bf16, fp8, or int8
+// with a scale per 32 values: int8_kv.cuh's block layout).
 template <int D, typename KvT = bf16>
 struct KvTileLoader {
   using Raw = typename KvChunk<KvT>::Raw;
@@ -121,7 +154,8 @@ struct KvTileLoader {
                        const int32_t* __restrict__ table, FastDiv block_div,
                        int kvh, int num_kv_heads, int t0, int end) {
     const int nk = min(kTileKeys, end - t0);
-    const int64_t slot_stride = static_cast<int64_t>(num_kv_heads) * D;
+    [[maybe_unused]] const int64_t slot_stride =
+        static_cast<int64_t>(num_kv_heads) * D;
 #pragma unroll
     for (int i = 0; i < kLpt; ++i) {
       const int c = static_cast<int>(threadIdx.x) + i * kThreads;
@@ -129,16 +163,38 @@ struct KvTileLoader {
       if (key < nk) {
         const int t = t0 + key;
         const int blk = block_div.Div(t);  // t / block_size, divide-free
-        const int64_t slot = static_cast<int64_t>(table[blk]) * block_div.d +
-                             (t - blk * block_div.d);
-        const int64_t off = slot * slot_stride + kvh * D + ch * 8;
-        kr[i] = __ldg(reinterpret_cast<const Raw*>(kc + off));
-        vr[i] = __ldg(reinterpret_cast<const Raw*>(vc + off));
+        const int row = t - blk * block_div.d;
+        if constexpr (std::is_same_v<KvT, int8_t>) {
+          const Q8Layout lay(block_div.d, num_kv_heads, D);
+          const int i8 = kvh * D + ch * 8;
+          kr[i] = LoadQ8(kc, lay, table[blk], row, i8);
+          vr[i] = LoadQ8(vc, lay, table[blk], row, i8);
+        } else {
+          const int64_t slot =
+              static_cast<int64_t>(table[blk]) * block_div.d + row;
+          const int64_t off = slot * slot_stride + kvh * D + ch * 8;
+          kr[i] = __ldg(reinterpret_cast<const Raw*>(kc + off));
+          vr[i] = __ldg(reinterpret_cast<const Raw*>(vc + off));
+        }
       } else {
         kr[i] = Raw{};
         vr[i] = Raw{};
       }
     }
+  }
+
+  // The chunk of values i .. i + 7 (of the slot's H*D) of row `row` of
+  // block `block`, with its group's scale.
+  static __device__ Q8Chunk LoadQ8(const int8_t* __restrict__ c,
+                                   const Q8Layout& lay, int64_t block, int row,
+                                   int i) {
+    const auto* bytes = reinterpret_cast<const unsigned char*>(c);
+    Q8Chunk r;
+    r.q =
+        __ldg(reinterpret_cast<const uint2*>(bytes + lay.Value(block, row, i)));
+    r.scale = __ldg(reinterpret_cast<const unsigned short*>(
+        bytes + lay.Scale(block, row, i)));
+    return r;
   }
 
   __device__ void Store(bf16* k_s, bf16* v_s, int pad) const {

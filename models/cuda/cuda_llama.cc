@@ -337,7 +337,7 @@ absl::Status CudaLlamaModel::RunLayers(const ForwardBatch& batch,
         qkv, n, qkv_dim, c.num_heads, c.num_kv_heads, c.head_dim,
         c.rope_style == RopeStyle::kInterleaved, inv_freq_.as<float>(),
         c.qkv_bias ? L.bias.as<float>() : nullptr, d_positions_, d_slots_,
-        kv.elem, kv.k(l), kv.v(l), stream_));
+        kv.elem, kv.block_size, kv.k(l), kv.v(l), stream_));
     KV_CUDA_RETURN_IF_ERROR(PagedAttention(
         shape, plan, d_small_, d_tiles_, qkv, qkv_dim, kv.k(l), kv.v(l),
         d_tables_, attn_scratch_.as<float>(), attn_.as<bf16>(), stream_));

@@ -27,7 +27,8 @@ namespace kvserve::models::cuda {
 
 // Device KV storage, non-owning: 2 * num_layers planes of plane_bytes each
 // (plane 2l: K of layer l, 2l + 1: V), each plane laid out
-// [num_blocks][block_size][num_kv_heads][head_dim] in `elem`.
+// [num_blocks][block_size][num_kv_heads][head_dim] in `elem` (int8: each
+// block's values followed by its scales, models/cuda/int8_kv.cuh).
 struct CudaKvCache {
   int32_t num_blocks = 0;
   int32_t block_size = 0;
@@ -66,9 +67,10 @@ class CudaLlamaModel {
     return static_cast<int64_t>(block_size) * config_.num_kv_heads *
            config_.head_dim;
   }
-  // Bytes of one KV block in one plane.
+  // Bytes of one KV block in one plane (int8: values and scales).
   int64_t BlockBytes(int32_t block_size, KvElem elem) const {
-    return BlockElems(block_size) * KvElemBytes(elem);
+    return KvBlockBytes(elem, block_size, config_.num_kv_heads,
+                        config_.head_dim);
   }
 
   // Grows the workspace for steps of up to `tokens` tokens, `seqs`

@@ -8,8 +8,11 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <cstring>
+#include <type_traits>
 
 #include "models/cuda/fp8.cuh"
+#include "models/cuda/int8_kv.cuh"
 #include "models/cuda/kernels.h"
 #include "models/cuda/launch.h"
 
@@ -33,15 +36,49 @@ __device__ inline fp8 ToKv(float x, const fp8*) {
   return v;
 }
 
+// The K (kv_dim values) and V rows of one token, rotated, in shared memory,
+// quantized to int8 pages: one warp per 32-value group (a group never
+// crosses a head: head_dim is a multiple of 32), lane j holding value j;
+// the group's absmax is a warp reduction.
+__device__ inline void StoreQ8Rows(const float* kv_s, int64_t kv_dim,
+                                   const Q8Layout& lay, int64_t slot,
+                                   int block_size, int8_t* kc, int8_t* vc) {
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int nwarps = static_cast<int>(blockDim.x) / 32;
+  const int64_t block = slot / block_size;
+  const int row = static_cast<int>(slot % block_size);
+  const int groups = static_cast<int>(kv_dim / kQ8Group);
+  for (int g = warp; g < 2 * groups; g += nwarps) {
+    const bool is_v = g >= groups;
+    const int i = (is_v ? g - groups : g) * kQ8Group + lane;  // h * D + d
+    const float x = kv_s[(is_v ? kv_dim : 0) + i];
+    float amax = fabsf(x);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    }
+    unsigned char* base = reinterpret_cast<unsigned char*>(is_v ? vc : kc);
+    base[lay.Value(block, row, i)] =
+        static_cast<unsigned char>(Q8Quantize(x, Q8InvScale(amax)));
+    if (lane == 0) {
+      const uint16_t d = F32ToF16Bits(amax / 127.0f);
+      memcpy(base + lay.Scale(block, row, i), &d, 2);
+    }
+  }
+}
+
+// int8 pages stage the rotated K and V rows in shared memory (after the
+// cos/sin tables) and quantize them once complete; bf16 and fp8 write each
+// value as it is computed.
 template <typename KvT>
-__global__ void QkvRopeCacheKernel(float* qkv, int64_t qkv_stride, int nh,
-                                   int nkv, int d, bool interleaved,
-                                   const float* __restrict__ inv_freq,
-                                   const float* __restrict__ bias,
-                                   const int32_t* __restrict__ positions,
-                                   const int32_t* __restrict__ slots,
-                                   KvT* __restrict__ kc, KvT* __restrict__ vc) {
-  KV_DYNAMIC_SMEM(float, cs);  // cos [d/2], sin [d/2]
+__global__ void QkvRopeCacheKernel(
+    float* qkv, int64_t qkv_stride, int nh, int nkv, int d, bool interleaved,
+    const float* __restrict__ inv_freq, const float* __restrict__ bias,
+    const int32_t* __restrict__ positions, const int32_t* __restrict__ slots,
+    int block_size, KvT* __restrict__ kc, KvT* __restrict__ vc) {
+  constexpr bool kQ8 = std::is_same_v<KvT, int8_t>;
+  KV_DYNAMIC_SMEM(float, cs);  // cos [d/2], sin [d/2]; int8: K, V rows
   const int64_t t = blockIdx.x;
   const int half = d / 2;
   float* row = qkv + t * qkv_stride;
@@ -57,6 +94,8 @@ __global__ void QkvRopeCacheKernel(float* qkv, int64_t qkv_stride, int nh,
   const int64_t q_dim = static_cast<int64_t>(nh) * d;
   const int64_t kv_dim = static_cast<int64_t>(nkv) * d;
   const int64_t slot = slots[t];
+  [[maybe_unused]] float* kv_s =
+      cs + d;  // int8 only: [kv_dim] K, then [kv_dim] V
   for (int idx = threadIdx.x; idx < (nh + nkv) * half; idx += blockDim.x) {
     const int h = idx / half, i = idx % half;
     const int ia = interleaved ? 2 * i : i;
@@ -73,6 +112,9 @@ __global__ void QkvRopeCacheKernel(float* qkv, int64_t qkv_stride, int nh,
     if (h < nh) {
       v[ia] = ra;
       v[ib] = rb;
+    } else if constexpr (kQ8) {
+      kv_s[static_cast<int64_t>(h - nh) * d + ia] = ra;
+      kv_s[static_cast<int64_t>(h - nh) * d + ib] = rb;
     } else {
       KvT* k = kc + slot * kv_dim + static_cast<int64_t>(h - nh) * d;
       k[ia] = ToKv(ra, k);
@@ -82,7 +124,16 @@ __global__ void QkvRopeCacheKernel(float* qkv, int64_t qkv_stride, int nh,
   for (int64_t idx = threadIdx.x; idx < kv_dim; idx += blockDim.x) {
     float x = row[q_dim + kv_dim + idx];
     if (bias != nullptr) x += bias[q_dim + kv_dim + idx];
-    vc[slot * kv_dim + idx] = ToKv(x, vc);
+    if constexpr (kQ8) {
+      kv_s[kv_dim + idx] = x;
+    } else {
+      vc[slot * kv_dim + idx] = ToKv(x, vc);
+    }
+  }
+  if constexpr (kQ8) {
+    __syncthreads();
+    StoreQ8Rows(kv_s, kv_dim, Q8Layout(block_size, nkv, d), slot, block_size,
+                kc, vc);
   }
 }
 
@@ -286,19 +337,30 @@ cudaError_t QkvRopeCache(float* qkv, int64_t num_tokens, int64_t qkv_stride,
                          bool interleaved, const float* inv_freq,
                          const float* bias, const int32_t* positions,
                          const int32_t* slot_mapping, KvElem kv_elem,
-                         void* k_cache, void* v_cache, cudaStream_t stream) {
+                         int block_size, void* k_cache, void* v_cache,
+                         cudaStream_t stream) {
   if (num_tokens == 0) return cudaSuccess;
-  if (kv_elem == KvElem::kFp8E4M3) {
-    KV_LAUNCH(num_tokens, 128, head_dim * sizeof(float), stream,
-              QkvRopeCacheKernel<fp8>)
+  const size_t smem = head_dim * sizeof(float);
+  if (kv_elem == KvElem::kInt8) {
+    if (head_dim % kQ8Group != 0 || block_size <= 0) {
+      return cudaErrorInvalidValue;
+    }
+    const size_t q8_smem =
+        smem + 2 * static_cast<size_t>(num_kv_heads) * head_dim * sizeof(float);
+    if (q8_smem > 48 * 1024) return cudaErrorInvalidValue;
+    KV_LAUNCH(num_tokens, 128, q8_smem, stream, QkvRopeCacheKernel<int8_t>)
     (qkv, qkv_stride, num_heads, num_kv_heads, head_dim, interleaved, inv_freq,
-     bias, positions, slot_mapping, static_cast<fp8*>(k_cache),
+     bias, positions, slot_mapping, block_size, static_cast<int8_t*>(k_cache),
+     static_cast<int8_t*>(v_cache));
+  } else if (kv_elem == KvElem::kFp8E4M3) {
+    KV_LAUNCH(num_tokens, 128, smem, stream, QkvRopeCacheKernel<fp8>)
+    (qkv, qkv_stride, num_heads, num_kv_heads, head_dim, interleaved, inv_freq,
+     bias, positions, slot_mapping, block_size, static_cast<fp8*>(k_cache),
      static_cast<fp8*>(v_cache));
   } else {
-    KV_LAUNCH(num_tokens, 128, head_dim * sizeof(float), stream,
-              QkvRopeCacheKernel<bf16>)
+    KV_LAUNCH(num_tokens, 128, smem, stream, QkvRopeCacheKernel<bf16>)
     (qkv, qkv_stride, num_heads, num_kv_heads, head_dim, interleaved, inv_freq,
-     bias, positions, slot_mapping, static_cast<bf16*>(k_cache),
+     bias, positions, slot_mapping, block_size, static_cast<bf16*>(k_cache),
      static_cast<bf16*>(v_cache));
   }
   return cudaGetLastError();

@@ -7,7 +7,9 @@
 // type (KvElem: bf16, or fp8 e4m3 with no scale):
 //   [num_blocks][block_size][num_kv_heads][head_dim]
 // Token t of a sequence lives at slot block_table[t / B] * B + t % B; one
-// slot holds num_kv_heads * head_dim values (the "slot stride").
+// slot holds num_kv_heads * head_dim values (the "slot stride"). int8 pages
+// add one fp16 scale per 32 values after each block's values
+// (models/cuda/int8_kv.cuh); a block is KvBlockBytes bytes in every type.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -26,9 +28,21 @@ using fp8 = __nv_fp8_e4m3;
 // (scale 1, saturating at +-448): K and V of Llama-family models stay far
 // below that, and every fp8 value is exact in bf16, so attention reads a
 // tile of fp8 into the same bf16 shared-memory tile as a bf16 cache.
-enum class KvElem : int32_t { kBf16 = 0, kFp8E4M3 = 1 };
+// int8 is llama.cpp's q8_0 (34 bytes per 32 values, as the CPU's int8 KV):
+// attention converts each value times its group's scale to bf16 in the
+// shared-memory tile.
+enum class KvElem : int32_t { kBf16 = 0, kFp8E4M3 = 1, kInt8 = 2 };
+// Bytes of one value, scales excluded (int8: 1; see KvBlockBytes).
 inline constexpr int KvElemBytes(KvElem e) {
   return e == KvElem::kBf16 ? 2 : 1;
+}
+// Bytes of one block of one plane (block_size * num_kv_heads * head_dim
+// values; int8 adds 2 bytes of scale per 32 values: 17/16 of a byte each).
+inline constexpr int64_t KvBlockBytes(KvElem e, int block_size,
+                                      int num_kv_heads, int head_dim) {
+  const int64_t values =
+      static_cast<int64_t>(block_size) * num_kv_heads * head_dim;
+  return e == KvElem::kInt8 ? values * 17 / 16 : values * KvElemBytes(e);
 }
 
 // ---- attention -------------------------------------------------------------
@@ -110,14 +124,16 @@ cudaError_t PagedAttention(const AttnShape& shape, const AttnPlan& plan,
 // qkv_stride) by RoPE at positions[t] (angles pos * inv_freq[i] in double;
 // interleaved pairs (2i, 2i+1) or half-split pairs (i, i + D/2)), keeps the
 // rotated q in place and writes rotated k and v, converted to `kv_elem`,
-// into the caches at slot_mapping[t] (reshape-and-cache). inv_freq and bias
-// are device arrays.
+// into the caches at slot_mapping[t] (reshape-and-cache; int8 quantizes
+// each 32-value group with its own scale, in blocks of `block_size` slots).
+// inv_freq and bias are device arrays.
 cudaError_t QkvRopeCache(float* qkv, int64_t num_tokens, int64_t qkv_stride,
                          int num_heads, int num_kv_heads, int head_dim,
                          bool interleaved, const float* inv_freq,
                          const float* bias, const int32_t* positions,
                          const int32_t* slot_mapping, KvElem kv_elem,
-                         void* k_cache, void* v_cache, cudaStream_t stream);
+                         int block_size, void* k_cache, void* v_cache,
+                         cudaStream_t stream);
 
 // Row i of `out` = RmsNorm(x[r] (+ delta[r])) * w, r = rows ? rows[i] : i.
 // Without `rows`, x[r] += delta[r] is also stored back (fused residual add).

@@ -16,9 +16,11 @@
 #ifdef KVSERVE_CUDA
 #include <cuda_runtime.h>
 
+#include "models/cpu/kv_rows.h"
 #include "models/cpu/ops.h"
 #include "models/cpu/paged_attention.h"
 #include "models/cuda/fp8.cuh"
+#include "models/cuda/int8_kv.cuh"
 #include "models/cuda/kernels.h"
 #include "models/forward_batch.h"
 #include "models/kv_view.h"
@@ -117,6 +119,37 @@ std::vector<float> CacheToFloat(const Dev<uint16_t>& d, size_t n, bool fp8) {
     f[i] = FromFp8Bits(reinterpret_cast<const uint8_t*>(raw.data())[i]);
   }
   return f;
+}
+
+// int8 pages of `slots` slots of hkv * d values x (slot-major), in blocks
+// of bs slots (int8_kv.cuh's layout), encoded by the CPU's int8 KV encoder
+// (llama.cpp's q8_0); x becomes what the attention's tile loader reads:
+// each q * scale rounded to bf16.
+std::vector<uint16_t> PackQ8(std::vector<float>* x, int64_t slots, int bs,
+                             int hkv, int d) {
+  const Q8Layout lay(bs, hkv, d);
+  std::vector<uint16_t> out((slots / bs * lay.block_bytes + 1) / 2);
+  auto* bytes = reinterpret_cast<unsigned char*>(out.data());
+  std::vector<std::byte> row(kvcache::KvRowBytes(kvcache::KvDtype::kInt8, d));
+  for (int64_t s = 0; s < slots; ++s) {
+    for (int h = 0; h < hkv; ++h) {
+      float* xr = x->data() + (s * hkv + h) * d;
+      cpu::EncodeKvRow(kvcache::KvDtype::kInt8, xr, d, row.data());
+      for (int g = 0; g < d / kQ8Group; ++g) {
+        const unsigned char* b =
+            reinterpret_cast<unsigned char*>(row.data()) + g * (kQ8Group + 2);
+        const int i = h * d + g * kQ8Group;
+        std::memcpy(bytes + lay.Scale(s / bs, s % bs, i), b, 2);
+        std::memcpy(bytes + lay.Value(s / bs, s % bs, i), b + 2, kQ8Group);
+        const float scale = cpu::HalfToFloat(b[0] | (b[1] << 8));
+        for (int j = 0; j < kQ8Group; ++j) {
+          xr[g * kQ8Group + j] = FromBf16Bits(ToBf16Bits(
+              static_cast<float>(static_cast<int8_t>(b[2 + j])) * scale));
+        }
+      }
+    }
+  }
+  return out;
 }
 
 // ||got - want|| / ||want|| over [off, off + n); NaN compares as failure.
@@ -308,7 +341,7 @@ TEST(CudaKernels, QkvRopeCacheMatchesCpu) {
           CK(QkvRopeCache(dqkv.get(), n, stride, c.h, c.hkv, c.d,
                           style == RopeStyle::kInterleaved, dinv.get(),
                           with_bias ? dbias.get() : nullptr, dpos.get(),
-                          dslots.get(), elem, kc.get(), vc.get(), nullptr));
+                          dslots.get(), elem, 16, kc.get(), vc.get(), nullptr));
           const std::vector<float> got = dqkv.Down(qkv.size());
           const std::vector<float> k = CacheToFloat(kc, num_slots * kv_dim, f8);
           const std::vector<float> v = CacheToFloat(vc, num_slots * kv_dim, f8);
@@ -385,10 +418,15 @@ void RunAttention(const AttnCase& c, std::mt19937& rng) {
   // The caches' bytes (bf16 or fp8 values), and the same values in fp32
   // for the reference.
   const bool f8 = c.elem == KvElem::kFp8E4M3;
-  std::vector<uint16_t> kh(cache_elems), vh(cache_elems);
+  const bool q8 = c.elem == KvElem::kInt8;
+  std::vector<uint16_t> kh(q8 ? 0 : cache_elems), vh(q8 ? 0 : cache_elems);
+  if (q8) {
+    kh = PackQ8(&kf, static_cast<int64_t>(num_blocks) * bs, bs, c.hkv, c.d);
+    vh = PackQ8(&vf, static_cast<int64_t>(num_blocks) * bs, bs, c.hkv, c.d);
+  }
   auto* k8 = reinterpret_cast<uint8_t*>(kh.data());
   auto* v8 = reinterpret_cast<uint8_t*>(vh.data());
-  for (int64_t i = 0; i < cache_elems; ++i) {
+  for (int64_t i = 0; i < cache_elems && !q8; ++i) {
     if (f8) {
       k8[i] = ToFp8Bits(kf[i]);
       kf[i] = FromFp8Bits(k8[i]);
@@ -427,7 +465,7 @@ void RunAttention(const AttnCase& c, std::mt19937& rng) {
   small.Up(plan.small);
   tiles.Up(plan.tiles);
   Dev<float> dq(q.size()), scratch(AttnScratchFloats(shape, sms, c.tuning));
-  Dev<uint16_t> dk(cache_elems), dv(cache_elems), out(ref.size());
+  Dev<uint16_t> dk(kh.size()), dv(vh.size()), out(ref.size());
   Dev<int32_t> tables(b.block_tables.size());
   dq.Up(q);
   dk.Up(kh);
@@ -575,6 +613,32 @@ TEST(CudaKernels, PagedAttentionFp8Kv) {
   }
   RunAttention(
       {32, 8, 128, 24, 100, {{1, 3000 / kLong}, {70, 300}}, 0, {}, kFp8}, rng);
+}
+
+// int8 caches (q8_0 pages, a scale per 32 values): the reference reads the
+// same values the tile loader makes (q * scale rounded to bf16), so the
+// bf16 tolerance holds. Decode (FMA and tensor-core kernels, split-K),
+// prefill tiles, a block size that is not a power of two, a window.
+TEST(CudaKernels, PagedAttentionInt8Kv) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(14);
+  constexpr KvElem kQ8 = KvElem::kInt8;
+  AttnTuning mma;
+  mma.mma_decode = true;
+  for (int d : {64, 128}) {
+    for (int ratio : {1, 3, 8}) {
+      std::vector<std::pair<int, int>> seqs;
+      for (int ctx : {1, 17, 65, 1024}) seqs.push_back({1, ctx});
+      seqs.push_back({37, 37});
+      seqs.push_back({5, 900});
+      RunAttention({4 * ratio, 4, d, 16, 0, seqs, 0, {}, kQ8}, rng);
+      RunAttention({4 * ratio, 4, d, 32, 0, seqs, 1000, {}, kQ8}, rng);
+      RunAttention({4 * ratio, 4, d, 16, 0, seqs, 1000, mma, kQ8}, rng);
+    }
+  }
+  RunAttention(
+      {32, 8, 128, 24, 100, {{1, 3000 / kLong}, {70, 300}}, 0, {}, kQ8}, rng);
+  RunAttention({8, 1, 64, 4, 0, {{1, 700}, {20, 90}}, 0, mma, kQ8}, rng);
 }
 
 TEST(CudaKernels, CopyKvBlocksCopiesEveryPlane) {
