@@ -78,12 +78,54 @@ struct RowRange {
   int lo, hi;
 };
 
+// The next tile's K and V lines, requested a few at a time while this tile
+// is folded (Step() from the score and accumulate loops). A burst of all of
+// them (~1,500 lines for 128 fp16 keys of 3 heads) at the tile's start
+// fills the core's miss queues and stalls it until the next tile is in,
+// which serializes reading and arithmetic; spread out, they overlap.
+class TilePrefetcher {
+ public:
+  // Rows rows[0, n) of the planes, bytes [b0, b1) of each; spread over
+  // about `calls` calls of Step().
+  void Reset(const std::byte* k, const std::byte* v, const int64_t* rows, int n,
+             int64_t b0, int64_t b1, int64_t calls) {
+    k_ = k, v_ = v, rows_ = rows, n_ = n, b0_ = b0, b1_ = b1;
+    t_ = 0, b_ = b0;
+    const int64_t lines = n * ((b1 - b0 + kLine - 1) / kLine);
+    per_call_ = static_cast<int>(std::max<int64_t>(
+        1, (lines + calls - 1) / std::max<int64_t>(1, calls)));
+  }
+  HWY_INLINE void Step() {
+    for (int i = 0; i < per_call_ && Next(); ++i) {
+    }
+  }
+  void Finish() {
+    while (Next()) {
+    }
+  }
+
+ private:
+  static constexpr int64_t kLine = 64;
+  HWY_INLINE bool Next() {
+    if (t_ >= n_) return false;
+    __builtin_prefetch(k_ + rows_[t_] + b_);
+    __builtin_prefetch(v_ + rows_[t_] + b_);
+    if ((b_ += kLine) >= b1_) b_ = b0_, ++t_;
+    return true;
+  }
+  const std::byte *k_ = nullptr, *v_ = nullptr;
+  const int64_t* rows_ = nullptr;
+  int n_ = 0, t_ = 0, per_call_ = 1;
+  int64_t b0_ = 0, b1_ = 0, b_ = 0;
+};
+
 // Per-thread scratch of one item. Tiles are padded to `dp` floats a row
 // (head_dim rounded up to the vector width) with zero tails.
 struct Scratch {
   std::vector<float> q, k, v, scores, m, l, acc;
   std::vector<int64_t> row_offsets;  // of this and the next tile's rows
   std::vector<RowRange> ranges;
+  TilePrefetcher pf;
 };
 
 // Keys per KV tile: an item folds its split this many positions at a
@@ -91,19 +133,6 @@ struct Scratch {
 // softmax rescale and the accumulator loads over several blocks.
 constexpr int kTileKeys = 128;
 static_assert(kAttnSplitKeys % kTileKeys == 0, "tiles never cross a split");
-
-// Prefetches the item's K and V rows of the slots at rows[0, n).
-void PrefetchRows(const Layout& L, const Item& it, const int64_t* rows, int n) {
-  constexpr int64_t kLine = 64;
-  const int64_t b0 = it.kv_head_begin * L.row_bytes;
-  const int64_t b1 = it.kv_head_end * L.row_bytes;
-  for (int t = 0; t < n; ++t) {
-    for (int64_t b = b0; b < b1; b += kLine) {
-      __builtin_prefetch(L.k_plane + rows[t] + b);
-      __builtin_prefetch(L.v_plane + rows[t] + b);
-    }
-  }
-}
 
 // Byte offsets, within a layer's K (or V) plane, of the slots (KV head 0's
 // rows) at positions [t0, t0 + n) of sequence `seq`.
@@ -147,7 +176,7 @@ HWY_INLINE hn::Vec<DF> SumEachOfLanes(hn::Vec<DF>* x) {
 // row at compile time; 0 reads `nc`.
 template <int R, int NC, typename Src>
 void ScoreRows(const float* q, int dp, int nc, const Src& k, int n, float* sc,
-               int64_t sc_stride) {
+               int64_t sc_stride, TilePrefetcher* pf) {
   const DF d;
   constexpr int kLanes = static_cast<int>(hn::MaxLanes(DF()));
   constexpr int kRows = R == 1 ? 1 : R == 2 ? 2 : 4;  // R rounded to 2^k
@@ -172,6 +201,7 @@ void ScoreRows(const float* q, int dp, int nc, const Src& k, int n, float* sc,
   };
   HWY_ALIGN float out[kLanes];
   for (int t0 = 0; t0 < n; t0 += kKeys) {
+    pf->Step();
     hn::Vec<DF> acc[kLanes];
     KV_UNROLL
     for (int a = 0; a < kLanes; ++a) acc[a] = hn::Zero(d);
@@ -200,7 +230,7 @@ void ScoreRows(const float* q, int dp, int nc, const Src& k, int n, float* sc,
 // FMA sequence as one row alone.
 template <int R, int NC, typename Src>
 void AccumRows(const float* p, int64_t p_stride, const Src& v, int dp, int nc,
-               int t0, int t1, float* acc) {
+               int t0, int t1, float* acc, TilePrefetcher* pf) {
   const DF d;
   const int lanes = static_cast<int>(hn::Lanes(d));
   if constexpr (NC > 0) {
@@ -213,6 +243,7 @@ void AccumRows(const float* p, int64_t p_stride, const Src& v, int dp, int nc,
       }
     }
     for (int t = t0; t < t1; ++t) {
+      pf->Step();
       KV_UNROLL
       for (int c = 0; c < NC; ++c) {
         const auto vc = v.Load(t, c);
@@ -234,6 +265,7 @@ void AccumRows(const float* p, int64_t p_stride, const Src& v, int dp, int nc,
     for (int r = 0; r < R; ++r) {
       float* ar = acc + r * dp;
       for (int t = t0; t < t1; ++t) {
+        pf->Step();
         const auto pv = hn::Set(d, p[r * p_stride + t]);
         for (int c = 0; c < nc; ++c) {
           hn::StoreU(hn::MulAdd(pv, v.Load(t, c), hn::LoadU(d, ar + c * lanes)),
@@ -284,16 +316,16 @@ template <int R, int NC>
 struct ScoreOp {
   template <typename Src>
   static void Run(const float* q, int dp, int nc, const Src& k, int n,
-                  float* sc, int64_t sc_stride) {
-    ScoreRows<R, NC>(q, dp, nc, k, n, sc, sc_stride);
+                  float* sc, int64_t sc_stride, TilePrefetcher* pf) {
+    ScoreRows<R, NC>(q, dp, nc, k, n, sc, sc_stride, pf);
   }
 };
 template <int R, int NC>
 struct AccumOp {
   template <typename Src>
   static void Run(const float* p, int64_t p_stride, const Src& v, int dp,
-                  int nc, int t0, int t1, float* acc) {
-    AccumRows<R, NC>(p, p_stride, v, dp, nc, t0, t1, acc);
+                  int nc, int t0, int t1, float* acc, TilePrefetcher* pf) {
+    AccumRows<R, NC>(p, p_stride, v, dp, nc, t0, t1, acc, pf);
   }
 };
 
@@ -345,7 +377,8 @@ void SoftmaxPage(float* sc, int64_t sc_stride, RowRange rr, int dp, Scratch& s,
 // after, in key order) row by row.
 template <typename Src>
 void AccumBlock(const float* sc, int64_t sc_stride, const RowRange* rr, int r0,
-                int n, const Src& v, int dp, int nc, float* acc_base) {
+                int n, const Src& v, int dp, int nc, float* acc_base,
+                TilePrefetcher* pf) {
   int ilo = 0, ihi = std::numeric_limits<int>::max();
   for (int i = 0; i < n; ++i) {
     ilo = std::max(ilo, rr[r0 + i].lo);
@@ -355,7 +388,7 @@ void AccumBlock(const float* sc, int64_t sc_stride, const RowRange* rr, int r0,
   auto one_row = [&](int r, int t0, int t1) {
     if (t0 < t1) {
       ForRowsNc<AccumOp>(1, nc, sc + r * sc_stride, sc_stride, v, dp, nc, t0,
-                         t1, acc_base + static_cast<int64_t>(r) * dp);
+                         t1, acc_base + static_cast<int64_t>(r) * dp, pf);
     }
   };
   for (int i = 0; i < n; ++i) {
@@ -363,7 +396,7 @@ void AccumBlock(const float* sc, int64_t sc_stride, const RowRange* rr, int r0,
   }
   if (ilo < ihi) {
     ForRowsNc<AccumOp>(n, nc, sc + r0 * sc_stride, sc_stride, v, dp, nc, ilo,
-                       ihi, acc_base + static_cast<int64_t>(r0) * dp);
+                       ihi, acc_base + static_cast<int64_t>(r0) * dp, pf);
   }
   for (int i = 0; i < n; ++i) {
     one_row(r0 + i, std::max(rr[r0 + i].lo, ihi), rr[r0 + i].hi);
@@ -390,7 +423,7 @@ void FoldPage(const Src& k, const Src& v, int n, int rows, int row0, int dp,
   const int rb = ScoreBlockRows(rows, nc);
   for (int r0 = 0; r0 < rows; r0 += rb) {
     ForRowsNc<ScoreOp>(std::min(rb, rows - r0), nc, q + r0 * dp, dp, nc, k, n,
-                       sc + r0 * sc_stride, sc_stride);
+                       sc + r0 * sc_stride, sc_stride, &s.pf);
   }
   for (int r = 0; r < rows; ++r) {
     if (rr[r].lo < rr[r].hi) {
@@ -399,7 +432,7 @@ void FoldPage(const Src& k, const Src& v, int n, int rows, int row0, int dp,
   }
   for (int r0 = 0; r0 < rows; r0 += 4) {
     AccumBlock(sc, sc_stride, rr, r0, std::min(4, rows - r0), v, dp, nc,
-               s.acc.data() + static_cast<int64_t>(row0) * dp);
+               s.acc.data() + static_cast<int64_t>(row0) * dp, &s.pf);
   }
 }
 
@@ -539,16 +572,22 @@ void RunItem(const Layout& L, const std::vector<QueryRef>& refs, const Item& it,
   for (int32_t t0 = first; t0 <= key_hi; t0 += kTileKeys) {
     const int32_t k1 = tile_end(t0);
     // The pages are scattered, so the hardware prefetcher cannot find the
-    // next tile; ask for it while this one is folded.
+    // next tile; ask for it while this one is folded (about one accumulate
+    // step per key and KV head).
+    int next_n = 0;
     if (const int32_t n0 = t0 + kTileKeys; n0 <= key_hi) {
-      TileRowOffsets(L, it.seq, n0, tile_end(n0) - n0, next);
-      PrefetchRows(L, it, next, tile_end(n0) - n0);
+      next_n = tile_end(n0) - n0;
+      TileRowOffsets(L, it.seq, n0, next_n, next);
     }
+    s.pf.Reset(L.k_plane, L.v_plane, next, next_n,
+               it.kv_head_begin * L.row_bytes, it.kv_head_end * L.row_bytes,
+               int64_t{k1 - t0} * (it.kv_head_end - it.kv_head_begin));
     for (int r = 0; r < rows; ++r) {
       const QueryRef& ref = refs[it.tok_begin + r / g];
       rr[r] = {std::max(t0, ref.lo) - t0, std::min(k1 - 1, ref.pos) + 1 - t0};
     }
     FoldTile(L, it, cur, k1 - t0, rows, dp, nc, rr.data(), s);
+    s.pf.Finish();
     std::swap(cur, next);
   }
   WritePartials(L, refs, it, all_rows, dp, s, partials);
