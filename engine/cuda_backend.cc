@@ -16,6 +16,7 @@
 #include "common/clock.h"
 #include "common/status_macros.h"
 #include "engine/loaded_model.h"
+#include "kvcache/kv_sizing.h"
 #include "models/cuda/cuda_llama.h"
 #include "models/cuda/cuda_status.h"
 #include "models/loader/model_files.h"
@@ -46,16 +47,45 @@ models::ForwardBatch ProfileBatch(int32_t n, int32_t rows, int32_t block_size,
   return b;
 }
 
-// The KV element type for --kv-cache-dtype: bf16 (auto) or fp8 (e4m3).
+// The KV element type for --kv-cache-dtype: bf16 (auto), fp8 (e4m3) or
+// int8 (q8_0: a fp16 scale per 32 values).
 absl::StatusOr<mc::KvElem> CudaKvElem(std::optional<kvcache::KvDtype> dtype) {
   if (!dtype.has_value() || *dtype == kvcache::KvDtype::kBF16) {
     return mc::KvElem::kBf16;
   }
   if (*dtype == kvcache::KvDtype::kFP8) return mc::KvElem::kFp8E4M3;
+  if (*dtype == kvcache::KvDtype::kInt8) return mc::KvElem::kInt8;
   return absl::InvalidArgumentError(absl::StrCat(
       "--kv-cache-dtype ", std::string(kvcache::KvDtypeName(*dtype)),
-      ": the CUDA backend stores bf16 or fp8 (e4m3) KV (use auto, bf16 or "
-      "fp8, or --device cpu for f32, fp16, int8 and int4)"));
+      ": the CUDA backend stores bf16, fp8 (e4m3) or int8 KV (use auto, "
+      "bf16, fp8 or int8, or --device cpu for f32, fp16 and int4)"));
+}
+
+// int8 pages need every block to start 16-byte aligned (block copy, swap
+// staging and the attention's 8-byte chunk loads): block_size * kv_heads *
+// head_dim a multiple of 256, true for every block size that is a multiple
+// of 4 (head_dim is 64 or 128); and one token's K and V rows staged in
+// shared memory by reshape-and-cache (at most 48 KiB).
+absl::Status CheckInt8Shape(const models::ModelConfig& c, int32_t block_size) {
+  const int64_t values =
+      static_cast<int64_t>(block_size) * c.num_kv_heads * c.head_dim;
+  if (values % 256 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--kv-cache-dtype int8 on --device cuda: --block-size ", block_size,
+        " x ", c.num_kv_heads, " KV heads x head_dim ", c.head_dim,
+        " is not a multiple of 256 values (int8 blocks must start 16-byte "
+        "aligned); use a --block-size that is a multiple of 4"));
+  }
+  if (c.head_dim % kvcache::kKvQuantGroup != 0 ||
+      (2LL * c.num_kv_heads + 1) * c.head_dim * 4 > 48 * 1024) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--kv-cache-dtype int8 on --device cuda: ", c.num_kv_heads,
+        " KV heads of head_dim ", c.head_dim,
+        " are not supported (head_dim must be a multiple of 32, and "
+        "(2 x KV heads + 1) x head_dim floats fit in 48 KiB); use bf16 or "
+        "fp8"));
+  }
+  return absl::OkStatus();
 }
 
 class CudaBackend final : public ModelBackend {
@@ -64,7 +94,15 @@ class CudaBackend final : public ModelBackend {
       const BackendConfig& config, LoadedModel* model);
   std::string_view device_name() const override { return device_name_; }
   std::string_view kv_dtype() const override {
-    return kv_.elem == mc::KvElem::kFp8E4M3 ? "fp8" : "bf16";
+    switch (kv_.elem) {
+      case mc::KvElem::kFp8E4M3:
+        return "fp8";
+      case mc::KvElem::kInt8:
+        return "int8";
+      case mc::KvElem::kBf16:
+        break;
+    }
+    return "bf16";
   }
   int32_t num_blocks() const override { return kv_.num_blocks; }
   int32_t block_size() const override { return kv_.block_size; }
@@ -249,6 +287,9 @@ absl::StatusOr<std::unique_ptr<ModelBackend>> CudaBackend::Create(
   if (config.block_size <= 0 || config.block_size > 1024) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--block-size must be in [1, 1024], got ", config.block_size));
+  }
+  if (elem == mc::KvElem::kInt8) {
+    KV_RETURN_IF_ERROR(CheckInt8Shape(model->config, config.block_size));
   }
   KV_CUDA_RETURN_IF_ERROR(cudaSetDevice(0));
   cudaDeviceProp prop{};

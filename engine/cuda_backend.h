@@ -1,7 +1,8 @@
-// The CUDA backend: the Llama forward on one GPU (models/cuda/), bf16 or fp8
-// (e4m3) KV blocks in device memory sized after the weights and a profiling
-// forward, and a pinned host swap area of whole blocks. Declared in every
-// build; defined only when the build has CUDA (KVSERVE_CUDA).
+// The CUDA backend: the Llama forward on one GPU (models/cuda/), bf16, fp8
+// (e4m3) or int8 (q8_0) KV blocks in device memory sized after the weights
+// and a profiling forward, and a pinned host swap area of whole blocks.
+// Declared in every build; defined only when the build has CUDA
+// (KVSERVE_CUDA).
 #pragma once
 
 #include <memory>
