@@ -26,7 +26,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 BUILD="${BUILD:-$ROOT/build-device}"
 PREBUILT="$ROOT/.devbench"
-TARGETS=(cuda_gpu_bench cuda_kernels_gpu_test cuda_forward_gpu_test)
+TARGETS=(cuda_gpu_bench cuda_kernels_gpu_test cuda_int8_kv_gpu_test
+  cuda_forward_gpu_test)
 MODE=run
 QUICK=()
 for arg in "$@"; do
@@ -114,7 +115,7 @@ elif ! build "$LOGDIR"; then
 fi
 find_bin() { find "$BIN" -name "$1" -type f -perm -u+x | head -1; }
 
-for t in cuda_kernels_gpu_test cuda_forward_gpu_test; do
+for t in cuda_kernels_gpu_test cuda_int8_kv_gpu_test cuda_forward_gpu_test; do
   echo "== $t"
   timeout 240 "$(find_bin "$t")" --gtest_brief=1 \
     --gtest_output="json:$OUTDIR/$t.json" 2>&1 | tail -40 || status=1

@@ -64,7 +64,10 @@ TEST(CudaInt8Kv, Fp16ConversionsMatchCpu) {
       EXPECT_TRUE(std::isnan(got)) << h;
       continue;
     }
-    ASSERT_EQ(std::memcmp(&got, &want, 4), 0) << h;
+    uint32_t got_bits, want_bits;  // bit for bit: -0 and subnormals too
+    std::memcpy(&got_bits, &got, 4);
+    std::memcpy(&want_bits, &want, 4);
+    ASSERT_EQ(got_bits, want_bits) << h;
     check(want);
     if ((h & 0x7fffu) >= 0x7c00u) continue;  // inf: no next value
     const float next = cpu::HalfToFloat(static_cast<uint16_t>(h + 1));

@@ -628,9 +628,9 @@ TEST(CudaKernels, PagedAttentionInt8Kv) {
   for (int d : {64, 128}) {
     for (int ratio : {1, 3, 8}) {
       std::vector<std::pair<int, int>> seqs;
-      for (int ctx : {1, 17, 65, 1024}) seqs.push_back({1, ctx});
-      seqs.push_back({37, 37});
-      seqs.push_back({5, 900});
+      for (int ctx : {1, 17, 65, 1024}) seqs.emplace_back(1, ctx);
+      seqs.emplace_back(37, 37);
+      seqs.emplace_back(5, 900);
       RunAttention({4 * ratio, 4, d, 16, 0, seqs, 0, {}, kQ8}, rng);
       RunAttention({4 * ratio, 4, d, 32, 0, seqs, 1000, {}, kQ8}, rng);
       RunAttention({4 * ratio, 4, d, 16, 0, seqs, 1000, mma, kQ8}, rng);

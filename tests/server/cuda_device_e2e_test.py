@@ -3,7 +3,9 @@
 greedy requests over gRPC give the same tokens with and without preemption
 by swap (KV blocks copied out of device memory to pinned host memory and
 back through the CUDA backend), /metrics counts the swaps, and no KV block
-is left in use.
+is left in use; with bf16, fp8 and int8 KV pages (int8: the block count of
+`kvserve plan`, the dtype in every report, an unalignable block size
+refused).
 
 Runs where the binary has CUDA and sees a device: a GPU, or the build on the
 SIMT emulator (KVSERVE_CUDA_EMU; CI's sanitizer stage runs it there).
@@ -27,6 +29,9 @@ PB_GRPC = None
 BLOCK = 16
 # SmolLM2-135M on the GPU: 30 layers x 3 KV heads x 64 x (K, V) x bf16.
 BLOCK_BYTES = 30 * 3 * 64 * 2 * 2 * BLOCK
+# int8 (q8_0) pages: one byte per value plus an fp16 scale per 32 values,
+# 17/32 of bf16's bytes: 1.88 times the blocks for the same budget.
+INT8_BLOCK_BYTES = BLOCK_BYTES * 17 // 32
 PROMPT, NEW = 40, 24  # 4 blocks per request
 NO_DEVICE = ("no CUDA device is visible", "has no CUDA support")
 
@@ -130,6 +135,70 @@ class CudaDeviceTest(unittest.TestCase):
         self.check_swap_keeps_outputs(prompts, reference,
                                       str(10 * BLOCK_BYTES // 2),
                                       "--kv-cache-dtype", "fp8")
+
+
+    def test_int8_kv_pages_hold_1_88x_the_blocks_and_swap(self):
+        """--kv-cache-dtype int8: the same budget holds budget // int8 block
+        bytes blocks (120 for bf16's 64), the count `kvserve plan` gives;
+        the start log, GetModelInfo, /v1/models and the cache gauge say
+        int8; greedy outputs survive swap preemption as with bf16."""
+        import json
+        import subprocess
+        import urllib.request
+        prompts = [token_ids(500 + i, PROMPT) for i in range(4)]
+        blocks = re.compile(r"kv cache on cuda:0: (\d+) bytes/token \((\w+)\), "
+                            r"(\d+) blocks")
+        budget = 64 * BLOCK_BYTES
+        ref = Server("--kv-cache-dtype", "int8", kv_bytes=str(budget))
+        try:
+            reference = ref.generate_all(prompts)
+            per_token, dtype, num_blocks = ref.wait_for(blocks, 10).groups()
+            info = ref.stub.GetModelInfo(PB.GetModelInfoRequest(), timeout=30)
+            url = f"http://127.0.0.1:{ref.http_port}/v1/models"
+            with urllib.request.urlopen(url, timeout=30) as r:
+                models = json.loads(r.read())["data"][0]["kvserve"]
+            gauge = [k for k in ref.metrics()
+                     if k.startswith("kvserve_cache_config_info")]
+        finally:
+            ref.close()
+        self.assertEqual(dtype, "int8")
+        self.assertEqual(int(per_token), INT8_BLOCK_BYTES // BLOCK)
+        self.assertEqual(int(num_blocks), budget // INT8_BLOCK_BYTES)
+        self.assertEqual(int(num_blocks), 120)  # 1.875 x bf16's 64
+        self.assertEqual(info.kv_dtype, "int8")
+        self.assertEqual(info.num_blocks, int(num_blocks))
+        self.assertEqual(models["kv_cache_dtype"], "int8")
+        self.assertEqual(len(gauge), 1)
+        self.assertIn('kv_dtype="int8"', gauge[0])
+        plan = subprocess.run(
+            [ARGS.binary, "plan", "--model", "smollm2-135m", "--kv-dtype",
+             "int8", "--memory", str(budget), "--json"],
+            capture_output=True, text=True, timeout=60, cwd=ARGS.source_dir)
+        self.assertEqual(plan.returncode, 0, plan.stderr)
+        self.assertEqual(
+            json.loads(plan.stdout)["concurrency"]["budget_blocks"],
+            int(num_blocks))
+        for tokens in reference:
+            self.assertEqual(len(tokens), NEW)
+        self.check_swap_keeps_outputs(prompts, reference,
+                                      str(10 * INT8_BLOCK_BYTES),
+                                      "--kv-cache-dtype", "int8")
+
+    def test_int8_refuses_a_block_size_it_cannot_align(self):
+        """int8 blocks must start 16-byte aligned: --block-size 2 (2 x 3 x
+        64 values) is refused at start with a message naming the flag."""
+        import subprocess
+        model = os.path.join(ARGS.source_dir, "weights",
+                             "SmolLM2-135M-Instruct.Q4_1.gguf")
+        out = subprocess.run(
+            [ARGS.binary, "--model", model, "--device", "cuda", "--port", "0",
+             "--metrics-port", "0", "--kv-cache-dtype", "int8",
+             "--block-size", "2", "--max-model-len", "128",
+             "--max-num-batched-tokens", "128"],
+            capture_output=True, text=True, timeout=600)
+        self.assertNotEqual(out.returncode, 0)
+        self.assertIn("--kv-cache-dtype int8", out.stdout + out.stderr)
+        self.assertIn("multiple of 4", out.stdout + out.stderr)
 
 
 def _setup(args, pb, pb_grpc):

@@ -6,10 +6,10 @@
 //     models/cuda/elementwise.cu -o attention_bench
 // 1. checks PagedAttention against a CPU fp32 reference (decode and prefill,
 //    GQA 1/4/8, D 64/128, split-K forced and not, NaN-poisoned output), with
-//    bf16 and with fp8 e4m3 KV pages;
+//    bf16, fp8 e4m3 and int8 (q8_0) KV pages;
 // 2. measures copy bandwidth and decode attention GB/s (Llama-3-8B and 70B
 //    head shapes, D=128, block 16, batch 1..256, context 512..32K; bf16
-//    pages on both kernels, fp8 pages on the FMA one);
+//    pages on both kernels, fp8 and int8 pages on the FMA one);
 // 3. sweeps the split-K tuning (AttnTuning: blocks per SM x minimum keys per
 //    split, FMA or tensor-core decode kernel) at batch 1..32, context 4K
 //    and 32K, as fractions of copy bandwidth, to choose the defaults from
@@ -27,6 +27,7 @@
 #include <random>
 #include <vector>
 
+#include "models/cuda/int8_kv.cuh"
 #include "models/cuda/kernels.h"
 #include "tools/bench/gpu_timing.h"
 
@@ -59,6 +60,37 @@ T* Upload(const std::vector<T>& v) {
   return p;
 }
 
+// int8 pages of `blocks` blocks of bs slots of hkv * d bf16 values x
+// (slot-major), encoded as reshape-and-cache does (int8_kv.cuh); x becomes
+// what the tile loader reads: q * scale rounded to bf16.
+std::vector<uint8_t> PackQ8(std::vector<uint16_t>* x, int blocks, int bs,
+                            int hkv, int d) {
+  const Q8Layout lay(bs, hkv, d);
+  std::vector<uint8_t> out(blocks * lay.block_bytes);
+  const int64_t groups = static_cast<int64_t>(blocks) * bs * hkv * d / 32;
+  for (int64_t g = 0; g < groups; ++g) {
+    uint16_t* xg = x->data() + g * 32;
+    const int64_t slot = g * 32 / lay.row_values;
+    const int i = static_cast<int>(g * 32 % lay.row_values);
+    float amax = 0;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(Bf16(xg[j])));
+    const float inv = Q8InvScale(amax);
+    const uint16_t sbits = F32ToF16Bits(amax / 127.0f);
+    const float scale = F16BitsToF32(sbits);
+    std::memcpy(&out[lay.Scale(slot / bs, slot % bs, i)], &sbits, 2);
+    for (int j = 0; j < 32; ++j) {
+      const int8_t q = Q8Quantize(Bf16(xg[j]), inv);
+      out[lay.Value(slot / bs, slot % bs, i + j)] = static_cast<uint8_t>(q);
+      xg[j] = ToBf16(static_cast<float>(q) * scale);
+    }
+  }
+  return out;
+}
+
+const char* ElemName(KvElem e) {
+  return e == KvElem::kBf16 ? "bf16" : (e == KvElem::kInt8 ? "int8" : "fp8");
+}
+
 // One check: seqs of (new tokens, context); returns the worst row error.
 // `elem`: the pages' element type (the reference reads the same values).
 double Check(int h, int hkv, int d, int bs, int sms,
@@ -89,9 +121,12 @@ double Check(int h, int hkv, int d, int bs, int sms,
   std::vector<uint16_t> k(elems), v(elems);
   for (auto& x : k) x = ToBf16(u(rng));
   for (auto& x : v) x = ToBf16(u(rng));
-  // fp8 pages: the bytes uploaded, and k / v rounded to them.
+  // fp8 and int8 pages: the bytes uploaded, and k / v rounded to them.
   std::vector<uint8_t> k8, v8;
-  if (elem == KvElem::kFp8E4M3) {
+  if (elem == KvElem::kInt8) {
+    k8 = PackQ8(&k, total, bs, hkv, d);
+    v8 = PackQ8(&v, total, bs, hkv, d);
+  } else if (elem == KvElem::kFp8E4M3) {
     k8.resize(elems);
     v8.resize(elems);
     for (int64_t i = 0; i < elems; ++i) {
@@ -183,7 +218,7 @@ struct Pool {
 
 // K + V of every context token, q in (fp32) and out (bf16).
 double DecodeBytes(int h, int batch, int ctx, KvElem elem = KvElem::kBf16) {
-  return 2.0 * batch * ctx * kHkv * kD * KvElemBytes(elem) +
+  return 2.0 * batch * ctx / kBs * KvBlockBytes(elem, kBs, kHkv, kD) +
          batch * h * kD * 6.0;
 }
 
@@ -249,7 +284,7 @@ int main() {
   mma.mma_decode = true;
   bool mma_ok = true;
   for (const C& c : checks) {
-    for (const KvElem elem : {KvElem::kBf16, KvElem::kFp8E4M3}) {
+    for (const KvElem elem : {KvElem::kBf16, KvElem::kFp8E4M3, KvElem::kInt8}) {
       for (const AttnTuning& tuning : {AttnTuning{}, mma}) {
         const double err =
             Check(c.h, c.hkv, c.d, c.bs, c.sms, c.seqs, tuning, elem, rng);
@@ -259,7 +294,7 @@ int main() {
             "check H=%d Hkv=%d D=%d B=%d sms=%d %s %s: max row rel err %.2e "
             "%s\n",
             c.h, c.hkv, c.d, c.bs, c.sms, tuning.mma_decode ? "mma" : "fma",
-            elem == KvElem::kBf16 ? "bf16" : "fp8", err, pass ? "ok" : "FAIL");
+            ElemName(elem), err, pass ? "ok" : "FAIL");
       }
     }
   }
@@ -270,7 +305,8 @@ int main() {
   std::printf(
       "\ncopy bandwidth %.0f GB/s\n\n| heads | batch | context | fma us | "
       "GB/s | of copy | mma us | of copy | fp8 fma us | fp8 GB/s | fp8 of "
-      "copy |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
+      "copy | int8 fma us | int8 GB/s | int8 of copy |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
       copy_bw / 1e9);
   const int64_t pool = 256LL * 32768 / kBs + 1024;
   const int64_t elems = pool * kBs * kHkv * kD;
@@ -282,6 +318,9 @@ int main() {
   const Pool kv{kc, vc, pool};
   // The same bytes read as fp8 pages (twice the blocks; values irrelevant).
   const Pool kv8{kc, vc, 2 * pool, KvElem::kFp8E4M3};
+  // ... and as int8 pages (32/17 of the blocks; timing only: the scales are
+  // random bits).
+  const Pool kvq{kc, vc, 2 * pool * 16 / 17, KvElem::kInt8};
   for (int h : {32, 64}) {
     for (int batch : {1, 8, 64, 256}) {
       for (int ctx : {512, 4096, 32768}) {
@@ -289,14 +328,16 @@ int main() {
         const double tm =
             mma_ok ? TimeDecode(h, batch, ctx, mma, kv, sms, rng) : INFINITY;
         const double t8 = TimeDecode(h, batch, ctx, {}, kv8, sms, rng);
+        const double tq = TimeDecode(h, batch, ctx, {}, kvq, sms, rng);
         const double by = DecodeBytes(h, batch, ctx);
         const double by8 = DecodeBytes(h, batch, ctx, KvElem::kFp8E4M3);
+        const double byq = DecodeBytes(h, batch, ctx, KvElem::kInt8);
         std::printf(
             "| %d/%d | %d | %d | %.1f | %.0f | %.2f | %.1f | %.2f | %.1f | "
-            "%.0f | %.2f |\n",
+            "%.0f | %.2f | %.1f | %.0f | %.2f |\n",
             h, kHkv, batch, ctx, t * 1e6, by / t / 1e9, by / t / copy_bw,
             tm * 1e6, by / tm / copy_bw, t8 * 1e6, by8 / t8 / 1e9,
-            by8 / t8 / copy_bw);
+            by8 / t8 / copy_bw, tq * 1e6, byq / tq / 1e9, byq / tq / copy_bw);
       }
     }
   }
