@@ -415,7 +415,7 @@ void RunAttention(const AttnCase& c, std::mt19937& rng) {
       static_cast<int64_t>(num_blocks) * bs * slot_elems;
   std::vector<float> kf = Random(cache_elems, rng),
                      vf = Random(cache_elems, rng);
-  // The caches' bytes (bf16 or fp8 values), and the same values in fp32
+  // The caches' bytes (bf16, fp8, or int8 pages), and the same values in fp32
   // for the reference.
   const bool f8 = c.elem == KvElem::kFp8E4M3;
   const bool q8 = c.elem == KvElem::kInt8;
