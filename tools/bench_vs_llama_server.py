@@ -14,8 +14,10 @@ both are started with matching settings:
                -c among its S slots, each rounded up to a multiple of 256),
                L = prompt + output + 16
   RoPE         --rope-scale F: kvserve --rope-scale F; llama-server
-               --rope-scaling linear --rope-scale F (contexts past the
-               model's own, e.g. 16K on an 8K model)
+               --rope-scaling linear --rope-scale F --override-kv
+               ARCH.context_length=int:F*trained (its slots are capped at
+               the GGUF's trained context): contexts past the model's own,
+               e.g. 16K on an 8K model
   KV type      kvserve --kv-cache-dtype fp16|int8|int4|f32; llama-server
                -ctk/-ctv f16|q8_0|q4_0|f32, with flash attention
                (-fa on: llama.cpp needs it for a quantized V cache;
@@ -188,9 +190,28 @@ def llama_command(args, context, streams):
     return [args.llama_server, "-m", args.model, "-t", str(args.threads),
             "-tb", str(args.threads), "-c", str(context * streams), "-np",
             str(streams), "-ctk", kv, "-ctv", kv, "-fa", args.llama_flash_attn,
-            "--cache-ram", "0", "--no-webui"] + (
-                ["--rope-scaling", "linear", "--rope-scale",
-                 f"{args.rope_scale:g}"] if args.rope_scale != 1 else [])
+            "--cache-ram", "0", "--no-webui"] + llama_rope_flags(args)
+
+
+def llama_rope_flags(args):
+    """--rope-scale for llama-server: linear scaling and, as its slots are
+    capped at the GGUF's trained context, that context raised by the same
+    factor (kvserve's --rope-scale raises its own)."""
+    if args.rope_scale == 1:
+        return []
+    import gguf  # the project's Python environment has it
+
+    reader = gguf.GGUFReader(args.model)
+
+    def field(name):
+        f = reader.fields[name]
+        return f.parts[f.data[0]]
+
+    arch = bytes(field("general.architecture")).decode()
+    trained = int(field(f"{arch}.context_length")[0])
+    return ["--rope-scaling", "linear", "--rope-scale", f"{args.rope_scale:g}",
+            "--override-kv",
+            f"{arch}.context_length=int:{int(trained * args.rope_scale)}"]
 
 
 def corpus_tokens(port):
