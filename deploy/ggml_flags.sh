@@ -6,8 +6,9 @@
 # AMX matmul segfaults where AMX tiles are not enabled), less the extensions
 # this CPU lacks, which are turned off with a note on stderr: without that
 # the binaries die with SIGILL in their first matmul (AMD EPYC Zen 4 machines
-# have AVX-512 VNNI/BF16 but neither AVX512_VBMI nor the VEX-coded AVX-VNNI;
-# ggml then uses the EVEX-coded VNNI of AVX512_VNNI + AVX512VL).
+# have AVX-512 VNNI/BF16 but not the VEX-coded AVX-VNNI; ggml then uses the
+# EVEX-coded VNNI of AVX512_VNNI + AVX512VL). /proc/cpuinfo spells VBMI
+# "avx512vbmi", without the underscore of the other names.
 set -euo pipefail
 
 FLAGS=(
@@ -28,7 +29,7 @@ if [ -r /proc/cpuinfo ] && [ "$(uname -m)" = x86_64 ]; then
   dropped=()
   for pair in AVX:avx AVX2:avx2 FMA:fma F16C:f16c AVX512:avx512f \
               AVX512:avx512bw AVX512:avx512vl AVX512:avx512dq \
-              AVX512_VBMI:avx512_vbmi AVX512_VNNI:avx512_vnni \
+              AVX512_VBMI:avx512vbmi AVX512_VNNI:avx512_vnni \
               AVX512_BF16:avx512_bf16 AVX_VNNI:avx_vnni; do
     opt="${pair%%:*}" feat="${pair#*:}"
     grep -qw "$feat" /proc/cpuinfo && continue
