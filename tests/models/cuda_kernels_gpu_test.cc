@@ -121,6 +121,17 @@ std::vector<float> CacheToFloat(const Dev<uint16_t>& d, size_t n, bool fp8) {
   return f;
 }
 
+// Multiplies each 32-value group of x (one int8 scale's values) by its own
+// factor 10^u, u uniform in [-2, 1]: neighbouring scales differ by up to
+// 1000x, so a value dequantized with another group's scale is off by O(1).
+void SpreadGroupMagnitudes(std::vector<float>* x, std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(-2.0f, 1.0f);
+  for (size_t g = 0; g < x->size() / kQ8Group; ++g) {
+    const float f = std::pow(10.0f, u(rng));
+    for (int j = 0; j < kQ8Group; ++j) (*x)[g * kQ8Group + j] *= f;
+  }
+}
+
 // int8 pages of `slots` slots of hkv * d values x (slot-major), in blocks
 // of bs slots (int8_kv.cuh's layout), encoded by the CPU's int8 KV encoder
 // (llama.cpp's q8_0); x becomes what the attention's tile loader reads:
@@ -421,6 +432,8 @@ void RunAttention(const AttnCase& c, std::mt19937& rng) {
   const bool q8 = c.elem == KvElem::kInt8;
   std::vector<uint16_t> kh(q8 ? 0 : cache_elems), vh(q8 ? 0 : cache_elems);
   if (q8) {
+    SpreadGroupMagnitudes(&kf, rng);
+    SpreadGroupMagnitudes(&vf, rng);
     kh = PackQ8(&kf, static_cast<int64_t>(num_blocks) * bs, bs, c.hkv, c.d);
     vh = PackQ8(&vf, static_cast<int64_t>(num_blocks) * bs, bs, c.hkv, c.d);
   }
@@ -440,8 +453,11 @@ void RunAttention(const AttnCase& c, std::mt19937& rng) {
     }
   }
   const int64_t q_stride = (c.h + 2 * c.hkv) * c.d;
-  // Scaled so that softmax is neither flat nor one-hot.
-  const std::vector<float> q = Random(t * q_stride, rng, -2.0f, 2.0f);
+  // Scaled so that softmax is neither flat nor one-hot. int8: the group
+  // factors raise the keys' RMS about 2.7 times, so q shrinks as much (the
+  // kernels' error grows with the scores' magnitude).
+  const float q_range = q8 ? 0.75f : 2.0f;
+  const std::vector<float> q = Random(t * q_stride, rng, -q_range, q_range);
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.d));
   std::vector<float> ref(t * c.h * c.d);
   KvCacheView ref_kv;  // the CPU kernel over the same (bf16-exact) values
@@ -478,17 +494,21 @@ void RunAttention(const AttnCase& c, std::mt19937& rng) {
                     reinterpret_cast<bf16*>(out.get()), nullptr));
   CK(cudaDeviceSynchronize());
   const std::vector<float> got = ToFloat(out.Down(ref.size()));
+  // Relative error per head, or per 32 values with int8 pages, whose groups'
+  // magnitudes span three decades (an error in a small group would vanish
+  // against the head's norm).
+  const int seg = q8 ? kQ8Group : c.d;
   int bad = 0;
-  for (int64_t i = 0; i < t && bad < 5; ++i) {
-    for (int h = 0; h < c.h && bad < 5; ++h) {
-      const int64_t off = (i * c.h + h) * c.d;
-      const double err = RelErr(got.data() + off, ref.data() + off, c.d);
-      if (!(err < 1e-2)) {
-        ADD_FAILURE() << "token " << i << " head " << h << " rel err " << err
-                      << " (splits small " << plan.small_splits << ", tiles "
-                      << plan.tile_splits << ")";
-        ++bad;
-      }
+  for (int64_t i = 0; i < t * c.h * c.d / seg && bad < 5; ++i) {
+    const int64_t off = i * seg;
+    const double err = RelErr(got.data() + off, ref.data() + off, seg);
+    if (!(err < 1e-2)) {
+      ADD_FAILURE() << "token " << off / (c.h * c.d) << " head "
+                    << off / c.d % c.h << " values " << off % c.d << ".."
+                    << off % c.d + seg - 1 << " rel err " << err
+                    << " (splits small " << plan.small_splits << ", tiles "
+                    << plan.tile_splits << ")";
+      ++bad;
     }
   }
 }
@@ -615,10 +635,12 @@ TEST(CudaKernels, PagedAttentionFp8Kv) {
       {32, 8, 128, 24, 100, {{1, 3000 / kLong}, {70, 300}}, 0, {}, kFp8}, rng);
 }
 
-// int8 caches (q8_0 pages, a scale per 32 values): the reference reads the
-// same values the tile loader makes (q * scale rounded to bf16), so the
-// bf16 tolerance holds. Decode (FMA and tensor-core kernels, split-K),
-// prefill tiles, a block size that is not a power of two, a window.
+// int8 caches (q8_0 pages, a scale per 32 values; each group's magnitude
+// drawn from 0.01 to 10, so a wrong scale gives an O(1) error): the
+// reference reads the same values the tile loader makes (q * scale rounded
+// to bf16), so the bf16 tolerance holds, per 32 output values. Decode (FMA and
+// tensor-core kernels, split-K), prefill tiles, a block size that is not a
+// power of two, a window.
 TEST(CudaKernels, PagedAttentionInt8Kv) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(14);

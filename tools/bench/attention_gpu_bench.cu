@@ -60,6 +60,20 @@ T* Upload(const std::vector<T>& v) {
   return p;
 }
 
+// Multiplies each 32-value group of x (one int8 scale's values) by its own
+// factor 10^u, u uniform in [-2, 1]: neighbouring scales differ by up to
+// 1000x, so a value dequantized with another group's scale is off by O(1).
+void SpreadGroupMagnitudes(std::vector<uint16_t>* x, std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(-2.0f, 1.0f);
+  for (size_t g = 0; g < x->size() / kQ8Group; ++g) {
+    const float f = std::pow(10.0f, u(rng));
+    for (int j = 0; j < kQ8Group; ++j) {
+      uint16_t& e = (*x)[g * kQ8Group + j];
+      e = ToBf16(Bf16(e) * f);
+    }
+  }
+}
+
 // int8 pages of `blocks` blocks of bs slots of hkv * d bf16 values x
 // (slot-major), encoded as reshape-and-cache does (int8_kv.cuh); x becomes
 // what the tile loader reads: q * scale rounded to bf16.
@@ -91,8 +105,9 @@ const char* ElemName(KvElem e) {
   return e == KvElem::kBf16 ? "bf16" : (e == KvElem::kInt8 ? "int8" : "fp8");
 }
 
-// One check: seqs of (new tokens, context); returns the worst row error.
-// `elem`: the pages' element type (the reference reads the same values).
+// One check: seqs of (new tokens, context); returns the worst relative
+// error of an output row (of 32 values of one with int8 pages). `elem`: the
+// pages' element type (the reference reads the same values).
 double Check(int h, int hkv, int d, int bs, int sms,
              const std::vector<std::pair<int, int>>& seqs,
              const AttnTuning& tuning, KvElem elem, std::mt19937& rng) {
@@ -121,6 +136,10 @@ double Check(int h, int hkv, int d, int bs, int sms,
   std::vector<uint16_t> k(elems), v(elems);
   for (auto& x : k) x = ToBf16(u(rng));
   for (auto& x : v) x = ToBf16(u(rng));
+  if (elem == KvElem::kInt8) {
+    SpreadGroupMagnitudes(&k, rng);
+    SpreadGroupMagnitudes(&v, rng);
+  }
   // fp8 and int8 pages: the bytes uploaded, and k / v rounded to them.
   std::vector<uint8_t> k8, v8;
   if (elem == KvElem::kInt8) {
@@ -139,7 +158,10 @@ double Check(int h, int hkv, int d, int bs, int sms,
   }
   const int64_t qs = static_cast<int64_t>(h + 2 * hkv) * d;
   std::vector<float> q(t * qs);
-  for (auto& x : q) x = 2 * u(rng);
+  // int8: the group factors raise the keys' RMS about 2.7 times, so q
+  // shrinks as much (the scores keep bf16's spread).
+  const float q_range = elem == KvElem::kInt8 ? 0.75f : 2.0f;
+  for (auto& x : q) x = q_range * u(rng);
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   const AttnShape shape{h, hkv, d, bs, mb, 0, scale, elem};
   const AttnPlan plan = PlanAttention(shape, starts.data(), lens.data(),
@@ -189,15 +211,20 @@ double Check(int h, int hkv, int d, int bs, int sms,
             o[e] += sc[p] / sum * Bf16(v[sl * slot + kvh * d + e]);
           }
         }
-        double num = 0, den = 0;
-        for (int e = 0; e < d; ++e) {
-          const double got =
-              Bf16(out[(static_cast<int64_t>(i) * h + hh) * d + e]);
-          if (!std::isfinite(got)) return INFINITY;
-          num += (got - o[e]) * (got - o[e]);
-          den += o[e] * o[e];
+        // Per row, or per 32 values with int8 pages, whose groups'
+        // magnitudes span three decades.
+        const int seg = elem == KvElem::kInt8 ? kQ8Group : d;
+        for (int e0 = 0; e0 < d; e0 += seg) {
+          double num = 0, den = 0;
+          for (int e = e0; e < e0 + seg; ++e) {
+            const double got =
+                Bf16(out[(static_cast<int64_t>(i) * h + hh) * d + e]);
+            if (!std::isfinite(got)) return INFINITY;
+            num += (got - o[e]) * (got - o[e]);
+            den += o[e] * o[e];
+          }
+          worst = std::max(worst, std::sqrt(num / den));
         }
-        worst = std::max(worst, std::sqrt(num / den));
       }
     }
   }
@@ -291,7 +318,7 @@ int main() {
         const bool pass = err < 1e-2;
         (tuning.mma_decode ? mma_ok : ok) &= pass;
         std::printf(
-            "check H=%d Hkv=%d D=%d B=%d sms=%d %s %s: max row rel err %.2e "
+            "check H=%d Hkv=%d D=%d B=%d sms=%d %s %s: max rel err %.2e "
             "%s\n",
             c.h, c.hkv, c.d, c.bs, c.sms, tuning.mma_decode ? "mma" : "fma",
             ElemName(elem), err, pass ? "ok" : "FAIL");
