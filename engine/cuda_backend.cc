@@ -65,8 +65,10 @@ absl::StatusOr<mc::KvElem> CudaKvElem(std::optional<kvcache::KvDtype> dtype) {
 // staging and the attention's 8-byte chunk loads): block_size * kv_heads *
 // head_dim a multiple of 256, true for every block size that is a multiple
 // of 4 (head_dim is 64 or 128); and one token's K and V rows staged in
-// shared memory by reshape-and-cache (at most 48 KiB).
+// shared memory by reshape-and-cache (at most 48 KiB). Other head_dims pass
+// here: CudaLlamaModel::Create refuses them, naming the head_dim.
 absl::Status CheckInt8Shape(const models::ModelConfig& c, int32_t block_size) {
+  if (c.head_dim != 64 && c.head_dim != 128) return absl::OkStatus();
   const int64_t values =
       static_cast<int64_t>(block_size) * c.num_kv_heads * c.head_dim;
   if (values % 256 != 0) {

@@ -28,8 +28,9 @@ inline constexpr int kQ8Group = 32;  // values per fp16 scale
 
 // fp32 -> fp16 bits, round to nearest even, overflow to inf, NaN kept
 // (quiet); subnormal results rounded like normal ones. Equal to
-// models/cpu/kv_rows.cc's FloatToHalf (ggml's) for every input
-// (cuda_kernels_gpu_test, Int8ConversionsMatchCpu).
+// models/cpu/kv_rows.cc's FloatToHalf (ggml's) on every fp16 value, every
+// rounding midpoint and one fp32 ulp either side, and every 251st fp32 bit
+// pattern (cuda_int8_kv_gpu_test, CudaInt8Kv.Fp16ConversionsMatchCpu).
 __host__ __device__ inline uint16_t F32ToF16Bits(float x) {
   uint32_t u;
   memcpy(&u, &x, 4);

@@ -4,7 +4,8 @@
 // returns the launch's cudaError_t (cudaGetLastError), never synchronizes.
 //
 // KV cache layout, per layer, K and V separately, in the cache's element
-// type (KvElem: bf16, or fp8 e4m3 with no scale):
+// type (KvElem: bf16; fp8 e4m3 with no scale; or int8, llama.cpp's q8_0
+// with one fp16 scale per 32 values, in int8_kv.cuh's block layout):
 //   [num_blocks][block_size][num_kv_heads][head_dim]
 // Token t of a sequence lives at slot block_table[t / B] * B + t % B; one
 // slot holds num_kv_heads * head_dim values (the "slot stride"). int8 pages

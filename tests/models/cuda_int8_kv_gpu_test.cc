@@ -2,11 +2,13 @@
 // against the CPU's int8 KV encoder (models/cpu/kv_rows.cc, llama.cpp's
 // q8_0): the integer fp16 conversions, and the bytes reshape-and-cache
 // stores. Attention over int8 pages: cuda_kernels_gpu_test,
-// PagedAttentionInt8Kv. Skipped without a device.
+// PagedAttentionInt8Kv. The conversion and layout tests run on the host;
+// the reshape-and-cache test is skipped without a device.
 #include <cmath>
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -103,6 +105,154 @@ TEST(CudaInt8Kv, LayoutIsTheDocumentedOne) {
   }
 }
 
+struct QkvCase {
+  int h, hkv, d, bs;
+  bool rotate;  // bias and random positions: RoPE rotates
+};
+
+// Reshape-and-cache's inputs for n tokens of `c` and the CPU's view of them.
+struct QkvInputs {
+  int64_t n, q_dim, kv_dim, stride;
+  int32_t num_slots;
+  std::vector<float> qkv, bias;
+  std::vector<int32_t> pos, slots;
+  std::vector<float> ref;  // qkv after bias and RoPE, as the CPU computes it
+};
+
+// qkv rows whose 32-value groups have magnitudes from 1e-6 (subnormal fp16
+// scales) to 100, and zero groups; n distinct random slots of 64; with
+// `c.rotate` a bias of 0.25 and random positions, else position 0.
+QkvInputs MakeQkvInputs(const QkvCase& c, const Rope& rope, std::mt19937& rng) {
+  QkvInputs in;
+  in.n = 13;
+  in.q_dim = c.h * c.d;
+  in.kv_dim = c.hkv * c.d;
+  in.stride = in.q_dim + 2 * in.kv_dim;
+  in.num_slots = 64;
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  in.qkv.resize(in.n * in.stride);
+  for (int64_t i = 0; i < in.n * in.stride; ++i) {
+    const int64_t group = i / 32;
+    const float mag = group % 7 == 3 ? 0.0f : std::pow(10.0f, group % 9 - 6);
+    in.qkv[i] = u(rng) * mag;
+  }
+  in.bias.assign(in.stride, c.rotate ? 0.25f : 0.0f);
+  in.pos.assign(in.n, 0);
+  in.slots.resize(in.num_slots);
+  std::iota(in.slots.begin(), in.slots.end(), 0);
+  std::shuffle(in.slots.begin(), in.slots.end(), rng);
+  in.slots.resize(in.n);
+  if (c.rotate) {
+    for (int64_t i = 0; i < in.n; ++i) in.pos[i] = rng() % 32768;
+  }
+  in.ref = in.qkv;
+  std::vector<float> cs(in.n * c.d / 2), sn(in.n * c.d / 2);
+  rope.Tables(in.pos.data(), in.n, cs.data(), sn.data());
+  for (int64_t i = 0; i < in.n; ++i) {
+    float* row = in.ref.data() + i * in.stride;
+    for (int64_t j = 0; j < in.stride; ++j) row[j] += in.bias[j];
+    rope.Apply(row, c.h + c.hkv, cs.data() + i * c.d / 2,
+               sn.data() + i * c.d / 2);
+  }
+  return in;
+}
+
+// QkvRopeCache on the device into int8 pages of in.num_slots slots; *kb and
+// *vb receive the K and V caches' bytes.
+void RunQkvRopeCacheInt8(const QkvCase& c, const QkvInputs& in,
+                         const Rope& rope, std::vector<unsigned char>* kb,
+                         std::vector<unsigned char>* vb) {
+  const int64_t cache_bytes =
+      in.num_slots / c.bs * Q8Layout(c.bs, c.hkv, c.d).block_bytes;
+  float *dqkv, *dbias, *dinv;
+  int32_t *dpos, *dslots;
+  void *kc, *vc;
+  CK(cudaMalloc(&dqkv, in.qkv.size() * 4));
+  CK(cudaMalloc(&dbias, in.bias.size() * 4));
+  CK(cudaMalloc(&dinv, c.d / 2 * 4));
+  CK(cudaMalloc(&dpos, in.n * 4));
+  CK(cudaMalloc(&dslots, in.n * 4));
+  CK(cudaMalloc(&kc, cache_bytes));
+  CK(cudaMalloc(&vc, cache_bytes));
+  CK(cudaMemcpy(dqkv, in.qkv.data(), in.qkv.size() * 4,
+                cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dbias, in.bias.data(), in.bias.size() * 4,
+                cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dinv, rope.inv_freq().data(), c.d / 2 * 4,
+                cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dpos, in.pos.data(), in.n * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dslots, in.slots.data(), in.n * 4, cudaMemcpyHostToDevice));
+  CK(QkvRopeCache(dqkv, in.n, in.stride, c.h, c.hkv, c.d, false, dinv,
+                  c.rotate ? dbias : nullptr, dpos, dslots, KvElem::kInt8, c.bs,
+                  kc, vc, nullptr));
+  kb->resize(cache_bytes);
+  vb->resize(cache_bytes);
+  CK(cudaMemcpy(kb->data(), kc, cache_bytes, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(vb->data(), vc, cache_bytes, cudaMemcpyDeviceToHost));
+  for (void* p : {static_cast<void*>(dqkv), static_cast<void*>(dbias),
+                  static_cast<void*>(dinv), static_cast<void*>(dpos),
+                  static_cast<void*>(dslots), kc, vc}) {
+    CK(cudaFree(p));
+  }
+}
+
+// One 32-value group as stored (scale bytes gs, int8 values gq) against the
+// CPU encoder's (wg: fp16 scale, then the values). `exact`: every byte
+// equal; else each decoded value within 1.01 scales of the CPU's. Counts
+// the values and those equal to the CPU's.
+void CompareGroup(const unsigned char* wg, const unsigned char* gs,
+                  const unsigned char* gq, bool exact, const std::string& where,
+                  int64_t* values, int64_t* same) {
+  const float ws = cpu::HalfToFloat(wg[0] | (wg[1] << 8));
+  const float gsf = cpu::HalfToFloat(gs[0] | (gs[1] << 8));
+  if (exact) {
+    ASSERT_EQ(std::memcmp(gs, wg, 2), 0) << "scale, " << where;
+  }
+  for (int j = 0; j < kQ8Group; ++j) {
+    const int wq = static_cast<int8_t>(wg[2 + j]);
+    const int gq8 = static_cast<int8_t>(gq[j]);
+    ++*values;
+    *same += wq == gq8;
+    if (exact) {
+      ASSERT_EQ(gq8, wq) << where << " + " << j;
+    }
+    EXPECT_LE(std::fabs(gq8 * gsf - wq * ws), 1.01f * ws + 1e-12f)
+        << where << " + " << j;
+  }
+}
+
+// Every group of every token's K and V rows in the caches' bytes kb, vb
+// against the CPU encoder's encoding of in.ref.
+void CompareStoredRows(const QkvCase& c, const QkvInputs& in,
+                       const std::vector<unsigned char>& kb,
+                       const std::vector<unsigned char>& vb, int64_t* values,
+                       int64_t* same) {
+  const Q8Layout lay(c.bs, c.hkv, c.d);
+  std::vector<std::byte> row(kvcache::KvRowBytes(kvcache::KvDtype::kInt8, c.d));
+  for (int64_t t = 0; t < in.n; ++t) {
+    const int64_t blk = in.slots[t] / c.bs;
+    const int r = in.slots[t] % c.bs;
+    for (int kv = 0; kv < 2; ++kv) {
+      const unsigned char* got = (kv == 0 ? kb : vb).data();
+      for (int h = 0; h < c.hkv; ++h) {
+        const float* x = in.ref.data() + t * in.stride + in.q_dim +
+                         kv * in.kv_dim + static_cast<int64_t>(h) * c.d;
+        cpu::EncodeKvRow(kvcache::KvDtype::kInt8, x, c.d, row.data());
+        const auto* want = reinterpret_cast<const unsigned char*>(row.data());
+        for (int g = 0; g < c.d / kQ8Group; ++g) {
+          const int i = h * c.d + g * kQ8Group;
+          CompareGroup(want + g * (kQ8Group + 2), got + lay.Scale(blk, r, i),
+                       got + lay.Value(blk, r, i), !c.rotate,
+                       "t " + std::to_string(t) + " kv " + std::to_string(kv) +
+                           " i " + std::to_string(i),
+                       values, same);
+          if (::testing::Test::HasFatalFailure()) return;
+        }
+      }
+    }
+  }
+}
+
 // Reshape-and-cache into int8 pages. At position 0 without bias RoPE is the
 // identity (cos 1, sin 0), so K and V reach the encoder exactly as the CPU
 // sees them: every byte (values and fp16 scales) equals the CPU encoder's.
@@ -113,116 +263,22 @@ TEST(CudaInt8Kv, LayoutIsTheDocumentedOne) {
 TEST(CudaInt8Kv, QkvRopeCacheStoresTheCpuEncoding) {
   KV_SKIP_WITHOUT_GPU(HaveGpu());
   std::mt19937 rng(21);
-  struct Case {
-    int h, hkv, d, bs;
-  };
-  for (const Case& c :
-       {Case{9, 3, 64, 16}, Case{32, 8, 128, 16}, Case{8, 1, 64, 4}}) {
+  for (const QkvCase& shape :
+       {QkvCase{9, 3, 64, 16, false}, QkvCase{32, 8, 128, 16, false},
+        QkvCase{8, 1, 64, 4, false}}) {
     for (bool rotate : {false, true}) {
+      QkvCase c = shape;
+      c.rotate = rotate;
       ModelConfig mc;
       mc.head_dim = c.d;
       mc.rope_theta = 500000.0f;
       mc.rope_style = RopeStyle::kHalfSplit;
       const Rope rope(mc);
-      const int64_t n = 13, q_dim = c.h * c.d, kv_dim = c.hkv * c.d;
-      const int64_t stride = q_dim + 2 * kv_dim;
-      const int32_t num_slots = 64;
-      std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-      std::vector<float> qkv(n * stride);
-      // Magnitudes from 1e-6 (subnormal fp16 scales) to 100, and zero groups.
-      for (int64_t i = 0; i < n * stride; ++i) {
-        const int64_t group = i / 32;
-        const float mag =
-            group % 7 == 3 ? 0.0f : std::pow(10.0f, group % 9 - 6);
-        qkv[i] = u(rng) * mag;
-      }
-      const std::vector<float> bias(stride, rotate ? 0.25f : 0.0f);
-      std::vector<int32_t> pos(n, 0), slots(num_slots);
-      std::iota(slots.begin(), slots.end(), 0);
-      std::shuffle(slots.begin(), slots.end(), rng);
-      slots.resize(n);
-      if (rotate) {
-        for (int64_t i = 0; i < n; ++i) pos[i] = rng() % 32768;
-      }
-      std::vector<float> ref = qkv;
-      std::vector<float> cs(n * c.d / 2), sn(n * c.d / 2);
-      rope.Tables(pos.data(), n, cs.data(), sn.data());
-      for (int64_t i = 0; i < n; ++i) {
-        float* row = ref.data() + i * stride;
-        for (int64_t j = 0; j < stride; ++j) row[j] += bias[j];
-        rope.Apply(row, c.h + c.hkv, cs.data() + i * c.d / 2,
-                   sn.data() + i * c.d / 2);
-      }
-      const Q8Layout lay(c.bs, c.hkv, c.d);
-      const int64_t cache_bytes = num_slots / c.bs * lay.block_bytes;
-      float *dqkv, *dbias, *dinv;
-      int32_t *dpos, *dslots;
-      void *kc, *vc;
-      CK(cudaMalloc(&dqkv, qkv.size() * 4));
-      CK(cudaMalloc(&dbias, bias.size() * 4));
-      CK(cudaMalloc(&dinv, c.d / 2 * 4));
-      CK(cudaMalloc(&dpos, n * 4));
-      CK(cudaMalloc(&dslots, n * 4));
-      CK(cudaMalloc(&kc, cache_bytes));
-      CK(cudaMalloc(&vc, cache_bytes));
-      CK(cudaMemcpy(dqkv, qkv.data(), qkv.size() * 4, cudaMemcpyHostToDevice));
-      CK(cudaMemcpy(dbias, bias.data(), bias.size() * 4,
-                    cudaMemcpyHostToDevice));
-      CK(cudaMemcpy(dinv, rope.inv_freq().data(), c.d / 2 * 4,
-                    cudaMemcpyHostToDevice));
-      CK(cudaMemcpy(dpos, pos.data(), n * 4, cudaMemcpyHostToDevice));
-      CK(cudaMemcpy(dslots, slots.data(), n * 4, cudaMemcpyHostToDevice));
-      CK(QkvRopeCache(dqkv, n, stride, c.h, c.hkv, c.d, false, dinv,
-                      rotate ? dbias : nullptr, dpos, dslots, KvElem::kInt8,
-                      c.bs, kc, vc, nullptr));
-      std::vector<unsigned char> kb(cache_bytes), vb(cache_bytes);
-      CK(cudaMemcpy(kb.data(), kc, cache_bytes, cudaMemcpyDeviceToHost));
-      CK(cudaMemcpy(vb.data(), vc, cache_bytes, cudaMemcpyDeviceToHost));
-      for (void* p : {static_cast<void*>(dqkv), static_cast<void*>(dbias),
-                      static_cast<void*>(dinv), static_cast<void*>(dpos),
-                      static_cast<void*>(dslots), kc, vc}) {
-        CK(cudaFree(p));
-      }
-      std::vector<std::byte> row(
-          kvcache::KvRowBytes(kvcache::KvDtype::kInt8, c.d));
+      const QkvInputs in = MakeQkvInputs(c, rope, rng);
+      std::vector<unsigned char> kb, vb;
+      ASSERT_NO_FATAL_FAILURE(RunQkvRopeCacheInt8(c, in, rope, &kb, &vb));
       int64_t values = 0, same = 0;
-      for (int64_t t = 0; t < n; ++t) {
-        const int64_t blk = slots[t] / c.bs;
-        const int r = slots[t] % c.bs;
-        for (int kv = 0; kv < 2; ++kv) {
-          const unsigned char* got = (kv == 0 ? kb : vb).data();
-          for (int h = 0; h < c.hkv; ++h) {
-            const float* x = ref.data() + t * stride + q_dim + kv * kv_dim +
-                             static_cast<int64_t>(h) * c.d;
-            cpu::EncodeKvRow(kvcache::KvDtype::kInt8, x, c.d, row.data());
-            const auto* want =
-                reinterpret_cast<const unsigned char*>(row.data());
-            for (int g = 0; g < c.d / kQ8Group; ++g) {
-              const unsigned char* wg = want + g * (kQ8Group + 2);
-              const int i = h * c.d + g * kQ8Group;
-              const unsigned char* gs = got + lay.Scale(blk, r, i);
-              const unsigned char* gq = got + lay.Value(blk, r, i);
-              const float ws = cpu::HalfToFloat(wg[0] | (wg[1] << 8));
-              const float gsf = cpu::HalfToFloat(gs[0] | (gs[1] << 8));
-              if (!rotate) {
-                ASSERT_EQ(std::memcmp(gs, wg, 2), 0) << "scale t " << t;
-              }
-              for (int j = 0; j < kQ8Group; ++j) {
-                const int wq = static_cast<int8_t>(wg[2 + j]);
-                const int gq8 = static_cast<int8_t>(gq[j]);
-                ++values;
-                same += wq == gq8;
-                if (!rotate) {
-                  ASSERT_EQ(gq8, wq)
-                      << "t " << t << " kv " << kv << " i " << i + j;
-                }
-                EXPECT_LE(std::fabs(gq8 * gsf - wq * ws), 1.01f * ws + 1e-12f)
-                    << "t " << t << " kv " << kv << " i " << i + j;
-              }
-            }
-          }
-        }
-      }
+      ASSERT_NO_FATAL_FAILURE(CompareStoredRows(c, in, kb, vb, &values, &same));
       EXPECT_GE(same, values * 99 / 100) << "rotate " << rotate;
       std::printf(
           "int8 reshape-and-cache (H %d Hkv %d D %d, rotate %d): "
