@@ -27,14 +27,7 @@
 namespace kvserve::models::cuda {
 namespace {
 
-bool HaveGpu() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  return n > 0;
-}
+using ::kvserve::testing::HaveGpu;
 
 #define CK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
 

@@ -31,14 +31,7 @@
 namespace kvserve::models::cuda {
 namespace {
 
-bool HaveGpu() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  return n > 0;
-}
+using ::kvserve::testing::HaveGpu;
 
 #define SKIP_WITHOUT_GPU() KV_SKIP_WITHOUT_GPU(HaveGpu())
 #define CK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr

@@ -7,7 +7,22 @@
 
 #include "gtest/gtest.h"
 
+#ifdef KVSERVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
 namespace kvserve::testing {
+#ifdef KVSERVE_CUDA
+// Whether the CUDA runtime sees a device (the SIMT emulator counts as one).
+inline bool HaveGpu() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return n > 0;
+}
+#endif
 inline bool GpuRequired() {
   const char* v = std::getenv("KVSERVE_REQUIRE_GPU");
   return v != nullptr && v[0] == '1';
