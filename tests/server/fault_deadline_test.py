@@ -25,9 +25,12 @@ PROMPT_TOKENS = "kvserve_prompt_tokens_total"
 class DeadlineTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        # One running request at a time, so a second one must queue.
+        # One running request at a time, so a second one must queue; every
+        # step takes at least 4 ms, so 480 tokens take at least 1.9 s
+        # however fast the machine.
         cls.server = fu.Server("--max-num-seqs", "1", "--max-model-len",
-                               "512", "--kv-cache-bytes", "64MiB")
+                               "512", "--kv-cache-bytes", "64MiB",
+                               "--fault-step-delay-ms", "4")
         cls.channel = cls.server.channel()
         cls.stub = fu.PB_GRPC.KvServeStub(cls.channel)
 
@@ -71,11 +74,10 @@ class DeadlineTest(unittest.TestCase):
 
     def test_deadline_while_running_stops_and_frees(self):
         before = self.server.metrics()
-        # 480 tokens in 2.5 s would need ~190 tokens/s from one stream:
-        # far beyond this model on a few CPU cores, so it runs past its
+        # 480 steps of at least 4 ms cannot finish in 1 s: it runs past its
         # deadline after its first tokens.
         call = self.stub.Generate(fu.greedy("Count to one thousand:", 480),
-                                  timeout=2.5)
+                                  timeout=1.0)
         tokens = self.expect_deadline(call)
         m = self.server.wait_metrics(
             lambda m: m[RUNNING_PHASE] == before[RUNNING_PHASE] + 1 and
