@@ -40,7 +40,8 @@ struct Setup {
   ForwardBatch batch;
   std::vector<float> q, out;
 
-  Setup(KvDtype dtype, int seqs, int context, int chunk, int layers) {
+  Setup(KvDtype dtype, int seqs, int context, int chunk, int layers,
+        bool shuffle) {
     const int32_t per_seq = (context + kBlock - 1) / kBlock;
     const int32_t blocks = per_seq * seqs;
     const int64_t row = kvcache::KvRowBytes(dtype, kDim);
@@ -70,7 +71,7 @@ struct Setup {
     }
     std::vector<int32_t> perm(blocks);
     std::iota(perm.begin(), perm.end(), 0);
-    std::shuffle(perm.begin(), perm.end(), rng);
+    if (shuffle) std::shuffle(perm.begin(), perm.end(), rng);
     batch.block_tables = perm;
     batch.max_blocks_per_seq = per_seq;
     batch.seq_starts.push_back(0);
@@ -93,17 +94,18 @@ struct Setup {
 // layers of pages, in turn: copies > 1 keeps the pages out of a large L3
 // (a 30-layer 4K fp16 cache is 94 MB; some hosts report 480 MB of L3),
 // as in a real forward, where the weights stream through between layers.
-void Run(benchmark::State& state, int seqs, int chunk, int copies = 1) {
+void Run(benchmark::State& state, int seqs, int chunk, int copies = 1,
+         bool shuffle = true, int layers = kLayers) {
   const auto dtype = static_cast<KvDtype>(state.range(0));
   const int context = static_cast<int>(state.range(1));
-  Setup s(dtype, seqs, context, chunk, kLayers * copies);
+  Setup s(dtype, seqs, context, chunk, layers * copies, shuffle);
   const AttentionParams p{kHeads, kKvHeads, kDim,
                           1.0f / std::sqrt(static_cast<float>(kDim)), 0};
   int copy = 0;
   for (auto _ : state) {
     for (int l = 0; l < kLayers; ++l) {
       PagedAttention(p, s.batch, s.q.data(), kHeads * kDim, s.view,
-                     copy * kLayers + l, s.out.data());
+                     copy * layers + l % layers, s.out.data());
     }
     copy = (copy + 1) % copies;
     benchmark::DoNotOptimize(s.out.data());
@@ -119,6 +121,12 @@ void Run(benchmark::State& state, int seqs, int chunk, int copies = 1) {
 void BM_Decode(benchmark::State& state) { Run(state, 1, 1); }
 void BM_Decode4(benchmark::State& state) { Run(state, 4, 1); }
 void BM_DecodeCold(benchmark::State& state) { Run(state, 1, 1, 6); }
+// One layer's pages attended kLayers times: at 4K they stay in the cores'
+// L2, so this is the kernel's arithmetic with little waiting on memory.
+void BM_DecodeHot(benchmark::State& state) { Run(state, 1, 1, 1, true, 1); }
+// Blocks in id order, as a fresh pool hands them to one sequence: each
+// layer's pages are one run of memory.
+void BM_DecodeColdSeq(benchmark::State& state) { Run(state, 1, 1, 6, false); }
 void BM_Prefill(benchmark::State& state) { Run(state, 1, 256); }
 
 void DtypeArgs(benchmark::internal::Benchmark* b,
@@ -133,6 +141,12 @@ BENCHMARK(BM_Decode)->Apply([](benchmark::internal::Benchmark* b) {
   DtypeArgs(b, {256, 4096, 16384});
 });
 BENCHMARK(BM_DecodeCold)->Apply([](benchmark::internal::Benchmark* b) {
+  DtypeArgs(b, {4096});
+});
+BENCHMARK(BM_DecodeHot)->Apply([](benchmark::internal::Benchmark* b) {
+  DtypeArgs(b, {4096});
+});
+BENCHMARK(BM_DecodeColdSeq)->Apply([](benchmark::internal::Benchmark* b) {
   DtypeArgs(b, {4096});
 });
 BENCHMARK(BM_Decode4)->Apply([](benchmark::internal::Benchmark* b) {
