@@ -80,9 +80,9 @@ struct RowRange {
 
 // The next tile's K and V lines, requested a few at a time while this tile
 // is folded (Step() from the score and accumulate loops). A burst of all of
-// them (~1,500 lines for 128 fp16 keys of 3 heads) at the tile's start
-// fills the core's miss queues and stalls it until the next tile is in,
-// which serializes reading and arithmetic; spread out, they overlap.
+// them at the tile's start fills the core's miss queues and stalls it until
+// the next tile is in, which serializes reading and arithmetic; spread out,
+// they overlap.
 class TilePrefetcher {
  public:
   // Rows rows[0, n) of the planes, bytes [b0, b1) of each; spread over
@@ -130,8 +130,13 @@ struct Scratch {
 
 // Keys per KV tile: an item folds its split this many positions at a
 // time (tiles start at the split's first position), amortizing the
-// softmax rescale and the accumulator loads over several blocks.
-constexpr int kTileKeys = 128;
+// softmax rescale and the accumulator loads over several blocks. The
+// prefetcher runs one tile ahead, so the tile also sets how far ahead it
+// reads: 48 KB of K and V for 64 fp16 keys of 3 KV heads. At 128 keys
+// (96 KB, twice an L1) the lines were evicted before they were read and a
+// decode from memory took ~20% longer; 32 keys read no faster and cost the
+// prefill more rescales (tools/bench/cpu_attention_bench.cc).
+constexpr int kTileKeys = 64;
 static_assert(kAttnSplitKeys % kTileKeys == 0, "tiles never cross a split");
 
 // Byte offsets, within a layer's K (or V) plane, of the slots (KV head 0's
@@ -342,29 +347,45 @@ void SoftmaxPage(float* sc, int64_t sc_stride, RowRange rr, int dp, Scratch& s,
   const hn::RebindToSigned<DF> di;
   const auto iota = hn::Iota(di, 0);
   const auto lo = hn::Set(di, rr.lo), hi = hn::Set(di, rr.hi);
+  // Every key of the tile visible (a decode's full tiles): no masks, the
+  // same values.
+  const bool all = rr.lo == 0 && rr.hi == sc_stride;
   auto visible = [&](int c) {
     const auto pos = hn::Add(iota, hn::Set(di, c));
     return hn::RebindMask(d, hn::AndNot(hn::Lt(pos, lo), hn::Lt(pos, hi)));
   };
   auto vmax = hn::Set(d, kNegInf);
   for (int c = rr.lo / lanes * lanes; c < rr.hi; c += lanes) {
-    vmax = hn::Max(vmax, hn::IfThenElse(visible(c), hn::LoadU(d, sc + c),
-                                        hn::Set(d, kNegInf)));
+    const auto x = hn::LoadU(d, sc + c);
+    vmax = hn::Max(vmax, all ? x : hn::IfThenElse(visible(c), x, vmax));
   }
   const float m_old = s.m[r];
   const float m_new = std::max(m_old, hn::GetLane(hn::MaxOfLanes(d, vmax)));
-  const float alpha = m_old == kNegInf ? 0.0f : std::exp(m_old - m_new);
   const auto vm = hn::Set(d, m_new);
   auto vsum = hn::Zero(d);
   for (int c = 0; c < sc_stride; c += lanes) {
+    if (all) {
+      const auto p = hn::Exp(d, hn::Sub(hn::LoadU(d, sc + c), vm));
+      vsum = hn::Add(vsum, p);
+      hn::StoreU(p, d, sc + c);
+      continue;
+    }
     const auto mask = visible(c);
     const auto x = hn::IfThenElse(mask, hn::LoadU(d, sc + c), vm);
     const auto p = hn::IfThenElseZero(mask, hn::Exp(d, hn::Sub(x, vm)));
     vsum = hn::Add(vsum, p);
     hn::StoreU(p, d, sc + c);
   }
-  s.l[r] = s.l[r] * alpha + hn::GetLane(hn::SumOfLanes(d, vsum));
+  const float sum = hn::GetLane(hn::SumOfLanes(d, vsum));
   s.m[r] = m_new;
+  // The running max unchanged: alpha would be exp(0) = 1. Before the
+  // row's first visible key, l and the accumulator are 0.
+  if (m_new == m_old || m_old == kNegInf) {
+    s.l[r] += sum;
+    return;
+  }
+  const float alpha = std::exp(m_old - m_new);
+  s.l[r] = s.l[r] * alpha + sum;
   float* acc = s.acc.data() + static_cast<int64_t>(r) * dp;
   const auto va = hn::Set(d, alpha);
   for (int c = 0; c < dp; c += lanes) {
@@ -569,6 +590,10 @@ void RunItem(const Layout& L, const std::vector<QueryRef>& refs, const Item& it,
   int64_t* cur = s.row_offsets.data();
   int64_t* next = cur + kTileKeys;
   TileRowOffsets(L, it.seq, first, tile_end(first) - first, cur);
+  // Nothing requested the first tile's lines earlier: all of them now.
+  s.pf.Reset(L.k_plane, L.v_plane, cur, tile_end(first) - first,
+             it.kv_head_begin * L.row_bytes, it.kv_head_end * L.row_bytes, 1);
+  s.pf.Finish();
   for (int32_t t0 = first; t0 <= key_hi; t0 += kTileKeys) {
     const int32_t k1 = tile_end(t0);
     // The pages are scattered, so the hardware prefetcher cannot find the
