@@ -205,8 +205,9 @@ void ScoreRows(const float* q, int dp, int nc, const Src& k, int n, float* sc,
     }
   };
   HWY_ALIGN float out[kLanes];
+  TilePrefetcher lp = *pf;  // in registers across the loop
   for (int t0 = 0; t0 < n; t0 += kKeys) {
-    pf->Step();
+    lp.Step();
     hn::Vec<DF> acc[kLanes];
     KV_UNROLL
     for (int a = 0; a < kLanes; ++a) acc[a] = hn::Zero(d);
@@ -228,6 +229,7 @@ void ScoreRows(const float* q, int dp, int nc, const Src& k, int n, float* sc,
       std::copy_n(out + r * kKeys, m, sc + r * sc_stride + t0);
     }
   }
+  *pf = lp;
 }
 
 // acc_r += p[r * p_stride + t] * v_t for keys t in [t0, t1) in order, R
@@ -247,8 +249,9 @@ void AccumRows(const float* p, int64_t p_stride, const Src& v, int dp, int nc,
         a[r][c] = hn::LoadU(d, acc + r * dp + c * lanes);
       }
     }
+    TilePrefetcher lp = *pf;  // in registers across the loop
     for (int t = t0; t < t1; ++t) {
-      pf->Step();
+      lp.Step();
       KV_UNROLL
       for (int c = 0; c < NC; ++c) {
         const auto vc = v.Load(t, c);
@@ -258,6 +261,7 @@ void AccumRows(const float* p, int64_t p_stride, const Src& v, int dp, int nc,
         }
       }
     }
+    *pf = lp;
     KV_UNROLL
     for (int r = 0; r < R; ++r) {
       KV_UNROLL
