@@ -10,6 +10,18 @@
 namespace kvserve::models {
 
 enum class RopeScalingType { kNone, kLinear, kLlama3 };
+// "none", "linear", "llama3" (config.json's rope_type names).
+[[nodiscard]] inline const char* RopeScalingTypeName(RopeScalingType t) {
+  switch (t) {
+    case RopeScalingType::kLinear:
+      return "linear";
+    case RopeScalingType::kLlama3:
+      return "llama3";
+    case RopeScalingType::kNone:
+      break;
+  }
+  return "none";
+}
 
 struct RopeScaling {
   RopeScalingType type = RopeScalingType::kNone;

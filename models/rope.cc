@@ -19,8 +19,7 @@ absl::Status ApplyLinearRopeScale(float factor, ModelConfig* config) {
         "--rope-scale %g: the model already scales RoPE (%s, factor %g); "
         "a second scaling is not one it was trained with",
         static_cast<double>(factor),
-        config->rope_scaling.type == RopeScalingType::kLinear ? "linear"
-                                                              : "llama3",
+        RopeScalingTypeName(config->rope_scaling.type),
         static_cast<double>(config->rope_scaling.factor)));
   }
   config->rope_scaling.type = RopeScalingType::kLinear;

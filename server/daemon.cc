@@ -137,13 +137,10 @@ absl::Status Daemon::StartEngine(const ServeOptions& options) {
       c.max_position,
       c.rope_scaling.type == models::RopeScalingType::kNone
           ? std::string()
-          : absl::StrFormat(
-                " (RoPE %s x%g of %d)",
-                c.rope_scaling.type == models::RopeScalingType::kLinear
-                    ? "linear"
-                    : "llama3",
-                static_cast<double>(c.rope_scaling.factor),
-                c.rope_scaling.original_max_position),
+          : absl::StrFormat(" (RoPE %s x%g of %d)",
+                            models::RopeScalingTypeName(c.rope_scaling.type),
+                            static_cast<double>(c.rope_scaling.factor),
+                            c.rope_scaling.original_max_position),
       model.model != nullptr
           ? absl::StrFormat(", %.1f MiB of packed weights",
                             model.model->weight_bytes() / 1048576.0)
