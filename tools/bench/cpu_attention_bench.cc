@@ -90,10 +90,12 @@ struct Setup {
   }
 };
 
-// Runs kLayers layers per iteration over `copies` x kLayers distinct
-// layers of pages, in turn: copies > 1 keeps the pages out of a large L3
-// (a 30-layer 4K fp16 cache is 94 MB; some hosts report 480 MB of L3),
-// as in a real forward, where the weights stream through between layers.
+// Runs kLayers layers per iteration over `copies` x `layers` distinct
+// layers of pages, in turn (layer l reads pages l % layers): copies > 1
+// keeps the pages out of a large L3 (a 30-layer 4K fp16 cache is 94 MB;
+// some hosts report 480 MB of L3), as in a real forward, where the weights
+// stream through between layers; layers < kLayers keeps them in L2.
+// `shuffle` scatters the blocks; otherwise they are in id order.
 void Run(benchmark::State& state, int seqs, int chunk, int copies = 1,
          bool shuffle = true, int layers = kLayers) {
   const auto dtype = static_cast<KvDtype>(state.range(0));
@@ -123,10 +125,14 @@ void BM_Decode4(benchmark::State& state) { Run(state, 4, 1); }
 void BM_DecodeCold(benchmark::State& state) { Run(state, 1, 1, 6); }
 // One layer's pages attended kLayers times: at 4K they stay in the cores'
 // L2, so this is the kernel's arithmetic with little waiting on memory.
-void BM_DecodeHot(benchmark::State& state) { Run(state, 1, 1, 1, true, 1); }
+void BM_DecodeHot(benchmark::State& state) {
+  Run(state, 1, 1, /*copies=*/1, /*shuffle=*/true, /*layers=*/1);
+}
 // Blocks in id order, as a fresh pool hands them to one sequence: each
 // layer's pages are one run of memory.
-void BM_DecodeColdSeq(benchmark::State& state) { Run(state, 1, 1, 6, false); }
+void BM_DecodeColdSeq(benchmark::State& state) {
+  Run(state, 1, 1, /*copies=*/6, /*shuffle=*/false);
+}
 void BM_Prefill(benchmark::State& state) { Run(state, 1, 256); }
 
 void DtypeArgs(benchmark::internal::Benchmark* b,
