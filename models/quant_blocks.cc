@@ -231,6 +231,27 @@ bool HasOffsets(GgmlType type) {
          type == GgmlType::kQ5_K;
 }
 
+SuperScales KSuperScales(GgmlType type, const void* block) {
+  const auto* b = static_cast<const uint8_t*>(block);
+  switch (type) {
+    case GgmlType::kQ2_K:
+      return {Half(b + 80), Half(b + 82)};
+    case GgmlType::kQ3_K:
+      return {Half(b + 108), 0.0f};
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K:
+      return {Half(b), Half(b + 2)};
+    case GgmlType::kQ6_K:
+      return {Half(b + 208), 0.0f};
+    case GgmlType::kIQ4_XS:
+      return {Half(b), 0.0f};
+    default:
+      KV_CHECK(false,
+               "KSuperScales: not a K-quant: ", std::string(TypeName(type)));
+      return {0.0f, 0.0f};
+  }
+}
+
 void DecodeBlocks(GgmlType type, const void* src, int64_t n, int8_t* q,
                   float* scale, float* offset) {
   KV_CHECK(IsDecodable(type), "DecodeBlocks: type ",

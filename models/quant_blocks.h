@@ -34,6 +34,16 @@ inline constexpr int kDecodeGroup = 16;
 void DecodeBlocks(GgmlType type, const void* src, int64_t n, int8_t* q,
                   float* scale, float* offset);
 
+// The fp16 super-block scales of a K-quant block (Q2_K..Q6_K, IQ4_XS), under
+// which its integer sub-scales and mins sit: DecodeBlocks's scale of group g
+// is d * sub_scale_g, its offset -(dmin * min_g). dmin is 0 for the types
+// without mins; `type` must be one of these (KV_CHECK).
+struct SuperScales {
+  float d;
+  float dmin;
+};
+[[nodiscard]] SuperScales KSuperScales(GgmlType type, const void* block);
+
 // The IQ4_NL / IQ4_XS code book: a 4-bit index selects one of these values.
 inline constexpr int8_t kIq4NlValues[16] = {
     -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};

@@ -8,8 +8,9 @@
 //   quantized      -> int8 AVX-512 VNNI on weights in a 16-row interleaved
 //                     layout, activations quantized to int8 per 32-block
 //                     (as llama.cpp): Q4_0/Q4_1/Q8_0 keep their quants, Q4_K
-//                     goes to 4-bit Q4_1 tiles, the other K-quants, Q5_0/
-//                     Q5_1 and IQ4_NL/IQ4_XS to int8 with an fp32 scale and
+//                     goes to 4-bit Q4_1 tiles, Q5_0/Q5_1/Q5_K to 5-bit
+//                     tiles (4-bit quants plus a bit plane), Q2_K/Q3_K/Q6_K
+//                     and IQ4_NL/IQ4_XS to int8 with an fp32 scale and
 //                     offset per 16 weights (exact, 10-12 bits per weight);
 //   F32/F16/BF16   -> own AVX-512 kernel, fp32 accumulate.
 #pragma once

@@ -13,9 +13,67 @@
 namespace kvserve::models::cpu::internal {
 
 // kI8S16 holds any decodable type (models/quant_blocks.h) as int8 values with
-// an fp32 scale (and offset) per 16 elements; the others keep the ggml
-// 4- or 8-bit quants of their type (Q4_1 tiles also hold Q4_K).
-enum class QuantKind { kQ4_0, kQ4_1, kQ8_0, kI8S16 };
+// an fp32 scale (and offset) per 16 elements; the others keep the quants of
+// their type in 4-bit nibbles (plus bit planes above them for 5 and 6 bits),
+// or in bytes for Q8_0. The K kinds keep the K-quants' integer sub-scales
+// under an fp16 scale per 256, so they are exact. Q4_1 tiles also hold mixes
+// of 4-bit types, Q5_0 tiles Q4_0, Q5_1 tiles any 4- or 5-bit type with one
+// scale per 32 (Q4_K and Q5_K scales rounded to fp16 there).
+enum class QuantKind {
+  kQ4_0,
+  kQ4_1,
+  kQ5_0,
+  kQ5_1,
+  kIQ4_NL,
+  kQ8_0,
+  kI8S16,
+  kQ2_K,
+  kQ3_K,
+  kQ4_K,
+  kQ5_K,
+  kQ6_K,
+  kIQ4_XS,
+};
+
+// How a nibble kind (all but Q8_0 and I8S16) stores and scales its quants:
+// weight = scale * (u - zero) - min, u the nibble plus its bit planes (or
+// the IQ4 code book's value + 128 at the nibble).
+struct NibbleSpec {
+  int planes = 0;      // bit planes above the nibble: bit 4, bit 5
+  bool lut = false;    // the nibble indexes kIq4NlValues
+  int zero = 0;        // subtracted from u
+  bool mins = false;   // an offset per scale group
+  bool super = false;  // int8 sub-scales (u8 mins) x fp16 d (dmin) per 256
+  int halves = 1;      // sub-scales per 32-block (super only): 1 or 2
+};
+constexpr NibbleSpec SpecOf(QuantKind k) {
+  switch (k) {
+    case QuantKind::kQ4_0:
+      return {.zero = 8};
+    case QuantKind::kQ4_1:
+      return {.mins = true};
+    case QuantKind::kQ5_0:
+      return {.planes = 1, .zero = 16};
+    case QuantKind::kQ5_1:
+      return {.planes = 1, .mins = true};
+    case QuantKind::kIQ4_NL:
+      return {.lut = true, .zero = 128};
+    case QuantKind::kQ2_K:
+      return {.mins = true, .super = true, .halves = 2};
+    case QuantKind::kQ3_K:
+      return {.zero = 4, .super = true, .halves = 2};
+    case QuantKind::kQ4_K:
+      return {.mins = true, .super = true};
+    case QuantKind::kQ5_K:
+      return {.planes = 1, .mins = true, .super = true};
+    case QuantKind::kQ6_K:
+      return {.planes = 2, .zero = 32, .super = true, .halves = 2};
+    case QuantKind::kIQ4_XS:
+      return {.lut = true, .zero = 128, .super = true};
+    default:
+      return {};
+  }
+}
 
 // Rows per interleaved tile: one int32 lane of a 512-bit register per row.
 inline constexpr int64_t kTileRows = 16;
@@ -24,13 +82,21 @@ inline constexpr int64_t kQBlock = 32;
 // Quantized weights, 16-row interleaved. Tile t holds rows [16t, 16t + 16)
 // (rows past the end are zero) at buf + t * tile_stride:
 //
-//   [quants: nb x QB bytes][d: nb x 16 fp16][m: nb x 16 fp16, Q4_1 only]
+//   [quants: nb x QB bytes][d: nb x 16 fp16][m: nb x 16 fp16, with mins]
+//
+// or, for the K kinds (super in NibbleSpec),
+//
+//   [quants: nb x QB][sub-scales: nb x halves x 16 int8, [b][h][r]]
+//   [mins: as the sub-scales, u8, with mins][d: nb/8 x 16 fp16][dmin: same]
 //
 // For block b, the quants are groups g of 64 bytes = 16 rows x 4 bytes; lane
 // r of group g holds 4 consecutive k of row r, which is what one VPDPBUSD
 // consumes against 4 activation bytes broadcast to all lanes:
-//   Q4_0/Q4_1 (QB = 256, g = 0..3): byte i of (g, r) = ggml qs[4g + i] of
-//     row r: low nibble = k 4g + i, high nibble = k 16 + 4g + i.
+//   nibble kinds (QB = 256 + 64 planes, g = 0..3): byte i of (g, r): low
+//     nibble = k 4g + i, high nibble = k 16 + 4g + i (for Q4_0/Q4_1 ggml's
+//     qs[4g + i]); then per plane p eight 64-bit masks at 256 + 64p: mask
+//     4h + g, bit 4r + i = bit 4 + p of element 16h + 4g + i of row r, so a
+//     masked byte add completes the nibbles of group g, half h.
 //   Q8_0 (QB = 512, g = 0..7): byte i of (g, r) = q[4g + i] + 128 (unsigned).
 //   I8S16 (QB = 512): quants as Q8_0; then, for the two 16-element halves h
 //     of the block, 16 fp32 scales [h][r], and with offsets 16 fp32 offsets
@@ -46,7 +112,8 @@ struct QuantTiles {
   AlignedBuffer buf;
 
   int64_t QuantBytesPerBlock() const {
-    return kind == QuantKind::kQ8_0 || kind == QuantKind::kI8S16 ? 512 : 256;
+    if (kind == QuantKind::kQ8_0 || kind == QuantKind::kI8S16) return 512;
+    return 256 + 64 * SpecOf(kind).planes;
   }
   const uint8_t* Tile(int64_t t) const {
     return buf.data() + static_cast<size_t>(t) * tile_stride;

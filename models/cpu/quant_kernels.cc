@@ -6,11 +6,13 @@
 #include "models/cpu/quant_kernels.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/parallel.h"
+#include "models/quant_blocks.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && \
     defined(__AVX512VNNI__) && defined(__AVX512VL__)
@@ -41,15 +43,80 @@ void QuantizeRowScalar(const float* x, int64_t nb, int8_t* q, ActScale* sc) {
   }
 }
 
-// Weight k of tile row r in block b, as the signed/offset integer the VNNI
-// kernel would feed (Q4: 0..15; Q8: q + 128).
+// Weight k of tile row r in block b, as the unsigned integer the VNNI
+// kernel would feed (nibble kinds: u, see NibbleSpec; Q8: q + 128).
 int WeightQuant(const QuantTiles& w, const uint8_t* qb, int r, int k) {
   if (w.kind == QuantKind::kQ8_0 || w.kind == QuantKind::kI8S16) {
     return qb[(k / 4) * 64 + r * 4 + k % 4];
   }
+  const NibbleSpec s = SpecOf(w.kind);
   const int j = k % 16;
   const uint8_t byte = qb[(j / 4) * 64 + r * 4 + j % 4];
-  return k < 16 ? (byte & 0x0f) : (byte >> 4);
+  int u = k < 16 ? (byte & 0x0f) : (byte >> 4);
+  for (int p = 0; p < s.planes; ++p) {
+    uint64_t mask;
+    std::memcpy(&mask, qb + 256 + 64 * p + 8 * ((k / 16) * 4 + j / 4), 8);
+    u |= static_cast<int>(((mask >> (4 * r + j % 4)) & 1) << (4 + p));
+  }
+  return s.lut ? kIq4NlValues[u] + 128 : u;
+}
+
+// Where a K tile's per-block sub-scales, mins and per-256 d, dmin lie.
+struct SuperLayout {
+  const int8_t* subs;    // [b][h][r]
+  const uint8_t* mins;   // [b][h][r]
+  const uint16_t* d;     // [b / 8][r]
+  const uint16_t* dmin;  // [b / 8][r]
+};
+SuperLayout SuperOf(const QuantTiles& w, const uint8_t* tile) {
+  const NibbleSpec s = SpecOf(w.kind);
+  const int64_t n = w.nb * s.halves * kTileRows;
+  const auto* subs =
+      reinterpret_cast<const int8_t*>(tile + w.nb * w.QuantBytesPerBlock());
+  const auto* mins = reinterpret_cast<const uint8_t*>(subs + n);
+  const auto* d = reinterpret_cast<const uint16_t*>(mins + (s.mins ? n : 0));
+  return {subs, mins, d, d + w.nb / 8 * kTileRows};
+}
+
+// K kinds: per scale group (a 16- or 32-element part of the block) the
+// exact int32 dot - zero sum(a), times d * sub-scale, less dmin * min *
+// sum(a).
+void SuperTileScalar(const QuantTiles& w, int64_t t, const QuantizedActs& a,
+                     float* y) {
+  const NibbleSpec s = SpecOf(w.kind);
+  const uint8_t* tile = w.Tile(t);
+  const SuperLayout L = SuperOf(w, tile);
+  const int64_t valid = std::min<int64_t>(kTileRows, w.rows - t * kTileRows);
+  const int per = kQBlock / s.halves;  // elements per scale group
+  for (int64_t i = 0; i < a.m; ++i) {
+    for (int r = 0; r < valid; ++r) {
+      float acc = 0.0f;
+      for (int64_t b = 0; b < w.nb; ++b) {
+        const uint8_t* qb = tile + b * w.QuantBytesPerBlock();
+        const int8_t* aq = a.Row(i) + b * kQBlock;
+        const ActScale& sc = a.Scales(i)[b];
+        const float d = Fp16ToFp32(L.d[b / 8 * kTileRows + r]);
+        const float dmin = Fp16ToFp32(L.dmin[b / 8 * kTileRows + r]);
+        for (int h = 0; h < s.halves; ++h) {
+          const int32_t sum = s.halves == 1 ? sc.sum_lo + sc.sum_hi
+                              : h == 0      ? sc.sum_lo
+                                            : sc.sum_hi;
+          int32_t dot = -s.zero * sum;
+          for (int k = per * h; k < per * (h + 1); ++k) {
+            dot += WeightQuant(w, qb, r, k) * aq[k];
+          }
+          const int64_t at = (b * s.halves + h) * kTileRows + r;
+          acc += static_cast<float>(dot) *
+                 (d * static_cast<float>(L.subs[at])) * sc.d;
+          if (s.mins) {
+            acc -= dmin * static_cast<float>(L.mins[at]) *
+                   (static_cast<float>(sum) * sc.d);
+          }
+        }
+      }
+      y[i * w.rows + t * kTileRows + r] = acc;
+    }
+  }
 }
 
 // I8S16: per 16-element half h, s_h * (dot - 128 sum(a)) + o_h * sum(a),
@@ -89,14 +156,15 @@ void I8S16TileScalar(const QuantTiles& w, int64_t t, const QuantizedActs& a,
 void TileAllRowsScalar(const QuantTiles& w, int64_t t, const QuantizedActs& a,
                        float* y) {
   if (w.kind == QuantKind::kI8S16) return I8S16TileScalar(w, t, a, y);
+  if (SpecOf(w.kind).super) return SuperTileScalar(w, t, a, y);
   const int64_t nb = w.nb;
   const int64_t qbytes = w.QuantBytesPerBlock();
   const uint8_t* tile = w.Tile(t);
   const uint16_t* ds = reinterpret_cast<const uint16_t*>(tile + nb * qbytes);
   const uint16_t* ms = ds + nb * kTileRows;
-  const float offset = w.kind == QuantKind::kQ8_0   ? 128.0f
-                       : w.kind == QuantKind::kQ4_0 ? 8.0f
-                                                    : 0.0f;
+  const float offset = w.kind == QuantKind::kQ8_0
+                           ? 128.0f
+                           : static_cast<float>(SpecOf(w.kind).zero);
   const int64_t valid = std::min<int64_t>(kTileRows, w.rows - t * kTileRows);
   for (int64_t i = 0; i < a.m; ++i) {
     for (int r = 0; r < valid; ++r) {
@@ -110,7 +178,7 @@ void TileAllRowsScalar(const QuantTiles& w, int64_t t, const QuantizedActs& a,
           dot += WeightQuant(w, qb, r, k) * aq[k];
         const float dw = Fp16ToFp32(ds[b * kTileRows + r]);
         acc += dw * (static_cast<float>(dot) * sc.d - offset * sc.s);
-        if (w.kind == QuantKind::kQ4_1) {
+        if (w.kind != QuantKind::kQ8_0 && SpecOf(w.kind).mins) {
           acc += Fp16ToFp32(ms[b * kTileRows + r]) * sc.s;
         }
       }
@@ -201,33 +269,74 @@ template <int kMr>
   }
 }
 
-// One 16-row tile x kMr activation rows for Q4_0 / Q4_1: per block, unpack
-// the nibbles once and run 8 VPDPBUSD per activation row; the int32 block
-// sums are scaled into fp32 accumulators (one lane per weight row).
+// The IQ4 code book + 128, as unsigned bytes for VPDPBUSD.
+alignas(16) constexpr std::array<uint8_t, 16> kIq4Biased = [] {
+  std::array<uint8_t, 16> t{};
+  for (int i = 0; i < 16; ++i) {
+    t[i] = static_cast<uint8_t>(kIq4NlValues[i] + 128);
+  }
+  return t;
+}();
+
+// The quants of block `qb` of a nibble kind as unsigned bytes, for the
+// VPDPBUSD of elements [4g, 4g + 4) (lo) and [16 + 4g, 16 + 4g + 4) (hi) of
+// the 16 rows: nibbles, bit planes added under their masks, or IQ4 code-book
+// values + 128 looked up in a register.
+template <QuantKind kKind>
+[[gnu::always_inline]] inline void UnpackNibbles(const uint8_t* qb, __m512i* lo,
+                                                 __m512i* hi) {
+  constexpr NibbleSpec kS = SpecOf(kKind);
+  const __m512i low = _mm512_set1_epi8(0x0f);
+#pragma GCC unroll 8
+  for (int g = 0; g < 4; ++g) {
+    const __m512i v = _mm512_load_si512(qb + g * 64);
+    lo[g] = _mm512_and_si512(v, low);
+    hi[g] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+#pragma GCC unroll 2
+    for (int p = 0; p < kS.planes; ++p) {
+      const __m512i bit = _mm512_set1_epi8(static_cast<char>(16 << p));
+      uint64_t mlo, mhi;
+      std::memcpy(&mlo, qb + 256 + 64 * p + 8 * g, 8);
+      std::memcpy(&mhi, qb + 256 + 64 * p + 8 * (4 + g), 8);
+      lo[g] = _mm512_mask_add_epi8(lo[g], _cvtu64_mask64(mlo), lo[g], bit);
+      hi[g] = _mm512_mask_add_epi8(hi[g], _cvtu64_mask64(mhi), hi[g], bit);
+    }
+    if constexpr (kS.lut) {
+      const __m512i lut = _mm512_broadcast_i32x4(
+          _mm_load_si128(reinterpret_cast<const __m128i*>(kIq4Biased.data())));
+      lo[g] = _mm512_shuffle_epi8(lut, lo[g]);
+      hi[g] = _mm512_shuffle_epi8(lut, hi[g]);
+    }
+  }
+}
+
+// One 16-row tile x kMr activation rows for the nibble kinds with an fp16
+// scale per 32 (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL): per block, unpack the
+// quants once and run 8 VPDPBUSD per activation row; the int32 block sums
+// are scaled into fp32 accumulators (one lane per weight row).
 template <QuantKind kKind, int kMr>
-void Q4TileAvx512(const QuantTiles& w, int64_t t, const QuantizedActs& a,
-                  int64_t i0, float* y) {
+void NibbleTileAvx512(const QuantTiles& w, int64_t t, const QuantizedActs& a,
+                      int64_t i0, float* y) {
+  constexpr NibbleSpec kS = SpecOf(kKind);
+  // sum (u - zero) a = dot - zero sum(a).
+  constexpr auto kZero = static_cast<float>(kS.zero);
+  constexpr int64_t kQBytes = 256 + 64 * kS.planes;
   const int64_t nb = w.nb;
   const uint8_t* tile = w.Tile(t);
-  const uint16_t* ds = reinterpret_cast<const uint16_t*>(tile + nb * 256);
+  const uint16_t* ds = reinterpret_cast<const uint16_t*>(tile + nb * kQBytes);
   const uint16_t* ms = ds + nb * kTileRows;
-  const __m512i low = _mm512_set1_epi8(0x0f);
   const TilePrefetch prefetch(w);
   __m512 acc[kMr];
 #pragma GCC unroll 8
   for (int r = 0; r < kMr; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* qb = tile + b * 256;
+    const uint8_t* qb = tile + b * kQBytes;
     prefetch.Lines4(qb);
+    if constexpr (kS.planes > 0) prefetch.Line(qb + 256);
     prefetch.Line(ds + b * kTileRows);
-    if constexpr (kKind == QuantKind::kQ4_1) prefetch.Line(ms + b * kTileRows);
+    if constexpr (kS.mins) prefetch.Line(ms + b * kTileRows);
     __m512i lo[4], hi[4];
-#pragma GCC unroll 8
-    for (int g = 0; g < 4; ++g) {
-      const __m512i v = _mm512_load_si512(qb + g * 64);
-      lo[g] = _mm512_and_si512(v, low);
-      hi[g] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-    }
+    UnpackNibbles<kKind>(qb, lo, hi);
     const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256(
         reinterpret_cast<const __m256i*>(ds + b * kTileRows)));
 #pragma GCC unroll 8
@@ -242,10 +351,9 @@ void Q4TileAvx512(const QuantTiles& w, int64_t t, const QuantizedActs& a,
         s1 = _mm512_dpbusd_epi32(s1, hi[g], Bcast4(aq + 16 + 4 * g));
       }
       const __m512 f = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
-      if constexpr (kKind == QuantKind::kQ4_0) {
-        // sum (q - 8) a = dot - 8 sum(a).
+      if constexpr (!kS.mins) {
         const __m512 v = _mm512_fmadd_ps(f, _mm512_set1_ps(sc.d),
-                                         _mm512_set1_ps(-8.0f * sc.s));
+                                         _mm512_set1_ps(-kZero * sc.s));
         acc[r] = _mm512_fmadd_ps(v, dw, acc[r]);
       } else {
         const __m512 mw = _mm512_cvtph_ps(_mm256_load_si256(
@@ -253,6 +361,92 @@ void Q4TileAvx512(const QuantTiles& w, int64_t t, const QuantizedActs& a,
         acc[r] =
             _mm512_fmadd_ps(_mm512_mul_ps(f, _mm512_set1_ps(sc.d)), dw, acc[r]);
         acc[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(sc.s), acc[r]);
+      }
+    }
+  }
+  StoreTileRows<kMr>(w, t, i0, acc, y);
+}
+
+// 16 int8 (or u8) per-row values at p as fp32 lanes.
+[[gnu::always_inline]] inline __m512 RowInts(const void* p, bool is_signed) {
+  const __m128i v = _mm_load_si128(static_cast<const __m128i*>(p));
+  return _mm512_cvtepi32_ps(is_signed ? _mm512_cvtepi8_epi32(v)
+                                      : _mm512_cvtepu8_epi32(v));
+}
+
+// The K kinds: per block, d * sub-scale (and dmin * min) per row lane once;
+// per activation row and scale group (the block, or each 16-element half)
+// the exact int32 dot - zero sum(a), scaled into the accumulators.
+template <QuantKind kKind, int kMr>
+void SuperTileAvx512(const QuantTiles& w, int64_t t, const QuantizedActs& a,
+                     int64_t i0, float* y) {
+  constexpr NibbleSpec kS = SpecOf(kKind);
+  constexpr int kH = kS.halves;
+  constexpr int64_t kQBytes = 256 + 64 * kS.planes;
+  const uint8_t* tile = w.Tile(t);
+  const SuperLayout L = SuperOf(w, tile);
+  const TilePrefetch prefetch(w);
+  __m512 acc[kMr];
+#pragma GCC unroll 8
+  for (int r = 0; r < kMr; ++r) acc[r] = _mm512_setzero_ps();
+  __m512 d = _mm512_setzero_ps(), dmin = _mm512_setzero_ps();
+  for (int64_t b = 0; b < w.nb; ++b) {
+    const uint8_t* qb = tile + b * kQBytes;
+    prefetch.Lines4(qb);
+    if constexpr (kS.planes > 0) prefetch.Line(qb + 256);
+    if constexpr (kS.planes > 1) prefetch.Line(qb + 320);
+    prefetch.Line(L.subs + b * kH * kTileRows);
+    if constexpr (kS.mins) prefetch.Line(L.mins + b * kH * kTileRows);
+    if (b % 8 == 0) {
+      d = _mm512_cvtph_ps(_mm256_load_si256(
+          reinterpret_cast<const __m256i*>(L.d + b / 8 * kTileRows)));
+      if constexpr (kS.mins) {
+        dmin = _mm512_cvtph_ps(_mm256_load_si256(
+            reinterpret_cast<const __m256i*>(L.dmin + b / 8 * kTileRows)));
+      }
+    }
+    __m512i lo[4], hi[4];
+    UnpackNibbles<kKind>(qb, lo, hi);
+    __m512 dd[kH], mm[kH];
+#pragma GCC unroll 2
+    for (int h = 0; h < kH; ++h) {
+      dd[h] =
+          _mm512_mul_ps(RowInts(L.subs + (b * kH + h) * kTileRows, true), d);
+      if constexpr (kS.mins) {
+        mm[h] = _mm512_mul_ps(RowInts(L.mins + (b * kH + h) * kTileRows, false),
+                              dmin);
+      }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < kMr; ++r) {
+      const int8_t* aq = a.Row(i0 + r) + b * kQBlock;
+      const ActScale& sc = a.Scales(i0 + r)[b];
+      __m512i s0 = _mm512_set1_epi32(-kS.zero * sc.sum_lo);
+      __m512i s1 = _mm512_set1_epi32(-kS.zero * sc.sum_hi);
+#pragma GCC unroll 8
+      for (int g = 0; g < 4; ++g) {
+        s0 = _mm512_dpbusd_epi32(s0, lo[g], Bcast4(aq + 4 * g));
+        s1 = _mm512_dpbusd_epi32(s1, hi[g], Bcast4(aq + 16 + 4 * g));
+      }
+      const __m512 ad = _mm512_set1_ps(sc.d);
+      if constexpr (kH == 1) {
+        const __m512 f = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+        acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(f, dd[0]), ad, acc[r]);
+        if constexpr (kS.mins) {
+          acc[r] = _mm512_fnmadd_ps(mm[0], _mm512_set1_ps(sc.s), acc[r]);
+        }
+      } else {
+        __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(s0), dd[0]);
+        v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), dd[1], v);
+        acc[r] = _mm512_fmadd_ps(v, ad, acc[r]);
+        if constexpr (kS.mins) {
+          acc[r] = _mm512_fnmadd_ps(
+              mm[0], _mm512_set1_ps(static_cast<float>(sc.sum_lo) * sc.d),
+              acc[r]);
+          acc[r] = _mm512_fnmadd_ps(
+              mm[1], _mm512_set1_ps(static_cast<float>(sc.sum_hi) * sc.d),
+              acc[r]);
+        }
       }
     }
   }
@@ -364,9 +558,27 @@ void TileAvx512(const QuantTiles& w, int64_t t, const QuantizedActs& a,
       if (w.has_offsets) return I8S16TileAvx512<true, kMr>(w, t, a, i0, y);
       return I8S16TileAvx512<false, kMr>(w, t, a, i0, y);
     case QuantKind::kQ4_0:
-      return Q4TileAvx512<QuantKind::kQ4_0, kMr>(w, t, a, i0, y);
+      return NibbleTileAvx512<QuantKind::kQ4_0, kMr>(w, t, a, i0, y);
     case QuantKind::kQ4_1:
-      return Q4TileAvx512<QuantKind::kQ4_1, kMr>(w, t, a, i0, y);
+      return NibbleTileAvx512<QuantKind::kQ4_1, kMr>(w, t, a, i0, y);
+    case QuantKind::kQ5_0:
+      return NibbleTileAvx512<QuantKind::kQ5_0, kMr>(w, t, a, i0, y);
+    case QuantKind::kQ5_1:
+      return NibbleTileAvx512<QuantKind::kQ5_1, kMr>(w, t, a, i0, y);
+    case QuantKind::kIQ4_NL:
+      return NibbleTileAvx512<QuantKind::kIQ4_NL, kMr>(w, t, a, i0, y);
+    case QuantKind::kQ2_K:
+      return SuperTileAvx512<QuantKind::kQ2_K, kMr>(w, t, a, i0, y);
+    case QuantKind::kQ3_K:
+      return SuperTileAvx512<QuantKind::kQ3_K, kMr>(w, t, a, i0, y);
+    case QuantKind::kQ4_K:
+      return SuperTileAvx512<QuantKind::kQ4_K, kMr>(w, t, a, i0, y);
+    case QuantKind::kQ5_K:
+      return SuperTileAvx512<QuantKind::kQ5_K, kMr>(w, t, a, i0, y);
+    case QuantKind::kQ6_K:
+      return SuperTileAvx512<QuantKind::kQ6_K, kMr>(w, t, a, i0, y);
+    case QuantKind::kIQ4_XS:
+      return SuperTileAvx512<QuantKind::kIQ4_XS, kMr>(w, t, a, i0, y);
     case QuantKind::kQ8_0:
       return Q8TileAvx512<kMr>(w, t, a, i0, y);
   }

@@ -1,12 +1,16 @@
 // Packing of ggml rows into QuantTiles (models/cpu/matmul_internal.h says
-// the layout). Q4_0, Q4_1 and Q8_0 rows are copied quant by quant; every
-// other type goes through models/quant_blocks.h's decoder, into Q4_1 tiles
-// (Q4_K) or I8S16 tiles (the rest).
+// the layout). Q4_0, Q4_1 and Q8_0 rows in tiles of their own type are
+// copied quant by quant; every other row goes through models/quant_blocks.h's
+// decoder, into the nibble tiles of its own type (the K-quants with their
+// integer sub-scales, IQ4_NL), of a mix of 4- and 5-bit types (Q4_1, Q5_0,
+// Q5_1) or into I8S16 tiles (the rest).
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/check.h"
 #include "common/parallel.h"
 #include "common/status_macros.h"
 #include "models/cpu/quant_kernels.h"
@@ -15,15 +19,16 @@
 namespace kvserve::models::cpu::internal {
 namespace {
 
+// Per 32-block; a K kind's fp16 scales per 256 are spread over its 8 blocks.
 size_t ScaleBytesPerBlock(const QuantTiles& w) {
-  switch (w.kind) {
-    case QuantKind::kQ4_1:
-      return 64;  // 16 fp16 d + 16 fp16 m
-    case QuantKind::kI8S16:
-      return w.has_offsets ? 256 : 128;  // 2 x 16 fp32 scales (+ offsets)
-    default:
-      return 32;  // 16 fp16 d
+  if (w.kind == QuantKind::kQ8_0) return 32;  // 16 fp16 d
+  if (w.kind == QuantKind::kI8S16) {
+    return w.has_offsets ? 256 : 128;  // 2 x 16 fp32 scales (+ offsets)
   }
+  const NibbleSpec s = SpecOf(w.kind);
+  const size_t sets = s.mins ? 2 : 1;  // scales, and mins
+  if (!s.super) return 32 * sets;      // 16 fp16 each
+  return sets * (16 * s.halves + 32 / 8);
 }
 
 // Row `row` of the concatenation: its type and bytes.
@@ -75,23 +80,110 @@ void PackLegacyRow(QuantKind kind, const uint8_t* s, int64_t nb, int r,
   }
 }
 
-// Decoded values of one row (q in 0..15, one scale and offset per 32) into
-// lane r of a Q4_1 tile; the scale and offset are rounded to fp16.
-void PackDecodedQ4Row(const int8_t* q, const float* scale, const float* offset,
-                      int64_t nb, int r, uint8_t* dst) {
-  uint16_t* d = reinterpret_cast<uint16_t*>(dst + nb * 256);
-  uint16_t* mins = d + nb * kTileRows;
-  for (int64_t b = 0; b < nb; ++b) {
-    const int8_t* qb = q + b * kQBlock;
-    uint8_t* out = dst + b * 256 + r * 4;
-    for (int g = 0; g < 4; ++g) {
-      for (int i = 0; i < 4; ++i) {
-        const int j = 4 * g + i;
-        out[g * 64 + i] = static_cast<uint8_t>(qb[j] | (qb[j + 16] << 4));
+// Unsigned quants u (0..63) of one 32-block into lane r of a nibble tile's
+// block at `qb`: nibbles, then the bit planes above them.
+void PutNibbles(const int* u, int planes, int r, uint8_t* qb) {
+  auto* masks = reinterpret_cast<uint64_t*>(qb + 256);
+  for (int g = 0; g < 4; ++g) {
+    for (int i = 0; i < 4; ++i) {
+      const int lo = u[4 * g + i];
+      const int hi = u[16 + 4 * g + i];
+      qb[g * 64 + r * 4 + i] = static_cast<uint8_t>((lo & 15) | (hi & 15) << 4);
+      for (int p = 0; p < planes; ++p) {
+        const int bit = 4 * r + i;
+        masks[8 * p + g] |= static_cast<uint64_t>((lo >> (4 + p)) & 1) << bit;
+        masks[8 * p + 4 + g] |= static_cast<uint64_t>((hi >> (4 + p)) & 1)
+                                << bit;
       }
     }
+  }
+}
+
+// The IQ4 code-book index of a decoded value.
+int Iq4Index(int v) {
+  for (int i = 0; i < 16; ++i) {
+    if (kIq4NlValues[i] == v) return i;
+  }
+  KV_CHECK(false, "not an IQ4 code-book value: ", v);
+  return 0;
+}
+
+// The integer n with x == n * unit (DecodeBlocks's scales and mins are such
+// products, exact in fp32); 0 when unit is 0.
+int IntegerOf(float x, float unit) {
+  if (unit == 0.0f) return 0;
+  const float n = std::nearbyint(x / unit);
+  KV_CHECK(n * unit == x, "K-quant scale ", x, " is not a multiple of ", unit);
+  return static_cast<int>(n);
+}
+
+// Decoded values of one row of a K-quant `type` (raw blocks at `src`) into
+// lane r of a K tile: quants u = q + zero (IQ4_XS: code-book indices), the
+// integer sub-scales and mins recovered from DecodeBlocks's scales and
+// offsets, and the fp16 d and dmin of each 256-block as the file has them.
+void PackSuperRow(const QuantTiles& w, GgmlType type, const uint8_t* src,
+                  const int8_t* q, const float* scale, const float* offset,
+                  int r, uint8_t* dst) {
+  const NibbleSpec s = SpecOf(w.kind);
+  const int64_t qbytes = w.QuantBytesPerBlock();
+  const int64_t nb = w.nb;
+  auto* subs = reinterpret_cast<int8_t*>(dst + nb * qbytes);
+  uint8_t* mins = reinterpret_cast<uint8_t*>(subs) + nb * s.halves * 16;
+  auto* d =
+      reinterpret_cast<uint16_t*>(mins + (s.mins ? nb * s.halves * 16 : 0));
+  uint16_t* dmin = d + nb / 8 * kTileRows;
+  const size_t block_bytes = TypeTraits(type).type_size;
+  for (int64_t b = 0; b < nb; ++b) {
+    const SuperScales sup = KSuperScales(type, src + b / 8 * block_bytes);
+    if (b % 8 == 0) {
+      d[b / 8 * kTileRows + r] = Fp32ToFp16(sup.d);
+      if (s.mins) dmin[b / 8 * kTileRows + r] = Fp32ToFp16(sup.dmin);
+    }
+    int u[kQBlock];
+    for (int k = 0; k < kQBlock; ++k) {
+      const int v = q[b * kQBlock + k];
+      u[k] = s.lut ? Iq4Index(v) : v + s.zero;
+    }
+    PutNibbles(u, s.planes, r, dst + b * qbytes);
+    for (int h = 0; h < s.halves; ++h) {
+      const int64_t at = (b * s.halves + h) * kTileRows + r;
+      subs[at] = static_cast<int8_t>(IntegerOf(scale[2 * b + h], sup.d));
+      if (s.mins) {
+        mins[at] =
+            static_cast<uint8_t>(IntegerOf(-offset[2 * b + h], sup.dmin));
+      }
+    }
+  }
+}
+
+// Decoded values of one row of `type` (one scale and offset per 32) into
+// lane r of a Q4_1, Q5_0, Q5_1 or IQ4_NL tile of `kind`, as unsigned quants
+// u = q + bias (0..15 or 0..31; IQ4_NL: code-book indices). Types without
+// mins are centred (Q4_0: q in -8..7, Q5_0: -16..15) and take the bias the
+// tile's zero point needs; the offset of a tile with mins then absorbs it
+// (m = offset - bias d, exact in fp16 for an fp16 d). Scales and offsets
+// are rounded to fp16: exact for the legacy types, relative 2^-11 for
+// Q4_K / Q5_K's products of 6-bit integers.
+void PackDecodedNibbleRow(QuantKind kind, GgmlType type, const int8_t* q,
+                          const float* scale, const float* offset, int64_t nb,
+                          int r, uint8_t* dst) {
+  const NibbleSpec s = SpecOf(kind);
+  const int64_t qbytes = 256 + 64 * s.planes;
+  const int bias = HasOffsets(type) ? 0 : (s.planes == 1 ? 16 : 8);
+  uint16_t* d = reinterpret_cast<uint16_t*>(dst + nb * qbytes);
+  uint16_t* mins = d + nb * kTileRows;
+  for (int64_t b = 0; b < nb; ++b) {
+    int u[kQBlock];
+    for (int k = 0; k < kQBlock; ++k) {
+      const int v = q[b * kQBlock + k];
+      u[k] = s.lut ? Iq4Index(v) : v + bias;
+    }
+    PutNibbles(u, s.planes, r, dst + b * qbytes);
     d[b * kTileRows + r] = Fp32ToFp16(scale[2 * b]);
-    mins[b * kTileRows + r] = Fp32ToFp16(offset[2 * b]);
+    if (s.mins) {
+      mins[b * kTileRows + r] =
+          Fp32ToFp16(offset[2 * b] - static_cast<float>(bias) * scale[2 * b]);
+    }
   }
 }
 
@@ -127,8 +219,10 @@ void PackTile(const QuantTiles& w, const std::vector<QuantRows>& parts,
     if (row >= w.rows) break;
     const RowRef src = FindRow(parts, w.cols, row);
     // Q4_0, Q4_1 and Q8_0 tiles take their own type's quants as they are;
-    // Q4_K rows in Q4_1 tiles and all I8S16 rows are decoded.
-    if (w.kind != QuantKind::kI8S16 && src.type != GgmlType::kQ4_K) {
+    // every other row is decoded.
+    if ((w.kind == QuantKind::kQ4_0 && src.type == GgmlType::kQ4_0) ||
+        (w.kind == QuantKind::kQ4_1 && src.type == GgmlType::kQ4_1) ||
+        (w.kind == QuantKind::kQ8_0 && src.type == GgmlType::kQ8_0)) {
       PackLegacyRow(w.kind, src.data, w.nb, r, dst);
       continue;
     }
@@ -137,11 +231,15 @@ void PackTile(const QuantTiles& w, const std::vector<QuantRows>& parts,
     offset.resize(w.cols / kDecodeGroup);
     DecodeBlocks(src.type, src.data, w.cols, q.data(), scale.data(),
                  offset.data());
-    if (w.kind == QuantKind::kQ4_1) {
-      PackDecodedQ4Row(q.data(), scale.data(), offset.data(), w.nb, r, dst);
-    } else {
+    if (w.kind == QuantKind::kI8S16) {
       PackDecodedI8Row(q.data(), scale.data(), offset.data(), w.nb,
                        w.has_offsets, r, dst);
+    } else if (SpecOf(w.kind).super) {
+      PackSuperRow(w, src.type, src.data, q.data(), scale.data(), offset.data(),
+                   r, dst);
+    } else {
+      PackDecodedNibbleRow(w.kind, src.type, q.data(), scale.data(),
+                           offset.data(), w.nb, r, dst);
     }
   }
 }
@@ -149,19 +247,50 @@ void PackTile(const QuantTiles& w, const std::vector<QuantRows>& parts,
 // The tile kind for a set of row types (see PackQuantTiles).
 absl::StatusOr<QuantKind> ChooseKind(const std::vector<QuantRows>& parts) {
   bool same = true;
-  bool q4 = true;  // all Q4_K or Q4_1
+  bool q4 = true;    // all 4-bit with one scale per 32
+  bool q5_0 = true;  // all Q5_0 or Q4_0: no mins
+  bool q5_1 = true;  // all 4- or 5-bit with one scale per 32
   for (const QuantRows& p : parts) {
     if (!IsDecodable(p.type)) {
       return absl::InvalidArgumentError(
           absl::StrCat("PackQuantTiles: not a quantized type: ",
                        std::string(TypeName(p.type))));
     }
-    same &= p.type == parts[0].type;
-    q4 &= p.type == GgmlType::kQ4_K || p.type == GgmlType::kQ4_1;
+    const GgmlType t = p.type;
+    same &= t == parts[0].type;
+    q4 &= t == GgmlType::kQ4_0 || t == GgmlType::kQ4_1 || t == GgmlType::kQ4_K;
+    q5_0 &= t == GgmlType::kQ4_0 || t == GgmlType::kQ5_0;
+    q5_1 &= t == GgmlType::kQ4_0 || t == GgmlType::kQ4_1 ||
+            t == GgmlType::kQ4_K || t == GgmlType::kQ5_0 ||
+            t == GgmlType::kQ5_1 || t == GgmlType::kQ5_K;
   }
-  if (same && parts[0].type == GgmlType::kQ4_0) return QuantKind::kQ4_0;
-  if (same && parts[0].type == GgmlType::kQ8_0) return QuantKind::kQ8_0;
+  if (same) {
+    switch (parts[0].type) {
+      case GgmlType::kQ4_0:
+        return QuantKind::kQ4_0;
+      case GgmlType::kQ8_0:
+        return QuantKind::kQ8_0;
+      case GgmlType::kIQ4_NL:
+        return QuantKind::kIQ4_NL;
+      case GgmlType::kQ2_K:
+        return QuantKind::kQ2_K;
+      case GgmlType::kQ3_K:
+        return QuantKind::kQ3_K;
+      case GgmlType::kQ4_K:
+        return QuantKind::kQ4_K;
+      case GgmlType::kQ5_K:
+        return QuantKind::kQ5_K;
+      case GgmlType::kQ6_K:
+        return QuantKind::kQ6_K;
+      case GgmlType::kIQ4_XS:
+        return QuantKind::kIQ4_XS;
+      default:
+        break;
+    }
+  }
   if (q4) return QuantKind::kQ4_1;
+  if (q5_0) return QuantKind::kQ5_0;
+  if (q5_1) return QuantKind::kQ5_1;
   return QuantKind::kI8S16;
 }
 

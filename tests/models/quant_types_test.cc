@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -152,8 +153,7 @@ TEST_F(QuantTypesTest, MatMulMatchesFloat64Product) {
 
 // Integer activations with 127 in every 32-block quantize to themselves, so
 // the product is exact up to fp32 sums: the packed weights (scales, offsets,
-// quants) must equal the reference. Q4_K's per-32 scale and min are rounded
-// to fp16 in its 4-bit tiles (relative 2^-11); every other type is exact.
+// quants) must equal the reference, for every type.
 TEST_F(QuantTypesTest, PackingIsExactOnInt8Activations) {
   std::mt19937 rng(5);
   std::uniform_int_distribution<int> dist(-40, 127);  // offsets weigh in
@@ -168,9 +168,8 @@ TEST_F(QuantTypesTest, PackingIsExactOnInt8Activations) {
     ASSERT_TRUE(w.ok()) << type << ": " << w.status();
     std::vector<float> y(kM * kRows);
     cpu::MatMul(x.data(), kM, *w, y.data());
-    // Measured: Q4_K 2.7e-5; the others 1-3e-8.
-    const double tol = std::string(type) == "Q4_K" ? 2e-4 : 1e-6;
-    EXPECT_LE(RelativeError(y, Reference(type), x, kM, kRows), tol) << type;
+    // Measured: 1-3e-8.
+    EXPECT_LE(RelativeError(y, Reference(type), x, kM, kRows), 1e-6) << type;
   }
 }
 
@@ -194,20 +193,69 @@ TEST_F(QuantTypesTest, PortableKernelsMatchVnni) {
   }
 }
 
-// Q4_K with Q6_K and Q5_0 rows in one matrix (I8S16 tiles, with offsets),
-// and Q4_K with Q4_1 (Q4_1 tiles): each output row as its own type's.
+// The tile kind each type packs into and what it costs: every type but the
+// 2- and 3-bit K-quants (held in nibbles) within 3% of the file's bits per
+// weight (Q4_K / Q5_K: +1/8, their 6-bit sub-scales and mins in bytes).
+TEST_F(QuantTypesTest, PackedBitsPerWeight) {
+  using cpu::internal::QuantKind;
+  const struct {
+    const char* type;
+    QuantKind kind;
+    double bits;
+  } kCases[] = {{"Q4_0", QuantKind::kQ4_0, 4.5},
+                {"Q4_1", QuantKind::kQ4_1, 5},
+                {"Q5_0", QuantKind::kQ5_0, 5.5},
+                {"Q5_1", QuantKind::kQ5_1, 6},
+                {"Q8_0", QuantKind::kQ8_0, 8.5},
+                {"Q2_K", QuantKind::kQ2_K, 5.125},
+                {"Q3_K", QuantKind::kQ3_K, 4.5625},
+                {"Q4_K", QuantKind::kQ4_K, 4.625},
+                {"Q5_K", QuantKind::kQ5_K, 5.625},
+                {"Q6_K", QuantKind::kQ6_K, 6.5625},
+                {"IQ4_NL", QuantKind::kIQ4_NL, 4.5},
+                {"IQ4_XS", QuantKind::kIQ4_XS, 4.3125}};
+  for (const auto& c : kCases) {
+    const RawTensor q = Get(absl::StrCat(c.type, ".q"));
+    absl::StatusOr<cpu::internal::QuantTiles> tiles =
+        cpu::internal::PackQuantTiles(q.type, q.data, kRows, kCols);
+    ASSERT_TRUE(tiles.ok()) << c.type << ": " << tiles.status();
+    EXPECT_EQ(tiles->kind, c.kind) << c.type;
+    // Per weight of the padded rows (tiles of 16), before the tile's
+    // alignment to 64 bytes.
+    const double weights = static_cast<double>(
+        tiles->num_tiles * cpu::internal::kTileRows * kCols);
+    EXPECT_NEAR(8.0 * static_cast<double>(tiles->buf.size()) / weights, c.bits,
+                0.01)
+        << c.type;
+  }
+}
+
+// Rows of several types in one matrix, each output row as its own type's:
+// Q4_K with Q6_K and Q5_0 (I8S16 tiles, with offsets), Q4_K with Q4_1
+// (Q4_1 tiles), Q5_0 with Q4_0 (Q5_0 tiles), the 4- and 5-bit types with
+// mins (Q5_1 tiles).
 TEST_F(QuantTypesTest, MixedTypesFuseIntoOneMatrix) {
-  for (const std::vector<std::string>& mix :
-       {std::vector<std::string>{"Q4_K", "Q6_K", "Q5_0"},
-        std::vector<std::string>{"Q4_K", "Q4_1"},
-        std::vector<std::string>{"Q6_K", "IQ4_XS"}}) {
+  using cpu::internal::QuantKind;
+  using Mix = std::pair<std::vector<std::string>, QuantKind>;
+  for (const auto& [mix, kind] :
+       {Mix{{"Q4_K", "Q6_K", "Q5_0"}, QuantKind::kI8S16},
+        Mix{{"Q4_K", "Q4_1"}, QuantKind::kQ4_1},
+        Mix{{"Q5_0", "Q4_0"}, QuantKind::kQ5_0},
+        Mix{{"Q5_K", "Q4_0", "Q5_1", "Q4_K", "Q5_0"}, QuantKind::kQ5_1},
+        Mix{{"Q6_K", "IQ4_XS"}, QuantKind::kI8S16}}) {
     std::vector<RawTensor> parts;
+    std::vector<cpu::internal::QuantRows> rows_of;
     std::vector<float> ref;
     for (const std::string& type : mix) {
       parts.push_back(Get(type + ".q"));
+      rows_of.push_back({parts.back().type, parts.back().data, kRows});
       const std::vector<float> r = Reference(type);
       ref.insert(ref.end(), r.begin(), r.end());
     }
+    absl::StatusOr<cpu::internal::QuantTiles> tiles =
+        cpu::internal::PackQuantTiles(rows_of, kCols);
+    ASSERT_TRUE(tiles.ok()) << tiles.status();
+    EXPECT_EQ(tiles->kind, kind) << mix[0];
     absl::StatusOr<cpu::PackedMatrix> w = cpu::PackQuantizedRows(parts);
     ASSERT_TRUE(w.ok()) << w.status();
     const int64_t rows = kRows * static_cast<int64_t>(mix.size());
