@@ -6,19 +6,17 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "models/cpu/aligned_buffer.h"
 #include "models/ggml_types.h"
 
 namespace kvserve::models::cpu::internal {
 
-// kI8S16 holds any decodable type (models/quant_blocks.h) as int8 values with
-// an fp32 scale (and offset) per 16 elements; the others keep the quants of
-// their type in 4-bit nibbles (plus bit planes above them for 5 and 6 bits),
-// or in bytes for Q8_0. The K kinds keep the K-quants' integer sub-scales
-// under an fp16 scale per 256, so they are exact. Q4_1 tiles also hold mixes
-// of 4-bit types, Q5_0 tiles Q4_0, Q5_1 tiles any 4- or 5-bit type with one
-// scale per 32 (Q4_K and Q5_K scales rounded to fp16 there).
+// Every quantized type keeps its quants: in 4-bit nibbles (plus bit planes
+// above them for 5 and 6 bits), or in bytes for Q8_0. The K kinds keep the
+// K-quants' integer sub-scales under an fp16 scale per 256, so every kind
+// is exact.
 enum class QuantKind {
   kQ4_0,
   kQ4_1,
@@ -26,7 +24,6 @@ enum class QuantKind {
   kQ5_1,
   kIQ4_NL,
   kQ8_0,
-  kI8S16,
   kQ2_K,
   kQ3_K,
   kQ4_K,
@@ -35,7 +32,7 @@ enum class QuantKind {
   kIQ4_XS,
 };
 
-// How a nibble kind (all but Q8_0 and I8S16) stores and scales its quants:
+// How a nibble kind (all but Q8_0) stores and scales its quants:
 // weight = scale * (u - zero) - min, u the nibble plus its bit planes (or
 // the IQ4 code book's value + 128 at the nibble).
 struct NibbleSpec {
@@ -98,21 +95,34 @@ inline constexpr int64_t kQBlock = 32;
 //     4h + g, bit 4r + i = bit 4 + p of element 16h + 4g + i of row r, so a
 //     masked byte add completes the nibbles of group g, half h.
 //   Q8_0 (QB = 512, g = 0..7): byte i of (g, r) = q[4g + i] + 128 (unsigned).
-//   I8S16 (QB = 512): quants as Q8_0; then, for the two 16-element halves h
-//     of the block, 16 fp32 scales [h][r], and with offsets 16 fp32 offsets
-//     [h][r] (in place of d and m).
+//
+// Rows of several types (Q and K in Q4_K, V in Q6_K, as the K-quant mixes
+// store them) form one matrix of segments, one per run of a type, each
+// packed in its own kind and writing its rows of the output.
 struct QuantTiles {
   QuantKind kind = QuantKind::kQ4_0;
-  bool has_offsets = false;  // kI8S16 only
   int64_t rows = 0;
   int64_t cols = 0;
   int64_t nb = 0;         // 32-blocks per row
   int64_t num_tiles = 0;  // ceil(rows / 16)
   size_t tile_stride = 0;
   AlignedBuffer buf;
+  // Row `row` for activation row i goes to y[i * out_stride + out_offset +
+  // row]: a segment's rows are part of its whole matrix's.
+  int64_t out_stride = 0;
+  int64_t out_offset = 0;
+  // When not empty, this matrix is these, stacked (num_tiles their sum; the
+  // kind, tiles and buffer of this one unused).
+  std::vector<QuantTiles> segments;
+
+  size_t Bytes() const {
+    size_t n = buf.size();
+    for (const QuantTiles& s : segments) n += s.Bytes();
+    return n;
+  }
 
   int64_t QuantBytesPerBlock() const {
-    if (kind == QuantKind::kQ8_0 || kind == QuantKind::kI8S16) return 512;
+    if (kind == QuantKind::kQ8_0) return 512;
     return 256 + 64 * SpecOf(kind).planes;
   }
   const uint8_t* Tile(int64_t t) const {
@@ -137,7 +147,7 @@ struct PackedData {
 
   size_t Bytes() const {
     size_t n = 0;
-    if (tiles) n += tiles->buf.size();
+    if (tiles) n += tiles->Bytes();
     if (float_rows) n += float_rows->buf.size();
     return n;
   }

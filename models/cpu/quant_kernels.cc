@@ -46,7 +46,7 @@ void QuantizeRowScalar(const float* x, int64_t nb, int8_t* q, ActScale* sc) {
 // Weight k of tile row r in block b, as the unsigned integer the VNNI
 // kernel would feed (nibble kinds: u, see NibbleSpec; Q8: q + 128).
 int WeightQuant(const QuantTiles& w, const uint8_t* qb, int r, int k) {
-  if (w.kind == QuantKind::kQ8_0 || w.kind == QuantKind::kI8S16) {
+  if (w.kind == QuantKind::kQ8_0) {
     return qb[(k / 4) * 64 + r * 4 + k % 4];
   }
   const NibbleSpec s = SpecOf(w.kind);
@@ -114,48 +114,13 @@ void SuperTileScalar(const QuantTiles& w, int64_t t, const QuantizedActs& a,
           }
         }
       }
-      y[i * w.rows + t * kTileRows + r] = acc;
-    }
-  }
-}
-
-// I8S16: per 16-element half h, s_h * (dot - 128 sum(a)) + o_h * sum(a),
-// the int32 parts exact.
-void I8S16TileScalar(const QuantTiles& w, int64_t t, const QuantizedActs& a,
-                     float* y) {
-  const uint8_t* tile = w.Tile(t);
-  const auto* scales = reinterpret_cast<const float*>(tile + w.nb * 512);
-  const int64_t valid = std::min<int64_t>(kTileRows, w.rows - t * kTileRows);
-  const int64_t per_block = w.has_offsets ? 64 : 32;  // floats
-  for (int64_t i = 0; i < a.m; ++i) {
-    for (int r = 0; r < valid; ++r) {
-      float acc = 0.0f;
-      for (int64_t b = 0; b < w.nb; ++b) {
-        const uint8_t* qb = tile + b * 512;
-        const int8_t* aq = a.Row(i) + b * kQBlock;
-        const ActScale& sc = a.Scales(i)[b];
-        const float* s = scales + b * per_block;
-        for (int h = 0; h < 2; ++h) {
-          const int32_t sum = h == 0 ? sc.sum_lo : sc.sum_hi;
-          int32_t dot = 0;
-          for (int k = 16 * h; k < 16 * h + 16; ++k) {
-            dot += WeightQuant(w, qb, r, k) * aq[k];
-          }
-          const float f = static_cast<float>(dot - 128 * sum);
-          acc += s[16 * h + r] * (f * sc.d);
-          if (w.has_offsets) {
-            acc += s[32 + 16 * h + r] * (static_cast<float>(sum) * sc.d);
-          }
-        }
-      }
-      y[i * w.rows + t * kTileRows + r] = acc;
+      y[i * w.out_stride + w.out_offset + t * kTileRows + r] = acc;
     }
   }
 }
 
 void TileAllRowsScalar(const QuantTiles& w, int64_t t, const QuantizedActs& a,
                        float* y) {
-  if (w.kind == QuantKind::kI8S16) return I8S16TileScalar(w, t, a, y);
   if (SpecOf(w.kind).super) return SuperTileScalar(w, t, a, y);
   const int64_t nb = w.nb;
   const int64_t qbytes = w.QuantBytesPerBlock();
@@ -182,7 +147,7 @@ void TileAllRowsScalar(const QuantTiles& w, int64_t t, const QuantizedActs& a,
           acc += Fp16ToFp32(ms[b * kTileRows + r]) * sc.s;
         }
       }
-      y[i * w.rows + t * kTileRows + r] = acc;
+      y[i * w.out_stride + w.out_offset + t * kTileRows + r] = acc;
     }
   }
 }
@@ -265,7 +230,9 @@ template <int kMr>
   const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1);
 #pragma GCC unroll 8
   for (int r = 0; r < kMr; ++r) {
-    _mm512_mask_storeu_ps(y + (i0 + r) * w.rows + t * kTileRows, mask, acc[r]);
+    _mm512_mask_storeu_ps(
+        y + (i0 + r) * w.out_stride + w.out_offset + t * kTileRows, mask,
+        acc[r]);
   }
 }
 
@@ -494,69 +461,10 @@ void Q8TileAvx512(const QuantTiles& w, int64_t t, const QuantizedActs& a,
   StoreTileRows<kMr>(w, t, i0, acc, y);
 }
 
-// I8S16: quants as Q8_0, but a scale (and offset) per 16-element half, so
-// each half keeps its own int32 sum; dot - 128 sum(a) is exact in int32.
-template <bool kOffsets, int kMr>
-void I8S16TileAvx512(const QuantTiles& w, int64_t t, const QuantizedActs& a,
-                     int64_t i0, float* y) {
-  const int64_t nb = w.nb;
-  const uint8_t* tile = w.Tile(t);
-  const auto* scales = reinterpret_cast<const float*>(tile + nb * 512);
-  constexpr int64_t kPerBlock = kOffsets ? 64 : 32;  // floats
-  const TilePrefetch prefetch(w);
-  __m512 acc[kMr];
-#pragma GCC unroll 8
-  for (int r = 0; r < kMr; ++r) acc[r] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* qb = tile + b * 512;
-    const float* sb = scales + b * kPerBlock;
-    prefetch.Lines4(qb);
-    prefetch.Lines4(qb + 256);
-    prefetch.Line(sb);
-    prefetch.Line(sb + 16);
-    __m512i wq[8];
-#pragma GCC unroll 8
-    for (int g = 0; g < 8; ++g) wq[g] = _mm512_load_si512(qb + g * 64);
-    const __m512 s0 = _mm512_load_ps(sb);
-    const __m512 s1 = _mm512_load_ps(sb + 16);
-    __m512 o0 = _mm512_setzero_ps();
-    __m512 o1 = _mm512_setzero_ps();
-    if constexpr (kOffsets) {
-      o0 = _mm512_load_ps(sb + 32);
-      o1 = _mm512_load_ps(sb + 48);
-    }
-#pragma GCC unroll 8
-    for (int r = 0; r < kMr; ++r) {
-      const int8_t* aq = a.Row(i0 + r) + b * kQBlock;
-      const ActScale& sc = a.Scales(i0 + r)[b];
-      __m512i lo = _mm512_set1_epi32(-128 * sc.sum_lo);
-      __m512i hi = _mm512_set1_epi32(-128 * sc.sum_hi);
-#pragma GCC unroll 8
-      for (int g = 0; g < 4; ++g) {
-        lo = _mm512_dpbusd_epi32(lo, wq[g], Bcast4(aq + 4 * g));
-        hi = _mm512_dpbusd_epi32(hi, wq[g + 4], Bcast4(aq + 16 + 4 * g));
-      }
-      __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(lo), s0);
-      v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), s1, v);
-      acc[r] = _mm512_fmadd_ps(v, _mm512_set1_ps(sc.d), acc[r]);
-      if constexpr (kOffsets) {
-        acc[r] = _mm512_fmadd_ps(
-            o0, _mm512_set1_ps(static_cast<float>(sc.sum_lo) * sc.d), acc[r]);
-        acc[r] = _mm512_fmadd_ps(
-            o1, _mm512_set1_ps(static_cast<float>(sc.sum_hi) * sc.d), acc[r]);
-      }
-    }
-  }
-  StoreTileRows<kMr>(w, t, i0, acc, y);
-}
-
 template <int kMr>
 void TileAvx512(const QuantTiles& w, int64_t t, const QuantizedActs& a,
                 int64_t i0, float* y) {
   switch (w.kind) {
-    case QuantKind::kI8S16:
-      if (w.has_offsets) return I8S16TileAvx512<true, kMr>(w, t, a, i0, y);
-      return I8S16TileAvx512<false, kMr>(w, t, a, i0, y);
     case QuantKind::kQ4_0:
       return NibbleTileAvx512<QuantKind::kQ4_0, kMr>(w, t, a, i0, y);
     case QuantKind::kQ4_1:
@@ -646,16 +554,21 @@ void QuantizeActivations(const float* x, int64_t m, int64_t cols,
 
 void QuantMatMul(const QuantizedActs& a, const QuantTiles& w, float* y,
                  bool portable) {
-  ParallelFor(w.num_tiles, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t t = lo; t < hi; ++t) {
-#ifdef KVSERVE_QUANT_VNNI
-      if (!portable) {
-        TileAllRows(w, t, a, y);
-        continue;
-      }
-#endif
-      TileAllRowsScalar(w, t, a, y);
+  // Tile t of the whole matrix: of w, or of the segment that holds it.
+  const auto tile = [&](int64_t t) {
+    const QuantTiles* seg = &w;
+    for (const QuantTiles& s : w.segments) {
+      seg = &s;
+      if (t < s.num_tiles) break;
+      t -= s.num_tiles;
     }
+#ifdef KVSERVE_QUANT_VNNI
+    if (!portable) return TileAllRows(*seg, t, a, y);
+#endif
+    TileAllRowsScalar(*seg, t, a, y);
+  };
+  ParallelFor(w.num_tiles, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t t = lo; t < hi; ++t) tile(t);
   });
 }
 

@@ -33,11 +33,8 @@ struct QuantRows {
 };
 
 // Packs the row-wise concatenation of `parts`, each of `cols` elements per
-// row. The tile kind follows the types: one type of Q4_0, Q4_1 or Q8_0 keeps
-// its own; other 4-bit mixes (Q4_0, Q4_1, Q4_K) go to Q4_1 tiles; Q5_0 (alone
-// or with Q4_0) to Q5_0 tiles; 5-bit mixes (Q5_1, Q5_K and any of the
-// above) to Q5_1 tiles; anything else to exact I8S16 tiles. Q4_K and Q5_K's
-// per-32 scales and mins are rounded to fp16 (relative error <= 2^-11).
+// row: rows of one type in that type's kind, several types as one segment
+// per run of a type (matmul_internal.h).
 [[nodiscard]] absl::StatusOr<QuantTiles> PackQuantTiles(
     const std::vector<QuantRows>& parts, int64_t cols);
 

@@ -1,12 +1,12 @@
 // Packing of ggml rows into QuantTiles (models/cpu/matmul_internal.h says
-// the layout). Q4_0, Q4_1 and Q8_0 rows in tiles of their own type are
-// copied quant by quant; every other row goes through models/quant_blocks.h's
-// decoder, into the nibble tiles of its own type (the K-quants with their
-// integer sub-scales, IQ4_NL), of a mix of 4- and 5-bit types (Q4_1, Q5_0,
-// Q5_1) or into I8S16 tiles (the rest).
+// the layout). Q4_0, Q4_1 and Q8_0 rows are copied quant by quant; every
+// other type goes through models/quant_blocks.h's decoder into the nibble
+// tiles of its own kind. Rows of several types are packed as one segment
+// per run of a type.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -22,9 +22,6 @@ namespace {
 // Per 32-block; a K kind's fp16 scales per 256 are spread over its 8 blocks.
 size_t ScaleBytesPerBlock(const QuantTiles& w) {
   if (w.kind == QuantKind::kQ8_0) return 32;  // 16 fp16 d
-  if (w.kind == QuantKind::kI8S16) {
-    return w.has_offsets ? 256 : 128;  // 2 x 16 fp32 scales (+ offsets)
-  }
   const NibbleSpec s = SpecOf(w.kind);
   const size_t sets = s.mins ? 2 : 1;  // scales, and mins
   if (!s.super) return 32 * sets;      // 16 fp16 each
@@ -156,55 +153,25 @@ void PackSuperRow(const QuantTiles& w, GgmlType type, const uint8_t* src,
   }
 }
 
-// Decoded values of one row of `type` (one scale and offset per 32) into
-// lane r of a Q4_1, Q5_0, Q5_1 or IQ4_NL tile of `kind`, as unsigned quants
-// u = q + bias (0..15 or 0..31; IQ4_NL: code-book indices). Types without
-// mins are centred (Q4_0: q in -8..7, Q5_0: -16..15) and take the bias the
-// tile's zero point needs; the offset of a tile with mins then absorbs it
-// (m = offset - bias d, exact in fp16 for an fp16 d). Scales and offsets
-// are rounded to fp16: exact for the legacy types, relative 2^-11 for
-// Q4_K / Q5_K's products of 6-bit integers.
-void PackDecodedNibbleRow(QuantKind kind, GgmlType type, const int8_t* q,
-                          const float* scale, const float* offset, int64_t nb,
-                          int r, uint8_t* dst) {
+// Decoded values of one row (one scale and offset per 32) into lane r of a
+// Q5_0, Q5_1 or IQ4_NL tile: quants u = q + zero (IQ4_NL: code-book
+// indices), the fp16 scales and offsets as the file has them.
+void PackDecodedNibbleRow(QuantKind kind, const int8_t* q, const float* scale,
+                          const float* offset, int64_t nb, int r,
+                          uint8_t* dst) {
   const NibbleSpec s = SpecOf(kind);
   const int64_t qbytes = 256 + 64 * s.planes;
-  const int bias = HasOffsets(type) ? 0 : (s.planes == 1 ? 16 : 8);
   uint16_t* d = reinterpret_cast<uint16_t*>(dst + nb * qbytes);
   uint16_t* mins = d + nb * kTileRows;
   for (int64_t b = 0; b < nb; ++b) {
     int u[kQBlock];
     for (int k = 0; k < kQBlock; ++k) {
       const int v = q[b * kQBlock + k];
-      u[k] = s.lut ? Iq4Index(v) : v + bias;
+      u[k] = s.lut ? Iq4Index(v) : v + s.zero;
     }
     PutNibbles(u, s.planes, r, dst + b * qbytes);
     d[b * kTileRows + r] = Fp32ToFp16(scale[2 * b]);
-    if (s.mins) {
-      mins[b * kTileRows + r] =
-          Fp32ToFp16(offset[2 * b] - static_cast<float>(bias) * scale[2 * b]);
-    }
-  }
-}
-
-// Decoded values of one row into lane r of an I8S16 tile.
-void PackDecodedI8Row(const int8_t* q, const float* scale, const float* offset,
-                      int64_t nb, bool has_offsets, int r, uint8_t* dst) {
-  auto* sc = reinterpret_cast<float*>(dst + nb * 512);
-  const int64_t per_block = has_offsets ? 64 : 32;
-  for (int64_t b = 0; b < nb; ++b) {
-    const int8_t* qb = q + b * kQBlock;
-    uint8_t* out = dst + b * 512 + r * 4;
-    for (int g = 0; g < 8; ++g) {
-      for (int i = 0; i < 4; ++i) {
-        out[g * 64 + i] = static_cast<uint8_t>(qb[4 * g + i]) ^ 0x80;
-      }
-    }
-    float* s = sc + b * per_block;
-    for (int h = 0; h < 2; ++h) {
-      s[16 * h + r] = scale[2 * b + h];
-      if (has_offsets) s[32 + 16 * h + r] = offset[2 * b + h];
-    }
+    if (s.mins) mins[b * kTileRows + r] = Fp32ToFp16(offset[2 * b]);
   }
 }
 
@@ -218,11 +185,8 @@ void PackTile(const QuantTiles& w, const std::vector<QuantRows>& parts,
     const int64_t row = t * kTileRows + r;
     if (row >= w.rows) break;
     const RowRef src = FindRow(parts, w.cols, row);
-    // Q4_0, Q4_1 and Q8_0 tiles take their own type's quants as they are;
-    // every other row is decoded.
-    if ((w.kind == QuantKind::kQ4_0 && src.type == GgmlType::kQ4_0) ||
-        (w.kind == QuantKind::kQ4_1 && src.type == GgmlType::kQ4_1) ||
-        (w.kind == QuantKind::kQ8_0 && src.type == GgmlType::kQ8_0)) {
+    if (w.kind == QuantKind::kQ4_0 || w.kind == QuantKind::kQ4_1 ||
+        w.kind == QuantKind::kQ8_0) {
       PackLegacyRow(w.kind, src.data, w.nb, r, dst);
       continue;
     }
@@ -231,89 +195,58 @@ void PackTile(const QuantTiles& w, const std::vector<QuantRows>& parts,
     offset.resize(w.cols / kDecodeGroup);
     DecodeBlocks(src.type, src.data, w.cols, q.data(), scale.data(),
                  offset.data());
-    if (w.kind == QuantKind::kI8S16) {
-      PackDecodedI8Row(q.data(), scale.data(), offset.data(), w.nb,
-                       w.has_offsets, r, dst);
-    } else if (SpecOf(w.kind).super) {
+    if (SpecOf(w.kind).super) {
       PackSuperRow(w, src.type, src.data, q.data(), scale.data(), offset.data(),
                    r, dst);
     } else {
-      PackDecodedNibbleRow(w.kind, src.type, q.data(), scale.data(),
-                           offset.data(), w.nb, r, dst);
+      PackDecodedNibbleRow(w.kind, q.data(), scale.data(), offset.data(), w.nb,
+                           r, dst);
     }
   }
 }
 
-// The tile kind for a set of row types (see PackQuantTiles).
-absl::StatusOr<QuantKind> ChooseKind(const std::vector<QuantRows>& parts) {
-  bool same = true;
-  bool q4 = true;    // all 4-bit with one scale per 32
-  bool q5_0 = true;  // all Q5_0 or Q4_0: no mins
-  bool q5_1 = true;  // all 4- or 5-bit with one scale per 32
-  for (const QuantRows& p : parts) {
-    if (!IsDecodable(p.type)) {
+// The tile kind of a type's rows.
+absl::StatusOr<QuantKind> KindOf(GgmlType type) {
+  switch (type) {
+    case GgmlType::kQ4_0:
+      return QuantKind::kQ4_0;
+    case GgmlType::kQ4_1:
+      return QuantKind::kQ4_1;
+    case GgmlType::kQ5_0:
+      return QuantKind::kQ5_0;
+    case GgmlType::kQ5_1:
+      return QuantKind::kQ5_1;
+    case GgmlType::kQ8_0:
+      return QuantKind::kQ8_0;
+    case GgmlType::kIQ4_NL:
+      return QuantKind::kIQ4_NL;
+    case GgmlType::kQ2_K:
+      return QuantKind::kQ2_K;
+    case GgmlType::kQ3_K:
+      return QuantKind::kQ3_K;
+    case GgmlType::kQ4_K:
+      return QuantKind::kQ4_K;
+    case GgmlType::kQ5_K:
+      return QuantKind::kQ5_K;
+    case GgmlType::kQ6_K:
+      return QuantKind::kQ6_K;
+    case GgmlType::kIQ4_XS:
+      return QuantKind::kIQ4_XS;
+    default:
       return absl::InvalidArgumentError(
           absl::StrCat("PackQuantTiles: not a quantized type: ",
-                       std::string(TypeName(p.type))));
-    }
-    const GgmlType t = p.type;
-    same &= t == parts[0].type;
-    q4 &= t == GgmlType::kQ4_0 || t == GgmlType::kQ4_1 || t == GgmlType::kQ4_K;
-    q5_0 &= t == GgmlType::kQ4_0 || t == GgmlType::kQ5_0;
-    q5_1 &= t == GgmlType::kQ4_0 || t == GgmlType::kQ4_1 ||
-            t == GgmlType::kQ4_K || t == GgmlType::kQ5_0 ||
-            t == GgmlType::kQ5_1 || t == GgmlType::kQ5_K;
+                       std::string(TypeName(type))));
   }
-  if (same) {
-    switch (parts[0].type) {
-      case GgmlType::kQ4_0:
-        return QuantKind::kQ4_0;
-      case GgmlType::kQ8_0:
-        return QuantKind::kQ8_0;
-      case GgmlType::kIQ4_NL:
-        return QuantKind::kIQ4_NL;
-      case GgmlType::kQ2_K:
-        return QuantKind::kQ2_K;
-      case GgmlType::kQ3_K:
-        return QuantKind::kQ3_K;
-      case GgmlType::kQ4_K:
-        return QuantKind::kQ4_K;
-      case GgmlType::kQ5_K:
-        return QuantKind::kQ5_K;
-      case GgmlType::kQ6_K:
-        return QuantKind::kQ6_K;
-      case GgmlType::kIQ4_XS:
-        return QuantKind::kIQ4_XS;
-      default:
-        break;
-    }
-  }
-  if (q4) return QuantKind::kQ4_1;
-  if (q5_0) return QuantKind::kQ5_0;
-  if (q5_1) return QuantKind::kQ5_1;
-  return QuantKind::kI8S16;
 }
 
-}  // namespace
-
-absl::StatusOr<QuantTiles> PackQuantTiles(const std::vector<QuantRows>& parts,
-                                          int64_t cols) {
-  if (parts.empty()) {
-    return absl::InvalidArgumentError("PackQuantTiles: no rows");
-  }
+// Packs rows of one type.
+absl::StatusOr<QuantTiles> PackOneType(const std::vector<QuantRows>& parts,
+                                       int64_t cols) {
   QuantTiles w;
-  KV_ASSIGN_OR_RETURN(w.kind, ChooseKind(parts));
-  for (const QuantRows& p : parts) {
-    const int block = TypeTraits(p.type).block_size;
-    if (cols <= 0 || cols % block != 0 || p.rows <= 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("PackQuantTiles: bad shape ", p.rows, " x ", cols,
-                       " for ", std::string(TypeName(p.type))));
-    }
-    w.rows += p.rows;
-    w.has_offsets |= w.kind == QuantKind::kI8S16 && HasOffsets(p.type);
-  }
+  KV_ASSIGN_OR_RETURN(w.kind, KindOf(parts[0].type));
+  for (const QuantRows& p : parts) w.rows += p.rows;
   w.cols = cols;
+  w.out_stride = w.rows;
   w.nb = cols / kQBlock;
   w.num_tiles = (w.rows + kTileRows - 1) / kTileRows;
   const size_t per_block = w.QuantBytesPerBlock() + ScaleBytesPerBlock(w);
@@ -325,6 +258,41 @@ absl::StatusOr<QuantTiles> PackQuantTiles(const std::vector<QuantRows>& parts,
       PackTile(w, parts, t, w.buf.data() + t * w.tile_stride);
     }
   });
+  return w;
+}
+
+}  // namespace
+
+absl::StatusOr<QuantTiles> PackQuantTiles(const std::vector<QuantRows>& parts,
+                                          int64_t cols) {
+  if (parts.empty()) {
+    return absl::InvalidArgumentError("PackQuantTiles: no rows");
+  }
+  // Runs of one type, each packed on its own.
+  std::vector<std::vector<QuantRows>> runs;
+  for (const QuantRows& p : parts) {
+    const int block = TypeTraits(p.type).block_size;
+    if (cols <= 0 || cols % block != 0 || p.rows <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("PackQuantTiles: bad shape ", p.rows, " x ", cols,
+                       " for ", std::string(TypeName(p.type))));
+    }
+    if (runs.empty() || runs.back()[0].type != p.type) runs.emplace_back();
+    runs.back().push_back(p);
+  }
+  if (runs.size() == 1) return PackOneType(parts, cols);
+  QuantTiles w;
+  w.cols = cols;
+  w.nb = cols / kQBlock;
+  for (const std::vector<QuantRows>& run : runs) {
+    KV_ASSIGN_OR_RETURN(QuantTiles seg, PackOneType(run, cols));
+    seg.out_offset = w.rows;
+    w.rows += seg.rows;
+    w.num_tiles += seg.num_tiles;
+    w.segments.push_back(std::move(seg));
+  }
+  w.out_stride = w.rows;
+  for (QuantTiles& seg : w.segments) seg.out_stride = w.rows;
   return w;
 }
 

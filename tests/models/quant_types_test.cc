@@ -231,18 +231,13 @@ TEST_F(QuantTypesTest, PackedBitsPerWeight) {
 }
 
 // Rows of several types in one matrix, each output row as its own type's:
-// Q4_K with Q6_K and Q5_0 (I8S16 tiles, with offsets), Q4_K with Q4_1
-// (Q4_1 tiles), Q5_0 with Q4_0 (Q5_0 tiles), the 4- and 5-bit types with
-// mins (Q5_1 tiles).
+// one segment per run of a type.
 TEST_F(QuantTypesTest, MixedTypesFuseIntoOneMatrix) {
-  using cpu::internal::QuantKind;
-  using Mix = std::pair<std::vector<std::string>, QuantKind>;
-  for (const auto& [mix, kind] :
-       {Mix{{"Q4_K", "Q6_K", "Q5_0"}, QuantKind::kI8S16},
-        Mix{{"Q4_K", "Q4_1"}, QuantKind::kQ4_1},
-        Mix{{"Q5_0", "Q4_0"}, QuantKind::kQ5_0},
-        Mix{{"Q5_K", "Q4_0", "Q5_1", "Q4_K", "Q5_0"}, QuantKind::kQ5_1},
-        Mix{{"Q6_K", "IQ4_XS"}, QuantKind::kI8S16}}) {
+  using Mix = std::pair<std::vector<std::string>, size_t>;
+  for (const auto& [mix, segments] :
+       {Mix{{"Q4_K", "Q6_K", "Q5_0"}, 3}, Mix{{"Q4_K", "Q4_K", "Q6_K"}, 2},
+        Mix{{"Q5_K", "Q4_0", "Q5_1", "Q4_1", "Q8_0"}, 5},
+        Mix{{"Q6_K", "IQ4_XS", "IQ4_NL", "Q2_K", "Q3_K"}, 5}}) {
     std::vector<RawTensor> parts;
     std::vector<cpu::internal::QuantRows> rows_of;
     std::vector<float> ref;
@@ -255,7 +250,7 @@ TEST_F(QuantTypesTest, MixedTypesFuseIntoOneMatrix) {
     absl::StatusOr<cpu::internal::QuantTiles> tiles =
         cpu::internal::PackQuantTiles(rows_of, kCols);
     ASSERT_TRUE(tiles.ok()) << tiles.status();
-    EXPECT_EQ(tiles->kind, kind) << mix[0];
+    EXPECT_EQ(tiles->segments.size(), segments) << mix[0];
     absl::StatusOr<cpu::PackedMatrix> w = cpu::PackQuantizedRows(parts);
     ASSERT_TRUE(w.ok()) << w.status();
     const int64_t rows = kRows * static_cast<int64_t>(mix.size());
@@ -264,6 +259,12 @@ TEST_F(QuantTypesTest, MixedTypesFuseIntoOneMatrix) {
     std::vector<float> y(4 * rows);
     cpu::MatMul(x.data(), 4, *w, y.data());
     EXPECT_LE(RelativeError(y, ref, x, 4, rows), 5e-3) << mix[0];
+    // The portable kernels walk the segments the same way.
+    cpu::internal::QuantizedActs acts;
+    cpu::internal::QuantizeActivations(x.data(), 4, kCols, &acts, true);
+    std::vector<float> y2(4 * rows);
+    cpu::internal::QuantMatMul(acts, *tiles, y2.data(), true);
+    EXPECT_LE(RelativeError(y2, ref, x, 4, rows), 5e-3) << mix[0];
   }
 }
 
