@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """kvserve against llama.cpp on the GGUF quantization mixes people download.
 
-For each --types mix, llama.cpp's llama-quantize requantizes the default model
-(SmolLM2-135M-Instruct Q4_1) into that mix; then on the same file:
+For each --types mix, llama.cpp's llama-quantize requantizes --source (default:
+the default model, SmolLM2-135M-Instruct Q4_1; tools/make_synthetic_gguf.py
+writes one whose rows take K-quants) into that mix; then on the same file:
   1. llama-server greedily continues a fixed prompt for --steps tokens (the
      reference sequence, with its top log-probabilities);
   2. kvserve's daemon, teacher-forced on that sequence, predicts each next
@@ -11,10 +12,10 @@ For each --types mix, llama.cpp's llama-quantize requantizes the default model
 It prints, per mix: the tensor types in the file, the share of steps where
 kvserve's greedy token equals llama.cpp's, and the mean and largest
 |log-probability difference| of the reference token where both report it.
-The source Q4_1 file is the first row, as the baseline of the same method.
+The source file is the first row, as the baseline of the same method.
 
     tools/quant_parity.py [--types Q4_K_M,Q5_K_M,Q6_K,Q3_K_M,Q2_K,IQ4_XS]
-                          [--steps 256] [--threads 2] [--json]
+                          [--steps 256] [--threads 2] [--source GGUF] [--json]
 
 Needs deploy/setup.sh --bench (build-llama/bin/llama-quantize and
 llama-server) and a built kvserve (build/server/kvserve).
@@ -42,11 +43,11 @@ PROMPT_CHARS = 600
 
 
 def quantize(args, qtype):
-    """The default model requantized to `qtype` (cached in --workdir)."""
-    if qtype == "Q4_1":
+    """--source requantized to `qtype` (cached in --workdir); None: itself."""
+    if qtype is None:
         return args.source
-    out = os.path.join(args.workdir,
-                       f"SmolLM2-135M-Instruct.{qtype}.requant.gguf")
+    stem = os.path.basename(args.source).split(".")[0]
+    out = os.path.join(args.workdir, f"{stem}.{qtype}.requant.gguf")
     if not os.path.exists(out):
         tmp = out + ".tmp"
         run = subprocess.run(
@@ -154,8 +155,9 @@ def main(argv=None):
                                 tempfile.mkdtemp(prefix="kvserve_proto_"))
     rows = []
     try:
-        for qtype in ["Q4_1"] + [t for t in args.types.split(",") if t]:
+        for qtype in [None] + [t for t in args.types.split(",") if t]:
             path = quantize(args, qtype)
+            qtype = qtype or "source"
             prompt, ref, ref_probs = llama_reference(args, path, prompt_text)
             preds, probs = kvserve_forced(args, path, prompt, ref, pb,
                                           pb_grpc)

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/check.h"
 #include "common/parallel.h"
 #include "models/quant_blocks.h"
 
@@ -553,7 +554,12 @@ void QuantizeActivations(const float* x, int64_t m, int64_t cols,
 }
 
 void QuantMatMul(const QuantizedActs& a, const QuantTiles& w, float* y,
-                 bool portable) {
+                 QuantIsa isa) {
+  static const bool avx2 = HaveAvx2Kernels();
+  const bool vnni = isa == QuantIsa::kBest && HaveVnniKernels();
+  const bool use_avx2 =
+      isa == QuantIsa::kAvx2 || (isa == QuantIsa::kBest && !vnni && avx2);
+  KV_CHECK(!use_avx2 || avx2, "QuantMatMul: no AVX2 on this CPU");
   // Tile t of the whole matrix: of w, or of the segment that holds it.
   const auto tile = [&](int64_t t) {
     const QuantTiles* seg = &w;
@@ -563,8 +569,9 @@ void QuantMatMul(const QuantizedActs& a, const QuantTiles& w, float* y,
       t -= s.num_tiles;
     }
 #ifdef KVSERVE_QUANT_VNNI
-    if (!portable) return TileAllRows(*seg, t, a, y);
+    if (vnni) return TileAllRows(*seg, t, a, y);
 #endif
+    if (use_avx2) return TileAllRowsAvx2(*seg, t, a, y);
     TileAllRowsScalar(*seg, t, a, y);
   };
   ParallelFor(w.num_tiles, 1, [&](int64_t lo, int64_t hi) {

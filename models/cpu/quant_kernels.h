@@ -70,12 +70,26 @@ struct QuantizedActs {
 void QuantizeActivations(const float* x, int64_t m, int64_t cols,
                          QuantizedActs* out, bool portable = false);
 
+// Which kernels QuantMatMul runs. kBest: AVX-512 VNNI where compiled in,
+// else AVX2 where this CPU has it, else the portable scalar code. The others
+// force theirs (tests; kAvx2 only where HaveAvx2Kernels()).
+enum class QuantIsa { kBest, kAvx2, kPortable };
+
 // y[i, r] = sum_k x[i, k] W[r, k] for all rows r of w (y row stride =
 // w.rows); x given quantized. Parallel over tiles.
 void QuantMatMul(const QuantizedActs& a, const QuantTiles& w, float* y,
-                 bool portable = false);
+                 QuantIsa isa = QuantIsa::kBest);
 
 // True when the AVX-512 VNNI kernels were compiled in.
 bool HaveVnniKernels();
+
+// True on an x86 CPU with AVX2, FMA and F16C (the AVX2 kernels, compiled
+// into every x86 build, can run).
+bool HaveAvx2Kernels();
+
+// Tile t of w (not segmented) against every row of `a`, by the AVX2 kernels
+// (models/cpu/quant_kernels_avx2.cc).
+void TileAllRowsAvx2(const QuantTiles& w, int64_t t, const QuantizedActs& a,
+                     float* y);
 
 }  // namespace kvserve::models::cpu::internal

@@ -316,7 +316,8 @@ TEST(MatMulTest, PortableKernelsMatch) {
     internal::QuantizeActivations(x.data(), 6, 96, &portable, true);
     std::vector<float> y1(6 * 35), y2(6 * 35);
     internal::QuantMatMul(simd, *tiles, y1.data());
-    internal::QuantMatMul(portable, *tiles, y2.data(), true);
+    internal::QuantMatMul(portable, *tiles, y2.data(),
+                          internal::QuantIsa::kPortable);
     const std::vector<double> ref = MatMulReference(x, 6, w);
     EXPECT_LE(ScaledError(y1, ref, x, 6, w), 1e-2) << TypeName(type);
     EXPECT_LE(ScaledError(y2, ref, x, 6, w), 1e-2) << TypeName(type);

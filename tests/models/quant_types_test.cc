@@ -4,7 +4,7 @@
 // numpy code, read back through kvserve's GGUF reader. Dequantization must
 // equal the reference to the bit; the packed int8 matmul must match the
 // float64 product of the reference values within the error of int8
-// activations, on the VNNI and the portable kernels, and for a fused matrix
+// activations, on the VNNI, AVX2 and portable kernels, and for a fused matrix
 // of mixed types (as K-quant mixes store Q, K and V).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -173,7 +173,12 @@ TEST_F(QuantTypesTest, PackingIsExactOnInt8Activations) {
   }
 }
 
-TEST_F(QuantTypesTest, PortableKernelsMatchVnni) {
+// The AVX2 and portable kernels compute what the best ones (AVX-512 VNNI
+// here) compute, up to fp32 rounding, for every kind; 5 activation rows
+// cover the AVX2 kernels' passes of 4 and of 1.
+TEST_F(QuantTypesTest, Avx2AndPortableKernelsMatchBest) {
+  using cpu::internal::QuantIsa;
+  ASSERT_TRUE(cpu::internal::HaveAvx2Kernels()) << "an x86 CPU with AVX2";
   for (const char* type : kTypes) {
     const RawTensor q = Get(absl::StrCat(type, ".q"));
     absl::StatusOr<cpu::internal::QuantTiles> tiles =
@@ -183,12 +188,16 @@ TEST_F(QuantTypesTest, PortableKernelsMatchVnni) {
     cpu::internal::QuantizedActs simd, portable;
     cpu::internal::QuantizeActivations(x.data(), 5, kCols, &simd);
     cpu::internal::QuantizeActivations(x.data(), 5, kCols, &portable, true);
-    std::vector<float> y1(5 * kRows), y2(5 * kRows);
+    std::vector<float> y1(5 * kRows), y2(5 * kRows), y3(5 * kRows);
     cpu::internal::QuantMatMul(simd, *tiles, y1.data());
-    cpu::internal::QuantMatMul(portable, *tiles, y2.data(), true);
+    cpu::internal::QuantMatMul(portable, *tiles, y2.data(),
+                               QuantIsa::kPortable);
+    cpu::internal::QuantMatMul(simd, *tiles, y3.data(), QuantIsa::kAvx2);
     for (size_t i = 0; i < y1.size(); ++i) {
       ASSERT_NEAR(y1[i], y2[i], 1e-4f * (1.0f + std::fabs(y1[i])))
-          << type << " " << i;
+          << type << " portable " << i;
+      ASSERT_NEAR(y1[i], y3[i], 1e-4f * (1.0f + std::fabs(y1[i])))
+          << type << " avx2 " << i;
     }
   }
 }
@@ -259,11 +268,15 @@ TEST_F(QuantTypesTest, MixedTypesFuseIntoOneMatrix) {
     std::vector<float> y(4 * rows);
     cpu::MatMul(x.data(), 4, *w, y.data());
     EXPECT_LE(RelativeError(y, ref, x, 4, rows), 5e-3) << mix[0];
-    // The portable kernels walk the segments the same way.
+    // The portable and AVX2 kernels walk the segments the same way.
     cpu::internal::QuantizedActs acts;
     cpu::internal::QuantizeActivations(x.data(), 4, kCols, &acts, true);
     std::vector<float> y2(4 * rows);
-    cpu::internal::QuantMatMul(acts, *tiles, y2.data(), true);
+    cpu::internal::QuantMatMul(acts, *tiles, y2.data(),
+                               cpu::internal::QuantIsa::kPortable);
+    EXPECT_LE(RelativeError(y2, ref, x, 4, rows), 5e-3) << mix[0];
+    cpu::internal::QuantMatMul(acts, *tiles, y2.data(),
+                               cpu::internal::QuantIsa::kAvx2);
     EXPECT_LE(RelativeError(y2, ref, x, 4, rows), 5e-3) << mix[0];
   }
 }

@@ -1,0 +1,271 @@
+// The AVX2 kernels of the int8 GEMM path, for x86 CPUs without AVX-512
+// VNNI: the same QuantTiles (matmul_internal.h) and activations, half a tile
+// (8 rows, one int32 lane each) at a time. Compiled into every x86 build
+// (for AVX2 + FMA + F16C, whatever the build's target), run where the AVX-512
+// VNNI kernels are not compiled in and the CPU has them (HaveAvx2Kernels),
+// and by the tests on any x86 machine with AVX2.
+//
+// Without VPDPBUSD, 4-byte dot products are VPMADDUBSW (u8 x s8 pairs to
+// saturating int16) then VPMADDWD against ones. Unsigned nibbles (u <= 63)
+// never saturate a pair (63 * 127 * 2 < 2^15); Q8_0 and the IQ4 code book
+// are signed bytes up to 128 in magnitude, so they go through the sign trick
+// (|w| x sign(a, w)), which stays under 128 * 127 * 2 and needs no zero
+// point.
+// NOTE: GCC 12 reports false (maybe-)uninitialized warnings inside its
+// intrinsic headers (GCC bug 105593); this file only.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
+#include "models/cpu/quant_kernels.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+
+#include "models/quant_blocks.h"
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+
+namespace kvserve::models::cpu::internal {
+namespace {
+
+constexpr int kMaxMr = 4;  // activation rows per pass over a half tile
+
+// The IQ4 code book as signed bytes, twice (one copy per 128-bit lane).
+alignas(32) constexpr std::array<int8_t, 32> kIq4Lut = [] {
+  std::array<int8_t, 32> t{};
+  for (int i = 0; i < 32; ++i) t[i] = kIq4NlValues[i % 16];
+  return t;
+}();
+
+// Bit j of m as byte j of the result: 0xff when set.
+inline __m256i BitsToBytes(uint32_t m) {
+  const __m256i shuf =
+      _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2,
+                       2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+  const __m256i sel = _mm256_set1_epi64x(0x8040201008040201LL);
+  const __m256i v =
+      _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(m)), shuf);
+  return _mm256_cmpeq_epi8(_mm256_and_si256(v, sel), sel);
+}
+
+// The 32 weights of block `qb` for rows [8 hf, 8 hf + 8) as 8 vectors of
+// 4-byte groups: w[g] elements 4g.. (g < 4: first 16; g >= 4: the rest as
+// 16 + 4(g - 4)). Unsigned u for the nibble kinds, signed for Q8_0 and the
+// code book.
+template <QuantKind kKind>
+inline void LoadHalf(const uint8_t* qb, int hf, __m256i* w) {
+  if constexpr (kKind == QuantKind::kQ8_0) {
+    const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+    for (int g = 0; g < 8; ++g) {
+      w[g] = _mm256_xor_si256(
+          _mm256_load_si256(
+              reinterpret_cast<const __m256i*>(qb + g * 64 + hf * 32)),
+          flip);
+    }
+  } else {
+    constexpr NibbleSpec kS = SpecOf(kKind);
+    const __m256i low = _mm256_set1_epi8(0x0f);
+    for (int g = 0; g < 4; ++g) {
+      const __m256i v = _mm256_load_si256(
+          reinterpret_cast<const __m256i*>(qb + g * 64 + hf * 32));
+      w[g] = _mm256_and_si256(v, low);
+      w[4 + g] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+      for (int p = 0; p < kS.planes; ++p) {
+        const __m256i bit = _mm256_set1_epi8(static_cast<char>(16 << p));
+        for (int h = 0; h < 2; ++h) {
+          uint64_t mask;
+          std::memcpy(&mask, qb + 256 + 64 * p + 8 * (4 * h + g), 8);
+          const __m256i on =
+              BitsToBytes(static_cast<uint32_t>(mask >> (32 * hf)));
+          w[4 * h + g] =
+              _mm256_add_epi8(w[4 * h + g], _mm256_and_si256(on, bit));
+        }
+      }
+      if constexpr (kS.lut) {
+        const __m256i lut =
+            _mm256_load_si256(reinterpret_cast<const __m256i*>(kIq4Lut.data()));
+        w[g] = _mm256_shuffle_epi8(lut, w[g]);
+        w[4 + g] = _mm256_shuffle_epi8(lut, w[4 + g]);
+      }
+    }
+  }
+}
+
+inline __m256i Bcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+
+// Sums of the 4-byte products of w and the activations broadcast from a.
+template <bool kSigned>
+inline __m256i Dot4(__m256i w, const int8_t* a) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i x = Bcast4(a);
+  const __m256i p = kSigned ? _mm256_maddubs_epi16(_mm256_sign_epi8(w, w),
+                                                   _mm256_sign_epi8(x, w))
+                            : _mm256_maddubs_epi16(w, x);
+  return _mm256_madd_epi16(p, ones);
+}
+
+inline __m256 Fp16x8(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline __m256 Ints8(const void* p, bool is_signed) {
+  const __m128i v = _mm_loadl_epi64(static_cast<const __m128i*>(p));
+  return _mm256_cvtepi32_ps(is_signed ? _mm256_cvtepi8_epi32(v)
+                                      : _mm256_cvtepu8_epi32(v));
+}
+
+// Rows [8 hf, 8 hf + 8) of tile t against activation rows [i0, i0 + kMr).
+template <QuantKind kKind, int kMr>
+void HalfTile(const QuantTiles& w, int64_t t, int hf, const QuantizedActs& a,
+              int64_t i0, float* y) {
+  constexpr bool kQ8 = kKind == QuantKind::kQ8_0;
+  constexpr NibbleSpec kS = kQ8 ? NibbleSpec{} : SpecOf(kKind);
+  constexpr bool kSigned = kQ8 || kS.lut;
+  constexpr int kZero = kSigned ? 0 : kS.zero;
+  constexpr int kH = kS.halves;
+  const int64_t nb = w.nb;
+  const int64_t qbytes = w.QuantBytesPerBlock();
+  const uint8_t* tile = w.Tile(t);
+  // Legacy scales: fp16 d (and m) per block; K kinds: see matmul_internal.h.
+  const auto* ds = reinterpret_cast<const uint16_t*>(tile + nb * qbytes);
+  const uint16_t* ms = ds + nb * kTileRows;
+  const int64_t n_subs = nb * kH * kTileRows;
+  const auto* subs = reinterpret_cast<const int8_t*>(tile + nb * qbytes);
+  const uint8_t* mins = reinterpret_cast<const uint8_t*>(subs) + n_subs;
+  const auto* sd =
+      reinterpret_cast<const uint16_t*>(mins + (kS.mins ? n_subs : 0));
+  const uint16_t* sdmin = sd + nb / 8 * kTileRows;
+  __m256 acc[kMr];
+  for (int r = 0; r < kMr; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    __m256i wq[8];
+    LoadHalf<kKind>(tile + b * qbytes, hf, wq);
+    __m256 dd[2], mm[2];
+    if constexpr (kS.super) {
+      const __m256 d = Fp16x8(sd + b / 8 * kTileRows + 8 * hf);
+      for (int h = 0; h < kH; ++h) {
+        const int64_t at = (b * kH + h) * kTileRows + 8 * hf;
+        dd[h] = _mm256_mul_ps(Ints8(subs + at, true), d);
+        if constexpr (kS.mins) {
+          mm[h] = _mm256_mul_ps(Ints8(mins + at, false),
+                                Fp16x8(sdmin + b / 8 * kTileRows + 8 * hf));
+        }
+      }
+    } else {
+      dd[0] = Fp16x8(ds + b * kTileRows + 8 * hf);
+      if constexpr (kS.mins) mm[0] = Fp16x8(ms + b * kTileRows + 8 * hf);
+    }
+    for (int r = 0; r < kMr; ++r) {
+      const int8_t* aq = a.Row(i0 + r) + b * kQBlock;
+      const ActScale& sc = a.Scales(i0 + r)[b];
+      __m256i s0 = _mm256_set1_epi32(-kZero * sc.sum_lo);
+      __m256i s1 = _mm256_set1_epi32(-kZero * sc.sum_hi);
+      for (int g = 0; g < 4; ++g) {
+        s0 = _mm256_add_epi32(s0, Dot4<kSigned>(wq[g], aq + 4 * g));
+        s1 = _mm256_add_epi32(s1, Dot4<kSigned>(wq[4 + g], aq + 16 + 4 * g));
+      }
+      const __m256 ad = _mm256_set1_ps(sc.d);
+      if constexpr (kH == 2) {
+        __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(s0), dd[0]);
+        v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), dd[1], v);
+        acc[r] = _mm256_fmadd_ps(v, ad, acc[r]);
+        if constexpr (kS.mins) {
+          acc[r] = _mm256_fnmadd_ps(
+              mm[0], _mm256_set1_ps(static_cast<float>(sc.sum_lo) * sc.d),
+              acc[r]);
+          acc[r] = _mm256_fnmadd_ps(
+              mm[1], _mm256_set1_ps(static_cast<float>(sc.sum_hi) * sc.d),
+              acc[r]);
+        }
+      } else {
+        const __m256 f = _mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1));
+        acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(f, dd[0]), ad, acc[r]);
+        if constexpr (kS.mins) {
+          // Legacy mins add d-scaled offsets; K mins are subtracted.
+          const __m256 s = _mm256_set1_ps(sc.s);
+          acc[r] = kS.super ? _mm256_fnmadd_ps(mm[0], s, acc[r])
+                            : _mm256_fmadd_ps(mm[0], s, acc[r]);
+        }
+      }
+    }
+  }
+  const int64_t first = t * kTileRows + 8 * hf;
+  const int64_t valid = std::clamp<int64_t>(w.rows - first, 0, 8);
+  for (int r = 0; r < kMr; ++r) {
+    alignas(32) float out[8];
+    _mm256_store_ps(out, acc[r]);
+    float* dst = y + (i0 + r) * w.out_stride + w.out_offset + first;
+    std::copy_n(out, valid, dst);
+  }
+}
+
+template <QuantKind kKind>
+void AllRows(const QuantTiles& w, int64_t t, const QuantizedActs& a, float* y) {
+  for (int hf = 0; hf < 2; ++hf) {
+    if (t * kTileRows + 8 * hf >= w.rows) break;
+    int64_t i0 = 0;
+    for (; i0 + kMaxMr <= a.m; i0 += kMaxMr) {
+      HalfTile<kKind, kMaxMr>(w, t, hf, a, i0, y);
+    }
+    for (; i0 < a.m; ++i0) HalfTile<kKind, 1>(w, t, hf, a, i0, y);
+  }
+}
+
+}  // namespace
+
+bool HaveAvx2Kernels() {
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+         __builtin_cpu_supports("f16c");
+}
+
+void TileAllRowsAvx2(const QuantTiles& w, int64_t t, const QuantizedActs& a,
+                     float* y) {
+  switch (w.kind) {
+    case QuantKind::kQ4_0:
+      return AllRows<QuantKind::kQ4_0>(w, t, a, y);
+    case QuantKind::kQ4_1:
+      return AllRows<QuantKind::kQ4_1>(w, t, a, y);
+    case QuantKind::kQ5_0:
+      return AllRows<QuantKind::kQ5_0>(w, t, a, y);
+    case QuantKind::kQ5_1:
+      return AllRows<QuantKind::kQ5_1>(w, t, a, y);
+    case QuantKind::kIQ4_NL:
+      return AllRows<QuantKind::kIQ4_NL>(w, t, a, y);
+    case QuantKind::kQ8_0:
+      return AllRows<QuantKind::kQ8_0>(w, t, a, y);
+    case QuantKind::kQ2_K:
+      return AllRows<QuantKind::kQ2_K>(w, t, a, y);
+    case QuantKind::kQ3_K:
+      return AllRows<QuantKind::kQ3_K>(w, t, a, y);
+    case QuantKind::kQ4_K:
+      return AllRows<QuantKind::kQ4_K>(w, t, a, y);
+    case QuantKind::kQ5_K:
+      return AllRows<QuantKind::kQ5_K>(w, t, a, y);
+    case QuantKind::kQ6_K:
+      return AllRows<QuantKind::kQ6_K>(w, t, a, y);
+    case QuantKind::kIQ4_XS:
+      return AllRows<QuantKind::kIQ4_XS>(w, t, a, y);
+  }
+}
+
+}  // namespace kvserve::models::cpu::internal
+
+#pragma GCC pop_options
+
+#else  // not x86
+
+namespace kvserve::models::cpu::internal {
+bool HaveAvx2Kernels() { return false; }
+void TileAllRowsAvx2(const QuantTiles&, int64_t, const QuantizedActs&, float*) {
+}
+}  // namespace kvserve::models::cpu::internal
+
+#endif
