@@ -36,12 +36,17 @@ enum class QuantKind {
 // weight = scale * (u - zero) - min, u the nibble plus its bit planes (or
 // the IQ4 code book's value + 128 at the nibble).
 struct NibbleSpec {
-  int planes = 0;      // bit planes above the nibble: bit 4, bit 5
-  bool lut = false;    // the nibble indexes kIq4NlValues
-  int zero = 0;        // subtracted from u
-  bool mins = false;   // an offset per scale group
-  bool super = false;  // int8 sub-scales (u8 mins) x fp16 d (dmin) per 256
-  int halves = 1;      // sub-scales per 32-block (super only): 1 or 2
+  int base = 4;         // bits of u in the base field: 4 (nibbles) or 2
+  int planes = 0;       // bit planes above the base field
+  bool lut = false;     // the nibble indexes kIq4NlValues
+  int zero = 0;         // subtracted from u
+  bool mins = false;    // an offset per scale group
+  bool super = false;   // int8 sub-scales (u8 mins) x fp16 d (dmin) per 256
+  int halves = 1;       // sub-scales per 32-block (super only): 1 or 2
+  bool packed = false;  // a 4-bit sub-scale and min in one byte (Q2_K)
+
+  // Bytes of a block's quants (base field and planes) in a tile.
+  constexpr int64_t QuantBytes() const { return 64 * base + 64 * planes; }
 };
 constexpr NibbleSpec SpecOf(QuantKind k) {
   switch (k) {
@@ -56,9 +61,10 @@ constexpr NibbleSpec SpecOf(QuantKind k) {
     case QuantKind::kIQ4_NL:
       return {.lut = true, .zero = 128};
     case QuantKind::kQ2_K:
-      return {.mins = true, .super = true, .halves = 2};
+      return {
+          .base = 2, .mins = true, .super = true, .halves = 2, .packed = true};
     case QuantKind::kQ3_K:
-      return {.zero = 4, .super = true, .halves = 2};
+      return {.base = 2, .planes = 1, .zero = 4, .super = true, .halves = 2};
     case QuantKind::kQ4_K:
       return {.mins = true, .super = true};
     case QuantKind::kQ5_K:
@@ -86,14 +92,19 @@ inline constexpr int64_t kQBlock = 32;
 //   [quants: nb x QB][sub-scales: nb x halves x 16 int8, [b][h][r]]
 //   [mins: as the sub-scales, u8, with mins][d: nb/8 x 16 fp16][dmin: same]
 //
+// (packed: sub-scale | min << 4 in the sub-scale byte, no mins array).
+//
 // For block b, the quants are groups g of 64 bytes = 16 rows x 4 bytes; lane
 // r of group g holds 4 consecutive k of row r, which is what one VPDPBUSD
 // consumes against 4 activation bytes broadcast to all lanes:
-//   nibble kinds (QB = 256 + 64 planes, g = 0..3): byte i of (g, r): low
-//     nibble = k 4g + i, high nibble = k 16 + 4g + i (for Q4_0/Q4_1 ggml's
-//     qs[4g + i]); then per plane p eight 64-bit masks at 256 + 64p: mask
-//     4h + g, bit 4r + i = bit 4 + p of element 16h + 4g + i of row r, so a
-//     masked byte add completes the nibbles of group g, half h.
+//   nibble kinds, 4-bit base (QB = 256 + 64 planes, g = 0..3): byte i of
+//     (g, r): low nibble = k 4g + i, high nibble = k 16 + 4g + i (for
+//     Q4_0/Q4_1 ggml's qs[4g + i]);
+//   2-bit base (QB = 128 + 64 planes): byte i of (h, r), h = 0, 1: bits
+//     2g, 2g + 1 = k 16h + 4g + i;
+//   then per plane p eight 64-bit masks at 64 base + 64p: mask 4h + g, bit
+//     4r + i = bit base + p of element 16h + 4g + i of row r, so a masked
+//     byte add completes group g of half h.
 //   Q8_0 (QB = 512, g = 0..7): byte i of (g, r) = q[4g + i] + 128 (unsigned).
 //
 // Rows of several types (Q and K in Q4_K, V in Q6_K, as the K-quant mixes
@@ -123,7 +134,7 @@ struct QuantTiles {
 
   int64_t QuantBytesPerBlock() const {
     if (kind == QuantKind::kQ8_0) return 512;
-    return 256 + 64 * SpecOf(kind).planes;
+    return SpecOf(kind).QuantBytes();
   }
   const uint8_t* Tile(int64_t t) const {
     return buf.data() + static_cast<size_t>(t) * tile_stride;

@@ -51,31 +51,42 @@ int WeightQuant(const QuantTiles& w, const uint8_t* qb, int r, int k) {
     return qb[(k / 4) * 64 + r * 4 + k % 4];
   }
   const NibbleSpec s = SpecOf(w.kind);
-  const int j = k % 16;
-  const uint8_t byte = qb[(j / 4) * 64 + r * 4 + j % 4];
-  int u = k < 16 ? (byte & 0x0f) : (byte >> 4);
+  const int h = k / 16, g = k % 16 / 4, i = k % 4;
+  int u = s.base == 4 ? (qb[g * 64 + r * 4 + i] >> 4 * h) & 0x0f
+                      : (qb[h * 64 + r * 4 + i] >> 2 * g) & 0x03;
   for (int p = 0; p < s.planes; ++p) {
     uint64_t mask;
-    std::memcpy(&mask, qb + 256 + 64 * p + 8 * ((k / 16) * 4 + j / 4), 8);
-    u |= static_cast<int>(((mask >> (4 * r + j % 4)) & 1) << (4 + p));
+    std::memcpy(&mask, qb + 64 * s.base + 64 * p + 8 * (4 * h + g), 8);
+    u |= static_cast<int>(((mask >> (4 * r + i)) & 1) << (s.base + p));
   }
   return s.lut ? kIq4NlValues[u] + 128 : u;
 }
 
-// Where a K tile's per-block sub-scales, mins and per-256 d, dmin lie.
+// Where a K tile's per-block sub-scales, mins and per-256 d, dmin lie
+// (packed: both in the sub-scale bytes, `mins` = `subs`).
 struct SuperLayout {
   const int8_t* subs;    // [b][h][r]
   const uint8_t* mins;   // [b][h][r]
   const uint16_t* d;     // [b / 8][r]
   const uint16_t* dmin;  // [b / 8][r]
+
+  int Sub(const NibbleSpec& s, int64_t at) const {
+    return s.packed ? static_cast<uint8_t>(subs[at]) & 15 : subs[at];
+  }
+  int Min(const NibbleSpec& s, int64_t at) const {
+    return s.packed ? mins[at] >> 4 : mins[at];
+  }
 };
 SuperLayout SuperOf(const QuantTiles& w, const uint8_t* tile) {
   const NibbleSpec s = SpecOf(w.kind);
   const int64_t n = w.nb * s.halves * kTileRows;
   const auto* subs =
       reinterpret_cast<const int8_t*>(tile + w.nb * w.QuantBytesPerBlock());
-  const auto* mins = reinterpret_cast<const uint8_t*>(subs + n);
-  const auto* d = reinterpret_cast<const uint16_t*>(mins + (s.mins ? n : 0));
+  const bool min_array = s.mins && !s.packed;
+  const auto* mins =
+      reinterpret_cast<const uint8_t*>(s.packed ? subs : subs + n);
+  const auto* d =
+      reinterpret_cast<const uint16_t*>(subs + n + (min_array ? n : 0));
   return {subs, mins, d, d + w.nb / 8 * kTileRows};
 }
 
@@ -108,9 +119,9 @@ void SuperTileScalar(const QuantTiles& w, int64_t t, const QuantizedActs& a,
           }
           const int64_t at = (b * s.halves + h) * kTileRows + r;
           acc += static_cast<float>(dot) *
-                 (d * static_cast<float>(L.subs[at])) * sc.d;
+                 (d * static_cast<float>(L.Sub(s, at))) * sc.d;
           if (s.mins) {
-            acc -= dmin * static_cast<float>(L.mins[at]) *
+            acc -= dmin * static_cast<float>(L.Min(s, at)) *
                    (static_cast<float>(sum) * sc.d);
           }
         }
@@ -254,18 +265,30 @@ template <QuantKind kKind>
 [[gnu::always_inline]] inline void UnpackNibbles(const uint8_t* qb, __m512i* lo,
                                                  __m512i* hi) {
   constexpr NibbleSpec kS = SpecOf(kKind);
-  const __m512i low = _mm512_set1_epi8(0x0f);
+  const __m512i field = _mm512_set1_epi8((1 << kS.base) - 1);
+  __m512i v0 = _mm512_setzero_si512(), v1 = _mm512_setzero_si512();
+  if constexpr (kS.base == 2) {
+    v0 = _mm512_load_si512(qb);
+    v1 = _mm512_load_si512(qb + 64);
+  }
 #pragma GCC unroll 8
   for (int g = 0; g < 4; ++g) {
-    const __m512i v = _mm512_load_si512(qb + g * 64);
-    lo[g] = _mm512_and_si512(v, low);
-    hi[g] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+    if constexpr (kS.base == 4) {
+      const __m512i v = _mm512_load_si512(qb + g * 64);
+      lo[g] = _mm512_and_si512(v, field);
+      hi[g] = _mm512_and_si512(_mm512_srli_epi16(v, 4), field);
+    } else {
+      lo[g] = _mm512_and_si512(_mm512_srli_epi16(v0, 2 * g), field);
+      hi[g] = _mm512_and_si512(_mm512_srli_epi16(v1, 2 * g), field);
+    }
 #pragma GCC unroll 2
     for (int p = 0; p < kS.planes; ++p) {
-      const __m512i bit = _mm512_set1_epi8(static_cast<char>(16 << p));
+      const __m512i bit =
+          _mm512_set1_epi8(static_cast<char>(1 << (kS.base + p)));
+      const uint8_t* m = qb + 64 * kS.base + 64 * p;
       uint64_t mlo, mhi;
-      std::memcpy(&mlo, qb + 256 + 64 * p + 8 * g, 8);
-      std::memcpy(&mhi, qb + 256 + 64 * p + 8 * (4 + g), 8);
+      std::memcpy(&mlo, m + 8 * g, 8);
+      std::memcpy(&mhi, m + 8 * (4 + g), 8);
       lo[g] = _mm512_mask_add_epi8(lo[g], _cvtu64_mask64(mlo), lo[g], bit);
       hi[g] = _mm512_mask_add_epi8(hi[g], _cvtu64_mask64(mhi), hi[g], bit);
     }
@@ -288,7 +311,7 @@ void NibbleTileAvx512(const QuantTiles& w, int64_t t, const QuantizedActs& a,
   constexpr NibbleSpec kS = SpecOf(kKind);
   // sum (u - zero) a = dot - zero sum(a).
   constexpr auto kZero = static_cast<float>(kS.zero);
-  constexpr int64_t kQBytes = 256 + 64 * kS.planes;
+  constexpr int64_t kQBytes = kS.QuantBytes();
   const int64_t nb = w.nb;
   const uint8_t* tile = w.Tile(t);
   const uint16_t* ds = reinterpret_cast<const uint16_t*>(tile + nb * kQBytes);
@@ -300,7 +323,7 @@ void NibbleTileAvx512(const QuantTiles& w, int64_t t, const QuantizedActs& a,
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* qb = tile + b * kQBytes;
     prefetch.Lines4(qb);
-    if constexpr (kS.planes > 0) prefetch.Line(qb + 256);
+    if constexpr (kQBytes > 256) prefetch.Line(qb + 256);
     prefetch.Line(ds + b * kTileRows);
     if constexpr (kS.mins) prefetch.Line(ms + b * kTileRows);
     __m512i lo[4], hi[4];
@@ -350,7 +373,7 @@ void SuperTileAvx512(const QuantTiles& w, int64_t t, const QuantizedActs& a,
                      int64_t i0, float* y) {
   constexpr NibbleSpec kS = SpecOf(kKind);
   constexpr int kH = kS.halves;
-  constexpr int64_t kQBytes = 256 + 64 * kS.planes;
+  constexpr int64_t kQBytes = kS.QuantBytes();
   const uint8_t* tile = w.Tile(t);
   const SuperLayout L = SuperOf(w, tile);
   const TilePrefetch prefetch(w);
@@ -360,11 +383,13 @@ void SuperTileAvx512(const QuantTiles& w, int64_t t, const QuantizedActs& a,
   __m512 d = _mm512_setzero_ps(), dmin = _mm512_setzero_ps();
   for (int64_t b = 0; b < w.nb; ++b) {
     const uint8_t* qb = tile + b * kQBytes;
-    prefetch.Lines4(qb);
-    if constexpr (kS.planes > 0) prefetch.Line(qb + 256);
-    if constexpr (kS.planes > 1) prefetch.Line(qb + 320);
+    prefetch.Lines4(qb);  // 256 bytes: all of a 2-bit kind's quants
+    if constexpr (kQBytes > 256) prefetch.Line(qb + 256);
+    if constexpr (kQBytes > 320) prefetch.Line(qb + 320);
     prefetch.Line(L.subs + b * kH * kTileRows);
-    if constexpr (kS.mins) prefetch.Line(L.mins + b * kH * kTileRows);
+    if constexpr (kS.mins && !kS.packed) {
+      prefetch.Line(L.mins + b * kH * kTileRows);
+    }
     if (b % 8 == 0) {
       d = _mm512_cvtph_ps(_mm256_load_si256(
           reinterpret_cast<const __m256i*>(L.d + b / 8 * kTileRows)));
@@ -378,11 +403,19 @@ void SuperTileAvx512(const QuantTiles& w, int64_t t, const QuantizedActs& a,
     __m512 dd[kH], mm[kH];
 #pragma GCC unroll 2
     for (int h = 0; h < kH; ++h) {
-      dd[h] =
-          _mm512_mul_ps(RowInts(L.subs + (b * kH + h) * kTileRows, true), d);
-      if constexpr (kS.mins) {
-        mm[h] = _mm512_mul_ps(RowInts(L.mins + (b * kH + h) * kTileRows, false),
-                              dmin);
+      const int64_t at = (b * kH + h) * kTileRows;
+      if constexpr (kS.packed) {
+        const __m512i v = _mm512_cvtepu8_epi32(
+            _mm_load_si128(reinterpret_cast<const __m128i*>(L.subs + at)));
+        const __m512i sub = _mm512_and_si512(v, _mm512_set1_epi32(15));
+        dd[h] = _mm512_mul_ps(_mm512_cvtepi32_ps(sub), d);
+        mm[h] =
+            _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4)), dmin);
+      } else {
+        dd[h] = _mm512_mul_ps(RowInts(L.subs + at, true), d);
+        if constexpr (kS.mins) {
+          mm[h] = _mm512_mul_ps(RowInts(L.mins + at, false), dmin);
+        }
       }
     }
 #pragma GCC unroll 8

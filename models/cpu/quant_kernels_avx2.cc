@@ -69,17 +69,26 @@ inline void LoadHalf(const uint8_t* qb, int hf, __m256i* w) {
     }
   } else {
     constexpr NibbleSpec kS = SpecOf(kKind);
-    const __m256i low = _mm256_set1_epi8(0x0f);
+    const __m256i field = _mm256_set1_epi8((1 << kS.base) - 1);
     for (int g = 0; g < 4; ++g) {
-      const __m256i v = _mm256_load_si256(
-          reinterpret_cast<const __m256i*>(qb + g * 64 + hf * 32));
-      w[g] = _mm256_and_si256(v, low);
-      w[4 + g] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+      if constexpr (kS.base == 4) {
+        const __m256i v = _mm256_load_si256(
+            reinterpret_cast<const __m256i*>(qb + g * 64 + hf * 32));
+        w[g] = _mm256_and_si256(v, field);
+        w[4 + g] = _mm256_and_si256(_mm256_srli_epi16(v, 4), field);
+      } else {
+        for (int h = 0; h < 2; ++h) {
+          const __m256i v = _mm256_load_si256(
+              reinterpret_cast<const __m256i*>(qb + h * 64 + hf * 32));
+          w[4 * h + g] = _mm256_and_si256(_mm256_srli_epi16(v, 2 * g), field);
+        }
+      }
       for (int p = 0; p < kS.planes; ++p) {
-        const __m256i bit = _mm256_set1_epi8(static_cast<char>(16 << p));
+        const __m256i bit =
+            _mm256_set1_epi8(static_cast<char>(1 << (kS.base + p)));
         for (int h = 0; h < 2; ++h) {
           uint64_t mask;
-          std::memcpy(&mask, qb + 256 + 64 * p + 8 * (4 * h + g), 8);
+          std::memcpy(&mask, qb + 64 * kS.base + 64 * p + 8 * (4 * h + g), 8);
           const __m256i on =
               BitsToBytes(static_cast<uint32_t>(mask >> (32 * hf)));
           w[4 * h + g] =
@@ -138,10 +147,11 @@ void HalfTile(const QuantTiles& w, int64_t t, int hf, const QuantizedActs& a,
   const auto* ds = reinterpret_cast<const uint16_t*>(tile + nb * qbytes);
   const uint16_t* ms = ds + nb * kTileRows;
   const int64_t n_subs = nb * kH * kTileRows;
+  constexpr bool kMinArray = kS.mins && !kS.packed;
   const auto* subs = reinterpret_cast<const int8_t*>(tile + nb * qbytes);
   const uint8_t* mins = reinterpret_cast<const uint8_t*>(subs) + n_subs;
-  const auto* sd =
-      reinterpret_cast<const uint16_t*>(mins + (kS.mins ? n_subs : 0));
+  const auto* sd = reinterpret_cast<const uint16_t*>(subs + n_subs +
+                                                     (kMinArray ? n_subs : 0));
   const uint16_t* sdmin = sd + nb / 8 * kTileRows;
   __m256 acc[kMr];
   for (int r = 0; r < kMr; ++r) acc[r] = _mm256_setzero_ps();
@@ -153,10 +163,20 @@ void HalfTile(const QuantTiles& w, int64_t t, int hf, const QuantizedActs& a,
       const __m256 d = Fp16x8(sd + b / 8 * kTileRows + 8 * hf);
       for (int h = 0; h < kH; ++h) {
         const int64_t at = (b * kH + h) * kTileRows + 8 * hf;
-        dd[h] = _mm256_mul_ps(Ints8(subs + at, true), d);
-        if constexpr (kS.mins) {
-          mm[h] = _mm256_mul_ps(Ints8(mins + at, false),
+        if constexpr (kS.packed) {
+          const __m256i v = _mm256_cvtepu8_epi32(
+              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(subs + at)));
+          dd[h] = _mm256_mul_ps(
+              _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(15))),
+              d);
+          mm[h] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4)),
                                 Fp16x8(sdmin + b / 8 * kTileRows + 8 * hf));
+        } else {
+          dd[h] = _mm256_mul_ps(Ints8(subs + at, true), d);
+          if constexpr (kS.mins) {
+            mm[h] = _mm256_mul_ps(Ints8(mins + at, false),
+                                  Fp16x8(sdmin + b / 8 * kTileRows + 8 * hf));
+          }
         }
       }
     } else {

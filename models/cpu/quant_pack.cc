@@ -25,7 +25,8 @@ size_t ScaleBytesPerBlock(const QuantTiles& w) {
   const NibbleSpec s = SpecOf(w.kind);
   const size_t sets = s.mins ? 2 : 1;  // scales, and mins
   if (!s.super) return 32 * sets;      // 16 fp16 each
-  return sets * (16 * s.halves + 32 / 8);
+  const size_t sub_sets = s.packed ? 1 : sets;
+  return sub_sets * 16 * s.halves + sets * 32 / 8;
 }
 
 // Row `row` of the concatenation: its type and bytes.
@@ -78,19 +79,23 @@ void PackLegacyRow(QuantKind kind, const uint8_t* s, int64_t nb, int r,
 }
 
 // Unsigned quants u (0..63) of one 32-block into lane r of a nibble tile's
-// block at `qb`: nibbles, then the bit planes above them.
-void PutNibbles(const int* u, int planes, int r, uint8_t* qb) {
-  auto* masks = reinterpret_cast<uint64_t*>(qb + 256);
-  for (int g = 0; g < 4; ++g) {
-    for (int i = 0; i < 4; ++i) {
-      const int lo = u[4 * g + i];
-      const int hi = u[16 + 4 * g + i];
-      qb[g * 64 + r * 4 + i] = static_cast<uint8_t>((lo & 15) | (hi & 15) << 4);
-      for (int p = 0; p < planes; ++p) {
-        const int bit = 4 * r + i;
-        masks[8 * p + g] |= static_cast<uint64_t>((lo >> (4 + p)) & 1) << bit;
-        masks[8 * p + 4 + g] |= static_cast<uint64_t>((hi >> (4 + p)) & 1)
-                                << bit;
+// block at `qb`: the base field, then the bit planes above it.
+void PutQuants(const int* u, const NibbleSpec& s, int r, uint8_t* qb) {
+  auto* masks = reinterpret_cast<uint64_t*>(qb + 64 * s.base);
+  const int field = (1 << s.base) - 1;
+  for (int h = 0; h < 2; ++h) {
+    for (int g = 0; g < 4; ++g) {
+      for (int i = 0; i < 4; ++i) {
+        const int v = u[16 * h + 4 * g + i];
+        if (s.base == 4) {
+          qb[g * 64 + r * 4 + i] |= static_cast<uint8_t>((v & field) << 4 * h);
+        } else {
+          qb[h * 64 + r * 4 + i] |= static_cast<uint8_t>((v & field) << 2 * g);
+        }
+        for (int p = 0; p < s.planes; ++p) {
+          masks[8 * p + 4 * h + g] |=
+              static_cast<uint64_t>((v >> (s.base + p)) & 1) << (4 * r + i);
+        }
       }
     }
   }
@@ -126,8 +131,9 @@ void PackSuperRow(const QuantTiles& w, GgmlType type, const uint8_t* src,
   const int64_t nb = w.nb;
   auto* subs = reinterpret_cast<int8_t*>(dst + nb * qbytes);
   uint8_t* mins = reinterpret_cast<uint8_t*>(subs) + nb * s.halves * 16;
+  const bool min_array = s.mins && !s.packed;
   auto* d =
-      reinterpret_cast<uint16_t*>(mins + (s.mins ? nb * s.halves * 16 : 0));
+      reinterpret_cast<uint16_t*>(mins + (min_array ? nb * s.halves * 16 : 0));
   uint16_t* dmin = d + nb / 8 * kTileRows;
   const size_t block_bytes = TypeTraits(type).type_size;
   for (int64_t b = 0; b < nb; ++b) {
@@ -141,13 +147,16 @@ void PackSuperRow(const QuantTiles& w, GgmlType type, const uint8_t* src,
       const int v = q[b * kQBlock + k];
       u[k] = s.lut ? Iq4Index(v) : v + s.zero;
     }
-    PutNibbles(u, s.planes, r, dst + b * qbytes);
+    PutQuants(u, s, r, dst + b * qbytes);
     for (int h = 0; h < s.halves; ++h) {
       const int64_t at = (b * s.halves + h) * kTileRows + r;
-      subs[at] = static_cast<int8_t>(IntegerOf(scale[2 * b + h], sup.d));
-      if (s.mins) {
-        mins[at] =
-            static_cast<uint8_t>(IntegerOf(-offset[2 * b + h], sup.dmin));
+      const int sub = IntegerOf(scale[2 * b + h], sup.d);
+      const int min = s.mins ? IntegerOf(-offset[2 * b + h], sup.dmin) : 0;
+      if (s.packed) {
+        subs[at] = static_cast<int8_t>(sub | min << 4);
+      } else {
+        subs[at] = static_cast<int8_t>(sub);
+        if (s.mins) mins[at] = static_cast<uint8_t>(min);
       }
     }
   }
@@ -160,7 +169,7 @@ void PackDecodedNibbleRow(QuantKind kind, const int8_t* q, const float* scale,
                           const float* offset, int64_t nb, int r,
                           uint8_t* dst) {
   const NibbleSpec s = SpecOf(kind);
-  const int64_t qbytes = 256 + 64 * s.planes;
+  const int64_t qbytes = s.QuantBytes();
   uint16_t* d = reinterpret_cast<uint16_t*>(dst + nb * qbytes);
   uint16_t* mins = d + nb * kTileRows;
   for (int64_t b = 0; b < nb; ++b) {
@@ -169,7 +178,7 @@ void PackDecodedNibbleRow(QuantKind kind, const int8_t* q, const float* scale,
       const int v = q[b * kQBlock + k];
       u[k] = s.lut ? Iq4Index(v) : v + s.zero;
     }
-    PutNibbles(u, s.planes, r, dst + b * qbytes);
+    PutQuants(u, s, r, dst + b * qbytes);
     d[b * kTileRows + r] = Fp32ToFp16(scale[2 * b]);
     if (s.mins) mins[b * kTileRows + r] = Fp32ToFp16(offset[2 * b]);
   }
