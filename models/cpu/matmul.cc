@@ -65,8 +65,17 @@ void RunMatMul(const float* x, int64_t m, const PackedData& d, float* y,
                MatMulPath path) {
   if (path == MatMulPath::kInt8Vnni ||
       (path != MatMulPath::kOwnFloat && d.tiles.has_value())) {
-    thread_local internal::QuantizedActs acts;
-    internal::QuantizeActivations(x, m, d.cols, &acts);
+    // Per 32 and, for the K-quant kinds, per 256 as llama.cpp's Q8_K.
+    thread_local internal::QuantizedActs acts32, acts256;
+    internal::ActSet acts;
+    if (internal::NeedsActGroup(*d.tiles, 32)) {
+      internal::QuantizeActivations(x, m, d.cols, &acts32);
+      acts.per32 = &acts32;
+    }
+    if (internal::NeedsActGroup(*d.tiles, 256)) {
+      internal::QuantizeActivations(x, m, d.cols, &acts256, false, 256);
+      acts.per256 = &acts256;
+    }
     internal::QuantMatMul(acts, *d.tiles, y);
     return;
   }

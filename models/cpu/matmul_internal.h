@@ -136,6 +136,12 @@ struct QuantTiles {
     if (kind == QuantKind::kQ8_0) return 512;
     return SpecOf(kind).QuantBytes();
   }
+  // The elements per activation scale the kind's dot product uses, as
+  // llama.cpp's vec_dot_type for the type: 256 (Q8_K) for the K kinds, 32
+  // (Q8_0 / Q8_1) for the others.
+  int ActGroup() const {
+    return kind != QuantKind::kQ8_0 && SpecOf(kind).super ? 256 : 32;
+  }
   const uint8_t* Tile(int64_t t) const {
     return buf.data() + static_cast<size_t>(t) * tile_stride;
   }

@@ -27,20 +27,26 @@ namespace {
 // Activation rows sharing one pass over a weight tile.
 constexpr int kMaxMr = 8;
 
-void QuantizeRowScalar(const float* x, int64_t nb, int8_t* q, ActScale* sc) {
-  for (int64_t b = 0; b < nb; ++b) {
-    const float* xb = x + b * kQBlock;
+// x[0, 32 nb) quantized per `per` 32-blocks sharing one scale (1: ggml's
+// Q8_0; 8: Q8_K), with the quantized sums of each block and half.
+void QuantizeRowScalar(const float* x, int64_t nb, int per, int8_t* q,
+                       ActScale* sc) {
+  for (int64_t b0 = 0; b0 < nb; b0 += per) {
     float amax = 0.0f;
-    for (int j = 0; j < kQBlock; ++j) amax = std::max(amax, std::fabs(xb[j]));
+    for (int64_t j = b0 * kQBlock; j < (b0 + per) * kQBlock; ++j) {
+      amax = std::max(amax, std::fabs(x[j]));
+    }
     const float d = amax / 127.0f;
     const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
-    int sums[2] = {0, 0};
-    for (int j = 0; j < kQBlock; ++j) {
-      const int v = static_cast<int>(std::nearbyint(xb[j] * id));
-      q[b * kQBlock + j] = static_cast<int8_t>(v);
-      sums[j / 16] += v;
+    for (int64_t b = b0; b < b0 + per; ++b) {
+      int sums[2] = {0, 0};
+      for (int j = 0; j < kQBlock; ++j) {
+        const int v = static_cast<int>(std::nearbyint(x[b * kQBlock + j] * id));
+        q[b * kQBlock + j] = static_cast<int8_t>(v);
+        sums[j / 16] += v;
+      }
+      sc[b] = {d, d * static_cast<float>(sums[0] + sums[1]), sums[0], sums[1]};
     }
-    sc[b] = {d, d * static_cast<float>(sums[0] + sums[1]), sums[0], sums[1]};
   }
 }
 
@@ -165,25 +171,30 @@ void TileAllRowsScalar(const QuantTiles& w, int64_t t, const QuantizedActs& a,
 }
 
 #ifdef KVSERVE_QUANT_VNNI
-void QuantizeRowAvx512(const float* x, int64_t nb, int8_t* q, ActScale* sc) {
+void QuantizeRowAvx512(const float* x, int64_t nb, int per, int8_t* q,
+                       ActScale* sc) {
   const __m512 sign = _mm512_set1_ps(-0.0f);
-  for (int64_t b = 0; b < nb; ++b) {
-    const __m512 x0 = _mm512_loadu_ps(x + b * kQBlock);
-    const __m512 x1 = _mm512_loadu_ps(x + b * kQBlock + 16);
-    const __m512 ax =
-        _mm512_max_ps(_mm512_andnot_ps(sign, x0), _mm512_andnot_ps(sign, x1));
+  for (int64_t b0 = 0; b0 < nb; b0 += per) {
+    __m512 ax = _mm512_setzero_ps();
+    for (int64_t j = b0 * kQBlock; j < (b0 + per) * kQBlock; j += 16) {
+      ax = _mm512_max_ps(ax, _mm512_andnot_ps(sign, _mm512_loadu_ps(x + j)));
+    }
     const float amax = _mm512_reduce_max_ps(ax);
     const float d = amax / 127.0f;
     const __m512 id = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
-    const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, id));
-    const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, id));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + b * kQBlock),
-                     _mm512_cvtsepi32_epi8(q0));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + b * kQBlock + 16),
-                     _mm512_cvtsepi32_epi8(q1));
-    const int lo = _mm512_reduce_add_epi32(q0);
-    const int hi = _mm512_reduce_add_epi32(q1);
-    sc[b] = {d, d * static_cast<float>(lo + hi), lo, hi};
+    for (int64_t b = b0; b < b0 + per; ++b) {
+      const __m512i q0 = _mm512_cvtps_epi32(
+          _mm512_mul_ps(_mm512_loadu_ps(x + b * kQBlock), id));
+      const __m512i q1 = _mm512_cvtps_epi32(
+          _mm512_mul_ps(_mm512_loadu_ps(x + b * kQBlock + 16), id));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + b * kQBlock),
+                       _mm512_cvtsepi32_epi8(q0));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + b * kQBlock + 16),
+                       _mm512_cvtsepi32_epi8(q1));
+      const int lo = _mm512_reduce_add_epi32(q0);
+      const int hi = _mm512_reduce_add_epi32(q1);
+      sc[b] = {d, d * static_cast<float>(lo + hi), lo, hi};
+    }
   }
 }
 
@@ -548,6 +559,21 @@ void TileAllRows(const QuantTiles& w, int64_t t, const QuantizedActs& a,
 
 }  // namespace
 
+const QuantizedActs& ActSet::For(const QuantTiles& w) const {
+  const QuantizedActs* a = w.ActGroup() == 256 ? per256 : per32;
+  KV_CHECK(a != nullptr && a->group == w.ActGroup(),
+           "QuantMatMul: no activations quantized per ", w.ActGroup());
+  return *a;
+}
+
+bool NeedsActGroup(const QuantTiles& w, int group) {
+  if (w.segments.empty()) return w.ActGroup() == group;
+  for (const QuantTiles& s : w.segments) {
+    if (s.ActGroup() == group) return true;
+  }
+  return false;
+}
+
 bool HaveVnniKernels() {
 #ifdef KVSERVE_QUANT_VNNI
   return true;
@@ -557,7 +583,11 @@ bool HaveVnniKernels() {
 }
 
 void QuantizeActivations(const float* x, int64_t m, int64_t cols,
-                         QuantizedActs* out, bool portable) {
+                         QuantizedActs* out, bool portable, int group) {
+  KV_CHECK((group == 32 || group == 256) && cols % group == 0,
+           "QuantizeActivations: group ", group, " for ", cols, " columns");
+  const int per = group / static_cast<int>(kQBlock);
+  out->group = group;
   out->m = m;
   out->cols = cols;
   out->nb = cols / kQBlock;
@@ -569,12 +599,13 @@ void QuantizeActivations(const float* x, int64_t m, int64_t cols,
     for (int64_t i = lo; i < hi; ++i) {
 #ifdef KVSERVE_QUANT_VNNI
       if (!portable) {
-        QuantizeRowAvx512(x + i * cols, out->nb, q + i * cols,
+        QuantizeRowAvx512(x + i * cols, out->nb, per, q + i * cols,
                           sc + i * out->nb);
         continue;
       }
 #endif
-      QuantizeRowScalar(x + i * cols, out->nb, q + i * cols, sc + i * out->nb);
+      QuantizeRowScalar(x + i * cols, out->nb, per, q + i * cols,
+                        sc + i * out->nb);
     }
   };
   // NOTE: a row quantizes in ~0.1 us per 1K elements; a parallel region only
@@ -586,7 +617,7 @@ void QuantizeActivations(const float* x, int64_t m, int64_t cols,
   }
 }
 
-void QuantMatMul(const QuantizedActs& a, const QuantTiles& w, float* y,
+void QuantMatMul(const ActSet& acts, const QuantTiles& w, float* y,
                  QuantIsa isa) {
   static const bool avx2 = HaveAvx2Kernels();
   const bool vnni = isa == QuantIsa::kBest && HaveVnniKernels();
@@ -601,6 +632,7 @@ void QuantMatMul(const QuantizedActs& a, const QuantTiles& w, float* y,
       if (t < s.num_tiles) break;
       t -= s.num_tiles;
     }
+    const QuantizedActs& a = acts.For(*seg);
 #ifdef KVSERVE_QUANT_VNNI
     if (vnni) return TileAllRows(*seg, t, a, y);
 #endif

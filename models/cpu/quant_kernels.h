@@ -50,9 +50,12 @@ struct ActScale {
   int32_t sum_hi;  // and over its last 16
 };
 
-// Activations quantized symmetrically to int8 per 32-block (as ggml Q8_0).
-// Reusable scratch: QuantizeActivations only grows the buffers.
+// Activations quantized symmetrically to int8 with one scale per `group`
+// elements: 32 as ggml's Q8_0, 256 as its Q8_K (ActScale still per 32-block,
+// the 8 blocks of a group sharing d). Reusable scratch: QuantizeActivations
+// only grows the buffers.
 struct QuantizedActs {
+  int group = 32;
   int64_t m = 0;
   int64_t cols = 0;
   int64_t nb = 0;
@@ -65,10 +68,24 @@ struct QuantizedActs {
   }
 };
 
-// Quantizes x (m x cols, cols % 32 == 0) into `out`. `portable` forces the
-// scalar code (tests of the fallback on AVX-512 machines).
+// Quantizes x (m x cols, cols % group == 0; group 32 or 256) into `out`.
+// `portable` forces the scalar code (tests of the fallback on AVX-512
+// machines).
 void QuantizeActivations(const float* x, int64_t m, int64_t cols,
-                         QuantizedActs* out, bool portable = false);
+                         QuantizedActs* out, bool portable = false,
+                         int group = 32);
+
+// The activations of one matmul, quantized per 32 and/or per 256; each tile
+// kind reads the grouping its ActGroup() names (KV_CHECK that it is there).
+struct ActSet {
+  const QuantizedActs* per32 = nullptr;
+  const QuantizedActs* per256 = nullptr;
+
+  const QuantizedActs& For(const QuantTiles& w) const;
+};
+
+// True when w (or one of its segments) reads activations per `group`.
+[[nodiscard]] bool NeedsActGroup(const QuantTiles& w, int group);
 
 // Which kernels QuantMatMul runs. kBest: AVX-512 VNNI where compiled in,
 // else AVX2 where this CPU has it, else the portable scalar code. The others
@@ -77,8 +94,14 @@ enum class QuantIsa { kBest, kAvx2, kPortable };
 
 // y[i, r] = sum_k x[i, k] W[r, k] for all rows r of w (y row stride =
 // w.rows); x given quantized. Parallel over tiles.
-void QuantMatMul(const QuantizedActs& a, const QuantTiles& w, float* y,
+void QuantMatMul(const ActSet& acts, const QuantTiles& w, float* y,
                  QuantIsa isa = QuantIsa::kBest);
+// The same with one quantization, which must be the one w reads.
+inline void QuantMatMul(const QuantizedActs& a, const QuantTiles& w, float* y,
+                        QuantIsa isa = QuantIsa::kBest) {
+  QuantMatMul(a.group == 256 ? ActSet{nullptr, &a} : ActSet{&a, nullptr}, w, y,
+              isa);
+}
 
 // True when the AVX-512 VNNI kernels were compiled in.
 bool HaveVnniKernels();

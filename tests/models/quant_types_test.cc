@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "models/cpu/matmul.h"
 #include "models/cpu/matmul_internal.h"
@@ -173,6 +174,41 @@ TEST_F(QuantTypesTest, PackingIsExactOnInt8Activations) {
   }
 }
 
+// x with each `group` elements rounded to int8 times one scale, as ggml's
+// Q8_0 (32) and Q8_K (256) quantize activations.
+std::vector<float> Int8Rounded(const std::vector<float>& x, int group) {
+  std::vector<float> out(x.size());
+  for (size_t g = 0; g < x.size(); g += group) {
+    float amax = 0.0f;
+    for (int j = 0; j < group; ++j) amax = std::max(amax, std::fabs(x[g + j]));
+    const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    for (int j = 0; j < group; ++j) {
+      out[g + j] = std::nearbyint(x[g + j] * id) * (amax / 127.0f);
+    }
+  }
+  return out;
+}
+
+// Each type's activations are quantized the way llama.cpp quantizes them for
+// its dot product (vec_dot_type): per 256 (Q8_K) for the K-quants and
+// IQ4_XS, per 32 (Q8_0 / Q8_1) for the others. Against the float64 product
+// of the weights and activations rounded that way, only fp32 sums remain.
+TEST_F(QuantTypesTest, ActivationsQuantizedAsLlamaCpp) {
+  const std::vector<float> x = RandomActivations(3, kCols, 9);
+  for (const char* type : kTypes) {
+    const bool k_quant = absl::StrContains(type, "_K") ||
+                         std::string(type) == "IQ4_XS";
+    absl::StatusOr<cpu::PackedMatrix> w =
+        cpu::PackMatrix(Get(absl::StrCat(type, ".q")));
+    ASSERT_TRUE(w.ok()) << type << ": " << w.status();
+    std::vector<float> y(3 * kRows);
+    cpu::MatMul(x.data(), 3, *w, y.data());
+    const std::vector<float> xq = Int8Rounded(x, k_quant ? 256 : 32);
+    // Measured: 1-3e-8.
+    EXPECT_LE(RelativeError(y, Reference(type), xq, 3, kRows), 1e-6) << type;
+  }
+}
+
 // The AVX2 and portable kernels compute what the best ones (AVX-512 VNNI
 // here) compute, up to fp32 rounding, for every kind; 5 activation rows
 // cover the AVX2 kernels' passes of 4 and of 1.
@@ -186,8 +222,10 @@ TEST_F(QuantTypesTest, Avx2AndPortableKernelsMatchBest) {
     ASSERT_TRUE(tiles.ok()) << type << ": " << tiles.status();
     const std::vector<float> x = RandomActivations(5, kCols, 3);
     cpu::internal::QuantizedActs simd, portable;
-    cpu::internal::QuantizeActivations(x.data(), 5, kCols, &simd);
-    cpu::internal::QuantizeActivations(x.data(), 5, kCols, &portable, true);
+    const int group = tiles->ActGroup();
+    cpu::internal::QuantizeActivations(x.data(), 5, kCols, &simd, false, group);
+    cpu::internal::QuantizeActivations(x.data(), 5, kCols, &portable, true,
+                                       group);
     std::vector<float> y1(5 * kRows), y2(5 * kRows), y3(5 * kRows);
     cpu::internal::QuantMatMul(simd, *tiles, y1.data());
     cpu::internal::QuantMatMul(portable, *tiles, y2.data(),
@@ -269,13 +307,14 @@ TEST_F(QuantTypesTest, MixedTypesFuseIntoOneMatrix) {
     cpu::MatMul(x.data(), 4, *w, y.data());
     EXPECT_LE(RelativeError(y, ref, x, 4, rows), 5e-3) << mix[0];
     // The portable and AVX2 kernels walk the segments the same way.
-    cpu::internal::QuantizedActs acts;
-    cpu::internal::QuantizeActivations(x.data(), 4, kCols, &acts, true);
+    cpu::internal::QuantizedActs a32, a256;
+    cpu::internal::QuantizeActivations(x.data(), 4, kCols, &a32, true);
+    cpu::internal::QuantizeActivations(x.data(), 4, kCols, &a256, true, 256);
     std::vector<float> y2(4 * rows);
-    cpu::internal::QuantMatMul(acts, *tiles, y2.data(),
+    cpu::internal::QuantMatMul({&a32, &a256}, *tiles, y2.data(),
                                cpu::internal::QuantIsa::kPortable);
     EXPECT_LE(RelativeError(y2, ref, x, 4, rows), 5e-3) << mix[0];
-    cpu::internal::QuantMatMul(acts, *tiles, y2.data(),
+    cpu::internal::QuantMatMul({&a32, &a256}, *tiles, y2.data(),
                                cpu::internal::QuantIsa::kAvx2);
     EXPECT_LE(RelativeError(y2, ref, x, 4, rows), 5e-3) << mix[0];
   }
