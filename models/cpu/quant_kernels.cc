@@ -312,13 +312,41 @@ template <QuantKind kKind>
   }
 }
 
+// A tile's blocks unpacked once (DecodeTile) for the passes of a large
+// batch: per block the 8 vectors UnpackNibbles gives, lo then hi.
+constexpr int64_t kDecodedBlock = 512;
+
+[[gnu::always_inline]] inline void LoadDecoded(const uint8_t* p, __m512i* lo,
+                                               __m512i* hi) {
+#pragma GCC unroll 4
+  for (int g = 0; g < 4; ++g) {
+    lo[g] = _mm512_load_si512(p + g * 64);
+    hi[g] = _mm512_load_si512(p + 256 + g * 64);
+  }
+}
+
+template <QuantKind kKind>
+void DecodeTileAs(const QuantTiles& w, int64_t t, uint8_t* out) {
+  constexpr int64_t kQBytes = SpecOf(kKind).QuantBytes();
+  const uint8_t* tile = w.Tile(t);
+  for (int64_t b = 0; b < w.nb; ++b) {
+    __m512i lo[4], hi[4];
+    UnpackNibbles<kKind>(tile + b * kQBytes, lo, hi);
+    uint8_t* o = out + b * kDecodedBlock;
+    for (int g = 0; g < 4; ++g) {
+      _mm512_store_si512(o + g * 64, lo[g]);
+      _mm512_store_si512(o + 256 + g * 64, hi[g]);
+    }
+  }
+}
+
 // One 16-row tile x kMr activation rows for the nibble kinds with an fp16
 // scale per 32 (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL): per block, unpack the
 // quants once and run 8 VPDPBUSD per activation row; the int32 block sums
 // are scaled into fp32 accumulators (one lane per weight row).
 template <QuantKind kKind, int kMr>
 void NibbleTileAvx512(const QuantTiles& w, int64_t t, const QuantizedActs& a,
-                      int64_t i0, float* y) {
+                      int64_t i0, const uint8_t* decoded, float* y) {
   constexpr NibbleSpec kS = SpecOf(kKind);
   // sum (u - zero) a = dot - zero sum(a).
   constexpr auto kZero = static_cast<float>(kS.zero);
@@ -338,7 +366,11 @@ void NibbleTileAvx512(const QuantTiles& w, int64_t t, const QuantizedActs& a,
     prefetch.Line(ds + b * kTileRows);
     if constexpr (kS.mins) prefetch.Line(ms + b * kTileRows);
     __m512i lo[4], hi[4];
-    UnpackNibbles<kKind>(qb, lo, hi);
+    if (decoded != nullptr) {
+      LoadDecoded(decoded + b * kDecodedBlock, lo, hi);
+    } else {
+      UnpackNibbles<kKind>(qb, lo, hi);
+    }
     const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256(
         reinterpret_cast<const __m256i*>(ds + b * kTileRows)));
 #pragma GCC unroll 8
@@ -381,7 +413,7 @@ void NibbleTileAvx512(const QuantTiles& w, int64_t t, const QuantizedActs& a,
 // the exact int32 dot - zero sum(a), scaled into the accumulators.
 template <QuantKind kKind, int kMr>
 void SuperTileAvx512(const QuantTiles& w, int64_t t, const QuantizedActs& a,
-                     int64_t i0, float* y) {
+                     int64_t i0, const uint8_t* decoded, float* y) {
   constexpr NibbleSpec kS = SpecOf(kKind);
   constexpr int kH = kS.halves;
   constexpr int64_t kQBytes = kS.QuantBytes();
@@ -410,7 +442,11 @@ void SuperTileAvx512(const QuantTiles& w, int64_t t, const QuantizedActs& a,
       }
     }
     __m512i lo[4], hi[4];
-    UnpackNibbles<kKind>(qb, lo, hi);
+    if (decoded != nullptr) {
+      LoadDecoded(decoded + b * kDecodedBlock, lo, hi);
+    } else {
+      UnpackNibbles<kKind>(qb, lo, hi);
+    }
     __m512 dd[kH], mm[kH];
 #pragma GCC unroll 2
     for (int h = 0; h < kH; ++h) {
@@ -506,32 +542,64 @@ void Q8TileAvx512(const QuantTiles& w, int64_t t, const QuantizedActs& a,
   StoreTileRows<kMr>(w, t, i0, acc, y);
 }
 
-template <int kMr>
-void TileAvx512(const QuantTiles& w, int64_t t, const QuantizedActs& a,
-                int64_t i0, float* y) {
+// The nibble kinds' tile t unpacked into `out` (w.nb * kDecodedBlock
+// bytes); false for Q8_0, whose bytes need no unpacking.
+bool DecodeTile(const QuantTiles& w, int64_t t, uint8_t* out) {
   switch (w.kind) {
     case QuantKind::kQ4_0:
-      return NibbleTileAvx512<QuantKind::kQ4_0, kMr>(w, t, a, i0, y);
+      return DecodeTileAs<QuantKind::kQ4_0>(w, t, out), true;
     case QuantKind::kQ4_1:
-      return NibbleTileAvx512<QuantKind::kQ4_1, kMr>(w, t, a, i0, y);
+      return DecodeTileAs<QuantKind::kQ4_1>(w, t, out), true;
     case QuantKind::kQ5_0:
-      return NibbleTileAvx512<QuantKind::kQ5_0, kMr>(w, t, a, i0, y);
+      return DecodeTileAs<QuantKind::kQ5_0>(w, t, out), true;
     case QuantKind::kQ5_1:
-      return NibbleTileAvx512<QuantKind::kQ5_1, kMr>(w, t, a, i0, y);
+      return DecodeTileAs<QuantKind::kQ5_1>(w, t, out), true;
     case QuantKind::kIQ4_NL:
-      return NibbleTileAvx512<QuantKind::kIQ4_NL, kMr>(w, t, a, i0, y);
+      return DecodeTileAs<QuantKind::kIQ4_NL>(w, t, out), true;
     case QuantKind::kQ2_K:
-      return SuperTileAvx512<QuantKind::kQ2_K, kMr>(w, t, a, i0, y);
+      return DecodeTileAs<QuantKind::kQ2_K>(w, t, out), true;
     case QuantKind::kQ3_K:
-      return SuperTileAvx512<QuantKind::kQ3_K, kMr>(w, t, a, i0, y);
+      return DecodeTileAs<QuantKind::kQ3_K>(w, t, out), true;
     case QuantKind::kQ4_K:
-      return SuperTileAvx512<QuantKind::kQ4_K, kMr>(w, t, a, i0, y);
+      return DecodeTileAs<QuantKind::kQ4_K>(w, t, out), true;
     case QuantKind::kQ5_K:
-      return SuperTileAvx512<QuantKind::kQ5_K, kMr>(w, t, a, i0, y);
+      return DecodeTileAs<QuantKind::kQ5_K>(w, t, out), true;
     case QuantKind::kQ6_K:
-      return SuperTileAvx512<QuantKind::kQ6_K, kMr>(w, t, a, i0, y);
+      return DecodeTileAs<QuantKind::kQ6_K>(w, t, out), true;
     case QuantKind::kIQ4_XS:
-      return SuperTileAvx512<QuantKind::kIQ4_XS, kMr>(w, t, a, i0, y);
+      return DecodeTileAs<QuantKind::kIQ4_XS>(w, t, out), true;
+    case QuantKind::kQ8_0:
+      return false;
+  }
+  return false;
+}
+
+template <int kMr>
+void TileAvx512(const QuantTiles& w, int64_t t, const QuantizedActs& a,
+                int64_t i0, const uint8_t* decoded, float* y) {
+  switch (w.kind) {
+    case QuantKind::kQ4_0:
+      return NibbleTileAvx512<QuantKind::kQ4_0, kMr>(w, t, a, i0, decoded, y);
+    case QuantKind::kQ4_1:
+      return NibbleTileAvx512<QuantKind::kQ4_1, kMr>(w, t, a, i0, decoded, y);
+    case QuantKind::kQ5_0:
+      return NibbleTileAvx512<QuantKind::kQ5_0, kMr>(w, t, a, i0, decoded, y);
+    case QuantKind::kQ5_1:
+      return NibbleTileAvx512<QuantKind::kQ5_1, kMr>(w, t, a, i0, decoded, y);
+    case QuantKind::kIQ4_NL:
+      return NibbleTileAvx512<QuantKind::kIQ4_NL, kMr>(w, t, a, i0, decoded, y);
+    case QuantKind::kQ2_K:
+      return SuperTileAvx512<QuantKind::kQ2_K, kMr>(w, t, a, i0, decoded, y);
+    case QuantKind::kQ3_K:
+      return SuperTileAvx512<QuantKind::kQ3_K, kMr>(w, t, a, i0, decoded, y);
+    case QuantKind::kQ4_K:
+      return SuperTileAvx512<QuantKind::kQ4_K, kMr>(w, t, a, i0, decoded, y);
+    case QuantKind::kQ5_K:
+      return SuperTileAvx512<QuantKind::kQ5_K, kMr>(w, t, a, i0, decoded, y);
+    case QuantKind::kQ6_K:
+      return SuperTileAvx512<QuantKind::kQ6_K, kMr>(w, t, a, i0, decoded, y);
+    case QuantKind::kIQ4_XS:
+      return SuperTileAvx512<QuantKind::kIQ4_XS, kMr>(w, t, a, i0, decoded, y);
     case QuantKind::kQ8_0:
       return Q8TileAvx512<kMr>(w, t, a, i0, y);
   }
@@ -540,19 +608,30 @@ void TileAvx512(const QuantTiles& w, int64_t t, const QuantizedActs& a,
 // Rows [i0, i0 + n) against tile t, n < kMr: the remainder pass.
 template <int kMr>
 void TileTail(const QuantTiles& w, int64_t t, const QuantizedActs& a,
-              int64_t i0, int64_t n, float* y) {
+              int64_t i0, int64_t n, const uint8_t* decoded, float* y) {
   if constexpr (kMr > 1) {
-    if (n == kMr - 1) return TileAvx512<kMr - 1>(w, t, a, i0, y);
-    return TileTail<kMr - 1>(w, t, a, i0, n, y);
+    if (n == kMr - 1) return TileAvx512<kMr - 1>(w, t, a, i0, decoded, y);
+    return TileTail<kMr - 1>(w, t, a, i0, n, decoded, y);
   }
 }
 
-// All activation rows against tile t, kMaxMr rows per pass.
+// All activation rows against tile t, kMaxMr rows per pass. With more than
+// one pass, the tile is unpacked once into per-thread scratch (which stays
+// in L2) and every pass reads that: the unpacking (planes, code book) is
+// then paid once per tile, not once per kMaxMr rows.
 void TileAllRows(const QuantTiles& w, int64_t t, const QuantizedActs& a,
                  float* y) {
+  const uint8_t* decoded = nullptr;
+  if (a.m > kMaxMr) {
+    thread_local AlignedBuffer scratch;
+    scratch.EnsureSize(static_cast<size_t>(w.nb * kDecodedBlock));
+    if (DecodeTile(w, t, scratch.data())) decoded = scratch.data();
+  }
   int64_t i0 = 0;
-  for (; i0 + kMaxMr <= a.m; i0 += kMaxMr) TileAvx512<kMaxMr>(w, t, a, i0, y);
-  if (i0 < a.m) TileTail<kMaxMr>(w, t, a, i0, a.m - i0, y);
+  for (; i0 + kMaxMr <= a.m; i0 += kMaxMr) {
+    TileAvx512<kMaxMr>(w, t, a, i0, decoded, y);
+  }
+  if (i0 < a.m) TileTail<kMaxMr>(w, t, a, i0, a.m - i0, decoded, y);
 }
 
 #endif  // KVSERVE_QUANT_VNNI
