@@ -31,6 +31,7 @@
 #include "benchmark/benchmark.h"
 #include "models/cpu/matmul.h"
 #include "models/ggml_types.h"
+#include "models/quant_blocks.h"
 
 namespace kvserve::models::cpu {
 namespace {
@@ -49,6 +50,24 @@ std::vector<uint8_t> RandomWeights(GgmlType type, int64_t rows, int64_t cols,
       const uint16_t d = Fp32ToFp16(0.01f);
       std::memcpy(&bytes[off], &d, 2);
       if (type == GgmlType::kQ4_1) std::memcpy(&bytes[off + 2], &d, 2);
+    }
+  } else if (IsDecodable(type)) {
+    // The other quantized types: their fp16 scales (d, and dmin or m where
+    // the type has one) at these byte offsets of a block.
+    std::vector<size_t> halves = {0};
+    if (type == GgmlType::kQ4_K || type == GgmlType::kQ5_K ||
+        type == GgmlType::kQ5_1) {
+      halves = {0, 2};
+    } else if (type == GgmlType::kQ6_K) {
+      halves = {208};
+    } else if (type == GgmlType::kQ3_K) {
+      halves = {108};
+    } else if (type == GgmlType::kQ2_K) {
+      halves = {80, 82};
+    }
+    const uint16_t d = Fp32ToFp16(0.001f);
+    for (size_t off = 0; off < bytes.size(); off += block) {
+      for (size_t h : halves) std::memcpy(&bytes[off + h], &d, 2);
     }
   } else {
     std::normal_distribution<float> dist(0.0f, 0.05f);
@@ -203,11 +222,11 @@ void RegisterAll() {
       {GgmlType::kQ8_0, 49152, 576}, {GgmlType::kQ4_1, 4096, 4096},
       {GgmlType::kQ4_0, 4096, 4096}, {GgmlType::kQ8_0, 4096, 4096},
       {GgmlType::kBF16, 4096, 4096}, {GgmlType::kF16, 4096, 4096},
-      {GgmlType::kBF16, 1536, 576},
+      {GgmlType::kBF16, 1536, 576},  {GgmlType::kQ4_K, 4096, 4096},
+      {GgmlType::kQ6_K, 4096, 4096}, {GgmlType::kQ5_0, 4096, 4096},
   };
   for (const Shape& s : shapes) {
-    const bool quant = s.type == GgmlType::kQ4_0 || s.type == GgmlType::kQ4_1 ||
-                       s.type == GgmlType::kQ8_0;
+    const bool quant = IsDecodable(s.type);
     const std::vector<int64_t> ms =
         quant ? std::vector<int64_t>{1, 8, 64, 512}
               : std::vector<int64_t>{1, 2, 4, 8, 64, 512};
