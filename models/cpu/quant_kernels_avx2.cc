@@ -19,6 +19,7 @@
 #include "models/cpu/quant_kernels.h"
 
 #if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -242,8 +243,12 @@ void AllRows(const QuantTiles& w, int64_t t, const QuantizedActs& a, float* y) {
 }  // namespace
 
 bool HaveAvx2Kernels() {
+  // F16C: CPUID leaf 1, ECX bit 29 (not every compiler's
+  // __builtin_cpu_supports knows it; "avx2" covers the OS's AVX state).
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx >> 29 & 1);
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-         __builtin_cpu_supports("f16c");
+         f16c;
 }
 
 void TileAllRowsAvx2(const QuantTiles& w, int64_t t, const QuantizedActs& a,

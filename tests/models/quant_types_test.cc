@@ -196,8 +196,8 @@ std::vector<float> Int8Rounded(const std::vector<float>& x, int group) {
 TEST_F(QuantTypesTest, ActivationsQuantizedAsLlamaCpp) {
   const std::vector<float> x = RandomActivations(3, kCols, 9);
   for (const char* type : kTypes) {
-    const bool k_quant = absl::StrContains(type, "_K") ||
-                         std::string(type) == "IQ4_XS";
+    const bool k_quant =
+        absl::StrContains(type, "_K") || std::string(type) == "IQ4_XS";
     absl::StatusOr<cpu::PackedMatrix> w =
         cpu::PackMatrix(Get(absl::StrCat(type, ".q")));
     ASSERT_TRUE(w.ok()) << type << ": " << w.status();
