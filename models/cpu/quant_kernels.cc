@@ -408,6 +408,31 @@ void NibbleTileAvx512(const QuantTiles& w, int64_t t, const QuantizedActs& a,
                                       : _mm512_cvtepu8_epi32(v));
 }
 
+// Block b's d * sub-scale (and dmin * min) per row lane, per scale group h.
+template <QuantKind kKind>
+[[gnu::always_inline]] inline void SuperBlockScales(const SuperLayout& L,
+                                                    int64_t b, __m512 d,
+                                                    __m512 dmin, __m512* dd,
+                                                    __m512* mm) {
+  constexpr NibbleSpec kS = SpecOf(kKind);
+#pragma GCC unroll 2
+  for (int h = 0; h < kS.halves; ++h) {
+    const int64_t at = (b * kS.halves + h) * kTileRows;
+    if constexpr (kS.packed) {
+      const __m512i v = _mm512_cvtepu8_epi32(
+          _mm_load_si128(reinterpret_cast<const __m128i*>(L.subs + at)));
+      const __m512i sub = _mm512_and_si512(v, _mm512_set1_epi32(15));
+      dd[h] = _mm512_mul_ps(_mm512_cvtepi32_ps(sub), d);
+      mm[h] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4)), dmin);
+    } else {
+      dd[h] = _mm512_mul_ps(RowInts(L.subs + at, true), d);
+      if constexpr (kS.mins) {
+        mm[h] = _mm512_mul_ps(RowInts(L.mins + at, false), dmin);
+      }
+    }
+  }
+}
+
 // The K kinds: per block, d * sub-scale (and dmin * min) per row lane once;
 // per activation row and scale group (the block, or each 16-element half)
 // the exact int32 dot - zero sum(a), scaled into the accumulators.
@@ -448,23 +473,7 @@ void SuperTileAvx512(const QuantTiles& w, int64_t t, const QuantizedActs& a,
       UnpackNibbles<kKind>(qb, lo, hi);
     }
     __m512 dd[kH], mm[kH];
-#pragma GCC unroll 2
-    for (int h = 0; h < kH; ++h) {
-      const int64_t at = (b * kH + h) * kTileRows;
-      if constexpr (kS.packed) {
-        const __m512i v = _mm512_cvtepu8_epi32(
-            _mm_load_si128(reinterpret_cast<const __m128i*>(L.subs + at)));
-        const __m512i sub = _mm512_and_si512(v, _mm512_set1_epi32(15));
-        dd[h] = _mm512_mul_ps(_mm512_cvtepi32_ps(sub), d);
-        mm[h] =
-            _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4)), dmin);
-      } else {
-        dd[h] = _mm512_mul_ps(RowInts(L.subs + at, true), d);
-        if constexpr (kS.mins) {
-          mm[h] = _mm512_mul_ps(RowInts(L.mins + at, false), dmin);
-        }
-      }
-    }
+    SuperBlockScales<kKind>(L, b, d, dmin, dd, mm);
 #pragma GCC unroll 8
     for (int r = 0; r < kMr; ++r) {
       const int8_t* aq = a.Row(i0 + r) + b * kQBlock;
