@@ -111,9 +111,10 @@ int Iq4Index(int v) {
 }
 
 // The integer n with x == n * unit (DecodeBlocks's scales and mins are such
-// products, exact in fp32); 0 when unit is 0.
+// products, exact in fp32); 0 when unit is 0, infinite or NaN (the tile
+// keeps that unit, so its products are what the file's give: 0 or NaN).
 int IntegerOf(float x, float unit) {
-  if (unit == 0.0f) return 0;
+  if (unit == 0.0f || !std::isfinite(unit)) return 0;
   const float n = std::nearbyint(x / unit);
   KV_CHECK(n * unit == x, "K-quant scale ", x, " is not a multiple of ", unit);
   return static_cast<int>(n);

@@ -12,6 +12,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
 #include <utility>
@@ -317,6 +318,34 @@ TEST_F(QuantTypesTest, MixedTypesFuseIntoOneMatrix) {
     cpu::internal::QuantMatMul({&a32, &a256}, *tiles, y2.data(),
                                cpu::internal::QuantIsa::kAvx2);
     EXPECT_LE(RelativeError(y2, ref, x, 4, rows), 5e-3) << mix[0];
+  }
+}
+
+// A K-quant file whose per-256 scale is NaN or infinite (corrupt or
+// hostile) packs without a crash, and the rows it scales come out NaN as
+// their dequantized values do; the other rows are unaffected.
+TEST_F(QuantTypesTest, NonFiniteSuperScalesGiveNaNRows) {
+  for (const auto& [type, d_offset] :
+       {std::pair<std::string, size_t>{"Q4_K", 0}, {"Q6_K", 208}}) {
+    const RawTensor q = Get(type + ".q");
+    std::vector<uint8_t> bytes(static_cast<const uint8_t*>(q.data),
+                               static_cast<const uint8_t*>(q.data) + q.nbytes);
+    const size_t row_bytes = q.nbytes / kRows;
+    const uint16_t nan = 0x7e00, inf = 0x7c00;
+    std::memcpy(&bytes[d_offset], &nan, 2);              // row 0
+    std::memcpy(&bytes[row_bytes + d_offset], &inf, 2);  // row 1
+    RawTensor bad = q;
+    bad.data = bytes.data();
+    absl::StatusOr<cpu::PackedMatrix> w = cpu::PackMatrix(bad);
+    ASSERT_TRUE(w.ok()) << type << ": " << w.status();
+    const std::vector<float> x = RandomActivations(1, kCols, 4);
+    std::vector<float> y(kRows);
+    cpu::MatMul(x.data(), 1, *w, y.data());
+    EXPECT_TRUE(std::isnan(y[0])) << type;
+    EXPECT_FALSE(std::isfinite(y[1])) << type;
+    for (int64_t r = 2; r < kRows; ++r) {
+      EXPECT_TRUE(std::isfinite(y[r])) << type << " " << r;
+    }
   }
 }
 
