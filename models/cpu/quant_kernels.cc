@@ -114,7 +114,9 @@ void SuperTileScalar(const QuantTiles& w, int64_t t, const QuantizedActs& a,
         const int8_t* aq = a.Row(i) + b * kQBlock;
         const ActScale& sc = a.Scales(i)[b];
         const float d = Fp16ToFp32(L.d[b / 8 * kTileRows + r]);
-        const float dmin = Fp16ToFp32(L.dmin[b / 8 * kTileRows + r]);
+        // Only the kinds with mins store dmin.
+        const float dmin =
+            s.mins ? Fp16ToFp32(L.dmin[b / 8 * kTileRows + r]) : 0.0f;
         for (int h = 0; h < s.halves; ++h) {
           const int32_t sum = s.halves == 1 ? sc.sum_lo + sc.sum_hi
                               : h == 0      ? sc.sum_lo
