@@ -45,7 +45,8 @@ void QuantizeRowScalar(const float* x, int64_t nb, int per, int8_t* q,
         q[b * kQBlock + j] = static_cast<int8_t>(v);
         sums[j / 16] += v;
       }
-      sc[b] = {d, d * static_cast<float>(sums[0] + sums[1]), sums[0], sums[1]};
+      sc[b] = {d, d * static_cast<float>(sums[0] + sums[1]),
+               static_cast<int16_t>(sums[0]), static_cast<int16_t>(sums[1])};
     }
   }
 }
@@ -195,7 +196,8 @@ void QuantizeRowAvx512(const float* x, int64_t nb, int per, int8_t* q,
                        _mm512_cvtsepi32_epi8(q1));
       const int lo = _mm512_reduce_add_epi32(q0);
       const int hi = _mm512_reduce_add_epi32(q1);
-      sc[b] = {d, d * static_cast<float>(lo + hi), lo, hi};
+      sc[b] = {d, d * static_cast<float>(lo + hi), static_cast<int16_t>(lo),
+               static_cast<int16_t>(hi)};
     }
   }
 }
@@ -410,34 +412,88 @@ void NibbleTileAvx512(const QuantTiles& w, int64_t t, const QuantizedActs& a,
                                       : _mm512_cvtepu8_epi32(v));
 }
 
-// Block b's d * sub-scale (and dmin * min) per row lane, per scale group h.
+// Block b's integer sub-scales per row lane and scale group h, the pairs
+// (-zero * sub_0, -zero * sub_1) as int16 for the zero-point term (one
+// VPDPWSSD against the activations' sum pair), and dmin * min per group.
 template <QuantKind kKind>
-[[gnu::always_inline]] inline void SuperBlockScales(const SuperLayout& L,
-                                                    int64_t b, __m512 d,
-                                                    __m512 dmin, __m512* dd,
-                                                    __m512* mm) {
-  constexpr NibbleSpec kS = SpecOf(kKind);
+struct SuperBlock {
+  static constexpr NibbleSpec kS = SpecOf(kKind);
+  __m512i sub[kS.halves];
+  __m512i zero_pair;
+  __m512 mm[kS.halves];
+
+  [[gnu::always_inline]] inline SuperBlock(const SuperLayout& L, int64_t b,
+                                           __m512 dmin) {
 #pragma GCC unroll 2
-  for (int h = 0; h < kS.halves; ++h) {
-    const int64_t at = (b * kS.halves + h) * kTileRows;
-    if constexpr (kS.packed) {
-      const __m512i v = _mm512_cvtepu8_epi32(
-          _mm_load_si128(reinterpret_cast<const __m128i*>(L.subs + at)));
-      const __m512i sub = _mm512_and_si512(v, _mm512_set1_epi32(15));
-      dd[h] = _mm512_mul_ps(_mm512_cvtepi32_ps(sub), d);
-      mm[h] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4)), dmin);
-    } else {
-      dd[h] = _mm512_mul_ps(RowInts(L.subs + at, true), d);
-      if constexpr (kS.mins) {
-        mm[h] = _mm512_mul_ps(RowInts(L.mins + at, false), dmin);
+    for (int h = 0; h < kS.halves; ++h) {
+      const int64_t at = (b * kS.halves + h) * kTileRows;
+      const __m128i bytes =
+          _mm_load_si128(reinterpret_cast<const __m128i*>(L.subs + at));
+      if constexpr (kS.packed) {
+        const __m512i v = _mm512_cvtepu8_epi32(bytes);
+        sub[h] = _mm512_and_si512(v, _mm512_set1_epi32(15));
+        mm[h] =
+            _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4)), dmin);
+      } else {
+        sub[h] = _mm512_cvtepi8_epi32(bytes);
+        if constexpr (kS.mins) {
+          mm[h] = _mm512_mul_ps(RowInts(L.mins + at, false), dmin);
+        }
       }
     }
+    if constexpr (kS.zero != 0) {
+      const __m512i z = _mm512_set1_epi32(-kS.zero);
+      const __m512i lo = _mm512_mullo_epi32(sub[0], z);
+      const __m512i hi = _mm512_mullo_epi32(sub[kS.halves - 1], z);
+      zero_pair =
+          _mm512_or_si512(_mm512_and_si512(lo, _mm512_set1_epi32(0xffff)),
+                          _mm512_slli_epi32(hi, 16));
+    }
   }
-}
 
-// The K kinds: per block, d * sub-scale (and dmin * min) per row lane once;
-// per activation row and scale group (the block, or each 16-element half)
-// the exact int32 dot - zero sum(a), scaled into the accumulators.
+  // One activation row's block: each scale group's exact int32 dot times
+  // its sub-scale, and the zero point's term, into isum; the mins' term
+  // into acc.
+  [[gnu::always_inline]] inline void Row(const __m512i* lo, const __m512i* hi,
+                                         const int8_t* aq, const ActScale& sc,
+                                         __m512i* isum, __m512* acc) const {
+    __m512i s0 = _mm512_setzero_si512();
+    __m512i s1 = _mm512_setzero_si512();
+#pragma GCC unroll 8
+    for (int g = 0; g < 4; ++g) {
+      s0 = _mm512_dpbusd_epi32(s0, lo[g], Bcast4(aq + 4 * g));
+      if constexpr (kS.halves == 1) {
+        s0 = _mm512_dpbusd_epi32(s0, hi[g], Bcast4(aq + 16 + 4 * g));
+      } else {
+        s1 = _mm512_dpbusd_epi32(s1, hi[g], Bcast4(aq + 16 + 4 * g));
+      }
+    }
+    __m512i v = _mm512_mullo_epi32(s0, sub[0]);
+    if constexpr (kS.halves == 2) {
+      v = _mm512_add_epi32(v, _mm512_mullo_epi32(s1, sub[1]));
+    }
+    *isum = _mm512_add_epi32(*isum, v);
+    if constexpr (kS.zero != 0) {
+      *isum = _mm512_dpwssd_epi32(
+          *isum, zero_pair,
+          Bcast4(reinterpret_cast<const int8_t*>(&sc.sum_lo)));
+    }
+    if constexpr (kS.mins && kS.halves == 1) {
+      *acc = _mm512_fnmadd_ps(mm[0], _mm512_set1_ps(sc.s), *acc);
+    } else if constexpr (kS.mins) {
+      *acc = _mm512_fnmadd_ps(
+          mm[0], _mm512_set1_ps(static_cast<float>(sc.sum_lo) * sc.d), *acc);
+      *acc = _mm512_fnmadd_ps(
+          mm[1], _mm512_set1_ps(static_cast<float>(sc.sum_hi) * sc.d), *acc);
+    }
+  }
+};
+
+// The K kinds, as llama.cpp's Q8_K dot products: per activation row, the
+// exact int32 dot of each scale group times its integer sub-scale, summed
+// over a 256-block (|sum| < 2^29 for every kind), then one conversion
+// times d (per row) * the activations' scale; the mins' term per block in
+// fp32.
 template <QuantKind kKind, int kMr>
 void SuperTileAvx512(const QuantTiles& w, int64_t t, const QuantizedActs& a,
                      int64_t i0, const uint8_t* decoded, float* y) {
@@ -450,63 +506,44 @@ void SuperTileAvx512(const QuantTiles& w, int64_t t, const QuantizedActs& a,
   __m512 acc[kMr];
 #pragma GCC unroll 8
   for (int r = 0; r < kMr; ++r) acc[r] = _mm512_setzero_ps();
-  __m512 d = _mm512_setzero_ps(), dmin = _mm512_setzero_ps();
-  for (int64_t b = 0; b < w.nb; ++b) {
-    const uint8_t* qb = tile + b * kQBytes;
-    prefetch.Lines4(qb);  // 256 bytes: all of a 2-bit kind's quants
-    if constexpr (kQBytes > 256) prefetch.Line(qb + 256);
-    if constexpr (kQBytes > 320) prefetch.Line(qb + 320);
-    prefetch.Line(L.subs + b * kH * kTileRows);
-    if constexpr (kS.mins && !kS.packed) {
-      prefetch.Line(L.mins + b * kH * kTileRows);
+  __m512 dmin = _mm512_setzero_ps();
+  for (int64_t b0 = 0; b0 < w.nb; b0 += 8) {
+    if constexpr (kS.mins) {
+      dmin = _mm512_cvtph_ps(_mm256_load_si256(
+          reinterpret_cast<const __m256i*>(L.dmin + b0 / 8 * kTileRows)));
     }
-    if (b % 8 == 0) {
-      d = _mm512_cvtph_ps(_mm256_load_si256(
-          reinterpret_cast<const __m256i*>(L.d + b / 8 * kTileRows)));
-      if constexpr (kS.mins) {
-        dmin = _mm512_cvtph_ps(_mm256_load_si256(
-            reinterpret_cast<const __m256i*>(L.dmin + b / 8 * kTileRows)));
+    __m512i isum[kMr];
+#pragma GCC unroll 8
+    for (int r = 0; r < kMr; ++r) isum[r] = _mm512_setzero_si512();
+    for (int64_t b = b0; b < b0 + 8; ++b) {
+      const uint8_t* qb = tile + b * kQBytes;
+      prefetch.Lines4(qb);  // 256 bytes: all of a 2-bit kind's quants
+      if constexpr (kQBytes > 256) prefetch.Line(qb + 256);
+      if constexpr (kQBytes > 320) prefetch.Line(qb + 320);
+      prefetch.Line(L.subs + b * kH * kTileRows);
+      if constexpr (kS.mins && !kS.packed) {
+        prefetch.Line(L.mins + b * kH * kTileRows);
+      }
+      __m512i lo[4], hi[4];
+      if (decoded != nullptr) {
+        LoadDecoded(decoded + b * kDecodedBlock, lo, hi);
+      } else {
+        UnpackNibbles<kKind>(qb, lo, hi);
+      }
+      const SuperBlock<kKind> sb(L, b, dmin);
+#pragma GCC unroll 8
+      for (int r = 0; r < kMr; ++r) {
+        sb.Row(lo, hi, a.Row(i0 + r) + b * kQBlock, a.Scales(i0 + r)[b],
+               &isum[r], &acc[r]);
       }
     }
-    __m512i lo[4], hi[4];
-    if (decoded != nullptr) {
-      LoadDecoded(decoded + b * kDecodedBlock, lo, hi);
-    } else {
-      UnpackNibbles<kKind>(qb, lo, hi);
-    }
-    __m512 dd[kH], mm[kH];
-    SuperBlockScales<kKind>(L, b, d, dmin, dd, mm);
+    const __m512 d = _mm512_cvtph_ps(_mm256_load_si256(
+        reinterpret_cast<const __m256i*>(L.d + b0 / 8 * kTileRows)));
 #pragma GCC unroll 8
     for (int r = 0; r < kMr; ++r) {
-      const int8_t* aq = a.Row(i0 + r) + b * kQBlock;
-      const ActScale& sc = a.Scales(i0 + r)[b];
-      __m512i s0 = _mm512_set1_epi32(-kS.zero * sc.sum_lo);
-      __m512i s1 = _mm512_set1_epi32(-kS.zero * sc.sum_hi);
-#pragma GCC unroll 8
-      for (int g = 0; g < 4; ++g) {
-        s0 = _mm512_dpbusd_epi32(s0, lo[g], Bcast4(aq + 4 * g));
-        s1 = _mm512_dpbusd_epi32(s1, hi[g], Bcast4(aq + 16 + 4 * g));
-      }
-      const __m512 ad = _mm512_set1_ps(sc.d);
-      if constexpr (kH == 1) {
-        const __m512 f = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
-        acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(f, dd[0]), ad, acc[r]);
-        if constexpr (kS.mins) {
-          acc[r] = _mm512_fnmadd_ps(mm[0], _mm512_set1_ps(sc.s), acc[r]);
-        }
-      } else {
-        __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(s0), dd[0]);
-        v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), dd[1], v);
-        acc[r] = _mm512_fmadd_ps(v, ad, acc[r]);
-        if constexpr (kS.mins) {
-          acc[r] = _mm512_fnmadd_ps(
-              mm[0], _mm512_set1_ps(static_cast<float>(sc.sum_lo) * sc.d),
-              acc[r]);
-          acc[r] = _mm512_fnmadd_ps(
-              mm[1], _mm512_set1_ps(static_cast<float>(sc.sum_hi) * sc.d),
-              acc[r]);
-        }
-      }
+      const __m512 ad = _mm512_set1_ps(a.Scales(i0 + r)[b0].d);
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]),
+                               _mm512_mul_ps(d, ad), acc[r]);
     }
   }
   StoreTileRows<kMr>(w, t, i0, acc, y);

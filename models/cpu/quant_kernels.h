@@ -44,10 +44,12 @@ struct QuantRows {
 // sum(w e) involves the centered weights; the exact sum(x) would leave the
 // error sum(d q e) with q in 0..15, about twice as large.
 struct ActScale {
-  float d;         // scale: x ~= d * q
-  float s;         // d * sum(q)
-  int32_t sum_lo;  // sum(q) over the block's first 16 elements
-  int32_t sum_hi;  // and over its last 16
+  float d;  // scale: x ~= d * q
+  float s;  // d * sum(q)
+  // sum(q) over the block's first 16 and last 16 elements (|sum| <= 2032):
+  // adjacent, so one 32-bit broadcast gives a kernel both as an int16 pair.
+  int16_t sum_lo;
+  int16_t sum_hi;
 };
 
 // Activations quantized symmetrically to int8 with one scale per `group`
