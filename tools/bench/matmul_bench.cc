@@ -228,7 +228,7 @@ void RegisterAll() {
   for (const Shape& s : shapes) {
     const bool quant = IsDecodable(s.type);
     const std::vector<int64_t> ms =
-        quant ? std::vector<int64_t>{1, 8, 64, 512}
+        quant ? std::vector<int64_t>{1, 8, 32, 64, 512}
               : std::vector<int64_t>{1, 2, 4, 8, 64, 512};
     for (int64_t m : ms) {
       for (MatMulPath path : kPaths) {
