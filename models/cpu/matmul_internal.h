@@ -44,6 +44,13 @@ struct NibbleSpec {
   bool super = false;   // int8 sub-scales (u8 mins) x fp16 d (dmin) per 256
   int halves = 1;       // sub-scales per 32-block (super only): 1 or 2
   bool packed = false;  // a 4-bit sub-scale and min in one byte (Q2_K)
+  bool sub6 = false;    // 6-bit sub-scales + 32, as the file (Q3_K, halves 2)
+
+  // Bytes of a block's sub-scales in a K tile: an int8 per row and group,
+  // or (sub6) 16 bytes of low nibbles (half 0 low, half 1 high, one byte
+  // per row) and per half a 32-bit word of the 2-bit high parts (row r at
+  // bits 2r, 2r + 1).
+  constexpr int64_t SubBytes() const { return sub6 ? 24 : 16 * halves; }
 
   // Bytes of a block's quants (base field and planes) in a tile.
   constexpr int64_t QuantBytes() const { return 64 * base + 64 * planes; }
@@ -64,7 +71,12 @@ constexpr NibbleSpec SpecOf(QuantKind k) {
       return {
           .base = 2, .mins = true, .super = true, .halves = 2, .packed = true};
     case QuantKind::kQ3_K:
-      return {.base = 2, .planes = 1, .zero = 4, .super = true, .halves = 2};
+      return {.base = 2,
+              .planes = 1,
+              .zero = 4,
+              .super = true,
+              .halves = 2,
+              .sub6 = true};
     case QuantKind::kQ4_K:
       return {.mins = true, .super = true};
     case QuantKind::kQ5_K:
@@ -82,6 +94,20 @@ constexpr NibbleSpec SpecOf(QuantKind k) {
 inline constexpr int64_t kTileRows = 16;
 inline constexpr int64_t kQBlock = 32;
 
+// The sub-scale of row r, group h of block b in a K tile's sub-scale array
+// `subs` (for packed: the low 4 bits, the min being the high 4).
+inline int SubScale(const NibbleSpec& s, const uint8_t* subs, int64_t b, int h,
+                    int r) {
+  if (s.sub6) {
+    const uint8_t* p = subs + b * s.SubBytes();
+    const int low = (p[r] >> (4 * h)) & 15;
+    const int high = (p[16 + 4 * h + r / 4] >> (2 * (r % 4))) & 3;
+    return (low | high << 4) - 32;
+  }
+  const uint8_t v = subs[(b * s.halves + h) * kTileRows + r];
+  return s.packed ? v & 15 : static_cast<int8_t>(v);
+}
+
 // Quantized weights, 16-row interleaved. Tile t holds rows [16t, 16t + 16)
 // (rows past the end are zero) at buf + t * tile_stride:
 //
@@ -89,7 +115,8 @@ inline constexpr int64_t kQBlock = 32;
 //
 // or, for the K kinds (super in NibbleSpec),
 //
-//   [quants: nb x QB][sub-scales: nb x halves x 16 int8, [b][h][r]]
+//   [quants: nb x QB][sub-scales: nb x halves x 16 int8, [b][h][r], or
+//    nb x 24 bytes for sub6 (NibbleSpec::SubBytes)]
 //   [mins: as the sub-scales, u8, with mins][d: nb/8 x 16 fp16][dmin: same]
 //
 // (packed: sub-scale | min << 4 in the sub-scale byte, no mins array).

@@ -77,8 +77,8 @@ struct SuperLayout {
   const uint16_t* d;     // [b / 8][r]
   const uint16_t* dmin;  // [b / 8][r]
 
-  int Sub(const NibbleSpec& s, int64_t at) const {
-    return s.packed ? static_cast<uint8_t>(subs[at]) & 15 : subs[at];
+  int Sub(const NibbleSpec& s, int64_t b, int h, int r) const {
+    return SubScale(s, reinterpret_cast<const uint8_t*>(subs), b, h, r);
   }
   int Min(const NibbleSpec& s, int64_t at) const {
     return s.packed ? mins[at] >> 4 : mins[at];
@@ -86,14 +86,15 @@ struct SuperLayout {
 };
 SuperLayout SuperOf(const QuantTiles& w, const uint8_t* tile) {
   const NibbleSpec s = SpecOf(w.kind);
-  const int64_t n = w.nb * s.halves * kTileRows;
+  const int64_t n = w.nb * s.SubBytes();
+  const int64_t n_mins = w.nb * s.halves * kTileRows;
   const auto* subs =
       reinterpret_cast<const int8_t*>(tile + w.nb * w.QuantBytesPerBlock());
   const bool min_array = s.mins && !s.packed;
   const auto* mins =
       reinterpret_cast<const uint8_t*>(s.packed ? subs : subs + n);
   const auto* d =
-      reinterpret_cast<const uint16_t*>(subs + n + (min_array ? n : 0));
+      reinterpret_cast<const uint16_t*>(subs + n + (min_array ? n_mins : 0));
   return {subs, mins, d, d + w.nb / 8 * kTileRows};
 }
 
@@ -128,7 +129,7 @@ void SuperTileScalar(const QuantTiles& w, int64_t t, const QuantizedActs& a,
           }
           const int64_t at = (b * s.halves + h) * kTileRows + r;
           acc += static_cast<float>(dot) *
-                 (d * static_cast<float>(L.Sub(s, at))) * sc.d;
+                 (d * static_cast<float>(L.Sub(s, b, h, r))) * sc.d;
           if (s.mins) {
             acc -= dmin * static_cast<float>(L.Min(s, at)) *
                    (static_cast<float>(sum) * sc.d);
@@ -424,6 +425,25 @@ struct SuperBlock {
 
   [[gnu::always_inline]] inline SuperBlock(const SuperLayout& L, int64_t b,
                                            __m512 dmin) {
+    if constexpr (kS.sub6) {
+      Sub6(L.subs + b * kS.SubBytes());
+    } else {
+      SubBytes(L, b, dmin);
+    }
+    if constexpr (kS.zero != 0) {
+      const __m512i z = _mm512_set1_epi32(-kS.zero);
+      const __m512i lo = _mm512_mullo_epi32(sub[0], z);
+      const __m512i hi = _mm512_mullo_epi32(sub[kS.halves - 1], z);
+      zero_pair =
+          _mm512_or_si512(_mm512_and_si512(lo, _mm512_set1_epi32(0xffff)),
+                          _mm512_slli_epi32(hi, 16));
+    }
+  }
+
+  // A byte per row and group: int8 sub-scales and u8 mins, or (packed) a
+  // 4-bit sub-scale and min in one.
+  [[gnu::always_inline]] inline void SubBytes(const SuperLayout& L, int64_t b,
+                                              __m512 dmin) {
 #pragma GCC unroll 2
     for (int h = 0; h < kS.halves; ++h) {
       const int64_t at = (b * kS.halves + h) * kTileRows;
@@ -441,13 +461,28 @@ struct SuperBlock {
         }
       }
     }
-    if constexpr (kS.zero != 0) {
-      const __m512i z = _mm512_set1_epi32(-kS.zero);
-      const __m512i lo = _mm512_mullo_epi32(sub[0], z);
-      const __m512i hi = _mm512_mullo_epi32(sub[kS.halves - 1], z);
-      zero_pair =
-          _mm512_or_si512(_mm512_and_si512(lo, _mm512_set1_epi32(0xffff)),
-                          _mm512_slli_epi32(hi, 16));
+  }
+
+  // sub6 (matmul_internal.h): the low nibbles of both halves, then per half
+  // the row's 2 high bits out of a 32-bit word; stored + 32.
+  [[gnu::always_inline]] inline void Sub6(const int8_t* p) {
+    const __m512i nib = _mm512_cvtepu8_epi32(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    const __m512i shifts = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14,
+                                            12, 10, 8, 6, 4, 2, 0);
+    const __m512i fifteen = _mm512_set1_epi32(15);
+    const __m512i three = _mm512_set1_epi32(3);
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      int32_t word;
+      std::memcpy(&word, p + 16 + 4 * h, 4);
+      const __m512i high = _mm512_and_si512(
+          _mm512_srlv_epi32(_mm512_set1_epi32(word), shifts), three);
+      const __m512i low =
+          _mm512_and_si512(_mm512_srli_epi32(nib, 4 * h), fifteen);
+      sub[h] =
+          _mm512_sub_epi32(_mm512_or_si512(low, _mm512_slli_epi32(high, 4)),
+                           _mm512_set1_epi32(32));
     }
   }
 
@@ -520,7 +555,7 @@ void SuperTileAvx512(const QuantTiles& w, int64_t t, const QuantizedActs& a,
       prefetch.Lines4(qb);  // 256 bytes: all of a 2-bit kind's quants
       if constexpr (kQBytes > 256) prefetch.Line(qb + 256);
       if constexpr (kQBytes > 320) prefetch.Line(qb + 320);
-      prefetch.Line(L.subs + b * kH * kTileRows);
+      prefetch.Line(L.subs + b * kS.SubBytes());
       if constexpr (kS.mins && !kS.packed) {
         prefetch.Line(L.mins + b * kH * kTileRows);
       }

@@ -143,18 +143,25 @@ inline void BlockScales(const uint8_t* tile, int64_t nb, int64_t qbytes,
   // Legacy: fp16 d (and m) per block; K kinds: see matmul_internal.h.
   const auto* ds = reinterpret_cast<const uint16_t*>(tile + nb * qbytes);
   const uint16_t* ms = ds + nb * kTileRows;
-  const int64_t n_subs = nb * kH * kTileRows;
+  const int64_t n_subs = nb * kS.SubBytes();
   constexpr bool kMinArray = kS.mins && !kS.packed;
   const auto* subs = reinterpret_cast<const int8_t*>(tile + nb * qbytes);
   const uint8_t* mins = reinterpret_cast<const uint8_t*>(subs) + n_subs;
-  const auto* sd = reinterpret_cast<const uint16_t*>(subs + n_subs +
-                                                     (kMinArray ? n_subs : 0));
+  const auto* sd = reinterpret_cast<const uint16_t*>(
+      subs + n_subs + (kMinArray ? nb * kH * kTileRows : 0));
   const uint16_t* sdmin = sd + nb / 8 * kTileRows;
   if constexpr (kS.super) {
     const __m256 d = Fp16x8(sd + b / 8 * kTileRows + 8 * hf);
     for (int h = 0; h < kH; ++h) {
       const int64_t at = (b * kH + h) * kTileRows + 8 * hf;
-      if constexpr (kS.packed) {
+      if constexpr (kS.sub6) {
+        alignas(8) int8_t six[8];
+        for (int r = 0; r < 8; ++r) {
+          six[r] = static_cast<int8_t>(SubScale(
+              kS, reinterpret_cast<const uint8_t*>(subs), b, h, 8 * hf + r));
+        }
+        dd[h] = _mm256_mul_ps(Ints8(six, true), d);
+      } else if constexpr (kS.packed) {
         const __m256i v = _mm256_cvtepu8_epi32(
             _mm_loadl_epi64(reinterpret_cast<const __m128i*>(subs + at)));
         dd[h] = _mm256_mul_ps(

@@ -25,8 +25,8 @@ size_t ScaleBytesPerBlock(const QuantTiles& w) {
   const NibbleSpec s = SpecOf(w.kind);
   const size_t sets = s.mins ? 2 : 1;  // scales, and mins
   if (!s.super) return 32 * sets;      // 16 fp16 each
-  const size_t sub_sets = s.packed ? 1 : sets;
-  return sub_sets * 16 * s.halves + sets * 32 / 8;
+  const size_t min_bytes = s.mins && !s.packed ? 16 * s.halves : 0;
+  return s.SubBytes() + min_bytes + sets * 32 / 8;
 }
 
 // Row `row` of the concatenation: its type and bytes.
@@ -120,6 +120,16 @@ int IntegerOf(float x, float unit) {
   return static_cast<int>(n);
 }
 
+// Sub-scale `sub` (-32..31) of half h, row r into a sub6 block's bytes
+// (matmul_internal.h).
+void PutSub6(int sub, int h, int r, uint8_t* p) {
+  KV_CHECK(sub >= -32 && sub < 32, "6-bit sub-scale out of range: ", sub);
+  const int v = sub + 32;
+  p[r] = static_cast<uint8_t>(p[r] | (v & 15) << (4 * h));
+  uint8_t& high = p[16 + 4 * h + r / 4];
+  high = static_cast<uint8_t>(high | (v >> 4) << (2 * (r % 4)));
+}
+
 // Decoded values of one row of a K-quant `type` (raw blocks at `src`) into
 // lane r of a K tile: quants u = q + zero (IQ4_XS: code-book indices), the
 // integer sub-scales and mins recovered from DecodeBlocks's scales and
@@ -131,7 +141,7 @@ void PackSuperRow(const QuantTiles& w, GgmlType type, const uint8_t* src,
   const int64_t qbytes = w.QuantBytesPerBlock();
   const int64_t nb = w.nb;
   auto* subs = reinterpret_cast<int8_t*>(dst + nb * qbytes);
-  uint8_t* mins = reinterpret_cast<uint8_t*>(subs) + nb * s.halves * 16;
+  uint8_t* mins = reinterpret_cast<uint8_t*>(subs) + nb * s.SubBytes();
   const bool min_array = s.mins && !s.packed;
   auto* d =
       reinterpret_cast<uint16_t*>(mins + (min_array ? nb * s.halves * 16 : 0));
@@ -153,7 +163,9 @@ void PackSuperRow(const QuantTiles& w, GgmlType type, const uint8_t* src,
       const int64_t at = (b * s.halves + h) * kTileRows + r;
       const int sub = IntegerOf(scale[2 * b + h], sup.d);
       const int min = s.mins ? IntegerOf(-offset[2 * b + h], sup.dmin) : 0;
-      if (s.packed) {
+      if (s.sub6) {
+        PutSub6(sub, h, r, reinterpret_cast<uint8_t*>(subs) + b * s.SubBytes());
+      } else if (s.packed) {
         subs[at] = static_cast<int8_t>(sub | min << 4);
       } else {
         subs[at] = static_cast<int8_t>(sub);
