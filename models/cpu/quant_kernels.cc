@@ -84,12 +84,14 @@ struct SuperLayout {
     return s.packed ? mins[at] >> 4 : mins[at];
   }
 };
-SuperLayout SuperOf(const QuantTiles& w, const uint8_t* tile) {
-  const NibbleSpec s = SpecOf(w.kind);
+// (s: SpecOf(w.kind), passed in so that kernels give the constant.)
+[[gnu::always_inline]] inline SuperLayout SuperOf(const QuantTiles& w,
+                                                  const NibbleSpec& s,
+                                                  const uint8_t* tile) {
   const int64_t n = w.nb * s.SubBytes();
   const int64_t n_mins = w.nb * s.halves * kTileRows;
   const auto* subs =
-      reinterpret_cast<const int8_t*>(tile + w.nb * w.QuantBytesPerBlock());
+      reinterpret_cast<const int8_t*>(tile + w.nb * s.QuantBytes());
   const bool min_array = s.mins && !s.packed;
   const auto* mins =
       reinterpret_cast<const uint8_t*>(s.packed ? subs : subs + n);
@@ -105,7 +107,7 @@ void SuperTileScalar(const QuantTiles& w, int64_t t, const QuantizedActs& a,
                      float* y) {
   const NibbleSpec s = SpecOf(w.kind);
   const uint8_t* tile = w.Tile(t);
-  const SuperLayout L = SuperOf(w, tile);
+  const SuperLayout L = SuperOf(w, s, tile);
   const int64_t valid = std::min<int64_t>(kTileRows, w.rows - t * kTileRows);
   const int per = kQBlock / s.halves;  // elements per scale group
   for (int64_t i = 0; i < a.m; ++i) {
@@ -536,7 +538,7 @@ void SuperTileAvx512(const QuantTiles& w, int64_t t, const QuantizedActs& a,
   constexpr int kH = kS.halves;
   constexpr int64_t kQBytes = kS.QuantBytes();
   const uint8_t* tile = w.Tile(t);
-  const SuperLayout L = SuperOf(w, tile);
+  const SuperLayout L = SuperOf(w, kS, tile);
   const TilePrefetch prefetch(w);
   __m512 acc[kMr];
 #pragma GCC unroll 8
