@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "cli/plan_roofline.h"
 #include "common/cli_args.h"
 #include "common/status_macros.h"
 #include "common/strings.h"
@@ -20,6 +21,7 @@
 #include "models/loader/mapped_file.h"
 #include "models/loader/model_resolver.h"
 #include "models/loader/presets.h"
+#include "models/sim/gpu_specs.h"
 #include "nlohmann/json.hpp"
 
 namespace kvserve::cli {
@@ -90,11 +92,9 @@ absl::StatusOr<int64_t> ParseByteSize(std::string_view text) {
 }
 
 absl::StatusOr<int64_t> GpuHbmBytes(std::string_view gpu) {
-  const std::string g = absl::AsciiStrToLower(AbslView(gpu));
-  if (g == "h100") return int64_t{80'000'000'000};
-  if (g == "h200") return int64_t{141'000'000'000};
-  return absl::NotFoundError(
-      absl::StrFormat("unknown GPU '%s' (known: h100, h200)", gpu));
+  KV_ASSIGN_OR_RETURN(const models::sim::GpuSpec spec,
+                      models::sim::FindGpu(gpu));
+  return spec.memory_bytes;
 }
 
 namespace {
@@ -106,6 +106,20 @@ struct PlanArgs {
   int64_t tp = PlanFlags{}.tp;
   int64_t block_size = PlanFlags{}.block_size;
 };
+
+// A fraction in (0, 1] into *out.
+void RegisterEfficiency(CliArgs* args, const char* name, double* out,
+                        const char* help) {
+  args->Custom(name, "F", help, "a fraction in (0, 1]",
+               [out](const std::string& v) {
+                 double x = 0;
+                 if (!absl::SimpleAtod(v, &x) || !(x > 0 && x <= 1)) {
+                   return false;
+                 }
+                 *out = x;
+                 return true;
+               });
+}
 
 // Registers every flag of `kvserve plan` on `args`, storing into `a`; the
 // order is the order of --help.
@@ -139,10 +153,13 @@ void RegisterPlanFlags(PlanArgs* a, CliArgs* args) {
                  if (bytes.ok()) f->memory = *bytes;
                  return bytes.ok();
                });
-  args->Custom("gpu", "h100|h200",
-               "budget = HBM (80 / 141 GB) - weights per rank - 10% "
-               "activation reserve",
-               "h100 or h200", [f](const std::string& v) {
+  args->Custom("gpu", "NAME",
+               absl::StrCat(models::sim::GpuNames(),
+                            ": budget = device memory - weights per rank - "
+                            "10% activation reserve; adds roofline step "
+                            "times"),
+               absl::StrCat("one of ", models::sim::GpuNames()),
+               [f](const std::string& v) {
                  if (!GpuHbmBytes(v).ok()) return false;
                  f->gpu = absl::AsciiStrToLower(v);
                  return true;
@@ -164,6 +181,12 @@ void RegisterPlanFlags(PlanArgs* a, CliArgs* args) {
                  f->weight_bytes = x;
                  return true;
                });
+  RegisterEfficiency(args, "memory-efficiency", &f->memory_efficiency,
+                     "roofline: fraction of the GPU's memory bandwidth a "
+                     "step reaches (default 0.8)");
+  RegisterEfficiency(args, "flops-efficiency", &f->flops_efficiency,
+                     "roofline: fraction of its dense matrix rate (default "
+                     "0.6)");
   args->Bool("json", &f->json, "print one JSON object");
   args->Bool("help", &f->help, "show this help (also -h)");
 }
@@ -342,7 +365,7 @@ std::string Line(std::string_view label, std::string_view value) {
 std::string BudgetText(const Plan& p) {
   switch (p.budget) {
     case Plan::Budget::kNone:
-      return "none: pass --memory BYTES or --gpu h100|h200 to size "
+      return "none: pass --memory BYTES or --gpu NAME to size "
              "concurrency";
     case Plan::Budget::kMemory:
       return absl::StrFormat("%s bytes (%s) of KV per rank (--memory)",
@@ -505,6 +528,9 @@ std::string FormatPlan(const Plan& p) {
                                    Percent(kv.naive_idle_fraction),
                                    Percent(kv.paged_idle_fraction))));
   }
+  if (const std::optional<PlanRoofline> r = ComputePlanRoofline(p)) {
+    absl::StrAppend(&out, RooflineText(*r));
+  }
   for (const std::string& note : p.notes)
     absl::StrAppend(&out, Line("note", note));
   return out;
@@ -579,6 +605,9 @@ std::string FormatPlanJson(const Plan& p) {
                  {"paged_fraction", kv.paged_idle_fraction},
                  {"naive_bytes_per_sequence", kv.naive_idle_bytes_per_seq},
                  {"paged_bytes_per_sequence", kv.paged_idle_bytes_per_seq}};
+  }
+  if (const std::optional<PlanRoofline> r = ComputePlanRoofline(p)) {
+    j["roofline"] = RooflineJson(*r);
   }
   j["notes"] = p.notes;
   return j.dump() + "\n";

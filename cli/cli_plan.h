@@ -7,7 +7,7 @@
 // supplies. It never allocates device memory.
 //
 //   kvserve plan --model NAME|PATH [--kv-dtype bf16|fp16|fp8|int8|f32]
-//       [--context N] [--concurrency N] [--memory BYTES | --gpu h100|h200]
+//       [--context N] [--concurrency N] [--memory BYTES | --gpu NAME]
 //       [--tp N] [--block-size 16] [--mean-len N] [--weight-bytes X] [--json]
 #pragma once
 
@@ -46,13 +46,17 @@ struct PlanFlags {
   int64_t context = 0;      // --context; 0 = min(8192, model max_position)
   int64_t concurrency = 0;  // --concurrency; 0 = not asked
   int64_t memory = 0;       // --memory: KV bytes per rank; 0 = not given
-  std::string gpu;          // --gpu: "h100" or "h200"; empty = not given
+  std::string gpu;          // --gpu: models/sim/gpu_specs.h; empty = none
   int tp = 1;               // --tp: tensor-parallel ranks
   int block_size = 16;      // --block-size: tokens per KV block
   int64_t mean_len = 0;     // --mean-len: mean sequence length; 0 = skip
   double weight_bytes = 0;  // --weight-bytes per parameter; 0 = config's
-  bool json = false;        // --json
-  bool help = false;        // --help / -h
+  // --memory-efficiency, --flops-efficiency: the roofline's fractions of the
+  // GPU's datasheet rates (models/sim/roofline.h).
+  double memory_efficiency = 0.8;
+  double flops_efficiency = 0.6;
+  bool json = false;  // --json
+  bool help = false;  // --help / -h
 };
 
 // Parses the flags after "plan" ("--flag value" or "--flag=value", `-h`)
@@ -68,7 +72,7 @@ struct PlanFlags {
 [[nodiscard]] absl::StatusOr<int64_t> ParseByteSize(std::string_view text);
 
 // Device memory of a --gpu name (marketed capacity, decimal GB: h100 = 80 GB,
-// h200 = 141 GB); NotFound for other names.
+// h200 = 141 GB; models/sim/gpu_specs.h); NotFound for other names.
 [[nodiscard]] absl::StatusOr<int64_t> GpuHbmBytes(std::string_view gpu);
 
 // Everything the report shows.

@@ -4,8 +4,9 @@
 Each source folder is a room (one CMake library); a room may include its
 own headers and those of the rooms below it, never one above or beside:
 
-  cli -> server -> engine -> {scheduler, models/cpu, models/cuda}
+  cli -> server -> engine -> {scheduler, models/cpu, models/cuda, models/sim}
   models/cpu, models/cuda -> models/loader -> models/tokenizer -> models
+  models/sim -> models
   scheduler -> kvcache;  models -> kvcache -> common
 
 `server` also reaches the generated protocol headers (`kvserve/v1/...`).
@@ -32,8 +33,9 @@ DIRECT = {
     "models/loader": ["models/tokenizer"],
     "models/cpu": ["models/loader"],
     "models/cuda": ["models/loader"],
+    "models/sim": ["models"],
     "scheduler": ["kvcache"],
-    "engine": ["scheduler", "models/cpu", "models/cuda"],
+    "engine": ["scheduler", "models/cpu", "models/cuda", "models/sim"],
     "proto": [],
     "server": ["engine", "proto"],
     "cli": ["server"],
@@ -42,7 +44,7 @@ DIRECT = {
 TEST_AREAS = {
     "common": ["common"],
     "kvcache": ["kvcache"],
-    "models": ["models/cpu", "models/cuda"],
+    "models": ["models/cpu", "models/cuda", "models/sim"],
     "scheduler": ["scheduler"],
     "engine": ["engine"],
     "server": ["server"],

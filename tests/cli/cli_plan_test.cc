@@ -61,7 +61,7 @@ TEST(PlanReportTest, Llama3_70BPerSequence) {
                         "per sequence     8,192 tokens = 2,684,354,560 bytes "
                         "(2.68 GB), 512 blocks of 16\n"
                         "budget           none: pass --memory BYTES or --gpu "
-                        "h100|h200 to size concurrency\n"));
+                        "NAME to size concurrency\n"));
   EXPECT_THAT(r.out, Not(HasSubstr("concurrency ")));
   EXPECT_THAT(r.out, Not(HasSubstr("idle KV")));
 }
@@ -225,6 +225,44 @@ TEST(PlanReportTest, JsonCarriesTheSameNumbers) {
   EXPECT_EQ(gpu["budget"]["weight_bytes_per_rank"], 2 * 7615616512);
 }
 
+// --gpu adds the roofline's estimates (models/sim/roofline.h): Llama-3-8B
+// bf16 on an H200 reads 15.01 GB of weights a step, 3.91 ms at 0.8 x 4.8
+// TB/s, plus its sequences' K/V.
+TEST(PlanReportTest, GpuAddsRooflineStepTimes) {
+  const Result r = RunArgs({"--model", "llama3-8b", "--gpu", "h200",
+                            "--context", "4096", "--concurrency", "16"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("roofline         H200 SXM 141GB: 4.80 TB/s x "
+                               "0.80, 989 TFLOP/s bf16 x 0.60"));
+  // K/V: 16 x 4,096 + 16 tokens x 131,072 bytes = 8.59 GB: 2.24 ms.
+  EXPECT_THAT(r.out, HasSubstr("decode step      16 sequences x 4096 tokens: "
+                               "6.15 ms a step (weights 3.91 + KV 2.24 ms "
+                               "read"));
+  EXPECT_THAT(r.out, HasSubstr("memory-bound), 2603 tokens/s\n"));
+  EXPECT_THAT(r.out, HasSubstr("prefill          one 4096-token prompt:"));
+  EXPECT_THAT(r.out, HasSubstr("(compute-bound)"));
+  const nlohmann::json j = nlohmann::json::parse(
+      RunArgs({"--model", "llama3-8b", "--gpu", "h200", "--context", "4096",
+               "--concurrency", "16", "--memory-efficiency", "0.4", "--json"})
+          .out);
+  EXPECT_EQ(j["roofline"]["gpu"], "h200");
+  EXPECT_EQ(j["roofline"]["decode_sequences"], 16);
+  EXPECT_NEAR(j["roofline"]["decode_step"]["weights_seconds"].get<double>(),
+              2 * 3.90868e-3, 1e-7);
+  EXPECT_FALSE(j["roofline"]["decode_step"]["compute_bound"].get<bool>());
+  EXPECT_TRUE(j["roofline"]["prefill"]["compute_bound"].get<bool>());
+  // A request that does not fit is estimated at what fits (206 here).
+  EXPECT_THAT(RunArgs({"--model", "llama3-8b", "--gpu", "h200", "--context",
+                       "4096", "--concurrency", "300"})
+                  .out,
+              HasSubstr("decode step      206 sequences x 4096 tokens"));
+  // Without a GPU there is nothing to estimate.
+  EXPECT_FALSE(
+      nlohmann::json::parse(
+          RunArgs({"--model", "llama3-8b", "--memory", "20GB", "--json"}).out)
+          .contains("roofline"));
+}
+
 TEST(PlanReportTest, FormatPlanWithoutRunPlan) {
   const models::ModelPreset* preset = models::FindPreset("llama3-70b");
   PlanFlags flags;
@@ -253,8 +291,15 @@ TEST(PlanFlagsTest, BadFlagsNameTheFlag) {
       {{"--model", "llama3-70b", "--kv-dtype", "int3"},
        "invalid value 'int3' for --kv-dtype: expected bf16, fp16, fp8, int8, "
        "int4 or f32"},
-      {{"--model", "llama3-70b", "--gpu", "a100"},
-       "invalid value 'a100' for --gpu: expected h100 or h200"},
+      {{"--model", "llama3-70b", "--gpu", "b200"},
+       "invalid value 'b200' for --gpu: expected one of h100, h200, a100, "
+       "l40s"},
+      {{"--model", "llama3-8b", "--gpu", "h200", "--memory-efficiency", "1.5"},
+       "invalid value '1.5' for --memory-efficiency: expected a fraction in "
+       "(0, 1]"},
+      {{"--model", "llama3-8b", "--gpu", "h200", "--flops-efficiency", "0"},
+       "invalid value '0' for --flops-efficiency: expected a fraction in "
+       "(0, 1]"},
       {{"--model", "llama3-70b", "--memory", "lots"},
        "invalid value 'lots' for --memory"},
       {{"--model", "llama3-70b", "--memory", "1GB", "--gpu", "h100"},
@@ -305,8 +350,9 @@ TEST(PlanFlagsTest, HelpAndModelErrors) {
   EXPECT_THAT(help.out, HasSubstr("llama3.1-405b"));
   for (const char* flag :
        {"--model STRING", "--kv-dtype D", "--context N", "--concurrency N",
-        "--memory BYTES", "--gpu h100|h200", "--tp N", "--block-size N",
-        "--mean-len N", "--weight-bytes X", "--json", "--help"}) {
+        "--memory BYTES", "--gpu NAME", "--tp N", "--block-size N",
+        "--mean-len N", "--weight-bytes X", "--memory-efficiency F",
+        "--flops-efficiency F", "--json", "--help"}) {
     EXPECT_THAT(help.out, HasSubstr(flag));
   }
   EXPECT_EQ(help.out, PlanUsage());
