@@ -197,4 +197,35 @@ struct PackedData {
   }
 };
 
+// Where a K tile's per-block sub-scales, mins and per-256 d, dmin lie
+// (packed: both in the sub-scale bytes, `mins` = `subs`).
+struct SuperLayout {
+  const int8_t* subs;    // [b][h][r]
+  const uint8_t* mins;   // [b][h][r]
+  const uint16_t* d;     // [b / 8][r]
+  const uint16_t* dmin;  // [b / 8][r]
+
+  int Sub(const NibbleSpec& s, int64_t b, int h, int r) const {
+    return SubScale(s, reinterpret_cast<const uint8_t*>(subs), b, h, r);
+  }
+  int Min(const NibbleSpec& s, int64_t at) const {
+    return s.packed ? mins[at] >> 4 : mins[at];
+  }
+};
+// (s: SpecOf(w.kind), passed in so that kernels give the constant.)
+[[gnu::always_inline]] inline SuperLayout SuperOf(const QuantTiles& w,
+                                                  const NibbleSpec& s,
+                                                  const uint8_t* tile) {
+  const int64_t n = w.nb * s.SubBytes();
+  const int64_t n_mins = w.nb * s.halves * kTileRows;
+  const auto* subs =
+      reinterpret_cast<const int8_t*>(tile + w.nb * s.QuantBytes());
+  const bool min_array = s.mins && !s.packed;
+  const auto* mins =
+      reinterpret_cast<const uint8_t*>(s.packed ? subs : subs + n);
+  const auto* d =
+      reinterpret_cast<const uint16_t*>(subs + n + (min_array ? n_mins : 0));
+  return {subs, mins, d, d + w.nb / 8 * kTileRows};
+}
+
 }  // namespace kvserve::models::cpu::internal

@@ -27,155 +27,6 @@ namespace {
 // Activation rows sharing one pass over a weight tile.
 constexpr int kMaxMr = 8;
 
-// x[0, 32 nb) quantized per `per` 32-blocks sharing one scale (1: ggml's
-// Q8_0; 8: Q8_K), with the quantized sums of each block and half.
-void QuantizeRowScalar(const float* x, int64_t nb, int per, int8_t* q,
-                       ActScale* sc) {
-  for (int64_t b0 = 0; b0 < nb; b0 += per) {
-    float amax = 0.0f;
-    for (int64_t j = b0 * kQBlock; j < (b0 + per) * kQBlock; ++j) {
-      amax = std::max(amax, std::fabs(x[j]));
-    }
-    const float d = amax / 127.0f;
-    const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
-    for (int64_t b = b0; b < b0 + per; ++b) {
-      int sums[2] = {0, 0};
-      for (int j = 0; j < kQBlock; ++j) {
-        const int v = static_cast<int>(std::nearbyint(x[b * kQBlock + j] * id));
-        q[b * kQBlock + j] = static_cast<int8_t>(v);
-        sums[j / 16] += v;
-      }
-      sc[b] = {d, d * static_cast<float>(sums[0] + sums[1]),
-               static_cast<int16_t>(sums[0]), static_cast<int16_t>(sums[1])};
-    }
-  }
-}
-
-// Weight k of tile row r in block b, as the unsigned integer the VNNI
-// kernel would feed (nibble kinds: u, see NibbleSpec; Q8: q + 128).
-int WeightQuant(const QuantTiles& w, const uint8_t* qb, int r, int k) {
-  if (w.kind == QuantKind::kQ8_0) {
-    return qb[(k / 4) * 64 + r * 4 + k % 4];
-  }
-  const NibbleSpec s = SpecOf(w.kind);
-  const int h = k / 16, g = k % 16 / 4, i = k % 4;
-  int u = s.base == 4 ? (qb[g * 64 + r * 4 + i] >> 4 * h) & 0x0f
-                      : (qb[h * 64 + r * 4 + i] >> 2 * g) & 0x03;
-  for (int p = 0; p < s.planes; ++p) {
-    uint64_t mask;
-    std::memcpy(&mask, qb + 64 * s.base + 64 * p + 8 * (4 * h + g), 8);
-    u |= static_cast<int>(((mask >> (4 * r + i)) & 1) << (s.base + p));
-  }
-  return s.lut ? kIq4NlValues[u] + 128 : u;
-}
-
-// Where a K tile's per-block sub-scales, mins and per-256 d, dmin lie
-// (packed: both in the sub-scale bytes, `mins` = `subs`).
-struct SuperLayout {
-  const int8_t* subs;    // [b][h][r]
-  const uint8_t* mins;   // [b][h][r]
-  const uint16_t* d;     // [b / 8][r]
-  const uint16_t* dmin;  // [b / 8][r]
-
-  int Sub(const NibbleSpec& s, int64_t b, int h, int r) const {
-    return SubScale(s, reinterpret_cast<const uint8_t*>(subs), b, h, r);
-  }
-  int Min(const NibbleSpec& s, int64_t at) const {
-    return s.packed ? mins[at] >> 4 : mins[at];
-  }
-};
-// (s: SpecOf(w.kind), passed in so that kernels give the constant.)
-[[gnu::always_inline]] inline SuperLayout SuperOf(const QuantTiles& w,
-                                                  const NibbleSpec& s,
-                                                  const uint8_t* tile) {
-  const int64_t n = w.nb * s.SubBytes();
-  const int64_t n_mins = w.nb * s.halves * kTileRows;
-  const auto* subs =
-      reinterpret_cast<const int8_t*>(tile + w.nb * s.QuantBytes());
-  const bool min_array = s.mins && !s.packed;
-  const auto* mins =
-      reinterpret_cast<const uint8_t*>(s.packed ? subs : subs + n);
-  const auto* d =
-      reinterpret_cast<const uint16_t*>(subs + n + (min_array ? n_mins : 0));
-  return {subs, mins, d, d + w.nb / 8 * kTileRows};
-}
-
-// K kinds: per scale group (a 16- or 32-element part of the block) the
-// exact int32 dot - zero sum(a), times d * sub-scale, less dmin * min *
-// sum(a).
-void SuperTileScalar(const QuantTiles& w, int64_t t, const QuantizedActs& a,
-                     float* y) {
-  const NibbleSpec s = SpecOf(w.kind);
-  const uint8_t* tile = w.Tile(t);
-  const SuperLayout L = SuperOf(w, s, tile);
-  const int64_t valid = std::min<int64_t>(kTileRows, w.rows - t * kTileRows);
-  const int per = kQBlock / s.halves;  // elements per scale group
-  for (int64_t i = 0; i < a.m; ++i) {
-    for (int r = 0; r < valid; ++r) {
-      float acc = 0.0f;
-      for (int64_t b = 0; b < w.nb; ++b) {
-        const uint8_t* qb = tile + b * w.QuantBytesPerBlock();
-        const int8_t* aq = a.Row(i) + b * kQBlock;
-        const ActScale& sc = a.Scales(i)[b];
-        const float d = Fp16ToFp32(L.d[b / 8 * kTileRows + r]);
-        // Only the kinds with mins store dmin.
-        const float dmin =
-            s.mins ? Fp16ToFp32(L.dmin[b / 8 * kTileRows + r]) : 0.0f;
-        for (int h = 0; h < s.halves; ++h) {
-          const int32_t sum = s.halves == 1 ? sc.sum_lo + sc.sum_hi
-                              : h == 0      ? sc.sum_lo
-                                            : sc.sum_hi;
-          int32_t dot = -s.zero * sum;
-          for (int k = per * h; k < per * (h + 1); ++k) {
-            dot += WeightQuant(w, qb, r, k) * aq[k];
-          }
-          const int64_t at = (b * s.halves + h) * kTileRows + r;
-          acc += static_cast<float>(dot) *
-                 (d * static_cast<float>(L.Sub(s, b, h, r))) * sc.d;
-          if (s.mins) {
-            acc -= dmin * static_cast<float>(L.Min(s, at)) *
-                   (static_cast<float>(sum) * sc.d);
-          }
-        }
-      }
-      y[i * w.out_stride + w.out_offset + t * kTileRows + r] = acc;
-    }
-  }
-}
-
-void TileAllRowsScalar(const QuantTiles& w, int64_t t, const QuantizedActs& a,
-                       float* y) {
-  if (SpecOf(w.kind).super) return SuperTileScalar(w, t, a, y);
-  const int64_t nb = w.nb;
-  const int64_t qbytes = w.QuantBytesPerBlock();
-  const uint8_t* tile = w.Tile(t);
-  const uint16_t* ds = reinterpret_cast<const uint16_t*>(tile + nb * qbytes);
-  const uint16_t* ms = ds + nb * kTileRows;
-  const float offset = w.kind == QuantKind::kQ8_0
-                           ? 128.0f
-                           : static_cast<float>(SpecOf(w.kind).zero);
-  const int64_t valid = std::min<int64_t>(kTileRows, w.rows - t * kTileRows);
-  for (int64_t i = 0; i < a.m; ++i) {
-    for (int r = 0; r < valid; ++r) {
-      float acc = 0.0f;
-      for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* qb = tile + b * qbytes;
-        const int8_t* aq = a.Row(i) + b * kQBlock;
-        const ActScale& sc = a.Scales(i)[b];
-        int dot = 0;
-        for (int k = 0; k < kQBlock; ++k)
-          dot += WeightQuant(w, qb, r, k) * aq[k];
-        const float dw = Fp16ToFp32(ds[b * kTileRows + r]);
-        acc += dw * (static_cast<float>(dot) * sc.d - offset * sc.s);
-        if (w.kind != QuantKind::kQ8_0 && SpecOf(w.kind).mins) {
-          acc += Fp16ToFp32(ms[b * kTileRows + r]) * sc.s;
-        }
-      }
-      y[i * w.out_stride + w.out_offset + t * kTileRows + r] = acc;
-    }
-  }
-}
-
 #ifdef KVSERVE_QUANT_VNNI
 void QuantizeRowAvx512(const float* x, int64_t nb, int per, int8_t* q,
                        ActScale* sc) {
@@ -772,8 +623,8 @@ void QuantizeActivations(const float* x, int64_t m, int64_t cols,
         continue;
       }
 #endif
-      QuantizeRowScalar(x + i * cols, out->nb, per, q + i * cols,
-                        sc + i * out->nb);
+      QuantizeRowPortable(x + i * cols, out->nb, per, q + i * cols,
+                          sc + i * out->nb);
     }
   };
   // NOTE: a row quantizes in ~0.1 us per 1K elements; a parallel region only
@@ -805,7 +656,7 @@ void QuantMatMul(const ActSet& acts, const QuantTiles& w, float* y,
     if (vnni) return TileAllRows(*seg, t, a, y);
 #endif
     if (use_avx2) return TileAllRowsAvx2(*seg, t, a, y);
-    TileAllRowsScalar(*seg, t, a, y);
+    TileAllRowsPortable(*seg, t, a, y);
   };
   ParallelFor(w.num_tiles, 1, [&](int64_t lo, int64_t hi) {
     for (int64_t t = lo; t < hi; ++t) tile(t);

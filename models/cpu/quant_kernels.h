@@ -117,4 +117,12 @@ bool HaveAvx2Kernels();
 void TileAllRowsAvx2(const QuantTiles& w, int64_t t, const QuantizedActs& a,
                      float* y);
 
+// The portable kernels (models/cpu/quant_kernels_portable.cc): x[0, 32 nb)
+// quantized per `per` 32-blocks sharing one scale (1: ggml's Q8_0; 8: Q8_K),
+// and tile t of w (not segmented) against every row of `a`.
+void QuantizeRowPortable(const float* x, int64_t nb, int per, int8_t* q,
+                         ActScale* sc);
+void TileAllRowsPortable(const QuantTiles& w, int64_t t, const QuantizedActs& a,
+                         float* y);
+
 }  // namespace kvserve::models::cpu::internal

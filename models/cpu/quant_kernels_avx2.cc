@@ -135,50 +135,45 @@ inline __m256 Ints8(const void* p, bool is_signed) {
 // Block b's scales for rows [8 hf, 8 hf + 8): dd[h] per scale group (d, or
 // for the K kinds d * sub-scale), mm[h] the offsets (m, or dmin * min).
 template <QuantKind kKind>
-inline void BlockScales(const uint8_t* tile, int64_t nb, int64_t qbytes,
-                        int64_t b, int hf, __m256* dd, __m256* mm) {
+inline void BlockScales(const QuantTiles& w, const uint8_t* tile, int64_t b,
+                        int hf, __m256* dd, __m256* mm) {
   constexpr bool kQ8 = kKind == QuantKind::kQ8_0;
   constexpr NibbleSpec kS = kQ8 ? NibbleSpec{} : SpecOf(kKind);
   constexpr int kH = kS.halves;
-  // Legacy: fp16 d (and m) per block; K kinds: see matmul_internal.h.
-  const auto* ds = reinterpret_cast<const uint16_t*>(tile + nb * qbytes);
-  const uint16_t* ms = ds + nb * kTileRows;
-  const int64_t n_subs = nb * kS.SubBytes();
-  constexpr bool kMinArray = kS.mins && !kS.packed;
-  const auto* subs = reinterpret_cast<const int8_t*>(tile + nb * qbytes);
-  const uint8_t* mins = reinterpret_cast<const uint8_t*>(subs) + n_subs;
-  const auto* sd = reinterpret_cast<const uint16_t*>(
-      subs + n_subs + (kMinArray ? nb * kH * kTileRows : 0));
-  const uint16_t* sdmin = sd + nb / 8 * kTileRows;
   if constexpr (kS.super) {
-    const __m256 d = Fp16x8(sd + b / 8 * kTileRows + 8 * hf);
+    const SuperLayout L = SuperOf(w, kS, tile);
+    const __m256 d = Fp16x8(L.d + b / 8 * kTileRows + 8 * hf);
     for (int h = 0; h < kH; ++h) {
       const int64_t at = (b * kH + h) * kTileRows + 8 * hf;
       if constexpr (kS.sub6) {
         alignas(8) int8_t six[8];
         for (int r = 0; r < 8; ++r) {
-          six[r] = static_cast<int8_t>(SubScale(
-              kS, reinterpret_cast<const uint8_t*>(subs), b, h, 8 * hf + r));
+          six[r] = static_cast<int8_t>(L.Sub(kS, b, h, 8 * hf + r));
         }
         dd[h] = _mm256_mul_ps(Ints8(six, true), d);
       } else if constexpr (kS.packed) {
         const __m256i v = _mm256_cvtepu8_epi32(
-            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(subs + at)));
+            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(L.subs + at)));
         dd[h] = _mm256_mul_ps(
             _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(15))), d);
         mm[h] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4)),
-                              Fp16x8(sdmin + b / 8 * kTileRows + 8 * hf));
+                              Fp16x8(L.dmin + b / 8 * kTileRows + 8 * hf));
       } else {
-        dd[h] = _mm256_mul_ps(Ints8(subs + at, true), d);
+        dd[h] = _mm256_mul_ps(Ints8(L.subs + at, true), d);
         if constexpr (kS.mins) {
-          mm[h] = _mm256_mul_ps(Ints8(mins + at, false),
-                                Fp16x8(sdmin + b / 8 * kTileRows + 8 * hf));
+          mm[h] = _mm256_mul_ps(Ints8(L.mins + at, false),
+                                Fp16x8(L.dmin + b / 8 * kTileRows + 8 * hf));
         }
       }
     }
   } else {
+    // Legacy: fp16 d (and m) per block.
+    const auto* ds =
+        reinterpret_cast<const uint16_t*>(tile + w.nb * w.QuantBytesPerBlock());
     dd[0] = Fp16x8(ds + b * kTileRows + 8 * hf);
-    if constexpr (kS.mins) mm[0] = Fp16x8(ms + b * kTileRows + 8 * hf);
+    if constexpr (kS.mins) {
+      mm[0] = Fp16x8(ds + w.nb * kTileRows + b * kTileRows + 8 * hf);
+    }
   }
 }
 
@@ -200,7 +195,7 @@ void HalfTile(const QuantTiles& w, int64_t t, int hf, const QuantizedActs& a,
     __m256i wq[8];
     LoadHalf<kKind>(tile + b * qbytes, hf, wq);
     __m256 dd[2], mm[2];
-    BlockScales<kKind>(tile, nb, qbytes, b, hf, dd, mm);
+    BlockScales<kKind>(w, tile, b, hf, dd, mm);
     for (int r = 0; r < kMr; ++r) {
       const int8_t* aq = a.Row(i0 + r) + b * kQBlock;
       const ActScale& sc = a.Scales(i0 + r)[b];
