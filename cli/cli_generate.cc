@@ -208,6 +208,9 @@ absl::StatusOr<std::pair<std::unique_ptr<engine::Engine>, engine::RequestSpec>>
 StartEngine(const GenerateFlags& f, const CliArgs& args) {
   engine::EngineConfig e;
   KV_ASSIGN_OR_RETURN(e.device, engine::ParseDevice(f.device));
+  if (e.device == engine::Device::kSim) {
+    KV_ASSIGN_OR_RETURN(e.sim, engine::ParseSimTarget(f.device));
+  }
   e.scheduler.block_size = static_cast<int32_t>(f.block_size);
   KV_ASSIGN_OR_RETURN(e.kv_cache_dtype,
                       ParseKvCacheDtypeFlag(f.kv_cache_dtype));

@@ -214,19 +214,20 @@ absl::StatusOr<PlanFlags> ParsePlanFlags(const std::vector<std::string>& args) {
 
 namespace {
 
-// Fills the --gpu budget: HBM - weights per rank - activation reserve.
+// Fills the --gpu budget: HBM - weights per rank - activation reserve
+// (models/sim/memory_budget.h, which the simulated device sizes its pool by).
 void ApplyGpuBudget(Plan& p) {
   p.budget = Plan::Budget::kGpu;
-  p.hbm_bytes = *GpuHbmBytes(p.flags.gpu);
   const double per_param = p.flags.weight_bytes > 0
                                ? p.flags.weight_bytes
                                : p.config.weight_dtype_bytes;
-  p.weight_bytes_per_rank =
-      static_cast<int64_t>(std::ceil(p.params * per_param / p.flags.tp));
-  p.reserve_bytes =
-      static_cast<int64_t>(p.hbm_bytes * kActivationReserveFraction);
-  p.budget_bytes = std::max<int64_t>(
-      0, p.hbm_bytes - p.weight_bytes_per_rank - p.reserve_bytes);
+  const models::sim::MemoryBudget b = models::sim::KvMemoryBudget(
+      *models::sim::FindGpu(p.flags.gpu), p.params, per_param, p.flags.tp,
+      kActivationReserveFraction);
+  p.hbm_bytes = b.hbm_bytes;
+  p.weight_bytes_per_rank = b.weight_bytes_per_rank;
+  p.reserve_bytes = b.reserve_bytes;
+  p.budget_bytes = b.kv_bytes;
   if (p.budget_bytes == 0) {
     p.notes.push_back(absl::StrFormat(
         "weights (%s per rank) plus the %s activation reserve exceed the "
@@ -385,9 +386,13 @@ std::string BudgetText(const Plan& p) {
       p.flags.tp, DecimalBytes(p.reserve_bytes),
       100 * kActivationReserveFraction);
   if (p.budget_bytes == 0) return text + "nothing left for KV";
-  return text + absl::StrFormat("%s bytes (%s) of KV per rank",
-                                WithCommas(p.budget_bytes),
-                                DecimalBytes(p.budget_bytes));
+  return text + absl::StrFormat(
+                    "%s bytes (%s) of KV per rank: %s blocks (what `kvserve "
+                    "--device sim:%s` allocates)",
+                    WithCommas(p.budget_bytes), DecimalBytes(p.budget_bytes),
+                    WithCommas(p.kv.budget_blocks),
+                    p.flags.tp > 1 ? absl::StrCat(p.flags.gpu, "x", p.flags.tp)
+                                   : p.flags.gpu);
 }
 
 std::string ConcurrencyText(const Plan& p) {

@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "kvcache/kv_sizing.h"
 #include "models/model_config.h"
+#include "models/sim/memory_budget.h"
 
 namespace kvserve::cli {
 
@@ -36,9 +37,9 @@ using ConfigLoader =
     std::function<absl::StatusOr<PlanModel>(const std::string& path)>;
 
 // Share of device HBM kept back for activations, CUDA context and allocator
-// slack when --gpu derives the KV budget (vLLM's default
-// gpu_memory_utilization of 0.9 keeps back the same 10%).
-inline constexpr double kActivationReserveFraction = 0.10;
+// slack when --gpu derives the KV budget (models/sim/memory_budget.h).
+inline constexpr double kActivationReserveFraction =
+    models::sim::kDefaultReserveFraction;
 
 struct PlanFlags {
   std::string model;  // --model: preset name, HF repo id, or path

@@ -79,6 +79,9 @@ struct ServeFlags {
   std::string preemption_mode{
       scheduler::PreemptionModeName(SchedulerDefaults().preemption_mode)};
   std::string device{engine::DeviceName(EngineDefaults().device)};
+  // --sim-*: the simulated device's settings; gpu and tp come from --device.
+  engine::SimConfig sim;
+  int64_t sim_seed = 0;
   bool help = false;
 };
 
@@ -113,8 +116,10 @@ void RegisterKvFlags(ServeFlags* f, CliArgs* args) {
                            f->kv_high_watermark, "; 1 = never)"),
               0.001, 1);
   args->String("device", &f->device,
-               absl::StrCat("where the model runs: cpu, cuda, or auto "
-                            "(default ",
+               absl::StrCat("where the model runs: cpu, cuda, auto, or "
+                            "sim:<gpu>[x<tp>] (h100, h200, a100, l40s: no "
+                            "weights, simulated tokens and step times; "
+                            "default ",
                             f->device, ")"));
   args->String("kv-cache-dtype", &f->kv_cache_dtype,
                "KV element type: auto (CPU fp16, CUDA bf16), f32, fp16, "
@@ -125,6 +130,29 @@ void RegisterKvFlags(ServeFlags* f, CliArgs* args) {
               absl::StrCat("share of GPU memory for weights, activations "
                            "and KV with --device=cuda (default ",
                            f->gpu_memory_fraction, ")"),
+              0.01, 1);
+}
+
+void RegisterSimFlags(ServeFlags* f, CliArgs* args) {
+  engine::SimConfig& s = f->sim;
+  args->Float("sim-speed", &s.speed,
+              "--device sim: simulated seconds per real second (1 = real "
+              "time; 0 = no sleeping at all; default 1)",
+              0, 1e9);
+  args->Float("sim-weight-bytes", &s.weight_bytes,
+              "--device sim: bytes per weight parameter (2 bf16, 1 fp8, 0.5 "
+              "int4; default 0 = the model's dtype)",
+              0, 8);
+  args->Int("sim-seed", &f->sim_seed,
+            "--device sim: seed of the simulated token ids (default 0)", 0,
+            INT64_MAX);
+  args->Float("sim-memory-efficiency", &s.memory_efficiency,
+              "--device sim: share of the GPU's memory bandwidth a step "
+              "reaches (default 0.8)",
+              0.01, 1);
+  args->Float("sim-flops-efficiency", &s.flops_efficiency,
+              "--device sim: share of the GPU's dense matrix rate a step "
+              "reaches (default 0.6)",
               0.01, 1);
 }
 
@@ -266,6 +294,7 @@ void RegisterFlags(ServeFlags* f, CliArgs* args) {
   args->Int("threads", &f->threads, "CPU compute threads (default 0 = all)", 0,
             1024);
   RegisterKvFlags(f, args);
+  RegisterSimFlags(f, args);
   RegisterSecurityFlags(f, args);
   args->Bool("help", &f->help, "show this help");
 }
@@ -310,6 +339,10 @@ absl::Status FinishFlags(ServeFlags* f) {
   e.gpu_memory_fraction = f->gpu_memory_fraction;
   e.fault_step_delay = absl::Milliseconds(f->fault_step_delay_ms);
   KV_ASSIGN_OR_RETURN(e.device, engine::ParseDevice(f->device));
+  f->sim.seed = static_cast<uint64_t>(f->sim_seed);
+  if (e.device == engine::Device::kSim) {
+    KV_ASSIGN_OR_RETURN(e.sim, engine::ParseSimTarget(f->device, f->sim));
+  }
   KV_ASSIGN_OR_RETURN(e.kv_cache_dtype,
                       ParseKvCacheDtypeFlag(f->kv_cache_dtype));
   static constexpr const char* kLevels[] = {"trace", "debug",    "info", "warn",

@@ -1,6 +1,9 @@
-// The device a model runs on, as the --device flag names it.
+// The device a model runs on, as the --device flag names it, and the
+// settings of the simulated device ("sim:<gpu>[x<tp>]").
 #pragma once
 
+#include <cstdint>
+#include <string>
 #include <string_view>
 
 #include "absl/status/statusor.h"
@@ -8,12 +11,35 @@
 namespace kvserve::engine {
 
 // kAuto resolves to kCuda when the build has CUDA and a device is visible,
-// else kCpu (ResolveDevice in engine/model_backend.h).
-enum class Device { kCpu, kCuda, kAuto };
+// else kCpu (ResolveDevice in engine/model_backend.h). kSim runs no model:
+// engine/sim_backend.h.
+enum class Device { kCpu, kCuda, kAuto, kSim };
 
-// "cpu" | "cuda" | "auto"; InvalidArgument naming --device otherwise.
+// "cpu" | "cuda" | "auto" | "sim:<gpu>[x<tp>]"; InvalidArgument naming
+// --device otherwise (a sim value is checked by ParseSimTarget).
 [[nodiscard]] absl::StatusOr<Device> ParseDevice(std::string_view name);
-// The flag value of `device`: "cpu", "cuda" or "auto".
+// The flag value of `device`: "cpu", "cuda", "auto" or "sim".
 [[nodiscard]] std::string_view DeviceName(Device device);
+
+// The simulated device: which GPU, how many tensor-parallel ranks, and how
+// the simulation runs. The serve flags --sim-* fill it.
+struct SimConfig {
+  std::string gpu = "h200";  // models/sim/gpu_specs.h
+  int tp = 1;
+  // Simulated seconds per real second: 1 sleeps each step's modelled time
+  // (a client sees realistic TTFT and TPOT), 10 sleeps a tenth of it, 0 not
+  // at all (steps run as fast as the host allows).
+  double speed = 1.0;
+  double weight_bytes = 0;         // per parameter; 0: the model config's
+  uint64_t seed = 0;               // of the simulated token ids
+  double memory_efficiency = 0.8;  // models/sim/roofline.h Efficiency
+  double flops_efficiency = 0.6;
+};
+
+// The GPU and tensor-parallel ranks of "sim:h200" / "sim:h100x2" into
+// `gpu` and `tp` of a copy of `base`. InvalidArgument naming --device and
+// the known GPUs otherwise.
+[[nodiscard]] absl::StatusOr<SimConfig> ParseSimTarget(std::string_view name,
+                                                       SimConfig base = {});
 
 }  // namespace kvserve::engine

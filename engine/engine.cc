@@ -30,6 +30,7 @@ BackendConfig BackendConfigFor(const EngineConfig& config) {
   bc.max_num_seqs = config.scheduler.max_num_seqs;
   bc.swap_space_bytes = config.swap_space_bytes;
   bc.kv_dtype = config.kv_cache_dtype;
+  bc.sim = config.sim;
   return bc;
 }
 
@@ -115,6 +116,7 @@ absl::Status Engine::Impl::Init(
   info_.num_blocks = num_blocks;
   info_.kv_dtype = std::string(backend_ref.kv_dtype());
   info_.device = std::string(backend_ref.device_name());
+  info_.simulated = config_.device == Device::kSim;
   info_.num_swap_slots = backend_ref.num_swap_slots();
   const int64_t tokens =
       static_cast<int64_t>(num_blocks) * config_.scheduler.block_size;
@@ -238,9 +240,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
   // or the raw weights kept for a GPU upload (LoadModel for "cuda").
   // CreateBackend says clearly when the form does not suit the device. A
   // given backend holds its own.
+  // The simulated device needs the config and tokenizer alone.
   if (model.tokenizer == nullptr ||
-      (options.backend == nullptr && model.model == nullptr &&
-       model.weights == nullptr)) {
+      (options.backend == nullptr && config.device != Device::kSim &&
+       model.model == nullptr && model.weights == nullptr)) {
     return absl::InvalidArgumentError(
         "Engine::Create: model not loaded (no tokenizer, or neither a packed "
         "CPU model nor kept weights)");

@@ -53,6 +53,7 @@ struct EngineConfig {
   int32_t max_model_len = 0;  // 0: the model's max context
   // The backend (engine/model_backend.h).
   Device device = Device::kCpu;
+  SimConfig sim;  // Device::kSim: the GPU, ranks and pace it simulates
   double gpu_memory_fraction = kDefaultGpuMemoryFraction;
   // Host swap space for preemption by swap; 0 disables swapping.
   int64_t swap_space_bytes = 0;
@@ -74,6 +75,8 @@ struct ModelInfo {
   int32_t block_size = 0, num_blocks = 0;
   std::string kv_dtype;
   std::string device;  // the backend's device name ("cpu", "cuda:0")
+  // Device::kSim: no model ran; token ids are pseudo-random.
+  bool simulated = false;
   int32_t num_swap_slots = 0;
 };
 

@@ -37,7 +37,10 @@ struct LoadedModel {
 // device that cannot run here gets CheckDevice's error before any file is
 // read. `rope_scale` > 1 (--rope-scale) stretches RoPE linearly and the
 // context with it (models::ApplyLinearRopeScale) before anything is built
-// from the config.
+// from the config. Device::kSim reads no weights: the config and tokenizer
+// of the files the name resolves to, else (a preset without files) the
+// preset's architecture, path "preset:<name>", format "preset" and the
+// synthetic tokenizer (models/tokenizer/synthetic_tokenizer.h).
 [[nodiscard]] absl::StatusOr<LoadedModel> LoadModel(
     std::string_view name_or_path, Device device = Device::kCpu,
     float rope_scale = 1.0f);

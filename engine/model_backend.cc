@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/cpu_backend.h"
+#include "engine/sim_backend.h"
 #ifdef KVSERVE_CUDA
 #include "engine/cuda_backend.h"
 #endif
@@ -19,7 +20,8 @@ Device ResolveDevice(Device requested) {
 }
 
 absl::Status CheckDevice(Device requested) {
-  if (ResolveDevice(requested) == Device::kCpu) return absl::OkStatus();
+  const Device d = ResolveDevice(requested);
+  if (d == Device::kCpu || d == Device::kSim) return absl::OkStatus();
 #ifdef KVSERVE_CUDA
   if (CudaDeviceCount() <= 0) {
     return absl::FailedPreconditionError(
@@ -38,6 +40,7 @@ absl::StatusOr<std::unique_ptr<ModelBackend>> CreateBackend(
     const BackendConfig& config, LoadedModel* model) {
   const Device device = ResolveDevice(config.device);
   if (absl::Status s = CheckDevice(device); !s.ok()) return s;
+  if (device == Device::kSim) return CreateSimBackend(config, model);
 #ifdef KVSERVE_CUDA
   if (device == Device::kCuda) return CreateCudaBackend(config, model);
 #endif

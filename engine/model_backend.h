@@ -58,6 +58,7 @@ struct BackendConfig {
   // KV element type; nullopt: the backend's default (CPU fp16, CUDA bf16).
   // A dtype the backend cannot store is refused at creation.
   std::optional<kvcache::KvDtype> kv_dtype;
+  SimConfig sim;  // Device::kSim only
 };
 
 class ModelBackend {

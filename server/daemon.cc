@@ -17,6 +17,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "models/ggml_types.h"
 #include "models/loader/model_resolver.h"
+#include "models/loader/presets.h"
 #include "spdlog/spdlog.h"
 
 namespace kvserve::server {
@@ -101,8 +102,15 @@ absl::Status Daemon::CheckSecurity(const ServeOptions& options) {
     resolver.hf_cache_dir.clear();
     resolver.confine_to_dirs = true;
   }
-  KV_ASSIGN_OR_RETURN(model_path_,
-                      models::ResolveModelPath(options.model, resolver));
+  absl::StatusOr<std::string> path =
+      models::ResolveModelPath(options.model, resolver);
+  // The simulated device serves a preset's architecture without its files.
+  if (!path.ok() && options.engine.device == engine::Device::kSim &&
+      models::FindPreset(options.model) != nullptr) {
+    model_path_ = options.model;
+    return absl::OkStatus();
+  }
+  KV_ASSIGN_OR_RETURN(model_path_, std::move(path));
   return absl::OkStatus();
 }
 

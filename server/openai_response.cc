@@ -320,7 +320,8 @@ std::string ModelsBody(const std::string& model, int64_t created,
                   {"kv_bytes_per_token", info.kv_bytes_per_token},
                   {"block_size", info.block_size},
                   {"num_blocks", info.num_blocks},
-                  {"device", info.device}}}};
+                  {"device", info.device},
+                  {"simulated", info.simulated}}}};
   return Dump({{"object", "list"}, {"data", json::array({std::move(entry)})}});
 }
 

@@ -89,6 +89,8 @@ void ToProto(const engine::ModelInfo& info, v1::ModelInfo* out) {
   out->set_block_size(info.block_size);
   out->set_num_blocks(info.num_blocks);
   out->set_kv_dtype(info.kv_dtype);
+  out->set_device(info.device);
+  out->set_simulated(info.simulated);
 }
 
 }  // namespace kvserve::server

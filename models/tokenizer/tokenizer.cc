@@ -119,6 +119,12 @@ std::string ReplaceAll(std::string_view s, std::string_view from,
 
 }  // namespace
 
+std::string ByteLevelSymbol(uint8_t b) {
+  std::string text;
+  AppendUtf8(ByteToUnicode()[b], &text);
+  return text;
+}
+
 struct Tokenizer::Scratch {
   std::vector<Fragment> fragments;
   std::vector<std::string_view> words;

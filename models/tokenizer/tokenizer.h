@@ -51,6 +51,10 @@ struct TextRange {
   bool operator==(const TextRange&) const = default;
 };
 
+// The vocab text of byte `b` in a byte-level BPE vocab (GPT-2's
+// bytes_to_unicode: "a" for 'a', "Ġ" for ' '), UTF-8.
+[[nodiscard]] std::string ByteLevelSymbol(uint8_t b);
+
 class Tokenizer {
  public:
   // Validates `data` (sizes, ids in range, a known `pre`, compilable

@@ -174,7 +174,8 @@ TEST(PlanReportTest, GpuBudgetSubtractsWeightsAndReserve) {
   EXPECT_THAT(tp2.out, HasSubstr("8,192 tokens = 1,342,177,280 bytes (1.34 "
                                  "GB) per rank, 512 blocks of 16\n"));
   EXPECT_THAT(tp2.out, HasSubstr("= 56,346,293,504 bytes (56.3 GB) of KV per "
-                                 "rank\n"));
+                                 "rank: 21,494 blocks (what `kvserve --device "
+                                 "sim:h200x2` allocates)\n"));
   EXPECT_THAT(tp2.out, HasSubstr("paged: 41 sequences at full context"));
   // Quantized weights leave more room.
   EXPECT_THAT(RunArgs({"--model", "llama3-70b", "--gpu", "h100", "--tp", "2",

@@ -143,7 +143,7 @@ class GenerateCli(unittest.TestCase):
             self.assertEqual(out.stdout, "")
         bad = generate("--device", "tpu", "--prompt", "Hi")
         self.assertEqual(bad.returncode, 2, bad.stderr)
-        self.assertIn("--device: must be cpu, cuda, or auto", bad.stderr)
+        self.assertIn("--device: must be cpu, cuda, auto, or sim:", bad.stderr)
 
     def test_values_the_server_refuses_name_the_flag(self):
         cases = [(["--max-tokens", "9000"],
