@@ -141,7 +141,8 @@ absl::Status Engine::Impl::Init(
         *registry,
         CacheConfigInfo{config_.scheduler.block_size, num_blocks, per_token,
                         info_.kv_dtype, backend_ref.num_swap_slots(),
-                        backend_ref.bytes_per_block()});
+                        backend_ref.bytes_per_block(), info_.device,
+                        info_.simulated});
     scheduler_->SetEvictionObserver(
         [metrics = metrics_.get()](const kvcache::Eviction& e) {
           metrics->ObserveEviction(e);

@@ -23,6 +23,8 @@ struct CacheConfigInfo {
   std::string kv_dtype;
   int32_t num_swap_slots = 0;
   int64_t bytes_per_block = 0;
+  std::string device;      // "cpu", "cuda:0", "sim:h200x2"
+  bool simulated = false;  // the simulated device
 };
 
 class EngineMetrics {
