@@ -7,6 +7,7 @@
 #include "cli/cli_generate.h"
 #include "cli/cli_plan.h"
 #include "cli/cli_serve.h"
+#include "cli/sim_replay.h"
 #include "common/status_macros.h"
 #include "models/loader/model_files.h"
 
@@ -20,6 +21,8 @@ constexpr char kUsage[] =
     "  plan       KV-cache sizing: --model NAME|PATH [--context N] ...\n"
     "  eval       KV-cache quality: perplexity and KL divergence vs f32 KV\n"
     "             per KV dtype: --model NAME|PATH [--kv-cache-dtype LIST]\n"
+    "  sim-replay a trace through the engine on a simulated GPU, in virtual\n"
+    "             time: --model NAME --device sim:h200x2 [--trace FILE]\n"
     "run 'kvserve <command> --help' for the flags of a command\n";
 }  // namespace
 
@@ -35,6 +38,9 @@ int main(int argc, char** argv) {
   }
   if (cmd == "generate") {
     return kvserve::cli::RunGenerateCommand(argc, argv);
+  }
+  if (cmd == "sim-replay") {
+    return kvserve::cli::RunSimReplayCommand(argc, argv);
   }
   if (cmd == "eval") {
     return kvserve::cli::RunEvalCommand(argc, argv);

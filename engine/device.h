@@ -3,10 +3,12 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 
 namespace kvserve::engine {
 
@@ -34,6 +36,11 @@ struct SimConfig {
   uint64_t seed = 0;               // of the simulated token ids
   double memory_efficiency = 0.8;  // models/sim/roofline.h Efficiency
   double flops_efficiency = 0.6;
+  // When set, each step's simulated duration (swaps and copies included) is
+  // handed to it on the engine thread instead of slept: a trace replay
+  // advances its virtual clock with it (cli/sim_replay.h). `speed` is then
+  // ignored.
+  std::function<void(absl::Duration)> step_sink;
 };
 
 // The GPU and tensor-parallel ranks of "sim:h200" / "sim:h100x2" into

@@ -84,7 +84,7 @@ absl::Status Engine::Impl::Init(
   }
   runner_ = std::make_unique<ModelRunner>(
       std::move(backend), config_.scheduler.block_size, c.vocab_size,
-      config_.fault_step_delay);
+      config_.fault_step_delay, clock_);
   if (config_.fault_step_delay > absl::ZeroDuration()) {
     spdlog::warn(
         "fault injection: every engine step sleeps {} ms "
@@ -179,7 +179,7 @@ absl::StatusOr<std::shared_ptr<StreamState>> Engine::Impl::Submit(
   }
   auto r = std::make_unique<LiveRequest>();
   r->id = next_id_.fetch_add(1);
-  r->arrival = absl::Now();
+  r->arrival = clock_->Now();
   r->stream = std::make_shared<StreamState>(r->id, s.ok() ? spec.n : 1);
   auto stream = r->stream;
   if (s.ok()) {
@@ -252,6 +252,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
   std::unique_ptr<Engine> engine(new Engine(nullptr));
   engine->impl_ =
       std::make_unique<Impl>(config, std::move(model), &engine->draining_);
+  if (options.clock != nullptr) engine->impl_->set_clock(options.clock);
   KV_RETURN_IF_ERROR(engine->impl_->Init(registry, std::move(options.backend)));
   engine->impl_->Start(options.start_paused);
   return engine;

@@ -18,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "engine/device.h"
 #include "engine/loaded_model.h"
 #include "engine/model_backend.h"
@@ -101,6 +102,10 @@ struct EngineOptions {
   // The engine thread takes no request before Start(): requests submitted
   // until then are admitted together, in submission order.
   bool start_paused = false;
+  // What arrival, scheduling, token and finish times are read from; null:
+  // the system clock. A trace replay passes its virtual clock (must outlive
+  // the engine).
+  const Clock* clock = nullptr;
 };
 
 class Engine {

@@ -66,7 +66,7 @@ void Engine::Impl::ForkChildren(RequestId parent_id,
   LiveRequest& p = *pit->second;
   const int32_t forks = p.pending_forks;
   p.pending_forks = 0;
-  const absl::Time now = absl::Now();
+  const absl::Time now = clock_->Now();
   std::vector<float> logits;
   for (int32_t i = 1; i <= forks; ++i) {
     auto c = NewChild(p, next_id_.fetch_add(1), i);

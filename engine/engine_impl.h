@@ -30,6 +30,8 @@ class Engine::Impl {
   // `backend` null: CreateBackend builds one from the config and the model.
   absl::Status Init(const std::shared_ptr<prometheus::Registry>& registry,
                     std::unique_ptr<ModelBackend> backend);
+  // Before Init: the clock the engine reads (EngineOptions::clock).
+  void set_clock(const Clock* clock) { clock_ = clock; }
   // Starts the engine thread; a `paused` one takes no request before
   // Resume() (or Stop, which cancels what was submitted).
   void Start(bool paused) {
@@ -111,6 +113,7 @@ class Engine::Impl {
 
   const EngineConfig config_;
   LoadedModel model_;
+  const Clock* clock_ = &SystemClock::Get();
   std::atomic<bool>* draining_;
   ModelInfo info_;
   std::unique_ptr<ModelRunner> runner_;

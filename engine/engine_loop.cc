@@ -95,7 +95,7 @@ void Engine::Impl::Loop() {
 
 void Engine::Impl::ExpireDeadlines() {
   loop_owner_.CheckOwner("Engine::Impl::ExpireDeadlines");
-  const absl::Time now = absl::Now();
+  const absl::Time now = clock_->Now();
   std::vector<RequestId> expired;
   for (const auto& [id, r] : live_reqs_) {
     if (r->spec.deadline.has_value() && *r->spec.deadline <= now) {
@@ -126,7 +126,8 @@ void Engine::Impl::FinishAborted(RequestId id) {
   auto it = live_reqs_.find(id);
   if (it == live_reqs_.end()) return;
   const std::optional<absl::Time>& deadline = it->second->spec.deadline;
-  if (deadline.has_value() && *deadline - absl::Now() <= kClientDeadlineSlack) {
+  if (deadline.has_value() &&
+      *deadline - clock_->Now() <= kClientDeadlineSlack) {
     return FinishDeadline(id, *it->second);
   }
   FinishRequest(id, FinishReason::kCancelled);
@@ -159,7 +160,7 @@ void Engine::Impl::EmitToken(LiveRequest& r, SampleResult& res,
 void Engine::Impl::EmitTokens(const scheduler::SchedulerOutput& out,
                               const std::vector<int32_t>& producers,
                               std::vector<SampleResult>& sampled) {
-  const absl::Time now = absl::Now();
+  const absl::Time now = clock_->Now();
   for (size_t k = 0; k < producers.size(); ++k) {
     auto it = live_reqs_.find(out.scheduled[producers[k]].id);
     if (it == live_reqs_.end()) continue;
@@ -170,7 +171,7 @@ void Engine::Impl::EmitTokens(const scheduler::SchedulerOutput& out,
 
 void Engine::Impl::Step() {
   loop_owner_.CheckOwner("Engine::Impl::Step");
-  const absl::Time t0 = absl::Now();
+  const absl::Time t0 = clock_->Now();
   scheduler::SchedulerOutput out = scheduler_->Schedule();
   for (const RequestId id : out.preempted) {
     auto it = live_reqs_.find(id);
@@ -210,7 +211,7 @@ void Engine::Impl::Step() {
     it->second->kv_stats = f.kv_stats;
     FinishRequest(f.id, FinishReason::kLength);
   }
-  PublishStats(SecondsBetween(t0, absl::Now()), out.total_num_tokens);
+  PublishStats(SecondsBetween(t0, clock_->Now()), out.total_num_tokens);
 }
 
 void Engine::Impl::AddStepCounters(const scheduler::StepStats& s,
@@ -270,7 +271,7 @@ void Engine::Impl::FinishRequest(RequestId id, FinishReason reason,
   }
   const std::string tail = r.output ? r.output->Flush() : "";
   if (!tail.empty()) r.stream->Push({}, tail, {});
-  const absl::Time now = absl::Now();
+  const absl::Time now = clock_->Now();
   Usage usage;
   usage.prompt_tokens = static_cast<int32_t>(r.spec.prompt_tokens.size());
   usage.completion_tokens = r.completion_tokens;
@@ -312,6 +313,7 @@ void Engine::Impl::MaybeBuildKvState() {
   constexpr absl::Duration kKvStateInterval = absl::Milliseconds(200);
   constexpr absl::Duration kKvStateIdleInterval = absl::Seconds(1);
   constexpr absl::Duration kKvStateInterest = absl::Seconds(10);
+  // Real time: these throttle CPU work and readers' interest.
   const absl::Time now = absl::Now();
   const absl::Time wanted = absl::FromUnixNanos(kv_state_wanted_ns_.load());
   const absl::Duration interval =
@@ -364,7 +366,7 @@ int64_t Engine::Impl::WrittenSlots() const {
 // reading, so they always sum to the capacity.
 void Engine::Impl::PublishTokenSlots(const kvcache::KvUsage& kv) {
   constexpr absl::Duration kSlotsInterval = absl::Milliseconds(50);
-  const absl::Time now = absl::Now();
+  const absl::Time now = absl::Now();  // real: throttles CPU work
   if (scheduler_->num_running() > 0 &&
       now - slots_published_ < kSlotsInterval) {
     return;

@@ -11,11 +11,12 @@ namespace kvserve::engine {
 
 ModelRunner::ModelRunner(std::unique_ptr<ModelBackend> backend,
                          int32_t block_size, int32_t vocab_size,
-                         absl::Duration fault_step_delay)
+                         absl::Duration fault_step_delay, const Clock* clock)
     : backend_(std::move(backend)),
       block_size_(block_size),
       vocab_size_(vocab_size),
-      fault_step_delay_(fault_step_delay) {}
+      fault_step_delay_(fault_step_delay),
+      clock_(clock) {}
 
 StepResult ModelRunner::Execute(const scheduler::SchedulerOutput& out,
                                 const LiveRequestMap& live,
@@ -29,9 +30,9 @@ StepResult ModelRunner::Execute(const scheduler::SchedulerOutput& out,
   if (fault_step_delay_ > absl::ZeroDuration()) {
     absl::SleepFor(fault_step_delay_);
   }
-  const absl::Time fwd0 = absl::Now();
+  const absl::Time fwd0 = clock_->Now();
   result.status = moved.ok() ? backend_->Forward(batch, &step_out_) : moved;
-  result.forward_seconds = absl::ToDoubleSeconds(absl::Now() - fwd0);
+  result.forward_seconds = absl::ToDoubleSeconds(clock_->Now() - fwd0);
   result.tokens.assign(result.producers.size(), 0);
   if (result.status.ok()) SampleAll(out, live, sched, &result);
   return result;

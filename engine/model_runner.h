@@ -21,6 +21,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "common/thread_owner.h"
 #include "engine/live_request.h"
 #include "engine/model_backend.h"
@@ -55,8 +56,10 @@ class ModelRunner {
   // `block_size` is the scheduler's; `vocab_size` the model's. A positive
   // `fault_step_delay` sleeps that long before every forward (fault
   // injection for tests: a stalled device).
+  // `clock` times the forward (must outlive the runner).
   ModelRunner(std::unique_ptr<ModelBackend> backend, int32_t block_size,
-              int32_t vocab_size, absl::Duration fault_step_delay);
+              int32_t vocab_size, absl::Duration fault_step_delay,
+              const Clock* clock = &SystemClock::Get());
 
   ModelRunner(const ModelRunner&) = delete;
   ModelRunner& operator=(const ModelRunner&) = delete;
@@ -95,6 +98,7 @@ class ModelRunner {
   const int32_t block_size_;
   const int32_t vocab_size_;
   const absl::Duration fault_step_delay_;
+  const Clock* clock_;
   models::ForwardOutput step_out_;  // the last forward's logits / argmax
   ThreadOwner owner_;               // the engine thread
 };

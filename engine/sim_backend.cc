@@ -165,7 +165,9 @@ absl::Status SimBackend::Forward(const models::ForwardBatch& batch,
   } else {
     out->logits = {};
   }
-  if (sim_.speed > 0) {
+  if (sim_.step_sink) {
+    sim_.step_sink(absl::Seconds(step_s));
+  } else if (sim_.speed > 0) {
     absl::SleepFor(start + absl::Seconds(step_s / sim_.speed) - absl::Now());
   }
   return absl::OkStatus();

@@ -1,0 +1,185 @@
+#include "cli/sim_replay.h"
+
+#include <algorithm>
+#include <atomic>
+#include <memory>
+#include <utility>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "common/clock.h"
+#include "common/status_macros.h"
+
+namespace kvserve::cli {
+namespace {
+
+class Replayer {
+ public:
+  Replayer(const std::vector<TraceRequest>& trace, uint64_t seed)
+      : trace_(trace), seed_(seed) {
+    result_.requests.resize(trace.size());
+    streams_.resize(trace.size());
+  }
+
+  absl::StatusOr<ReplayResult> Run(engine::EngineConfig config,
+                                   engine::LoadedModel model);
+
+ private:
+  // Engine thread, inside a simulated step of `step`: submits the arrivals
+  // that fall inside it at their times, then moves the clock to its end.
+  void OnStep(absl::Duration step);
+  // Submits trace_[next_..] arriving by `until`; the streams are attached
+  // by Attach, outside mu_ (an attached sink may run at once).
+  std::vector<size_t> SubmitDue(absl::Time until, bool stop_clock_at_each)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Attach(const std::vector<size_t>& ids);
+  void OnDelta(size_t i, const engine::StreamDelta& d);
+  absl::Time ArrivalOf(size_t i) const {
+    return start_ + absl::Seconds(trace_[i].arrival);
+  }
+  void Sample(absl::Time now);
+
+  const std::vector<TraceRequest>& trace_;
+  const uint64_t seed_;
+  const absl::Time start_ = absl::UnixEpoch();
+  VirtualClock clock_{start_};
+  std::unique_ptr<engine::Engine> engine_;
+  int32_t vocab_ = 0;
+
+  absl::Mutex mu_;
+  size_t next_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<engine::StreamState>> streams_;
+  std::atomic<int64_t> submitted_{0}, finished_{0};
+  std::atomic<int64_t> preemptions_{0}, cached_{0};
+  // Each request's entry is written by its own sink only; samples by the
+  // engine thread only. Read after the engine stopped.
+  ReplayResult result_;
+};
+
+std::vector<size_t> Replayer::SubmitDue(absl::Time until,
+                                        bool stop_clock_at_each) {
+  std::vector<size_t> ids;
+  for (; next_ < trace_.size() && ArrivalOf(next_) <= until; ++next_) {
+    if (stop_clock_at_each) clock_.AdvanceTo(ArrivalOf(next_));
+    engine::RequestSpec spec;
+    spec.prompt_tokens = TracePrompt(trace_[next_], next_, seed_, vocab_);
+    spec.max_tokens = trace_[next_].output_len;
+    spec.sampling.temperature = 0;
+    spec.ignore_eos = true;
+    spec.detokenize = false;
+    absl::StatusOr<std::shared_ptr<engine::StreamState>> st =
+        engine_->Submit(std::move(spec));
+    if (!st.ok()) {
+      // The request is refused as a client would see it; the replay goes on.
+      if (error_.ok()) error_ = st.status();
+      continue;
+    }
+    streams_[next_] = *std::move(st);
+    submitted_.fetch_add(1);
+    ids.push_back(next_);
+  }
+  return ids;
+}
+
+void Replayer::Attach(const std::vector<size_t>& ids) {
+  for (size_t i : ids) {
+    engine::StreamState* raw = streams_[i].get();
+    raw->Attach([this, i, raw](engine::StreamDelta d) {
+      OnDelta(i, d);
+      raw->Ack();
+    });
+  }
+}
+
+void Replayer::OnDelta(size_t i, const engine::StreamDelta& d) {
+  ReplayedRequest& r = result_.requests[i];
+  r.output_tokens += static_cast<int32_t>(d.token_ids.size());
+  if (!d.finished) return;
+  r.arrival = trace_[i].arrival;
+  r.ttft = d.timings.time_to_first_token;
+  r.e2e = d.timings.total_seconds;
+  r.prompt_tokens = d.usage.prompt_tokens;
+  r.cached_tokens = d.usage.cached_prompt_tokens;
+  r.preemptions =
+      d.usage.kv.preemptions_recompute + d.usage.kv.preemptions_swap;
+  r.ok = d.finish_reason == engine::FinishReason::kLength;
+  preemptions_.fetch_add(r.preemptions);
+  cached_.fetch_add(r.cached_tokens);
+  finished_.fetch_add(1);
+}
+
+void Replayer::Sample(absl::Time now) {
+  const engine::EngineStats s = engine_->Stats();
+  result_.samples.push_back({absl::ToDoubleSeconds(now - start_), s.running,
+                             s.waiting, s.blocks_active, s.blocks_cached,
+                             s.blocks_total, finished_.load(),
+                             preemptions_.load(), cached_.load()});
+}
+
+void Replayer::OnStep(absl::Duration step) {
+  const absl::Time end = clock_.Now() + step;
+  std::vector<size_t> ids;
+  {
+    absl::MutexLock lock(&mu_);
+    ids = SubmitDue(end, /*stop_clock_at_each=*/true);
+  }
+  clock_.AdvanceTo(end);
+  Attach(ids);
+  Sample(end);
+}
+
+absl::StatusOr<ReplayResult> Replayer::Run(engine::EngineConfig config,
+                                           engine::LoadedModel model) {
+  if (config.device != engine::Device::kSim) {
+    return absl::InvalidArgumentError(
+        "--device: sim-replay runs on a simulated device, sim:<gpu>[x<tp>]");
+  }
+  vocab_ = model.config.vocab_size;
+  config.sim.step_sink = [this](absl::Duration step) { OnStep(step); };
+  // A replay queues what the trace sends; nothing is refused for a full
+  // queue (the engine's bound is for live clients).
+  config.max_queued_requests = std::max<int32_t>(
+      config.max_queued_requests, static_cast<int32_t>(trace_.size()) + 1);
+  engine::EngineOptions options;
+  options.clock = &clock_;
+  KV_ASSIGN_OR_RETURN(engine_,
+                      engine::Engine::Create(config, std::move(model),
+                                             std::move(options), nullptr));
+  const absl::Time wall0 = absl::Now();
+  while (true) {
+    std::vector<size_t> ids;
+    {
+      absl::MutexLock lock(&mu_);
+      const bool idle = finished_.load() == submitted_.load();
+      if (idle && next_ == trace_.size()) break;
+      // Idle: jump over the gap to the next arrival.
+      if (idle) ids = SubmitDue(std::max(clock_.Now(), ArrivalOf(next_)), true);
+    }
+    Attach(ids);
+    if (ids.empty()) absl::SleepFor(absl::Microseconds(200));
+  }
+  result_.wall_seconds = absl::ToDoubleSeconds(absl::Now() - wall0);
+  result_.steps = engine_->Stats().steps;
+  engine_.reset();
+  double last = 0;
+  for (const ReplayedRequest& r : result_.requests) {
+    last = std::max(last, r.arrival + r.e2e);
+  }
+  result_.virtual_seconds = last - (trace_.empty() ? 0 : trace_[0].arrival);
+  absl::MutexLock lock(&mu_);
+  if (!error_.ok()) return error_;
+  return std::move(result_);
+}
+
+}  // namespace
+
+absl::StatusOr<ReplayResult> ReplayTrace(engine::EngineConfig config,
+                                         engine::LoadedModel model,
+                                         const std::vector<TraceRequest>& trace,
+                                         uint64_t seed) {
+  Replayer replayer(trace, seed);
+  return replayer.Run(std::move(config), std::move(model));
+}
+
+}  // namespace kvserve::cli
