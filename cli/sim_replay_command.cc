@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cli/kv_dtype_flag.h"
+#include "cli/logging.h"
 #include "cli/sim_replay.h"
 #include "common/cli_args.h"
 #include "common/status_macros.h"
@@ -26,10 +27,14 @@ struct ReplayFlags {
   int64_t block_size = scheduler::SchedulerConfig{}.block_size;
   int64_t max_num_seqs = 256, max_num_batched_tokens = 8192;
   int64_t swap_space_bytes = int64_t{4} << 30;
+  double gpu_memory_fraction = engine::kDefaultGpuMemoryFraction;
+  std::string kv_reservation{scheduler::KvReservationName(
+      scheduler::SchedulerConfig{}.kv_reservation)};
   bool prefix_caching = true;
   engine::SimConfig sim;
   bool json = false;
   std::string timeseries;
+  std::string log_level = "warn";
   bool help = false;
 };
 
@@ -71,6 +76,11 @@ void RegisterEngineFlags(ReplayFlags* f, CliArgs* a) {
   a->Bytes("swap-space-bytes", &f->swap_space_bytes,
            "host swap space for preemption by swap (4GiB)");
   a->Bool("prefix-caching", &f->prefix_caching, "prefix cache (on)");
+  a->Float("gpu-memory-fraction", &f->gpu_memory_fraction,
+           "share of GPU memory for weights and KV (0.9)", 0.01, 1);
+  a->String("kv-reservation", &f->kv_reservation,
+            "paged (admit by the prompt, preempt when KV runs out) or "
+            "max-length (reserve prompt + max_tokens: never preempts)");
   a->Float("sim-weight-bytes", &f->sim.weight_bytes,
            "bytes per weight parameter (0 = the model's dtype)", 0, 8);
   a->Float("sim-memory-efficiency", &f->sim.memory_efficiency,
@@ -81,6 +91,8 @@ void RegisterEngineFlags(ReplayFlags* f, CliArgs* a) {
   a->String("timeseries", &f->timeseries,
             "write KV occupancy, queues, preemptions and prefix hits per step "
             "to this CSV (tools/plot_sim_replay.py draws it)");
+  a->String("log-level", &f->log_level,
+            "stderr log level: trace, debug, info, warn (default), error, off");
   a->Bool("help", &f->help, "show this help");
 }
 
@@ -101,7 +113,10 @@ absl::StatusOr<engine::EngineConfig> EngineConfigOf(const ReplayFlags& f) {
   e.scheduler.max_num_batched_tokens =
       static_cast<int32_t>(f.max_num_batched_tokens);
   e.scheduler.enable_prefix_caching = f.prefix_caching;
+  KV_ASSIGN_OR_RETURN(e.scheduler.kv_reservation,
+                      scheduler::ParseKvReservation(f.kv_reservation));
   e.swap_space_bytes = f.swap_space_bytes;
+  e.gpu_memory_fraction = f.gpu_memory_fraction;
   return e;
 }
 
@@ -155,6 +170,7 @@ int RunSimReplayCommand(int argc, const char* const* argv) {
     std::fputs(args.Usage().c_str(), stdout);
     return 0;
   }
+  if (s.ok()) SetUpLogging(f.log_level);
   if (s.ok()) s = Replay(f);
   if (s.ok()) return 0;
   std::fprintf(stderr, "kvserve sim-replay: %s\n",

@@ -1,0 +1,192 @@
+// `kvserve sim-replay` (cli/sim_replay.h, cli/sim_trace.h): trace files and
+// their errors, the seeded synthetic traces, and replays through the real
+// engine on the simulated device in virtual time: deterministic, a lone
+// request's TTFT exactly its prefill step's roofline time, shared prefixes
+// hit the prefix cache, an overfull pool preempts.
+#include "cli/sim_replay.h"
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "engine/loaded_model.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "models/loader/presets.h"
+#include "models/sim/roofline.h"
+
+namespace kvserve::cli {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string WriteFile(const std::string& name, const std::string& text) {
+  const std::string path = ::testing::TempDir() + "/" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+TEST(SimTraceTest, ReadsJsonLines) {
+  const std::string path =
+      WriteFile("ok.jsonl",
+                "# arrivals in seconds\n"
+                "{\"arrival\": 0, \"input_len\": 100, \"output_len\": 10}\n"
+                "\n"
+                "{\"arrival\": 0.5, \"input_len\": 300, \"output_len\": 20, "
+                "\"prefix_id\": 2, \"prefix_len\": 256}\n");
+  absl::StatusOr<std::vector<TraceRequest>> t = ReadTrace(path);
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_EQ(t->size(), 2u);
+  EXPECT_EQ((*t)[0].prefix_id, -1);
+  EXPECT_EQ((*t)[1].arrival, 0.5);
+  EXPECT_EQ((*t)[1].input_len, 300);
+  EXPECT_EQ((*t)[1].prefix_id, 2);
+  EXPECT_EQ((*t)[1].prefix_len, 256);
+}
+
+TEST(SimTraceTest, ErrorsNameTheLineAndTheField) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"{\"arrival\": 0, \"input_len\": 5}", ":1: \"output_len\" is required"},
+      {"{\"arrival\": -1, \"input_len\": 5, \"output_len\": 1}",
+       ":1: \"arrival\" must be a number"},
+      {"{\"arrival\": 1, \"input_len\": 5, \"output_len\": 1}\n"
+       "{\"arrival\": 0.5, \"input_len\": 5, \"output_len\": 1}",
+       ":2: \"arrival\" 0.5 is before"},
+      {"{\"arrival\": 0, \"input_len\": 5, \"output_len\": 1, "
+       "\"prefix_id\": 1, \"prefix_len\": 9}",
+       "\"prefix_len\" 9 exceeds \"input_len\" 5"},
+      {"not json", ":1: not a JSON object"},
+      {"# only a comment", "no requests"},
+  };
+  for (const auto& [text, want] : cases) {
+    absl::StatusOr<std::vector<TraceRequest>> t =
+        ReadTrace(WriteFile("bad.jsonl", text));
+    ASSERT_FALSE(t.ok()) << text;
+    EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(t.status().message(), HasSubstr(want));
+    EXPECT_THAT(t.status().message(), HasSubstr("--trace"));
+  }
+  EXPECT_EQ(ReadTrace("/nonexistent/trace.jsonl").status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST(SimTraceTest, SyntheticTracesAreSeeded) {
+  SyntheticTraceSpec spec;
+  spec.num_requests = 2000;
+  spec.request_rate = 10;
+  spec.input_sigma = 0.5;
+  spec.num_prefixes = 4;
+  spec.prefix_len = 64;
+  const std::vector<TraceRequest> a = SyntheticTrace(spec);
+  const std::vector<TraceRequest> b = SyntheticTrace(spec);
+  ASSERT_EQ(a.size(), 2000u);
+  EXPECT_EQ(a.back().arrival, b.back().arrival);
+  // 1,999 exponential gaps of mean 0.1 s.
+  EXPECT_NEAR(a.back().arrival, 199.9, 15);
+  EXPECT_EQ(a[5].prefix_id, 1);
+  EXPECT_GT(a[5].input_len, 64);
+  spec.seed = 1;
+  EXPECT_NE(SyntheticTrace(spec).back().arrival, a.back().arrival);
+  // Prompts: a prefix's tokens are shared, the rest are the request's own.
+  const std::vector<int32_t> p1 = TracePrompt(a[1], 1, 0, 128256);
+  const std::vector<int32_t> p5 = TracePrompt(a[5], 5, 0, 128256);
+  ASSERT_EQ(static_cast<int32_t>(p5.size()), a[5].input_len);
+  EXPECT_TRUE(std::equal(p1.begin(), p1.begin() + 64, p5.begin()));
+  EXPECT_NE(p1[64], p5[64]);
+}
+
+engine::EngineConfig SimConfig(const char* device) {
+  engine::EngineConfig e;
+  e.device = engine::Device::kSim;
+  e.sim = *engine::ParseSimTarget(device);
+  e.scheduler.max_num_seqs = 256;
+  e.scheduler.max_num_batched_tokens = 4096;
+  return e;
+}
+
+absl::StatusOr<ReplayResult> Replay(const engine::EngineConfig& e,
+                                    const std::vector<TraceRequest>& trace) {
+  absl::StatusOr<engine::LoadedModel> m =
+      engine::LoadModel("llama3-8b", engine::Device::kSim);
+  if (!m.ok()) return m.status();
+  return ReplayTrace(e, *std::move(m), trace, 7);
+}
+
+TEST(SimReplayTest, ALoneRequestTakesItsRooflinePrefillThenDecodeSteps) {
+  // Two requests an hour apart: each meets an idle engine.
+  const std::vector<TraceRequest> trace = {{0, 1000, 8}, {3600, 1000, 8}};
+  absl::StatusOr<ReplayResult> r = Replay(SimConfig("sim:h100"), trace);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const models::ModelConfig c = models::FindPreset("llama3-8b")->config;
+  const models::sim::Roofline roofline(
+      c, *models::sim::FindGpu("h100"), 1, 2.0,
+      kvcache::KvBytesPerToken(models::KvShapeOf(c), kvcache::KvDtype::kBF16));
+  const double prefill =
+      roofline.Step({.tokens = 1000, .attended = 1000 * 1001 / 2}).total_s;
+  double e2e = prefill;
+  for (int t = 1001; t < 1008; ++t) {
+    e2e += roofline.Step({.tokens = 1, .attended = t, .kv_read_tokens = t - 1})
+               .total_s;
+  }
+  for (const ReplayedRequest& q : r->requests) {
+    EXPECT_TRUE(q.ok);
+    EXPECT_EQ(q.output_tokens, 8);
+    EXPECT_NEAR(q.ttft, prefill, 1e-6);
+    EXPECT_NEAR(q.e2e, e2e, 1e-6);
+  }
+  EXPECT_NEAR(r->virtual_seconds, 3600 + e2e, 1e-6);
+  // The prompt runs in 4 chunks of <= 256 tokens (the scheduler's
+  // long_prefill_token_threshold), each compute-bound on an H100, so their
+  // times sum to one 1,000-token prefill's; then 7 decode steps.
+  EXPECT_EQ(r->steps, 2 * (4 + 7));
+  EXPECT_EQ(r->samples.size(), 22u);
+}
+
+TEST(SimReplayTest, DeterministicWithPrefixHitsAndPreemptions) {
+  SyntheticTraceSpec spec;
+  spec.num_requests = 300;
+  spec.request_rate = 50;
+  spec.input_len = 600;
+  spec.output_len = 200;
+  spec.output_sigma = 0.5;
+  spec.num_prefixes = 3;
+  spec.prefix_len = 512;
+  const std::vector<TraceRequest> trace = SyntheticTrace(spec);
+  engine::EngineConfig e = SimConfig("sim:h100");
+  e.kv_cache_bytes = int64_t{2} << 30;  // ~16K tokens: the trace overfills it
+  absl::StatusOr<ReplayResult> a = Replay(e, trace);
+  ASSERT_TRUE(a.ok()) << a.status();
+  absl::StatusOr<ReplayResult> b = Replay(e, trace);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(a->steps, b->steps);
+  int64_t cached = 0, preemptions = 0;
+  for (size_t i = 0; i < trace.size(); ++i) {
+    const ReplayedRequest& x = a->requests[i];
+    EXPECT_TRUE(x.ok);
+    EXPECT_EQ(x.output_tokens, trace[i].output_len);
+    EXPECT_EQ(x.ttft, b->requests[i].ttft);
+    EXPECT_EQ(x.e2e, b->requests[i].e2e);
+    cached += x.cached_tokens;
+    preemptions += x.preemptions;
+  }
+  EXPECT_GT(cached, 100 * 512);
+  EXPECT_GT(preemptions, 0);
+  const std::string summary = FormatReplaySummary(*a, "t");
+  EXPECT_THAT(summary, HasSubstr("Successful requests:"));
+  EXPECT_THAT(summary, HasSubstr("TTFT"));
+  const std::string csv = FormatReplayTimeseries(*a);
+  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'),
+            static_cast<long>(a->samples.size()) + 1);
+  EXPECT_THAT(FormatReplayJson(*a), HasSubstr("\"preemptions\":"));
+}
+
+TEST(SimReplayTest, RefusesARealDevice) {
+  engine::EngineConfig e;
+  e.device = engine::Device::kCpu;
+  absl::StatusOr<ReplayResult> r = Replay(e, {{0, 10, 2}});
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("sim:"));
+}
+
+}  // namespace
+}  // namespace kvserve::cli
