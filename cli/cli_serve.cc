@@ -16,6 +16,7 @@
 #include "absl/synchronization/notification.h"
 #include "cli/kv_dtype_flag.h"
 #include "cli/logging.h"
+#include "cli/sim_profile.h"
 #include "common/cli_args.h"
 #include "common/parallel.h"
 #include "common/status_macros.h"
@@ -82,6 +83,7 @@ struct ServeFlags {
   // --sim-*: the simulated device's settings; gpu and tp come from --device.
   engine::SimConfig sim;
   int64_t sim_seed = 0;
+  std::string sim_profile;
   bool help = false;
 };
 
@@ -146,6 +148,9 @@ void RegisterSimFlags(ServeFlags* f, CliArgs* args) {
   args->Int("sim-seed", &f->sim_seed,
             "--device sim: seed of the simulated token ids (default 0)", 0,
             INT64_MAX);
+  args->String("sim-profile", &f->sim_profile,
+               "--device sim: a measured step profile (kvserve sim-replay "
+               "--profile-out) instead of the roofline");
   args->Float("sim-memory-efficiency", &s.memory_efficiency,
               "--device sim: share of the GPU's memory bandwidth a step "
               "reaches (default 0.8)",
@@ -342,6 +347,9 @@ absl::Status FinishFlags(ServeFlags* f) {
   f->sim.seed = static_cast<uint64_t>(f->sim_seed);
   if (e.device == engine::Device::kSim) {
     KV_ASSIGN_OR_RETURN(e.sim, engine::ParseSimTarget(f->device, f->sim));
+    if (!f->sim_profile.empty()) {
+      KV_ASSIGN_OR_RETURN(e.sim.profile, ReadStepProfile(f->sim_profile));
+    }
   }
   KV_ASSIGN_OR_RETURN(e.kv_cache_dtype,
                       ParseKvCacheDtypeFlag(f->kv_cache_dtype));

@@ -37,11 +37,17 @@ class Replayer {
   absl::Time ArrivalOf(size_t i) const {
     return start_ + absl::Seconds(trace_[i].arrival);
   }
-  void Sample(absl::Time now);
+  void OnStepRecord(const engine::StepRecord& r);
+  // Real devices: submits each request at its arrival in real time.
+  void FeedInRealTime();
+  // The simulated device: submits arrivals while the engine is idle,
+  // jumping the virtual clock to the next one.
+  void FeedInVirtualTime();
 
   const std::vector<TraceRequest>& trace_;
   const uint64_t seed_;
-  const absl::Time start_ = absl::UnixEpoch();
+  absl::Time start_ = absl::UnixEpoch();
+  bool virtual_time_ = true;
   VirtualClock clock_{start_};
   std::unique_ptr<engine::Engine> engine_;
   int32_t vocab_ = 0;
@@ -85,7 +91,7 @@ std::vector<size_t> Replayer::SubmitDue(absl::Time until,
 void Replayer::Attach(const std::vector<size_t>& ids) {
   for (size_t i : ids) {
     engine::StreamState* raw = streams_[i].get();
-    raw->Attach([this, i, raw](engine::StreamDelta d) {
+    raw->Attach([this, i, raw](const engine::StreamDelta& d) {
       OnDelta(i, d);
       raw->Ack();
     });
@@ -109,8 +115,10 @@ void Replayer::OnDelta(size_t i, const engine::StreamDelta& d) {
   finished_.fetch_add(1);
 }
 
-void Replayer::Sample(absl::Time now) {
+void Replayer::OnStepRecord(const engine::StepRecord& rec) {
+  result_.step_log.push_back(rec);
   const engine::EngineStats s = engine_->Stats();
+  const absl::Time now = rec.start + absl::Seconds(rec.seconds);
   result_.samples.push_back({absl::ToDoubleSeconds(now - start_), s.running,
                              s.waiting, s.blocks_active, s.blocks_cached,
                              s.blocks_total, finished_.load(),
@@ -126,38 +134,67 @@ void Replayer::OnStep(absl::Duration step) {
   }
   clock_.AdvanceTo(end);
   Attach(ids);
-  Sample(end);
 }
 
-absl::StatusOr<ReplayResult> Replayer::Run(engine::EngineConfig config,
-                                           engine::LoadedModel model) {
-  if (config.device != engine::Device::kSim) {
-    return absl::InvalidArgumentError(
-        "--device: sim-replay runs on a simulated device, sim:<gpu>[x<tp>]");
-  }
-  vocab_ = model.config.vocab_size;
-  config.sim.step_sink = [this](absl::Duration step) { OnStep(step); };
-  // A replay queues what the trace sends; nothing is refused for a full
-  // queue (the engine's bound is for live clients).
-  config.max_queued_requests = std::max<int32_t>(
-      config.max_queued_requests, static_cast<int32_t>(trace_.size()) + 1);
-  engine::EngineOptions options;
-  options.clock = &clock_;
-  KV_ASSIGN_OR_RETURN(engine_,
-                      engine::Engine::Create(config, std::move(model),
-                                             std::move(options), nullptr));
-  const absl::Time wall0 = absl::Now();
+void Replayer::FeedInVirtualTime() {
   while (true) {
     std::vector<size_t> ids;
     {
       absl::MutexLock lock(&mu_);
       const bool idle = finished_.load() == submitted_.load();
-      if (idle && next_ == trace_.size()) break;
+      if (idle && next_ == trace_.size()) return;
       // Idle: jump over the gap to the next arrival.
       if (idle) ids = SubmitDue(std::max(clock_.Now(), ArrivalOf(next_)), true);
     }
     Attach(ids);
     if (ids.empty()) absl::SleepFor(absl::Microseconds(200));
+  }
+}
+
+void Replayer::FeedInRealTime() {
+  while (true) {
+    std::vector<size_t> ids;
+    {
+      absl::MutexLock lock(&mu_);
+      if (next_ == trace_.size()) break;
+      const absl::Duration wait = ArrivalOf(next_) - absl::Now();
+      if (wait <= absl::ZeroDuration()) {
+        ids = SubmitDue(absl::Now(), /*stop_clock_at_each=*/false);
+      }
+    }
+    Attach(ids);
+    if (ids.empty()) absl::SleepFor(absl::Microseconds(200));
+  }
+  while (finished_.load() < submitted_.load()) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+}
+
+absl::StatusOr<ReplayResult> Replayer::Run(engine::EngineConfig config,
+                                           engine::LoadedModel model) {
+  vocab_ = model.config.vocab_size;
+  virtual_time_ = config.device == engine::Device::kSim;
+  engine::EngineOptions options;
+  if (!virtual_time_) start_ = absl::Now();
+  if (virtual_time_) {
+    config.sim.step_sink = [this](absl::Duration step) { OnStep(step); };
+    options.clock = &clock_;
+  }
+  options.step_observer = [this](const engine::StepRecord& r) {
+    OnStepRecord(r);
+  };
+  // A replay queues what the trace sends; nothing is refused for a full
+  // queue (the engine's bound is for live clients).
+  config.max_queued_requests = std::max<int32_t>(
+      config.max_queued_requests, static_cast<int32_t>(trace_.size()) + 1);
+  KV_ASSIGN_OR_RETURN(engine_,
+                      engine::Engine::Create(config, std::move(model),
+                                             std::move(options), nullptr));
+  const absl::Time wall0 = absl::Now();
+  if (virtual_time_) {
+    FeedInVirtualTime();
+  } else {
+    FeedInRealTime();
   }
   result_.wall_seconds = absl::ToDoubleSeconds(absl::Now() - wall0);
   result_.steps = engine_->Stats().steps;

@@ -39,16 +39,18 @@ struct ReplaySample {
 };
 
 struct ReplayResult {
-  std::vector<ReplayedRequest> requests;  // in trace order
-  std::vector<ReplaySample> samples;      // one per step
-  double virtual_seconds = 0;             // first arrival -> last finish
+  std::vector<ReplayedRequest> requests;     // in trace order
+  std::vector<ReplaySample> samples;         // one per step
+  std::vector<engine::StepRecord> step_log;  // every step as it ran
+  double virtual_seconds = 0;                // first arrival -> last finish
   double wall_seconds = 0;
   int64_t steps = 0;
 };
 
-// Replays `trace` on an engine made from `config` (its device must be
-// Device::kSim; its sim.step_sink is the replay's) and `model`. `seed`
-// seeds the prompts' token ids.
+// Replays `trace` on an engine made from `config` and `model`: on the
+// simulated device in virtual time (its sim.step_sink is the replay's),
+// on a real device in real time (each request submitted at its arrival).
+// `seed` seeds the prompts' token ids.
 [[nodiscard]] absl::StatusOr<ReplayResult> ReplayTrace(
     engine::EngineConfig config, engine::LoadedModel model,
     const std::vector<TraceRequest>& trace, uint64_t seed);

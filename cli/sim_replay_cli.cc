@@ -84,7 +84,7 @@ std::string FormatReplaySummary(const ReplayResult& r,
   };
   line("Successful requests:", absl::StrCat(s.completed));
   line("Failed requests:", absl::StrCat(s.failed));
-  line("Duration (virtual s):", absl::StrFormat("%.2f", r.virtual_seconds));
+  line("Duration (s):", absl::StrFormat("%.2f", r.virtual_seconds));
   line("Total input tokens:", absl::StrCat(s.input));
   line("Total generated tokens:", absl::StrCat(s.output));
   line("Request throughput (req/s):", absl::StrFormat("%.2f", s.completed / t));
@@ -147,12 +147,16 @@ std::string FormatReplayJson(const ReplayResult& r) {
 std::string FormatReplayTimeseries(const ReplayResult& r) {
   std::string out =
       "time_s,running,waiting,blocks_active,blocks_cached,blocks_total,"
-      "finished,preemptions,cached_tokens\n";
-  for (const ReplaySample& x : r.samples) {
-    absl::StrAppendFormat(&out, "%.6f,%d,%d,%d,%d,%d,%d,%d,%d\n", x.time,
-                          x.running, x.waiting, x.blocks_active,
-                          x.blocks_cached, x.blocks_total, x.finished,
-                          x.preemptions, x.cached_tokens);
+      "finished,preemptions,cached_tokens,step_seconds,tokens,seqs,attended,"
+      "kv_read_tokens\n";
+  for (size_t i = 0; i < r.samples.size(); ++i) {
+    const ReplaySample& x = r.samples[i];
+    const engine::StepRecord& s = r.step_log[i];
+    absl::StrAppendFormat(
+        &out, "%.6f,%d,%d,%d,%d,%d,%d,%d,%d,%.6g,%d,%d,%d,%d\n", x.time,
+        x.running, x.waiting, x.blocks_active, x.blocks_cached, x.blocks_total,
+        x.finished, x.preemptions, x.cached_tokens, s.seconds, s.load.tokens,
+        s.load.seqs, s.load.attended, s.load.kv_read_tokens);
   }
   return out;
 }

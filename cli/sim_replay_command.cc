@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "cli/kv_dtype_flag.h"
 #include "cli/logging.h"
+#include "cli/sim_profile.h"
 #include "cli/sim_replay.h"
 #include "common/cli_args.h"
 #include "common/status_macros.h"
@@ -27,6 +28,7 @@ struct ReplayFlags {
   int64_t block_size = scheduler::SchedulerConfig{}.block_size;
   int64_t max_num_seqs = 256, max_num_batched_tokens = 8192;
   int64_t swap_space_bytes = int64_t{4} << 30;
+  int64_t kv_cache_bytes = 0;
   double gpu_memory_fraction = engine::kDefaultGpuMemoryFraction;
   std::string kv_reservation{scheduler::KvReservationName(
       scheduler::SchedulerConfig{}.kv_reservation)};
@@ -35,6 +37,7 @@ struct ReplayFlags {
   bool json = false;
   std::string timeseries;
   std::string log_level = "warn";
+  std::string profile_out, sim_profile;
   bool help = false;
 };
 
@@ -65,7 +68,9 @@ void RegisterTraceFlags(ReplayFlags* f, CliArgs* a) {
 void RegisterEngineFlags(ReplayFlags* f, CliArgs* a) {
   a->String("model", &f->model, "preset or path (default llama3-70b)");
   a->String("device", &f->device,
-            "sim:<gpu>[x<tp>]: h100, h200, a100, l40s (default sim:h200x2)");
+            "sim:<gpu>[x<tp>] (h100, h200, a100, l40s) replays in virtual "
+            "time; cpu or cuda runs the trace for real, in real time "
+            "(default sim:h200x2)");
   a->String("kv-cache-dtype", &f->kv_cache_dtype, "bf16, fp8, int8 (auto)");
   a->String("preemption-mode", &f->preemption_mode, "auto, recompute or swap");
   a->Int("block-size", &f->block_size, "tokens per KV block (16)", 1, 1024);
@@ -73,6 +78,9 @@ void RegisterEngineFlags(ReplayFlags* f, CliArgs* a) {
          1 << 16);
   a->Int("max-num-batched-tokens", &f->max_num_batched_tokens,
          "tokens per step (8192)", 1, 1 << 22);
+  a->Bytes("kv-cache-bytes", &f->kv_cache_bytes,
+           "KV pool bytes (default: the device's own rule; give the same "
+           "value to compare a real run with its simulation)");
   a->Bytes("swap-space-bytes", &f->swap_space_bytes,
            "host swap space for preemption by swap (4GiB)");
   a->Bool("prefix-caching", &f->prefix_caching, "prefix cache (on)");
@@ -91,6 +99,12 @@ void RegisterEngineFlags(ReplayFlags* f, CliArgs* a) {
   a->String("timeseries", &f->timeseries,
             "write KV occupancy, queues, preemptions and prefix hits per step "
             "to this CSV (tools/plot_sim_replay.py draws it)");
+  a->String("profile-out", &f->profile_out,
+            "after a run on a real device (--device cpu): fit a step profile "
+            "to its steps and write it here (JSON)");
+  a->String("sim-profile", &f->sim_profile,
+            "a step profile (--profile-out) to run the simulated device on "
+            "instead of the roofline");
   a->String("log-level", &f->log_level,
             "stderr log level: trace, debug, info, warn (default), error, off");
   a->Bool("help", &f->help, "show this help");
@@ -99,11 +113,20 @@ void RegisterEngineFlags(ReplayFlags* f, CliArgs* a) {
 absl::StatusOr<engine::EngineConfig> EngineConfigOf(const ReplayFlags& f) {
   engine::EngineConfig e;
   KV_ASSIGN_OR_RETURN(e.device, engine::ParseDevice(f.device));
-  if (e.device != engine::Device::kSim) {
+  if (e.device == engine::Device::kSim) {
+    KV_ASSIGN_OR_RETURN(e.sim, engine::ParseSimTarget(f.device, f.sim));
+    if (!f.sim_profile.empty()) {
+      KV_ASSIGN_OR_RETURN(e.sim.profile, ReadStepProfile(f.sim_profile));
+    }
+  } else if (!f.sim_profile.empty()) {
     return absl::InvalidArgumentError(
-        "--device: sim-replay needs a simulated device, sim:<gpu>[x<tp>]");
+        "--sim-profile: needs --device sim:<gpu>[x<tp>]");
   }
-  KV_ASSIGN_OR_RETURN(e.sim, engine::ParseSimTarget(f.device, f.sim));
+  if (!f.profile_out.empty() && e.device == engine::Device::kSim) {
+    return absl::InvalidArgumentError(
+        "--profile-out: profiles are measured on a real device (--device "
+        "cpu or cuda)");
+  }
   KV_ASSIGN_OR_RETURN(e.kv_cache_dtype,
                       ParseKvCacheDtypeFlag(f.kv_cache_dtype));
   KV_ASSIGN_OR_RETURN(e.scheduler.preemption_mode,
@@ -116,6 +139,7 @@ absl::StatusOr<engine::EngineConfig> EngineConfigOf(const ReplayFlags& f) {
   KV_ASSIGN_OR_RETURN(e.scheduler.kv_reservation,
                       scheduler::ParseKvReservation(f.kv_reservation));
   e.swap_space_bytes = f.swap_space_bytes;
+  e.kv_cache_bytes = f.kv_cache_bytes;
   e.gpu_memory_fraction = f.gpu_memory_fraction;
   return e;
 }
@@ -123,7 +147,7 @@ absl::StatusOr<engine::EngineConfig> EngineConfigOf(const ReplayFlags& f) {
 absl::Status Replay(ReplayFlags& f) {
   KV_ASSIGN_OR_RETURN(engine::EngineConfig config, EngineConfigOf(f));
   KV_ASSIGN_OR_RETURN(engine::LoadedModel model,
-                      engine::LoadModel(f.model, engine::Device::kSim));
+                      engine::LoadModel(f.model, config.device));
   std::vector<TraceRequest> trace;
   if (!f.trace.empty()) {
     KV_ASSIGN_OR_RETURN(trace, ReadTrace(f.trace));
@@ -141,6 +165,10 @@ absl::Status Replay(ReplayFlags& f) {
   KV_ASSIGN_OR_RETURN(ReplayResult r,
                       ReplayTrace(config, std::move(model), trace,
                                   static_cast<uint64_t>(f.seed)));
+  if (!f.profile_out.empty()) {
+    KV_RETURN_IF_ERROR(
+        WriteStepProfile(f.profile_out, f.device, f.model, r.step_log));
+  }
   if (!f.timeseries.empty()) {
     std::ofstream out(f.timeseries);
     out << FormatReplayTimeseries(r);

@@ -4,11 +4,13 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "models/sim/step_profile.h"
 
 namespace kvserve::engine {
 
@@ -41,6 +43,8 @@ struct SimConfig {
   // advances its virtual clock with it (cli/sim_replay.h). `speed` is then
   // ignored.
   std::function<void(absl::Duration)> step_sink;
+  // A measured step-time model (--sim-profile) instead of the roofline.
+  std::optional<models::sim::StepProfile> profile;
 };
 
 // The GPU and tensor-parallel ranks of "sim:h200" / "sim:h100x2" into

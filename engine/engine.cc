@@ -253,6 +253,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
   engine->impl_ =
       std::make_unique<Impl>(config, std::move(model), &engine->draining_);
   if (options.clock != nullptr) engine->impl_->set_clock(options.clock);
+  engine->impl_->set_step_observer(std::move(options.step_observer));
   KV_RETURN_IF_ERROR(engine->impl_->Init(registry, std::move(options.backend)));
   engine->impl_->Start(options.start_paused);
   return engine;

@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -25,6 +26,7 @@
 #include "engine/request_spec.h"
 #include "engine/stream_state.h"
 #include "kvcache/kv_sizing.h"
+#include "models/sim/roofline.h"
 #include "scheduler/scheduler_config.h"
 
 namespace prometheus {
@@ -92,6 +94,16 @@ struct EngineStats {
   absl::Time last_step_end = absl::InfinitePast();
 };
 
+// One engine step as it ran: a step profile is fitted to these
+// (models/sim/step_profile.h).
+struct StepRecord {
+  int64_t step = 0;
+  absl::Time start;    // after the inbox was taken, before scheduling
+  double seconds = 0;  // start -> its tokens emitted, on the engine clock
+  double forward_seconds = 0;
+  models::sim::StepLoad load;
+};
+
 // What Create takes besides the config and the model. The defaults are what
 // the daemon runs; the rest lets tests drive the engine on a scripted backend.
 struct EngineOptions {
@@ -106,6 +118,8 @@ struct EngineOptions {
   // the system clock. A trace replay passes its virtual clock (must outlive
   // the engine).
   const Clock* clock = nullptr;
+  // Called on the engine thread after every step that ran a forward.
+  std::function<void(const StepRecord&)> step_observer;
 };
 
 class Engine {

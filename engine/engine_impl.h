@@ -32,6 +32,9 @@ class Engine::Impl {
                     std::unique_ptr<ModelBackend> backend);
   // Before Init: the clock the engine reads (EngineOptions::clock).
   void set_clock(const Clock* clock) { clock_ = clock; }
+  void set_step_observer(std::function<void(const StepRecord&)> f) {
+    step_observer_ = std::move(f);
+  }
   // Starts the engine thread; a `paused` one takes no request before
   // Resume() (or Stop, which cancels what was submitted).
   void Start(bool paused) {
@@ -114,6 +117,7 @@ class Engine::Impl {
   const EngineConfig config_;
   LoadedModel model_;
   const Clock* clock_ = &SystemClock::Get();
+  std::function<void(const StepRecord&)> step_observer_;
   std::atomic<bool>* draining_;
   ModelInfo info_;
   std::unique_ptr<ModelRunner> runner_;

@@ -211,7 +211,12 @@ void Engine::Impl::Step() {
     it->second->kv_stats = f.kv_stats;
     FinishRequest(f.id, FinishReason::kLength);
   }
-  PublishStats(SecondsBetween(t0, clock_->Now()), out.total_num_tokens);
+  const double seconds = SecondsBetween(t0, clock_->Now());
+  if (step_observer_) {
+    step_observer_(
+        {out.step, t0, seconds, result.forward_seconds, result.load});
+  }
+  PublishStats(seconds, out.total_num_tokens);
 }
 
 void Engine::Impl::AddStepCounters(const scheduler::StepStats& s,

@@ -27,6 +27,7 @@
 #include "engine/model_backend.h"
 #include "engine/sampler.h"
 #include "models/forward_batch.h"
+#include "models/sim/roofline.h"
 #include "scheduler/scheduler.h"
 
 namespace kvserve::engine {
@@ -49,6 +50,8 @@ struct StepResult {
   int64_t swapped_in_blocks = 0;
   // Wall time of the forward alone.
   double forward_seconds = 0;
+  // What the forward did (tokens, sequences, keys attended, K/V read).
+  models::sim::StepLoad load;
 };
 
 class ModelRunner {

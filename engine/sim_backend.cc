@@ -101,7 +101,6 @@ class SimBackend final : public ModelBackend {
            swap_bytes_per_second();
   }
   int32_t TokenFor(int32_t input_token, int32_t position) const;
-  models::sim::StepLoad LoadOf(const models::ForwardBatch& batch) const;
 
   SimConfig sim_;
   models::sim::Roofline roofline_;
@@ -126,26 +125,16 @@ int32_t SimBackend::TokenFor(int32_t input_token, int32_t position) const {
   return static_cast<int32_t>(id);
 }
 
-models::sim::StepLoad SimBackend::LoadOf(
-    const models::ForwardBatch& batch) const {
-  models::sim::StepLoad load;
-  load.tokens = batch.num_tokens();
-  for (int32_t s = 0; s < batch.num_seqs(); ++s) {
-    const int64_t n = batch.seq_starts[s + 1] - batch.seq_starts[s];
-    const int64_t ctx = batch.context_lens[s];
-    // New token i of n attends to the ctx - n + i + 1 keys up to itself.
-    load.attended += n * ctx - n * (n - 1) / 2;
-    load.kv_read_tokens += ctx - n;
-  }
-  return load;
-}
-
 absl::Status SimBackend::Forward(const models::ForwardBatch& batch,
                                  models::ForwardOutput* out) {
   const absl::Time start = absl::Now();
   const int32_t vocab = static_cast<int32_t>(excluded_.size());
   KV_RETURN_IF_ERROR(batch.Validate(num_blocks_, block_size_, vocab));
-  const double step_s = roofline_.Step(LoadOf(batch)).total_s + pending_s_;
+  const models::sim::StepLoad load = models::sim::StepLoadOf(batch);
+  const double step_s =
+      (sim_.profile.has_value() ? sim_.profile->Seconds(load)
+                                : roofline_.Step(load).total_s) +
+      pending_s_;
   pending_s_ = 0;
   const size_t rows = batch.logits_rows.size();
   out->argmax.resize(rows);
@@ -245,11 +234,20 @@ absl::StatusOr<std::unique_ptr<ModelBackend>> CreateSimBackend(
   eff.flops = sim.flops_efficiency;
   models::sim::Roofline roofline(c, gpu, sim.tp, weight_bytes, per_token, eff);
 
+  const std::string timing =
+      sim.profile.has_value()
+          ? std::string("from the measured step profile (--sim-profile)")
+          : absl::StrFormat(
+                "a roofline estimate at %.2f of the memory bandwidth and "
+                "%.2f of the matrix rate",
+                eff.memory, eff.flops);
+  const std::string pace = sim.step_sink
+                               ? std::string("in virtual time")
+                               : absl::StrFormat("slept x1/%g", sim.speed);
   spdlog::warn(
       "SIMULATED device {} ({}): no weights loaded, token ids are seeded "
-      "pseudo-random (seed {}), step times are a roofline estimate at {:.2f} "
-      "of the memory bandwidth and {:.2f} of the matrix rate, slept x1/{}",
-      name, gpu.part, sim.seed, eff.memory, eff.flops, sim.speed);
+      "pseudo-random (seed {}), step times {}, {}",
+      name, gpu.part, sim.seed, timing, pace);
   spdlog::info(
       "sim memory: {:.1f} GB - weights {:.1f} GB per rank - reserve {:.1f} "
       "GB = {:.1f} GB of KV: {} blocks of {} bytes",

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 
+#include "models/forward_batch.h"
 #include "models/model_config.h"
 #include "models/sim/gpu_specs.h"
 
@@ -31,7 +32,12 @@ struct StepLoad {
   int64_t tokens = 0;
   int64_t attended = 0;
   int64_t kv_read_tokens = 0;
+  int64_t seqs = 0;  // sequences in the step (prefill chunks and decodes)
 };
+
+// The load of a forward batch: sequence s with n new tokens and context c
+// attends n*c - n(n-1)/2 keys and reads the K/V of its c - n cached tokens.
+[[nodiscard]] StepLoad StepLoadOf(const ForwardBatch& batch);
 
 struct StepCost {
   double weights_s = 0;    // reading the rank's weights

@@ -9,6 +9,8 @@
 #include <fstream>
 #include <string>
 
+#include "absl/time/clock.h"
+#include "cli/sim_profile.h"
 #include "engine/loaded_model.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -21,7 +23,7 @@ namespace {
 using ::testing::HasSubstr;
 
 std::string WriteFile(const std::string& name, const std::string& text) {
-  const std::string path = ::testing::TempDir() + "/" + name;
+  std::string path = ::testing::TempDir() + "/" + name;
   std::ofstream(path) << text;
   return path;
 }
@@ -180,12 +182,53 @@ TEST(SimReplayTest, DeterministicWithPrefixHitsAndPreemptions) {
   EXPECT_THAT(FormatReplayJson(*a), HasSubstr("\"preemptions\":"));
 }
 
-TEST(SimReplayTest, RefusesARealDevice) {
+// The same driver on a real device runs in real time: each request is
+// submitted at its arrival, and the steps it records fit a profile that
+// reads back as written.
+TEST(SimReplayTest, RunsARealDeviceInRealTimeAndFitsItsProfile) {
+  absl::StatusOr<engine::LoadedModel> m = engine::LoadModel(
+      KVSERVE_SOURCE_DIR "/weights/SmolLM2-135M-Instruct.Q4_1.gguf",
+      engine::Device::kCpu);
+  ASSERT_TRUE(m.ok()) << m.status();
   engine::EngineConfig e;
-  e.device = engine::Device::kCpu;
-  absl::StatusOr<ReplayResult> r = Replay(e, {{0, 10, 2}});
-  ASSERT_FALSE(r.ok());
-  EXPECT_THAT(r.status().message(), HasSubstr("sim:"));
+  e.kv_cache_bytes = 64 << 20;
+  std::vector<TraceRequest> trace;
+  trace.reserve(6);
+  for (int i = 0; i < 6; ++i) trace.push_back({0.05 * i, 20 + 30 * i, 6});
+  const absl::Time t0 = absl::Now();
+  absl::StatusOr<ReplayResult> r = ReplayTrace(e, *std::move(m), trace, 3);
+  ASSERT_TRUE(r.ok()) << r.status();
+  // The last request arrives 0.25 s in: the run cannot be shorter.
+  EXPECT_GE(absl::ToDoubleSeconds(absl::Now() - t0), 0.25);
+  for (const ReplayedRequest& q : r->requests) {
+    EXPECT_TRUE(q.ok);
+    EXPECT_EQ(q.output_tokens, 6);
+    EXPECT_GT(q.ttft, 0);
+  }
+  // A prefill and 5 decode steps for the last request at least.
+  ASSERT_GE(r->step_log.size(), 6u);
+  for (const engine::StepRecord& s : r->step_log) {
+    EXPECT_GT(s.seconds, 0);
+    EXPECT_GE(s.seconds, s.forward_seconds);
+    EXPECT_GE(s.load.tokens, s.load.seqs);
+  }
+  const std::string path = ::testing::TempDir() + "/profile.json";
+  ASSERT_TRUE(WriteStepProfile(path, "cpu", "smollm2", r->step_log).ok());
+  absl::StatusOr<models::sim::StepProfile> p = ReadStepProfile(path);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_GT(p->base_s, 0);
+  EXPECT_THAT(ReadStepProfile(WriteFile("bad.json", "{\"kind\": \"x\"}"))
+                  .status()
+                  .message(),
+              HasSubstr("not a step profile"));
+  EXPECT_THAT(
+      ReadStepProfile(
+          WriteFile("bad2.json",
+                    "{\"kind\": \"kvserve-step-profile\", \"version\": 1, "
+                    "\"seconds\": {\"base\": 1}}"))
+          .status()
+          .message(),
+      HasSubstr("\"seconds\".\"per_token\" must be a finite number"));
 }
 
 }  // namespace

@@ -258,7 +258,7 @@ TraceRun RunTrace(Engine& engine, const std::vector<RequestSpec>& specs) {
     if (!st.ok()) return run;
     Outcome* o = &run.outcomes[i];
     StreamState* raw = st->get();
-    raw->Attach([&mu, &done, o, raw](StreamDelta d) {
+    raw->Attach([&mu, &done, o, raw](const StreamDelta& d) {
       {
         absl::MutexLock lock(&mu);
         o->tokens.insert(o->tokens.end(), d.token_ids.begin(),
