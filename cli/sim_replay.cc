@@ -15,8 +15,9 @@ namespace {
 
 class Replayer {
  public:
-  Replayer(const std::vector<TraceRequest>& trace, uint64_t seed)
-      : trace_(trace), seed_(seed) {
+  Replayer(const std::vector<TraceRequest>& trace, uint64_t seed,
+           const std::vector<double>& step_starts)
+      : trace_(trace), seed_(seed), starts_(step_starts) {
     result_.requests.resize(trace.size());
     streams_.resize(trace.size());
   }
@@ -46,6 +47,8 @@ class Replayer {
 
   const std::vector<TraceRequest>& trace_;
   const uint64_t seed_;
+  const std::vector<double>& starts_;  // a recorded timeline, or empty
+  size_t step_k_ = 0;                  // engine thread only
   absl::Time start_ = absl::UnixEpoch();
   bool virtual_time_ = true;
   VirtualClock clock_{start_};
@@ -102,7 +105,7 @@ void Replayer::OnDelta(size_t i, const engine::StreamDelta& d) {
   ReplayedRequest& r = result_.requests[i];
   r.output_tokens += static_cast<int32_t>(d.token_ids.size());
   if (!d.finished) return;
-  r.arrival = trace_[i].arrival;
+  r.arrival = absl::ToDoubleSeconds(d.timings.arrival - start_);
   r.ttft = d.timings.time_to_first_token;
   r.e2e = d.timings.total_seconds;
   r.prompt_tokens = d.usage.prompt_tokens;
@@ -117,6 +120,7 @@ void Replayer::OnDelta(size_t i, const engine::StreamDelta& d) {
 
 void Replayer::OnStepRecord(const engine::StepRecord& rec) {
   result_.step_log.push_back(rec);
+  result_.step_starts.push_back(absl::ToDoubleSeconds(rec.start - start_));
   const engine::EngineStats s = engine_->Stats();
   const absl::Time now = rec.start + absl::Seconds(rec.seconds);
   result_.samples.push_back({absl::ToDoubleSeconds(now - start_), s.running,
@@ -126,11 +130,17 @@ void Replayer::OnStepRecord(const engine::StepRecord& rec) {
 }
 
 void Replayer::OnStep(absl::Duration step) {
-  const absl::Time end = clock_.Now() + step;
+  // On a recorded timeline the step ends where the next one started, and
+  // only arrivals before that start are in its inbox.
+  const bool recorded = step_k_ + 1 < starts_.size();
+  const absl::Time end = recorded ? start_ + absl::Seconds(starts_[step_k_ + 1])
+                                  : clock_.Now() + step;
+  ++step_k_;
   std::vector<size_t> ids;
   {
     absl::MutexLock lock(&mu_);
-    ids = SubmitDue(end, /*stop_clock_at_each=*/true);
+    ids = SubmitDue(recorded ? end - absl::Nanoseconds(1) : end,
+                    /*stop_clock_at_each=*/true);
   }
   clock_.AdvanceTo(end);
   Attach(ids);
@@ -179,7 +189,11 @@ absl::StatusOr<ReplayResult> Replayer::Run(engine::EngineConfig config,
   if (virtual_time_) {
     config.sim.step_sink = [this](absl::Duration step) { OnStep(step); };
     options.clock = &clock_;
+    // A recorded timeline: the first step takes exactly the requests that
+    // arrived before its recorded start.
+    options.start_paused = !starts_.empty();
   }
+  const bool timeline = options.start_paused;
   options.step_observer = [this](const engine::StepRecord& r) {
     OnStepRecord(r);
   };
@@ -191,6 +205,17 @@ absl::StatusOr<ReplayResult> Replayer::Run(engine::EngineConfig config,
                       engine::Engine::Create(config, std::move(model),
                                              std::move(options), nullptr));
   const absl::Time wall0 = absl::Now();
+  if (timeline) {
+    std::vector<size_t> ids;
+    {
+      absl::MutexLock lock(&mu_);
+      ids = SubmitDue(start_ + absl::Seconds(starts_[0]) - absl::Nanoseconds(1),
+                      /*stop_clock_at_each=*/true);
+    }
+    clock_.AdvanceTo(start_ + absl::Seconds(starts_[0]));
+    Attach(ids);
+    engine_->Start();
+  }
   if (virtual_time_) {
     FeedInVirtualTime();
   } else {
@@ -211,11 +236,11 @@ absl::StatusOr<ReplayResult> Replayer::Run(engine::EngineConfig config,
 
 }  // namespace
 
-absl::StatusOr<ReplayResult> ReplayTrace(engine::EngineConfig config,
-                                         engine::LoadedModel model,
-                                         const std::vector<TraceRequest>& trace,
-                                         uint64_t seed) {
-  Replayer replayer(trace, seed);
+absl::StatusOr<ReplayResult> ReplayTrace(
+    engine::EngineConfig config, engine::LoadedModel model,
+    const std::vector<TraceRequest>& trace, uint64_t seed,
+    const std::vector<double>& step_starts) {
+  Replayer replayer(trace, seed, step_starts);
   return replayer.Run(std::move(config), std::move(model));
 }
 

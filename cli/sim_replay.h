@@ -22,7 +22,7 @@
 namespace kvserve::cli {
 
 struct ReplayedRequest {
-  double arrival = 0;  // virtual seconds
+  double arrival = 0;  // seconds from the start, as the engine stamped it
   double ttft = 0;     // arrival -> first token
   double e2e = 0;      // arrival -> finish
   int32_t prompt_tokens = 0, output_tokens = 0, cached_tokens = 0;
@@ -42,6 +42,7 @@ struct ReplayResult {
   std::vector<ReplayedRequest> requests;     // in trace order
   std::vector<ReplaySample> samples;         // one per step
   std::vector<engine::StepRecord> step_log;  // every step as it ran
+  std::vector<double> step_starts;           // seconds from the start, per step
   double virtual_seconds = 0;                // first arrival -> last finish
   double wall_seconds = 0;
   int64_t steps = 0;
@@ -51,9 +52,16 @@ struct ReplayResult {
 // simulated device in virtual time (its sim.step_sink is the replay's),
 // on a real device in real time (each request submitted at its arrival).
 // `seed` seeds the prompts' token ids.
+//
+// `step_starts` (the simulated device only): a recorded run's timeline, its
+// ReplayResult::step_starts. Step k then ends where step k + 1 started in
+// the recording, whatever its modelled time, so arrivals fall between the
+// same steps as they did: replaying a real run's trace (with its recorded
+// arrivals) this way must reproduce its scheduling step for step.
 [[nodiscard]] absl::StatusOr<ReplayResult> ReplayTrace(
     engine::EngineConfig config, engine::LoadedModel model,
-    const std::vector<TraceRequest>& trace, uint64_t seed);
+    const std::vector<TraceRequest>& trace, uint64_t seed,
+    const std::vector<double>& step_starts = {});
 
 // The summary `tools/kvserve_bench.py` prints (throughput, TTFT, TPOT, E2E
 // percentiles, preemptions, prefix hits, peak KV) and the replay speed.

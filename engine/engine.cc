@@ -190,6 +190,9 @@ absl::StatusOr<std::shared_ptr<StreamState>> Engine::Impl::Submit(
       s = absl::ResourceExhaustedError(absl::StrFormat(
           "queue full: %d requests waiting (--max-queued-requests)", queued_));
     } else {
+      // Stamped under the inbox lock, as TakeInbox stamps the step start:
+      // a request arrived before a step's start iff that step admits it.
+      r->arrival = clock_->Now();
       r->spec = std::move(spec);
       inbox_.adds.push_back(std::move(r));
       ++queued_;

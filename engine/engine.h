@@ -98,7 +98,9 @@ struct EngineStats {
 // (models/sim/step_profile.h).
 struct StepRecord {
   int64_t step = 0;
-  absl::Time start;    // after the inbox was taken, before scheduling
+  // When the step took the inbox: it admitted exactly the requests whose
+  // arrival is earlier.
+  absl::Time start;
   double seconds = 0;  // start -> its tokens emitted, on the engine clock
   double forward_seconds = 0;
   models::sim::StepLoad load;

@@ -118,6 +118,9 @@ class Engine::Impl {
   LoadedModel model_;
   const Clock* clock_ = &SystemClock::Get();
   std::function<void(const StepRecord&)> step_observer_;
+  // When the engine thread last took the inbox (the start of its step);
+  // engine thread only (stamped under mu_, like each request's arrival).
+  absl::Time inbox_taken_;
   std::atomic<bool>* draining_;
   ModelInfo info_;
   std::unique_ptr<ModelRunner> runner_;

@@ -26,6 +26,7 @@ bool Engine::Impl::TakeInbox(Inbox* inbox) {
   if (!scheduler_->has_work()) {
     mu_.AwaitWithTimeout(absl::Condition(&has_input), kIdleWait);
   }
+  inbox_taken_ = clock_->Now();
   std::swap(*inbox, inbox_);
   return !stop_;
 }
@@ -213,8 +214,8 @@ void Engine::Impl::Step() {
   }
   const double seconds = SecondsBetween(t0, clock_->Now());
   if (step_observer_) {
-    step_observer_(
-        {out.step, t0, seconds, result.forward_seconds, result.load});
+    step_observer_({out.step, inbox_taken_, seconds, result.forward_seconds,
+                    result.load});
   }
   PublishStats(seconds, out.total_num_tokens);
 }
@@ -282,6 +283,7 @@ void Engine::Impl::FinishRequest(RequestId id, FinishReason reason,
   usage.completion_tokens = r.completion_tokens;
   usage.cached_prompt_tokens = r.cached_prompt_tokens;
   Timings t;
+  t.arrival = r.arrival;
   if (r.first_scheduled != absl::InfinitePast()) {
     t.queue_seconds = SecondsBetween(r.arrival, r.first_scheduled);
   }

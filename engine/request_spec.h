@@ -80,6 +80,7 @@ struct Usage {
 void AddKvUsage(const KvUsage& part, KvUsage* sum);
 
 struct Timings {
+  absl::Time arrival;              // when Submit took the request
   double queue_seconds = 0;        // arrival -> first scheduled
   double time_to_first_token = 0;  // arrival -> first token
   double total_seconds = 0;        // arrival -> finish

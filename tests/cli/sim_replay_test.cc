@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <tuple>
 
 #include "absl/time/clock.h"
 #include "cli/sim_profile.h"
@@ -229,6 +230,87 @@ TEST(SimReplayTest, RunsARealDeviceInRealTimeAndFitsItsProfile) {
           .status()
           .message(),
       HasSubstr("\"seconds\".\"per_token\" must be a finite number"));
+}
+
+// The validation no separate simulator can pass: a real run on the CPU
+// (the default model, a pool too small for the trace: preemptions by
+// recompute, shared prefixes: prefix hits) recorded, then replayed on the
+// simulated device on the recorded timeline (each step as long as it took,
+// each request arriving when the engine stamped it). Every step schedules
+// the same batch, and every request the same preemptions, prefix hits and
+// peak KV. Without the timeline (the sim's own step times) the steps differ.
+TEST(SimReplayTest, ReplaysARealRunsTimelineStepForStep) {
+  const char* model =
+      KVSERVE_SOURCE_DIR "/weights/SmolLM2-135M-Instruct.Q4_1.gguf";
+  SyntheticTraceSpec spec;
+  spec.num_requests = 16;
+  spec.request_rate = 40;
+  spec.input_len = 80;
+  spec.output_len = 24;
+  spec.input_sigma = 0.4;
+  spec.output_sigma = 0.4;
+  spec.num_prefixes = 2;
+  spec.prefix_len = 32;
+  spec.seed = 11;
+  const std::vector<TraceRequest> trace = SyntheticTrace(spec);
+  engine::EngineConfig e;
+  e.scheduler.max_num_seqs = 8;
+  e.scheduler.max_num_batched_tokens = 128;
+  e.scheduler.preemption_mode = scheduler::PreemptionMode::kRecompute;
+  e.swap_space_bytes = 0;
+  // 24 blocks of 16 tokens (23,040 bytes a token: CPU fp16, sim bf16).
+  e.kv_cache_bytes = int64_t{24} * 16 * 23040;
+  absl::StatusOr<engine::LoadedModel> cpu_model =
+      engine::LoadModel(model, engine::Device::kCpu);
+  ASSERT_TRUE(cpu_model.ok()) << cpu_model.status();
+  absl::StatusOr<ReplayResult> real =
+      ReplayTrace(e, *std::move(cpu_model), trace, 5);
+  ASSERT_TRUE(real.ok()) << real.status();
+
+  std::vector<TraceRequest> recorded = trace;
+  for (size_t i = 0; i < trace.size(); ++i) {
+    recorded[i].arrival = real->requests[i].arrival;
+  }
+  e.device = engine::Device::kSim;
+  e.sim = *engine::ParseSimTarget("sim:h100");
+  const auto replay = [&](const std::vector<double>& timeline) {
+    absl::StatusOr<engine::LoadedModel> m =
+        engine::LoadModel(model, engine::Device::kSim);
+    EXPECT_TRUE(m.ok()) << m.status();
+    return ReplayTrace(e, *std::move(m), recorded, 5, timeline);
+  };
+  absl::StatusOr<ReplayResult> sim = replay(real->step_starts);
+  ASSERT_TRUE(sim.ok()) << sim.status();
+
+  ASSERT_EQ(sim->step_log.size(), real->step_log.size());
+  for (size_t k = 0; k < real->step_log.size(); ++k) {
+    const models::sim::StepLoad& a = real->step_log[k].load;
+    const models::sim::StepLoad& b = sim->step_log[k].load;
+    ASSERT_EQ(std::tie(a.tokens, a.seqs, a.attended, a.kv_read_tokens),
+              std::tie(b.tokens, b.seqs, b.attended, b.kv_read_tokens))
+        << "step " << k;
+    EXPECT_EQ(real->samples[k].blocks_active, sim->samples[k].blocks_active)
+        << "step " << k;
+  }
+  int64_t preemptions = 0, cached = 0;
+  for (size_t i = 0; i < trace.size(); ++i) {
+    const ReplayedRequest& x = real->requests[i];
+    const ReplayedRequest& y = sim->requests[i];
+    EXPECT_TRUE(x.ok && y.ok) << i;
+    EXPECT_EQ(x.preemptions, y.preemptions) << i;
+    EXPECT_EQ(x.cached_tokens, y.cached_tokens) << i;
+    EXPECT_DOUBLE_EQ(x.arrival, y.arrival) << i;
+    preemptions += x.preemptions;
+    cached += x.cached_tokens;
+  }
+  EXPECT_GT(preemptions, 0);
+  EXPECT_GT(cached, 0);
+
+  // The H100's own step times are far shorter than the CPU's: the same
+  // arrivals meet other batches.
+  absl::StatusOr<ReplayResult> own = replay({});
+  ASSERT_TRUE(own.ok()) << own.status();
+  EXPECT_NE(own->step_log.size(), real->step_log.size());
 }
 
 }  // namespace
