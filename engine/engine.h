@@ -101,7 +101,8 @@ struct StepRecord {
   // When the step took the inbox: it admitted exactly the requests whose
   // arrival is earlier.
   absl::Time start;
-  double seconds = 0;  // start -> its tokens emitted, on the engine clock
+  // start -> the step's bookkeeping done (the loop turn), engine clock
+  double seconds = 0;
   double forward_seconds = 0;
   models::sim::StepLoad load;
 };

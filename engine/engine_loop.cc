@@ -212,12 +212,13 @@ void Engine::Impl::Step() {
     it->second->kv_stats = f.kv_stats;
     FinishRequest(f.id, FinishReason::kLength);
   }
-  const double seconds = SecondsBetween(t0, clock_->Now());
+  PublishStats(SecondsBetween(t0, clock_->Now()), out.total_num_tokens);
   if (step_observer_) {
-    step_observer_({out.step, inbox_taken_, seconds, result.forward_seconds,
-                    result.load});
+    // The whole loop turn: what the next step waits for.
+    step_observer_({out.step, inbox_taken_,
+                    SecondsBetween(inbox_taken_, clock_->Now()),
+                    result.forward_seconds, result.load});
   }
-  PublishStats(seconds, out.total_num_tokens);
 }
 
 void Engine::Impl::AddStepCounters(const scheduler::StepStats& s,
