@@ -11,7 +11,10 @@ pseudo-random tokens (the same request, the same text; --sim-seed changes
 it); at --sim-speed 1 a decode step lasts at least the roofline's time for
 one sequence (a lower bound only: the host can be slower, never faster).
 Configurations that cannot run are refused at start with the reason: bf16
-Llama-3-70B on one H200 (no room for KV), an unknown GPU, fp16 KV.
+Llama-3-70B on one H200 (no room for KV), an unknown GPU, fp16 KV. A
+measured step profile (--sim-profile) sets the pace instead of the
+roofline. `kvserve sim-replay` prints its summary as JSON and writes the
+per-step CSV; a flag that does not fit the device is a usage error.
 
     sim_device_e2e_test.py --binary build/server/kvserve --source-dir .
 """
@@ -20,6 +23,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import unittest
 import urllib.request
@@ -57,6 +61,13 @@ def post(server, path, body):
 
 
 class SimDevice(unittest.TestCase):
+    def setUp(self):
+        self._tmp = tempfile.TemporaryDirectory()
+        self.tmp = self._tmp.name
+
+    def tearDown(self):
+        self._tmp.cleanup()
+
     def test_pool_matches_the_plan(self):
         cases = [
             (["--device", "sim:h200", "--sim-weight-bytes", "1"],
@@ -160,6 +171,52 @@ class SimDevice(unittest.TestCase):
             server.kill()
         self.assertEqual(out["usage"]["completion_tokens"], 48)
         self.assertGreaterEqual(took, 47 * step["seconds"])
+
+    def test_a_step_profile_sets_the_pace(self):
+        profile = os.path.join(self.tmp, "profile.json")
+        with open(profile, "w") as f:
+            json.dump({"kind": "kvserve-step-profile", "version": 1,
+                       "seconds": {"base": 0.05, "per_token": 0, "per_seq": 0,
+                                   "per_attended": 0, "per_kv_read": 0,
+                                   "prefill": 0}}, f)
+        server = sim("--device", "sim:h200", "--sim-weight-bytes", "1",
+                     "--sim-profile", profile)
+        try:
+            t0 = time.monotonic()
+            out = post(server, "/v1/completions",
+                       {"prompt": "hello", "max_tokens": 10,
+                        "temperature": 0})
+            took = time.monotonic() - t0
+            self.assertIn("measured step profile", server.text())
+        finally:
+            server.kill()
+        self.assertEqual(out["usage"]["completion_tokens"], 10)
+        self.assertGreaterEqual(took, 10 * 0.05)
+
+    def test_sim_replay_command(self):
+        csv_path = os.path.join(self.tmp, "replay.csv")
+        out = subprocess.run(
+            [ARGS.binary, "sim-replay", "--model", "llama3-8b", "--device",
+             "sim:h100", "--num-requests", "50", "--request-rate", "20",
+             "--input-len", "300", "--output-len", "20", "--num-prefixes",
+             "2", "--prefix-len", "128", "--json", "--timeseries", csv_path],
+            capture_output=True, text=True, timeout=120, cwd=ARGS.source_dir)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        r = json.loads(out.stdout)
+        self.assertEqual(r["completed"], 50)
+        self.assertEqual(r["output_tokens"], 50 * 20)
+        self.assertGreater(r["cached_prompt_tokens"], 0)
+        self.assertGreater(r["speedup"], 1)
+        with open(csv_path) as f:
+            lines = f.read().splitlines()
+        self.assertTrue(lines[0].startswith("time_s,running,waiting"))
+        self.assertEqual(len(lines) - 1, r["steps"])
+        bad = subprocess.run(
+            [ARGS.binary, "sim-replay", "--device", "sim:h100",
+             "--profile-out", csv_path],
+            capture_output=True, text=True, timeout=60, cwd=ARGS.source_dir)
+        self.assertEqual(bad.returncode, 2)
+        self.assertIn("--profile-out", bad.stderr)
 
     def test_impossible_configurations_are_refused(self):
         cases = [
