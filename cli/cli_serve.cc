@@ -343,14 +343,8 @@ absl::Status FinishFlags(ServeFlags* f) {
       f->swap_space_bytes >= 0 ? f->swap_space_bytes : DefaultSwapSpaceBytes();
   e.gpu_memory_fraction = f->gpu_memory_fraction;
   e.fault_step_delay = absl::Milliseconds(f->fault_step_delay_ms);
-  KV_ASSIGN_OR_RETURN(e.device, engine::ParseDevice(f->device));
   f->sim.seed = static_cast<uint64_t>(f->sim_seed);
-  if (e.device == engine::Device::kSim) {
-    KV_ASSIGN_OR_RETURN(e.sim, engine::ParseSimTarget(f->device, f->sim));
-    if (!f->sim_profile.empty()) {
-      KV_ASSIGN_OR_RETURN(e.sim.profile, ReadStepProfile(f->sim_profile));
-    }
-  }
+  KV_RETURN_IF_ERROR(ApplyDeviceFlags(f->device, f->sim, f->sim_profile, &e));
   KV_ASSIGN_OR_RETURN(e.kv_cache_dtype,
                       ParseKvCacheDtypeFlag(f->kv_cache_dtype));
   static constexpr const char* kLevels[] = {"trace", "debug",    "info", "warn",

@@ -89,4 +89,21 @@ absl::StatusOr<models::sim::StepProfile> ReadStepProfile(
   return p;
 }
 
+absl::Status ApplyDeviceFlags(const std::string& device,
+                              const engine::SimConfig& base,
+                              const std::string& profile_path,
+                              engine::EngineConfig* e) {
+  KV_ASSIGN_OR_RETURN(e->device, engine::ParseDevice(device));
+  if (e->device != engine::Device::kSim) {
+    if (profile_path.empty()) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        "--sim-profile: needs --device sim:<gpu>[x<tp>]");
+  }
+  KV_ASSIGN_OR_RETURN(e->sim, engine::ParseSimTarget(device, base));
+  if (!profile_path.empty()) {
+    KV_ASSIGN_OR_RETURN(e->sim.profile, ReadStepProfile(profile_path));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace kvserve::cli

@@ -27,4 +27,13 @@ namespace kvserve::cli {
 [[nodiscard]] absl::StatusOr<models::sim::StepProfile> ReadStepProfile(
     const std::string& path);
 
+// --device into e->device and, for a simulated device, e->sim: `base` (the
+// --sim-* flags) with the flag's GPU and ranks and the profile read from
+// `profile_path` (--sim-profile; empty: the roofline). InvalidArgument for
+// a bad --device, or --sim-profile with a real device (never ignored).
+[[nodiscard]] absl::Status ApplyDeviceFlags(const std::string& device,
+                                            const engine::SimConfig& base,
+                                            const std::string& profile_path,
+                                            engine::EngineConfig* e);
+
 }  // namespace kvserve::cli

@@ -112,16 +112,7 @@ void RegisterEngineFlags(ReplayFlags* f, CliArgs* a) {
 
 absl::StatusOr<engine::EngineConfig> EngineConfigOf(const ReplayFlags& f) {
   engine::EngineConfig e;
-  KV_ASSIGN_OR_RETURN(e.device, engine::ParseDevice(f.device));
-  if (e.device == engine::Device::kSim) {
-    KV_ASSIGN_OR_RETURN(e.sim, engine::ParseSimTarget(f.device, f.sim));
-    if (!f.sim_profile.empty()) {
-      KV_ASSIGN_OR_RETURN(e.sim.profile, ReadStepProfile(f.sim_profile));
-    }
-  } else if (!f.sim_profile.empty()) {
-    return absl::InvalidArgumentError(
-        "--sim-profile: needs --device sim:<gpu>[x<tp>]");
-  }
+  KV_RETURN_IF_ERROR(ApplyDeviceFlags(f.device, f.sim, f.sim_profile, &e));
   if (!f.profile_out.empty() && e.device == engine::Device::kSim) {
     return absl::InvalidArgumentError(
         "--profile-out: profiles are measured on a real device (--device "

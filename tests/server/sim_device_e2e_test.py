@@ -224,6 +224,8 @@ class SimDevice(unittest.TestCase):
             (["--device", "sim:tpu"], "unknown GPU"),
             (["--device", "sim:h200x2", "--kv-cache-dtype", "fp16"],
              "--kv-cache-dtype fp16"),
+            (["--device", "cpu", "--sim-profile", "p.json"],
+             "--sim-profile: needs --device sim"),
         ]
         for flags, why in cases:
             with self.subTest(flags=flags):
