@@ -47,6 +47,7 @@ class GenerateReactor final
                   const grpc::ByteBuffer& request, const GenerateDeps& deps)
       : deps_(deps) {
     deps_.metrics->StreamOpened();
+    stream_open_ = true;
     absl::StatusOr<engine::RequestSpec> spec = BuildSpec(context, request);
     absl::StatusOr<std::shared_ptr<engine::StreamState>> stream =
         spec.ok() ? deps_.engine->Submit(*std::move(spec)) : spec.status();
@@ -84,7 +85,7 @@ class GenerateReactor final
     if (stream_ != nullptr && !stream_->Done()) {
       deps_.engine->Abort(stream_->id());
     }
-    deps_.metrics->StreamClosed();
+    CloseStream();  // no-op: FinishCall closed it
     deps_.metrics->RpcDone("Generate", code_);
     delete this;
   }
@@ -155,8 +156,16 @@ class GenerateReactor final
   void FinishCall(const absl::Status& status) {
     const grpc::Status s = ToGrpcStatus(status);
     code_ = s.error_code();
+    // Before Finish: once the status is sent the client may open the next
+    // stream, so the gauge counts the HTTP/2 limit's streams, never one more.
+    CloseStream();
     KV_TSAN_RELEASE(this);
     Finish(s);
+  }
+
+  void CloseStream() {
+    if (stream_open_) deps_.metrics->StreamClosed();
+    stream_open_ = false;
   }
 
   void LogFinish(const engine::StreamDelta& d) {
@@ -176,6 +185,7 @@ class GenerateReactor final
   absl::Status final_status_;
   std::atomic<bool> dead_{false};
   grpc::StatusCode code_ = grpc::StatusCode::OK;
+  bool stream_open_ = false;  // counted in the open-streams gauge
 };
 
 }  // namespace
