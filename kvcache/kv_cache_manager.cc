@@ -43,6 +43,7 @@ KvCacheManager::KvCacheManager(int32_t num_blocks, int32_t block_size,
   content_.resize(num_blocks);
   content_tokens_.resize(static_cast<size_t>(num_blocks) * block_size);
   content_len_.resize(num_blocks, 0);
+  child_pos_.resize(num_blocks, -1);
   generation_.resize(num_blocks, 0);
 }
 
@@ -52,22 +53,41 @@ std::vector<BlockId> KvCacheManager::TakeFresh(int32_t n, EvictReason reason) {
   return blocks;
 }
 
+void KvCacheManager::UnindexContent(BlockId block) {
+  const BlockContent& old = content_[block];
+  auto it = children_.find(ChildKey{old.parent, old.ns});
+  if (it == children_.end()) return;
+  ChildList& list = it->second;
+  const int32_t pos = child_pos_[block];
+  if (pos < 0 || pos >= static_cast<int32_t>(list.entries.size()) ||
+      list.entries[pos].block != block) {
+    return;
+  }
+  list.entries[pos].block = kNoBlock;
+  const auto size = static_cast<int32_t>(list.entries.size());
+  if (++list.dead == size) {
+    children_.erase(it);
+    return;
+  }
+  if (2 * list.dead <= size) return;
+  std::erase_if(list.entries,
+                [](const Child& c) { return c.block == kNoBlock; });
+  list.dead = 0;
+  for (size_t i = 0; i < list.entries.size(); ++i) {
+    child_pos_[list.entries[i].block] = static_cast<int32_t>(i);
+  }
+}
+
 void KvCacheManager::IndexContent(BlockId block, BlockHash parent, BlockHash ns,
                                   absl::Span<const int32_t> tokens) {
-  if (content_len_[block] > 0) {  // drop the block's previous entry
-    const BlockContent& old = content_[block];
-    auto it = children_.find(ChildKey{old.parent, old.ns});
-    if (it != children_.end()) {
-      std::erase_if(it->second,
-                    [block](const Child& c) { return c.block == block; });
-      if (it->second.empty()) children_.erase(it);
-    }
-  }
+  if (content_len_[block] > 0) UnindexContent(block);
   std::copy(tokens.begin(), tokens.end(),
             content_tokens_.begin() + static_cast<size_t>(block) * block_size_);
   content_[block] = {parent, ns};
   content_len_[block] = static_cast<int32_t>(tokens.size());
-  children_[ChildKey{parent, ns}].push_back({block, generation_[block]});
+  std::vector<Child>& entries = children_[ChildKey{parent, ns}].entries;
+  child_pos_[block] = static_cast<int32_t>(entries.size());
+  entries.push_back({block, generation_[block]});
 }
 
 int32_t KvCacheManager::NumBlocksNeeded(RequestId request,
@@ -205,9 +225,11 @@ void KvCacheManager::FindTail(const TokenSequence& tokens, int32_t begin,
   int32_t best = 0;
   BlockId best_block = kNoBlock;
   int looked = 0;
-  for (auto c = it->second.rbegin();
-       c != it->second.rend() && looked < kMaxCandidates && best < max_tokens;
+  const std::vector<Child>& entries = it->second.entries;
+  for (auto c = entries.rbegin();
+       c != entries.rend() && looked < kMaxCandidates && best < max_tokens;
        ++c) {
+    if (c->block == kNoBlock) continue;                    // erased
     if (generation_[c->block] != c->generation) continue;  // reallocated
     ++looked;
     const int32_t n = std::min(content_len_[c->block], max_tokens);
@@ -480,6 +502,39 @@ absl::Status KvCacheManager::CheckInvariants() const {
           absl::StrCat("block ", b, " ref=", pool_.ref_count(b), " but ",
                        holders[b], " tables hold it"));
     }
+  }
+  return CheckContentIndex();
+}
+
+absl::Status KvCacheManager::CheckContentIndex() const {
+  int64_t live = 0;
+  for (const auto& [key, list] : children_) {
+    int32_t dead = 0;
+    for (size_t i = 0; i < list.entries.size(); ++i) {
+      const BlockId b = list.entries[i].block;
+      if (b == kNoBlock) {
+        ++dead;
+        continue;
+      }
+      if (content_len_[b] == 0 || child_pos_[b] != static_cast<int32_t>(i) ||
+          !(ChildKey{content_[b].parent, content_[b].ns} == key)) {
+        return absl::InternalError(absl::StrCat("block ", b, " indexed at ", i,
+                                                " of a list it is not in"));
+      }
+      ++live;
+    }
+    if (dead != list.dead ||
+        2 * dead > static_cast<int32_t>(list.entries.size())) {
+      return absl::InternalError(absl::StrCat("a child list of ",
+                                              list.entries.size(), " counts ",
+                                              list.dead, " erased of ", dead));
+    }
+  }
+  const auto indexed = std::count_if(content_len_.begin(), content_len_.end(),
+                                     [](int32_t n) { return n > 0; });
+  if (live != indexed) {
+    return absl::InternalError(
+        absl::StrCat(indexed, " blocks indexed, ", live, " child entries"));
   }
   return absl::OkStatus();
 }

@@ -309,8 +309,15 @@ class KvCacheManager {
     }
   };
   struct Child {
-    BlockId block = kNoBlock;
-    uint32_t generation = 0;  // valid while generation_[block] equals it
+    BlockId block = kNoBlock;  // kNoBlock: erased (a tombstone)
+    uint32_t generation = 0;   // valid while generation_[block] equals it
+  };
+  // A key's children, oldest first. Erasing leaves a tombstone (O(1), keeps
+  // the order FindTail relies on); the list is compacted when half of it is
+  // tombstones and dropped when all of it is.
+  struct ChildList {
+    std::vector<Child> entries;
+    int32_t dead = 0;
   };
 
   [[nodiscard]] bool ContentMatches(BlockId block, BlockHash parent,
@@ -323,6 +330,10 @@ class KvCacheManager {
   // indexes it, replacing the block's previous entry.
   void IndexContent(BlockId block, BlockHash parent, BlockHash ns,
                     absl::Span<const int32_t> tokens);
+  // Erases an indexed block's entry from its content key's list.
+  void UnindexContent(BlockId block);
+  // The content index's part of CheckInvariants.
+  [[nodiscard]] absl::Status CheckContentIndex() const;
   // The best tail for the tokens [begin, begin + max_tokens) of `tokens`
   // after `parent`: sets match->tail_block/tail_tokens when one shares at
   // least one token.
@@ -342,7 +353,10 @@ class KvCacheManager {
   std::vector<int32_t> content_tokens_;  // [num_blocks][block_size]
   std::vector<int32_t> content_len_;     // 0: not indexed
   std::vector<uint32_t> generation_;     // bumped by TakeFresh
-  absl::flat_hash_map<ChildKey, std::vector<Child>> children_;
+  absl::flat_hash_map<ChildKey, ChildList> children_;
+  // Per indexed block (content_len_ > 0): its entry's index in the list of
+  // its content_ key; the block has exactly one live entry there.
+  std::vector<int32_t> child_pos_;
   std::vector<BlockId> pinned_;  // tail sources of pending copies
   ThreadOwner owner_;            // the one thread that may mutate
 };

@@ -346,5 +346,29 @@ TEST_F(PrefixCacheTest, ASharedPartialBlockIsNotATail) {
   ASSERT_INVARIANTS(kv_);
 }
 
+TEST_F(PrefixCacheTest, APopularBlocksChildrenStayFoundThroughChurn) {
+  // Every request shares block [0, 4) and leaves a one-token tail after it:
+  // all tails are children of one block. Past the pool's size each new tail
+  // reuses the oldest, so the child list erases and compacts as it grows.
+  KvCacheManager kv(16, 4);
+  constexpr int kRequests = 200;
+  for (int i = 0; i < kRequests; ++i) {
+    ServeAndEnd(kv, i, {0, 1, 2, 3, 100 + i, 1});
+    ASSERT_INVARIANTS(kv);
+  }
+  int found = 0;
+  for (int i = 0; i < kRequests; ++i) {
+    const PrefixMatch m =
+        kv.FindCachedPrefix(Seq({0, 1, 2, 3, 100 + i, 1}), kNs);
+    ASSERT_EQ(m.num_tokens, m.tail_block == kNoBlock ? 4 : 5) << i;
+    if (m.tail_block == kNoBlock) {
+      EXPECT_EQ(found, 0) << "an older tail outlived request " << i;
+      continue;
+    }
+    ++found;
+  }
+  EXPECT_EQ(found, 15);  // every block but the shared one holds a newest tail
+}
+
 }  // namespace
 }  // namespace kvserve::kvcache
