@@ -83,7 +83,7 @@ void Engine::Impl::ForkChildren(RequestId parent_id,
       ++live_;
     }
     LiveRequest& child = *c;
-    live_reqs_[id] = std::move(c);
+    AddLive(id, std::move(c));
     // The child's KV is the parent's: it enters the scheduler only if it
     // goes on past this first token.
     auto req = std::make_unique<scheduler::Request>(

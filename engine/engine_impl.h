@@ -5,8 +5,10 @@
 #include <atomic>
 #include <memory>
 #include <thread>
+#include <utility>
 #include <vector>
 
+#include "absl/container/btree_set.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "common/thread_owner.h"
@@ -102,6 +104,8 @@ class Engine::Impl {
   [[nodiscard]] KvUsage KvUsageOf(const LiveRequest& r, double queued_seconds,
                                   absl::Time now) const;
   void ExpireDeadlines();
+  // Adds a live request; one with a deadline also to deadlines_.
+  void AddLive(RequestId id, std::unique_ptr<LiveRequest> r);
   // Ends an aborted request: a deadline if it is (almost) past, else a
   // client cancel.
   void FinishAborted(RequestId id);
@@ -141,6 +145,9 @@ class Engine::Impl {
   // Engine thread only: Loop binds `loop_owner_`, and the methods that
   // touch live_reqs_ (Admit, ExpireDeadlines, Step, FinishRequest) check it.
   LiveRequestMap live_reqs_;
+  // (deadline, id) of the live requests that have one, soonest first: a
+  // step looks at the expired ones only, not at every live request.
+  absl::btree_set<std::pair<absl::Time, RequestId>> deadlines_;
   ThreadOwner loop_owner_;
 
   absl::Time slots_published_ = absl::InfinitePast();

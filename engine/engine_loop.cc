@@ -42,7 +42,7 @@ void Engine::Impl::Admit(std::unique_ptr<LiveRequest> r) {
   const RequestId id = r->id;
   // n > 1: the other completions fork off this one after its prefill.
   r->pending_forks = r->spec.n - 1;
-  live_reqs_[id] = std::move(r);
+  AddLive(id, std::move(r));
   absl::Status s = scheduler_->AddRequest(std::move(req));
   if (!s.ok())
     FinishRequest(id, FinishReason::kError, std::string(s.message()));
@@ -98,16 +98,20 @@ void Engine::Impl::ExpireDeadlines() {
   loop_owner_.CheckOwner("Engine::Impl::ExpireDeadlines");
   const absl::Time now = clock_->Now();
   std::vector<RequestId> expired;
-  for (const auto& [id, r] : live_reqs_) {
-    if (r->spec.deadline.has_value() && *r->spec.deadline <= now) {
-      expired.push_back(id);
-    }
+  for (auto it = deadlines_.begin(); it != deadlines_.end() && it->first <= now;
+       ++it) {
+    expired.push_back(it->second);
   }
   for (RequestId id : expired) {
     auto it = live_reqs_.find(id);
     if (it == live_reqs_.end()) continue;  // ended with a sibling
     FinishDeadline(id, *it->second);
   }
+}
+
+void Engine::Impl::AddLive(RequestId id, std::unique_ptr<LiveRequest> r) {
+  if (r->spec.deadline.has_value()) deadlines_.insert({*r->spec.deadline, id});
+  live_reqs_[id] = std::move(r);
 }
 
 void Engine::Impl::FinishDeadline(RequestId id, const LiveRequest& r) {
@@ -309,6 +313,7 @@ void Engine::Impl::FinishRequest(RequestId id, FinishReason reason,
     r.stream->Finish(i, reason, unforked, t, error);
   }
   r.pending_forks = 0;
+  if (r.spec.deadline.has_value()) deadlines_.erase({*r.spec.deadline, id});
   live_reqs_.erase(it);
   absl::MutexLock lock(&mu_);
   --live_;
