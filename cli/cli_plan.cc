@@ -183,10 +183,10 @@ void RegisterPlanFlags(PlanArgs* a, CliArgs* args) {
                });
   RegisterEfficiency(args, "memory-efficiency", &f->memory_efficiency,
                      "roofline: fraction of the GPU's memory bandwidth a "
-                     "step reaches (default 0.8)");
+                     "step reaches (default 0.7)");
   RegisterEfficiency(args, "flops-efficiency", &f->flops_efficiency,
                      "roofline: fraction of its dense matrix rate (default "
-                     "0.6)");
+                     "0.5)");
   args->Bool("json", &f->json, "print one JSON object");
   args->Bool("help", &f->help, "show this help (also -h)");
 }

@@ -22,6 +22,7 @@
 #include "kvcache/kv_sizing.h"
 #include "models/model_config.h"
 #include "models/sim/memory_budget.h"
+#include "models/sim/roofline.h"
 
 namespace kvserve::cli {
 
@@ -54,8 +55,8 @@ struct PlanFlags {
   double weight_bytes = 0;  // --weight-bytes per parameter; 0 = config's
   // --memory-efficiency, --flops-efficiency: the roofline's fractions of the
   // GPU's datasheet rates (models/sim/roofline.h).
-  double memory_efficiency = 0.8;
-  double flops_efficiency = 0.6;
+  double memory_efficiency = models::sim::Efficiency{}.memory;
+  double flops_efficiency = models::sim::Efficiency{}.flops;
   bool json = false;  // --json
   bool help = false;  // --help / -h
 };

@@ -153,11 +153,11 @@ void RegisterSimFlags(ServeFlags* f, CliArgs* args) {
                "--profile-out) instead of the roofline");
   args->Float("sim-memory-efficiency", &s.memory_efficiency,
               "--device sim: share of the GPU's memory bandwidth a step "
-              "reaches (default 0.8)",
+              "reaches (default 0.7)",
               0.01, 1);
   args->Float("sim-flops-efficiency", &s.flops_efficiency,
               "--device sim: share of the GPU's dense matrix rate a step "
-              "reaches (default 0.6)",
+              "reaches (default 0.5)",
               0.01, 1);
 }
 

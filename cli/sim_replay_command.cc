@@ -92,9 +92,9 @@ void RegisterEngineFlags(ReplayFlags* f, CliArgs* a) {
   a->Float("sim-weight-bytes", &f->sim.weight_bytes,
            "bytes per weight parameter (0 = the model's dtype)", 0, 8);
   a->Float("sim-memory-efficiency", &f->sim.memory_efficiency,
-           "share of the memory bandwidth a step reaches (0.8)", 0.01, 1);
+           "share of the memory bandwidth a step reaches (0.7)", 0.01, 1);
   a->Float("sim-flops-efficiency", &f->sim.flops_efficiency,
-           "share of the dense matrix rate a step reaches (0.6)", 0.01, 1);
+           "share of the dense matrix rate a step reaches (0.5)", 0.01, 1);
   a->Bool("json", &f->json, "print one JSON object instead of the table");
   a->String("timeseries", &f->timeseries,
             "write KV occupancy, queues, preemptions and prefix hits per step "

@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "models/sim/roofline.h"
 #include "models/sim/step_profile.h"
 
 namespace kvserve::engine {
@@ -34,10 +35,11 @@ struct SimConfig {
   // (a client sees realistic TTFT and TPOT), 10 sleeps a tenth of it, 0 not
   // at all (steps run as fast as the host allows).
   double speed = 1.0;
-  double weight_bytes = 0;         // per parameter; 0: the model config's
-  uint64_t seed = 0;               // of the simulated token ids
-  double memory_efficiency = 0.8;  // models/sim/roofline.h Efficiency
-  double flops_efficiency = 0.6;
+  double weight_bytes = 0;  // per parameter; 0: the model config's
+  uint64_t seed = 0;        // of the simulated token ids
+  // models/sim/roofline.h Efficiency, its defaults unless set.
+  double memory_efficiency = models::sim::Efficiency{}.memory;
+  double flops_efficiency = models::sim::Efficiency{}.flops;
   // When set, each step's simulated duration (swaps and copies included) is
   // handed to it on the engine thread instead of slept: a trace replay
   // advances its virtual clock with it (cli/sim_replay.h). `speed` is then

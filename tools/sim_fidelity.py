@@ -23,6 +23,7 @@ admission with preemption, where TensorRT-LLM's default scheduler
 3.1 8B but an 8K context, so cases past 8K tokens are left out.
 
     tools/sim_fidelity.py --kvserve build/server/kvserve [--requests 1500]
+        [--device sim:h100 ...] [--sim-arg=--sim-flops-efficiency --sim-arg=0.5]
 """
 import argparse
 import json
@@ -58,7 +59,7 @@ def replay(args, model, device, isl, osl):
            "--gpu-memory-fraction", "0.95",
            "--max-num-seqs", "2048", "--max-num-batched-tokens", "8192",
            "--num-requests", str(args.requests), "--input-len", str(isl),
-           "--output-len", str(osl), "--json"]
+           "--output-len", str(osl), "--json", *args.sim_arg]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return json.loads(out.stdout)
 
@@ -67,11 +68,19 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--kvserve", required=True)
     p.add_argument("--requests", type=int, default=1500)
+    p.add_argument("--sim-arg", action="append", default=[],
+                   help="an extra sim-replay argument (repeatable), e.g. "
+                   "--sim-arg=--sim-flops-efficiency --sim-arg=0.5")
+    p.add_argument("--device", action="append", default=[],
+                   help="only the cases on this device (repeatable), e.g. "
+                   "sim:h100 sim:h100x2")
     args = p.parse_args()
     print(f"{'model':<11}{'device':<12}{'ISL/OSL':>10}{'sim tok/s':>11}"
           f"{'published':>11}{'error':>8}{'speed':>8}")
     errors = []
     for model, device, isl, osl, published in CASES:
+        if args.device and device not in args.device:
+            continue
         r = replay(args, model, device, isl, osl)
         err = r["output_throughput"] / published - 1
         errors.append(abs(err))

@@ -16,12 +16,15 @@
 
 namespace kvserve::models::sim {
 
-// Fractions of the datasheet rates a serving forward reaches. Defaults: a
-// streaming copy on an H200 moves ~0.9 of its 4.8 TB/s and a large bf16
-// GEMM reaches ~0.8 of its peak; a forward's smaller, mixed kernels less.
+// Fractions of the datasheet rates a serving forward reaches. A streaming
+// copy on an H200 moves ~0.9 of its 4.8 TB/s and a large bf16 GEMM reaches
+// ~0.8 of its peak; a forward's smaller, mixed kernels less. The defaults
+// are the pair that best reproduces TensorRT-LLM's published H100
+// throughput (tools/sim_fidelity.py; its H200 figures, held out, check
+// them: docs/PERFORMANCE.md).
 struct Efficiency {
-  double memory = 0.8;
-  double flops = 0.6;
+  double memory = 0.7;
+  double flops = 0.5;
   double link = 0.7;
   double link_latency_s = 10e-6;  // per all-reduce
 };

@@ -18,7 +18,11 @@ TEST(StreamStateTest, OneWriteInFlightAndDeltasCoalesce) {
   ASSERT_EQ(written.size(), 2u);
   EXPECT_EQ(written[1].token_ids, (std::vector<int32_t>{2, 3}));
   EXPECT_EQ(written[1].text, "bc");
-  s.Finish(FinishReason::kLength, Usage{3, 3, 0}, Timings{});
+  s.Finish(FinishReason::kLength,
+           Usage{.prompt_tokens = 3,
+                 .completion_tokens = 3,
+                 .cached_prompt_tokens = 0},
+           Timings{});
   EXPECT_EQ(written.size(), 2u);
   EXPECT_FALSE(s.Done());
   s.Ack();
@@ -49,7 +53,11 @@ TEST(StreamStateTest, CompletionsInterleaveAndTheLastDeltaEndsTheStream) {
   s.Push(0, {1}, "a", {});  // delivered at once
   s.Push(1, {2}, "b", {});
   s.Push(0, {3}, "c", {});
-  s.Finish(0, FinishReason::kLength, Usage{5, 2, 4}, Timings{});
+  s.Finish(0, FinishReason::kLength,
+           Usage{.prompt_tokens = 5,
+                 .completion_tokens = 2,
+                 .cached_prompt_tokens = 4},
+           Timings{});
   ASSERT_EQ(written.size(), 1u);
   s.Ack();  // round-robin: index 1 next
   ASSERT_EQ(written.size(), 2u);
@@ -63,7 +71,11 @@ TEST(StreamStateTest, CompletionsInterleaveAndTheLastDeltaEndsTheStream) {
   EXPECT_FALSE(written[2].finished);  // completion 1 still runs
   EXPECT_FALSE(s.Done());
   s.Push(0, {9}, "late", {});  // after its finish: dropped
-  s.Finish(1, FinishReason::kStop, Usage{5, 1, 4}, Timings{});
+  s.Finish(1, FinishReason::kStop,
+           Usage{.prompt_tokens = 5,
+                 .completion_tokens = 1,
+                 .cached_prompt_tokens = 4},
+           Timings{});
   s.Ack();
   ASSERT_EQ(written.size(), 4u);
   EXPECT_EQ(written[3].index, 1);
