@@ -8,7 +8,8 @@ OutputProcessor::OutputProcessor(const RequestSpec& spec,
                                  const models::Tokenizer* tokenizer)
     : spec_(spec),
       tokenizer_(tokenizer),
-      sampler_(spec.sampling.seed),
+      sampler_(spec.sampling.seed, spec.sampling.presence_penalty != 0.0f ||
+                                       spec.sampling.frequency_penalty != 0.0f),
       detok_(tokenizer, {.skip_special = spec.skip_special_tokens}) {
   for (const std::string& s : spec.stop) {
     max_stop_len_ = std::max(max_stop_len_, s.size());

@@ -45,10 +45,13 @@ struct SampleResult {
 // Per-request sampling state: the random stream and output token counts.
 class SamplerState {
  public:
-  explicit SamplerState(uint64_t seed) : rng_(seed) {}
-  // Records a token the request produced (for presence/frequency penalty).
+  // count_outputs: keep per-token counts for the presence and frequency
+  // penalties (a hash-map update per token, skipped when none applies).
+  explicit SamplerState(uint64_t seed, bool count_outputs = true)
+      : rng_(seed), count_outputs_(count_outputs) {}
+  // Records a token the request produced.
   void AddOutputToken(int32_t token) {
-    ++output_counts_[token];
+    if (count_outputs_) ++output_counts_[token];
     ++num_output_tokens_;
   }
   int32_t num_output_tokens() const { return num_output_tokens_; }
@@ -69,6 +72,7 @@ class SamplerState {
 
  private:
   std::mt19937_64 rng_;
+  bool count_outputs_;
   absl::flat_hash_map<int32_t, int32_t> output_counts_;
   int32_t num_output_tokens_ = 0;
   std::vector<int32_t> min_tokens_stops_;
