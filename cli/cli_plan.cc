@@ -109,7 +109,7 @@ struct PlanArgs {
 
 // A fraction in (0, 1] into *out.
 void RegisterEfficiency(CliArgs* args, const char* name, double* out,
-                        const char* help) {
+                        const std::string& help) {
   args->Custom(name, "F", help, "a fraction in (0, 1]",
                [out](const std::string& v) {
                  double x = 0;
@@ -182,11 +182,13 @@ void RegisterPlanFlags(PlanArgs* a, CliArgs* args) {
                  return true;
                });
   RegisterEfficiency(args, "memory-efficiency", &f->memory_efficiency,
-                     "roofline: fraction of the GPU's memory bandwidth a "
-                     "step reaches (default 0.7)");
+                     absl::StrCat("roofline: fraction of the GPU's memory "
+                                  "bandwidth a step reaches (default ",
+                                  models::sim::Efficiency{}.memory, ")"));
   RegisterEfficiency(args, "flops-efficiency", &f->flops_efficiency,
-                     "roofline: fraction of its dense matrix rate (default "
-                     "0.5)");
+                     absl::StrCat("roofline: fraction of its dense matrix "
+                                  "rate (default ",
+                                  models::sim::Efficiency{}.flops, ")"));
   args->Bool("json", &f->json, "print one JSON object");
   args->Bool("help", &f->help, "show this help (also -h)");
 }

@@ -11,6 +11,7 @@
 #include <string>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
@@ -22,6 +23,7 @@
 #include "common/status_macros.h"
 #include "common/system.h"
 #include "kvcache/kv_sizing.h"
+#include "models/sim/roofline.h"
 #include "server/daemon.h"
 #include "spdlog/spdlog.h"
 
@@ -152,12 +154,14 @@ void RegisterSimFlags(ServeFlags* f, CliArgs* args) {
                "--device sim: a measured step profile (kvserve sim-replay "
                "--profile-out) instead of the roofline");
   args->Float("sim-memory-efficiency", &s.memory_efficiency,
-              "--device sim: share of the GPU's memory bandwidth a step "
-              "reaches (default 0.7)",
+              absl::StrCat("--device sim: share of the GPU's memory "
+                           "bandwidth a step reaches (default ",
+                           models::sim::Efficiency{}.memory, ")"),
               0.01, 1);
   args->Float("sim-flops-efficiency", &s.flops_efficiency,
-              "--device sim: share of the GPU's dense matrix rate a step "
-              "reaches (default 0.5)",
+              absl::StrCat("--device sim: share of the GPU's dense matrix "
+                           "rate a step reaches (default ",
+                           models::sim::Efficiency{}.flops, ")"),
               0.01, 1);
 }
 

@@ -10,6 +10,7 @@
 #include "common/cli_args.h"
 #include "common/status_macros.h"
 #include "engine/loaded_model.h"
+#include "models/sim/roofline.h"
 #include "scheduler/scheduler_config.h"
 
 namespace kvserve::cli {
@@ -92,9 +93,13 @@ void RegisterEngineFlags(ReplayFlags* f, CliArgs* a) {
   a->Float("sim-weight-bytes", &f->sim.weight_bytes,
            "bytes per weight parameter (0 = the model's dtype)", 0, 8);
   a->Float("sim-memory-efficiency", &f->sim.memory_efficiency,
-           "share of the memory bandwidth a step reaches (0.7)", 0.01, 1);
+           absl::StrCat("share of the memory bandwidth a step reaches (",
+                        models::sim::Efficiency{}.memory, ")"),
+           0.01, 1);
   a->Float("sim-flops-efficiency", &f->sim.flops_efficiency,
-           "share of the dense matrix rate a step reaches (0.5)", 0.01, 1);
+           absl::StrCat("share of the dense matrix rate a step reaches (",
+                        models::sim::Efficiency{}.flops, ")"),
+           0.01, 1);
   a->Bool("json", &f->json, "print one JSON object instead of the table");
   a->String("timeseries", &f->timeseries,
             "write KV occupancy, queues, preemptions and prefix hits per step "

@@ -60,6 +60,15 @@ def post(server, path, body):
         return json.loads(r.read())
 
 
+def timed_completion(server, max_tokens):
+    """A greedy completion of exactly `max_tokens`; (response, seconds)."""
+    t0 = time.monotonic()
+    out = post(server, "/v1/completions",
+               {"prompt": "hello", "max_tokens": max_tokens,
+                "temperature": 0})
+    return out, time.monotonic() - t0
+
+
 class SimDevice(unittest.TestCase):
     def setUp(self):
         self._tmp = tempfile.TemporaryDirectory()
@@ -155,18 +164,14 @@ class SimDevice(unittest.TestCase):
         return ids
 
     def test_real_time_steps_last_the_roofline_time(self):
-        # One sequence's decode step: the 70.55 GB of fp8 weights at 0.8 x
-        # 4.8 TB/s, 18.4 ms; 48 of them cannot take less than 0.88 s.
+        # One sequence's decode step: the 70.55 GB of fp8 weights at the
+        # default 0.7 x 4.8 TB/s, 21.0 ms; 48 of them cannot take under 1 s.
         step = plan("--gpu", "h200", "--weight-bytes", "1", "--concurrency",
                     "1", "--context", "64")["roofline"]["decode_step"]
         self.assertGreater(step["seconds"], 0.017)
         server = sim("--device", "sim:h200", "--sim-weight-bytes", "1")
         try:
-            t0 = time.monotonic()
-            out = post(server, "/v1/completions",
-                       {"prompt": "hello", "max_tokens": 48,
-                        "temperature": 0})
-            took = time.monotonic() - t0
+            out, took = timed_completion(server, 48)
         finally:
             server.kill()
         self.assertEqual(out["usage"]["completion_tokens"], 48)
@@ -182,11 +187,7 @@ class SimDevice(unittest.TestCase):
         server = sim("--device", "sim:h200", "--sim-weight-bytes", "1",
                      "--sim-profile", profile)
         try:
-            t0 = time.monotonic()
-            out = post(server, "/v1/completions",
-                       {"prompt": "hello", "max_tokens": 10,
-                        "temperature": 0})
-            took = time.monotonic() - t0
+            out, took = timed_completion(server, 10)
             self.assertIn("measured step profile", server.text())
         finally:
             server.kill()
