@@ -221,6 +221,10 @@ absl::StatusOr<ReplayResult> Replayer::Run(engine::EngineConfig config,
   } else {
     FeedInRealTime();
   }
+  // The last request finishes inside its step, before that step's record:
+  // stop the engine thread (with the engine still reachable from the
+  // observer) before reading what it wrote.
+  engine_->Stop();
   result_.wall_seconds = absl::ToDoubleSeconds(absl::Now() - wall0);
   result_.steps = engine_->Stats().steps;
   engine_.reset();

@@ -230,6 +230,7 @@ void Engine::Impl::Drain(absl::Duration timeout) {
 
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Engine::~Engine() { impl_->Stop(); }
+void Engine::Stop() { impl_->Stop(); }
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
     const EngineConfig& config, LoadedModel model,

@@ -136,7 +136,12 @@ class Engine {
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Engine>> Create(
       const EngineConfig& config, LoadedModel model, EngineOptions options,
       std::shared_ptr<prometheus::Registry> registry);
-  ~Engine();  // stops the thread; unfinished requests finish as cancelled
+  ~Engine();  // Stop()
+
+  // Stops the engine thread after its current step (and that step's
+  // observer call) and joins it; unfinished requests finish as cancelled.
+  // Idempotent. After it, Stats() is final.
+  void Stop();
 
   // Thread-safe, never waits for the engine loop. The one check of the
   // spec's limits. Errors: INVALID_ARGUMENT naming the RequestSpec field

@@ -162,6 +162,9 @@ TEST(SimReplayTest, DeterministicWithPrefixHitsAndPreemptions) {
   absl::StatusOr<ReplayResult> b = Replay(e, trace);
   ASSERT_TRUE(b.ok()) << b.status();
   EXPECT_EQ(a->steps, b->steps);
+  // Every step is recorded, the last one (whose record follows the last
+  // request's finish) included.
+  EXPECT_EQ(static_cast<int64_t>(a->step_log.size()), a->steps);
   int64_t cached = 0, preemptions = 0;
   for (size_t i = 0; i < trace.size(); ++i) {
     const ReplayedRequest& x = a->requests[i];
