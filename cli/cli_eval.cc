@@ -282,14 +282,16 @@ std::string FormatTable(const EvalFlags& f, const EvalResult& r) {
   }
   for (size_t i = 0; i < r.dtypes.size(); ++i) {
     const DtypeStats& s = r.stats[i];
-    const double ref_ppl = ref != nullptr ? Ppl(*ref) : NAN;
+    const std::string dppl =
+        ref != nullptr
+            ? absl::StrFormat("%+.3f%%", (Ppl(s) / Ppl(*ref) - 1.0) * 100.0)
+            : "n/a";
     absl::StrAppend(
         &out,
-        absl::StrFormat("%-6s %-18s %+8.3f%% %10.6f %7.2f%% %10d %10d\n",
+        absl::StrFormat("%-6s %-18s %9s %10.6f %7.2f%% %10d %10d\n",
                         kvcache::KvDtypeName(r.dtypes[i]),
                         absl::StrFormat("%.4f +/- %.4f", Ppl(s), PplStderr(s)),
-                        ref != nullptr ? (Ppl(s) / ref_ppl - 1.0) * 100.0 : NAN,
-                        s.sum_kld / s.scored, 100.0 * s.agree / s.scored,
+                        dppl, s.sum_kld / s.scored, 100.0 * s.agree / s.scored,
                         kvcache::KvBytesPerToken(r.shape, r.dtypes[i]),
                         BlocksPerGib(r.shape, r.dtypes[i])));
   }

@@ -81,6 +81,12 @@ absl::Status CheckKvDtypeShape(KvDtype dtype, int head_dim) {
   return absl::OkStatus();
 }
 
+KvRotation KvRotationFor(KvDtype dtype, int head_dim) {
+  const bool integer = dtype == KvDtype::kInt8 || dtype == KvDtype::kInt4;
+  if (!integer || head_dim <= 0 || head_dim % 64 != 0) return {};
+  return {head_dim & -head_dim, 64};
+}
+
 std::string_view KvDtypeName(KvDtype dtype) {
   switch (dtype) {
     case KvDtype::kF32:

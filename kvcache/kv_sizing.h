@@ -39,6 +39,21 @@ inline constexpr int kKvQuantGroup = 32;
 // Canonical short name: "f32", "bf16", "fp16", "fp8", "int8", "int4".
 [[nodiscard]] std::string_view KvDtypeName(KvDtype dtype);
 
+// Sizes of the orthonormal Walsh-Hadamard rotations a forward applies to
+// each head's Q and K (k) and V (v) before storing them in a KV dtype, in
+// consecutive chunks of that many elements (0: none). Integer dtypes
+// quantize 32-element groups with one scale: a rotation spreads a channel's
+// outliers across its chunk, so the scale fits the rest of the group. The
+// attention is unchanged, (Q H)(K H)^T = Q K^T, and its output is rotated
+// back by the same H (H H = I). As llama.cpp does for quantized KV: k is
+// the largest power of two dividing head_dim, v is 64; none unless
+// head_dim is a multiple of 64.
+struct KvRotation {
+  int k = 0;
+  int v = 0;
+};
+[[nodiscard]] KvRotation KvRotationFor(KvDtype dtype, int head_dim);
+
 // The attention shape that determines KV size. GQA/MHA: num_kv_heads K and V
 // rows of head_dim per layer, kv_lora_rank = qk_rope_head_dim = 0.
 // Multi-head latent attention (MLA, DeepSeek-V2/V3): kv_lora_rank > 0; each

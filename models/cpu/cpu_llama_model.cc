@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/parallel.h"
 #include "common/status_macros.h"
+#include "kvcache/kv_sizing.h"
 #include "models/cpu/kv_rows.h"
 #include "models/cpu/ops.h"
 #include "models/cpu/paged_attention.h"
@@ -173,6 +174,8 @@ void CpuLlamaModel::AttentionBlock(const Layer& layer, int layer_index,
   std::byte* kc = kv.k[layer_index];
   std::byte* vc = kv.v[layer_index];
   const int64_t row_bytes = kv.RowBytes();
+  const kvcache::KvRotation rot =
+      kvcache::KvRotationFor(kv.dtype, static_cast<int>(c.head_dim));
   ParallelFor(n, 1, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
       float* q = qkv_.data() + i * qkv_dim;
@@ -187,6 +190,11 @@ void CpuLlamaModel::AttentionBlock(const Layer& layer, int layer_index,
                   sin_.data() + i * half);
       rope_.Apply(k, c.num_kv_heads, cos_.data() + i * half,
                   sin_.data() + i * half);
+      if (rot.k > 0) {
+        cpu::HadamardRotate(q, q_dim, rot.k);
+        cpu::HadamardRotate(k, kv_dim, rot.k);
+        cpu::HadamardRotate(v, kv_dim, rot.v);
+      }
       const int64_t slot = batch.slot_mapping[i];
       for (int h = 0; h < c.num_kv_heads; ++h) {
         const int64_t row = (slot * c.num_kv_heads + h) * row_bytes;
@@ -201,6 +209,11 @@ void CpuLlamaModel::AttentionBlock(const Layer& layer, int layer_index,
                      c.sliding_window};
   PagedAttention(ap, batch, qkv_.data(), qkv_dim, kv, layer_index,
                  attn_.data());
+  if (rot.v > 0) {  // the output is a sum of rotated V rows: rotate it back
+    ParallelFor(n, 1, [&](int64_t lo, int64_t hi) {
+      cpu::HadamardRotate(attn_.data() + lo * q_dim, (hi - lo) * q_dim, rot.v);
+    });
+  }
   // Output projection into h_, then the residual add.
   cpu::MatMul(attn_.data(), n, *layer.wo, h_.data());
   ParallelFor(n * hidden, 1024, [&](int64_t lo, int64_t hi) {

@@ -173,4 +173,22 @@ void Softmax(float* x, int64_t n) {
   for (; i < n; ++i) x[i] *= inv;
 }
 
+void HadamardRotate(float* x, int64_t len, int n) {
+  const float scale = 1.0f / std::sqrt(static_cast<float>(n));
+  for (float* c = x; c < x + len; c += n) {
+    // log2(n) butterfly passes; the inner loops are contiguous (vectorized
+    // by the compiler for h >= 8).
+    for (int h = 1; h < n; h *= 2) {
+      for (int i = 0; i < n; i += 2 * h) {
+        for (int j = i; j < i + h; ++j) {
+          const float a = c[j], b = c[j + h];
+          c[j] = a + b;
+          c[j + h] = a - b;
+        }
+      }
+    }
+    for (int j = 0; j < n; ++j) c[j] *= scale;
+  }
+}
+
 }  // namespace kvserve::models::cpu

@@ -24,4 +24,10 @@ void Axpy(float a, const float* x, float* y, int64_t n);
 // (masked positions) become 0; at least one entry must be finite.
 void Softmax(float* x, int64_t n);
 
+// In place, each consecutive n elements of x[0, len): x <- H x, H the
+// orthonormal Walsh-Hadamard matrix of order n in Sylvester's order
+// (H[i][j] = (-1)^popcount(i & j) / sqrt(n), so H H = I). n is a power of
+// two dividing len.
+void HadamardRotate(float* x, int64_t len, int n);
+
 }  // namespace kvserve::models::cpu

@@ -65,6 +65,23 @@ TEST(KvDtypeTest, QuantizedDtypesNeedWholeGroups) {
   EXPECT_THAT(st.message(), HasSubstr("head_dim 48 is not a multiple of 32"));
 }
 
+TEST(KvDtypeTest, IntegerDtypesRotateHeadsOfWholeSixtyFours) {
+  for (KvDtype d : {KvDtype::kInt8, KvDtype::kInt4}) {
+    EXPECT_EQ(KvRotationFor(d, 64).k, 64);
+    EXPECT_EQ(KvRotationFor(d, 64).v, 64);
+    EXPECT_EQ(KvRotationFor(d, 128).k, 128);
+    EXPECT_EQ(KvRotationFor(d, 128).v, 64);
+    EXPECT_EQ(KvRotationFor(d, 192).k, 64);  // largest power of two dividing
+    EXPECT_EQ(KvRotationFor(d, 96).k, 0);    // not whole 64s: none
+    EXPECT_EQ(KvRotationFor(d, 96).v, 0);
+  }
+  for (KvDtype d :
+       {KvDtype::kF32, KvDtype::kF16, KvDtype::kBF16, KvDtype::kFP8}) {
+    EXPECT_EQ(KvRotationFor(d, 128).k, 0);
+    EXPECT_EQ(KvRotationFor(d, 128).v, 0);
+  }
+}
+
 TEST(KvSizingTest, Llama3_70BBf16) {
   EXPECT_EQ(KvBytesPerToken(kLlama3_70B, KvDtype::kBF16), 327'680);
   EXPECT_EQ(KvBytesPerToken(kLlama3_70B, KvDtype::kBF16) * 8192, 2'684'354'560);

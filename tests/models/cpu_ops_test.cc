@@ -116,5 +116,35 @@ TEST(CpuOpsTest, SoftmaxMaskedAndExtreme) {
   EXPECT_EQ(one, (std::vector<float>{0.0f, 1.0f, 0.0f}));
 }
 
+// Against the matrix written out, H[i][j] = (-1)^popcount(i & j) / sqrt(n),
+// chunk by chunk; and H H = I.
+TEST(CpuOpsTest, HadamardRotateIsTheOrthonormalMatrixAndItsOwnInverse) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> dist(0.0f, 3.0f);
+  for (int n : {1, 2, 8, 64, 128}) {
+    const int chunks = 3;
+    std::vector<float> x(n * chunks);
+    for (float& v : x) v = dist(rng);
+    std::vector<float> y = x;
+    HadamardRotate(y.data(), static_cast<int64_t>(y.size()), n);
+    for (int c = 0; c < chunks; ++c) {
+      for (int i = 0; i < n; ++i) {
+        double want = 0;
+        for (int j = 0; j < n; ++j) {
+          const int sign = __builtin_popcount(i & j) % 2 ? -1 : 1;
+          want += sign * static_cast<double>(x[c * n + j]);
+        }
+        want /= std::sqrt(static_cast<double>(n));
+        EXPECT_NEAR(y[c * n + i], want, 1e-5 * (1 + std::fabs(want)))
+            << "n " << n << " chunk " << c << " i " << i;
+      }
+    }
+    HadamardRotate(y.data(), static_cast<int64_t>(y.size()), n);
+    for (size_t i = 0; i < x.size(); ++i) {
+      EXPECT_NEAR(y[i], x[i], 1e-5 * (1 + std::fabs(x[i]))) << "n " << n;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kvserve::models::cpu
