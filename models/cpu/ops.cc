@@ -173,11 +173,71 @@ void Softmax(float* x, int64_t n) {
   for (; i < n; ++i) x[i] *= inv;
 }
 
+#ifdef KVSERVE_OPS_AVX512
+namespace {
+
+// One butterfly pass at distance h < 16 inside a 16-lane vector: lane i
+// pairs with lane i ^ h; lanes with bit h clear take the sum, the others
+// the difference (partner - self).
+template <int kH>
+inline __m512 ButterflyInLanes(__m512 v) {
+  __m512 p;
+  __mmask16 upper;
+  if constexpr (kH == 1) {
+    p = _mm512_permute_ps(v, 0xB1);
+    upper = 0xAAAA;
+  } else if constexpr (kH == 2) {
+    p = _mm512_permute_ps(v, 0x4E);
+    upper = 0xCCCC;
+  } else if constexpr (kH == 4) {
+    p = _mm512_shuffle_f32x4(v, v, 0xB1);
+    upper = 0xF0F0;
+  } else {
+    p = _mm512_shuffle_f32x4(v, v, 0x4E);
+    upper = 0xFF00;
+  }
+  return _mm512_mask_sub_ps(_mm512_add_ps(v, p), upper, p, v);
+}
+
+// HadamardRotate for one chunk of n (a multiple of 16) elements.
+void HadamardChunkAvx512(float* c, int n, float scale) {
+  for (int i = 0; i < n; i += 16) {
+    __m512 v = _mm512_loadu_ps(c + i);
+    v = ButterflyInLanes<1>(v);
+    v = ButterflyInLanes<2>(v);
+    v = ButterflyInLanes<4>(v);
+    v = ButterflyInLanes<8>(v);
+    _mm512_storeu_ps(c + i, v);
+  }
+  for (int h = 16; h < n; h *= 2) {
+    for (int i = 0; i < n; i += 2 * h) {
+      for (int j = i; j < i + h; j += 16) {
+        const __m512 a = _mm512_loadu_ps(c + j);
+        const __m512 b = _mm512_loadu_ps(c + j + h);
+        _mm512_storeu_ps(c + j, _mm512_add_ps(a, b));
+        _mm512_storeu_ps(c + j + h, _mm512_sub_ps(a, b));
+      }
+    }
+  }
+  const __m512 sv = _mm512_set1_ps(scale);
+  for (int i = 0; i < n; i += 16) {
+    _mm512_storeu_ps(c + i, _mm512_mul_ps(_mm512_loadu_ps(c + i), sv));
+  }
+}
+
+}  // namespace
+#endif
+
 void HadamardRotate(float* x, int64_t len, int n) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(n));
+#ifdef KVSERVE_OPS_AVX512
+  if (n % 16 == 0) {
+    for (float* c = x; c < x + len; c += n) HadamardChunkAvx512(c, n, scale);
+    return;
+  }
+#endif
   for (float* c = x; c < x + len; c += n) {
-    // log2(n) butterfly passes; the inner loops are contiguous (vectorized
-    // by the compiler for h >= 8).
+    // log2(n) butterfly passes.
     for (int h = 1; h < n; h *= 2) {
       for (int i = 0; i < n; i += 2 * h) {
         for (int j = i; j < i + h; ++j) {

@@ -121,7 +121,7 @@ TEST(CpuOpsTest, SoftmaxMaskedAndExtreme) {
 TEST(CpuOpsTest, HadamardRotateIsTheOrthonormalMatrixAndItsOwnInverse) {
   std::mt19937 rng(7);
   std::normal_distribution<float> dist(0.0f, 3.0f);
-  for (int n : {1, 2, 8, 64, 128}) {
+  for (int n : {1, 2, 8, 16, 32, 64, 128}) {
     const int chunks = 3;
     std::vector<float> x(n * chunks);
     for (float& v : x) v = dist(rng);
