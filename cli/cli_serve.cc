@@ -126,7 +126,8 @@ void RegisterKvFlags(ServeFlags* f, CliArgs* args) {
                             "default ",
                             f->device, ")"));
   args->String("kv-cache-dtype", &f->kv_cache_dtype,
-               "KV element type: auto (CPU fp16, CUDA bf16), f32, fp16, "
+               "KV element type: auto (CPU int8 where head_dim is a multiple "
+               "of 64, else fp16; CUDA bf16), f32, fp16, "
                "bf16, int8 (q8_0 layout) or int4 (q4_0 layout) on the CPU; "
                "bf16, fp8 (e4m3) or int8 (q8_0, --block-size a multiple of "
                "4) on CUDA (default auto)");

@@ -40,9 +40,15 @@ constexpr int32_t kProbeTokens = 32;
 
 }  // namespace
 
+kvcache::KvDtype DefaultCpuKvDtype(int head_dim) {
+  return kvcache::KvRotationFor(kvcache::KvDtype::kInt8, head_dim).k > 0
+             ? kvcache::KvDtype::kInt8
+             : kvcache::KvDtype::kF16;
+}
+
 absl::StatusOr<kvcache::KvDtype> CpuKvDtype(
     std::optional<kvcache::KvDtype> requested, int head_dim) {
-  const kvcache::KvDtype d = requested.value_or(kDefaultCpuKvDtype);
+  const kvcache::KvDtype d = requested.value_or(DefaultCpuKvDtype(head_dim));
   if (d == kvcache::KvDtype::kFP8) {
     return absl::InvalidArgumentError(
         "--kv-cache-dtype fp8: the CPU backend stores f32, bf16, fp16, int8 "

@@ -55,7 +55,8 @@ struct BackendConfig {
       scheduler::SchedulerConfig{}.max_num_batched_tokens;
   int32_t max_num_seqs = scheduler::SchedulerConfig{}.max_num_seqs;
   int64_t swap_space_bytes = 0;  // host swap space; 0 disables swapping
-  // KV element type; nullopt: the backend's default (CPU fp16, CUDA bf16).
+  // KV element type; nullopt: the backend's default (CPU int8 or fp16,
+  // DefaultCpuKvDtype; CUDA bf16).
   // A dtype the backend cannot store is refused at creation.
   std::optional<kvcache::KvDtype> kv_dtype;
   SimConfig sim;  // Device::kSim only

@@ -292,6 +292,7 @@ TEST(SimReplayTest, ReplaysARealRunsTimelineStepForStep) {
   e.scheduler.preemption_mode = scheduler::PreemptionMode::kRecompute;
   e.swap_space_bytes = 0;
   // 24 blocks of 16 tokens (23,040 bytes a token: CPU fp16, sim bf16).
+  e.kv_cache_dtype = kvcache::KvDtype::kF16;
   e.kv_cache_bytes = int64_t{24} * 16 * 23040;
   absl::StatusOr<engine::LoadedModel> cpu_model =
       engine::LoadModel(model, engine::Device::kCpu);
@@ -306,6 +307,7 @@ TEST(SimReplayTest, ReplaysARealRunsTimelineStepForStep) {
   }
   e.device = engine::Device::kSim;
   e.sim = *engine::ParseSimTarget("sim:h100");
+  e.kv_cache_dtype = kvcache::KvDtype::kBF16;
   const auto replay = [&](const std::vector<double>& timeline) {
     absl::StatusOr<engine::LoadedModel> m =
         engine::LoadModel(model, engine::Device::kSim);

@@ -311,6 +311,8 @@ EngineConfig TraceConfig(Device device) {
   c.scheduler.preemption_mode = scheduler::PreemptionMode::kRecompute;
   // SmolLM2: 30 layers x 3 KV heads x 64 x 2 (K, V) x 2 bytes (CPU fp16,
   // sim bf16) = 23,040 bytes a token.
+  c.kv_cache_dtype =
+      device == Device::kCpu ? kvcache::KvDtype::kF16 : kvcache::KvDtype::kBF16;
   c.kv_cache_bytes = int64_t{12} * 16 * 23040;
   c.swap_space_bytes = 0;
   c.sim.speed = 0;

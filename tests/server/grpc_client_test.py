@@ -117,7 +117,10 @@ class GrpcClientTest(unittest.TestCase):
         self.assertEqual((info.num_layers, info.num_heads, info.num_kv_heads,
                           info.head_dim), (30, 9, 3, 64))
         self.assertEqual(info.max_context, 512)
-        self.assertEqual(info.kv_bytes_per_token % (2 * 30 * 3 * 64), 0)
+        # The CPU's default KV dtype for head_dim 64: int8 (q8_0 groups of
+        # 32 with an fp16 scale: 34 bytes per 32 elements).
+        self.assertEqual(info.kv_dtype, "int8")
+        self.assertEqual(info.kv_bytes_per_token, 2 * 30 * 3 * 64 * 34 // 32)
         self.assertGreater(info.num_blocks, 0)
 
     def assert_invalid(self, request, field):
