@@ -84,7 +84,7 @@ absl::Status CheckKvDtypeShape(KvDtype dtype, int head_dim) {
 KvRotation KvRotationFor(KvDtype dtype, int head_dim) {
   const bool integer = dtype == KvDtype::kInt8 || dtype == KvDtype::kInt4;
   if (!integer || head_dim <= 0 || head_dim % 64 != 0) return {};
-  return {head_dim & -head_dim, 64};
+  return {std::min(head_dim & -head_dim, 256), 64};
 }
 
 std::string_view KvDtypeName(KvDtype dtype) {

@@ -46,8 +46,9 @@ inline constexpr int kKvQuantGroup = 32;
 // outliers across its chunk, so the scale fits the rest of the group. The
 // attention is unchanged, (Q H)(K H)^T = Q K^T, and its output is rotated
 // back by the same H (H H = I). As llama.cpp does for quantized KV: k is
-// the largest power of two dividing head_dim, v is 64; none unless
-// head_dim is a multiple of 64.
+// the largest power of two dividing head_dim (at most 256, the largest
+// chunk the CUDA kernels rotate), v is 64; none unless head_dim is a
+// multiple of 64.
 struct KvRotation {
   int k = 0;
   int v = 0;

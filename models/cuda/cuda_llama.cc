@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "kvcache/kv_sizing.h"
 #include "models/dequant.h"
 #include "models/loader/model_files.h"
 #include "models/rope.h"
@@ -324,6 +325,11 @@ absl::Status CudaLlamaModel::RunLayers(const ForwardBatch& batch,
                   c.sliding_window,
                   1.0f / std::sqrt(static_cast<float>(c.head_dim)),
                   kv.elem};
+  // int8 pages hold K and V Hadamard-rotated (as the CPU's do).
+  const kvcache::KvRotation rot =
+      kvcache::KvRotationFor(kv.elem == KvElem::kInt8 ? kvcache::KvDtype::kInt8
+                                                      : kvcache::KvDtype::kBF16,
+                             c.head_dim);
   KV_CUDA_RETURN_IF_ERROR(
       EmbeddingGather(embd_.as<bf16>(), d_tokens_, n, hidden, x, stream_));
   for (int l = 0; l < c.num_layers; ++l) {
@@ -337,10 +343,14 @@ absl::Status CudaLlamaModel::RunLayers(const ForwardBatch& batch,
         qkv, n, qkv_dim, c.num_heads, c.num_kv_heads, c.head_dim,
         c.rope_style == RopeStyle::kInterleaved, inv_freq_.as<float>(),
         c.qkv_bias ? L.bias.as<float>() : nullptr, d_positions_, d_slots_,
-        kv.elem, kv.block_size, kv.k(l), kv.v(l), stream_));
+        kv.elem, kv.block_size, rot.k, rot.v, kv.k(l), kv.v(l), stream_));
     KV_CUDA_RETURN_IF_ERROR(PagedAttention(
         shape, plan, d_small_, d_tiles_, qkv, qkv_dim, kv.k(l), kv.v(l),
         d_tables_, attn_scratch_.as<float>(), attn_.as<bf16>(), stream_));
+    if (rot.v > 0) {
+      KV_CUDA_RETURN_IF_ERROR(
+          HadamardRows(attn_.as<bf16>(), n, q_dim, rot.v, stream_));
+    }
     KV_RETURN_IF_ERROR(Gemm(L.wo, hidden, q_dim, attn_.as<bf16>(), n, delta));
     KV_CUDA_RETURN_IF_ERROR(AddRmsNorm(x, delta, L.ffn_norm.as<float>(), n,
                                        hidden, c.rms_norm_eps, nullptr, h,

@@ -68,15 +68,70 @@ __device__ inline void StoreQ8Rows(const float* kv_s, int64_t kv_dim,
   }
 }
 
+// x <- H x for the n = 32 kM values x[lane + 32 j] (j < kM), H the
+// orthonormal Walsh-Hadamard matrix in Sylvester's order, by one warp: the
+// butterflies of cpu::HadamardRotate in the same order (distances 1, 2, ...
+// by shuffles, then 32, 64, ... in registers; sum below, difference above),
+// then the same scale, so the results are bit-identical to the CPU's.
+template <int kM, typename T>
+__device__ inline void WarpHadamard(T* x, int lane, float scale) {
+  float v[kM];
+#pragma unroll
+  for (int j = 0; j < kM; ++j) v[j] = static_cast<float>(x[lane + 32 * j]);
+#pragma unroll
+  for (int h = 1; h < 32; h *= 2) {
+#pragma unroll
+    for (int j = 0; j < kM; ++j) {
+      const float p = __shfl_xor_sync(0xffffffffu, v[j], h);
+      v[j] = (lane & h) != 0 ? p - v[j] : v[j] + p;
+    }
+  }
+#pragma unroll
+  for (int hj = 1; hj < kM; hj *= 2) {
+#pragma unroll
+    for (int j = 0; j < kM; ++j) {
+      if ((j & hj) == 0) {
+        const float a = v[j], b = v[j + hj];
+        v[j] = a + b;
+        v[j + hj] = a - b;
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kM; ++j) x[lane + 32 * j] = static_cast<T>(v[j] * scale);
+}
+
+// WarpHadamard on chunks [0, count) of n values at x, chunk c at x + c * n,
+// one warp per chunk, over all the block's warps (n in 64..256).
+template <typename T>
+__device__ inline void BlockHadamardChunks(T* x, int64_t count, int n,
+                                           float scale, int64_t first_warp,
+                                           int64_t num_warps) {
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  for (int64_t c = first_warp; c < count; c += num_warps) {
+    T* chunk = x + c * n;
+    if (n == 64) {
+      WarpHadamard<2>(chunk, lane, scale);
+    } else if (n == 128) {
+      WarpHadamard<4>(chunk, lane, scale);
+    } else {
+      WarpHadamard<8>(chunk, lane, scale);
+    }
+  }
+}
+
 // int8 pages stage the rotated K and V rows in shared memory (after the
 // cos/sin tables) and quantize them once complete; bf16 and fp8 write each
-// value as it is computed.
+// value as it is computed. With rot_k > 0 (int8 only), q and K are then
+// Hadamard-rotated in chunks of rot_k values and V in chunks of rot_v
+// (kvcache::KvRotationFor) before the quantization.
 template <typename KvT>
 __global__ void QkvRopeCacheKernel(
     float* qkv, int64_t qkv_stride, int nh, int nkv, int d, bool interleaved,
     const float* __restrict__ inv_freq, const float* __restrict__ bias,
     const int32_t* __restrict__ positions, const int32_t* __restrict__ slots,
-    int block_size, KvT* __restrict__ kc, KvT* __restrict__ vc) {
+    int block_size, int rot_k, int rot_v, float scale_k, float scale_v,
+    KvT* __restrict__ kc, KvT* __restrict__ vc) {
   constexpr bool kQ8 = std::is_same_v<KvT, int8_t>;
   KV_DYNAMIC_SMEM(float, cs);  // cos [d/2], sin [d/2]; int8: K, V rows
   const int64_t t = blockIdx.x;
@@ -132,6 +187,14 @@ __global__ void QkvRopeCacheKernel(
   }
   if constexpr (kQ8) {
     __syncthreads();
+    if (rot_k > 0) {
+      const int64_t warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
+      BlockHadamardChunks(row, q_dim / rot_k, rot_k, scale_k, warp, nwarps);
+      BlockHadamardChunks(kv_s, kv_dim / rot_k, rot_k, scale_k, warp, nwarps);
+      BlockHadamardChunks(kv_s + kv_dim, kv_dim / rot_v, rot_v, scale_v, warp,
+                          nwarps);
+      __syncthreads();
+    }
     StoreQ8Rows(kv_s, kv_dim, Q8Layout(block_size, nkv, d), slot, block_size,
                 kc, vc);
   }
@@ -337,32 +400,67 @@ cudaError_t QkvRopeCache(float* qkv, int64_t num_tokens, int64_t qkv_stride,
                          bool interleaved, const float* inv_freq,
                          const float* bias, const int32_t* positions,
                          const int32_t* slot_mapping, KvElem kv_elem,
-                         int block_size, void* k_cache, void* v_cache,
-                         cudaStream_t stream) {
+                         int block_size, int rot_k, int rot_v, void* k_cache,
+                         void* v_cache, cudaStream_t stream) {
   if (num_tokens == 0) return cudaSuccess;
   const size_t smem = head_dim * sizeof(float);
+  const auto rot_ok = [&](int n) {
+    return (n == 64 || n == 128 || n == 256) && head_dim % n == 0;
+  };
   if (kv_elem == KvElem::kInt8) {
-    if (head_dim % kQ8Group != 0 || block_size <= 0) {
+    if (head_dim % kQ8Group != 0 || block_size <= 0 ||
+        (rot_k != 0 && (!rot_ok(rot_k) || !rot_ok(rot_v)))) {
       return cudaErrorInvalidValue;
     }
+    const float scale_k =
+        rot_k > 0 ? 1.0f / std::sqrt(static_cast<float>(rot_k)) : 0.0f;
+    const float scale_v =
+        rot_k > 0 ? 1.0f / std::sqrt(static_cast<float>(rot_v)) : 0.0f;
     const size_t q8_smem =
         smem + 2 * static_cast<size_t>(num_kv_heads) * head_dim * sizeof(float);
     if (q8_smem > 48 * 1024) return cudaErrorInvalidValue;
     KV_LAUNCH(num_tokens, 128, q8_smem, stream, QkvRopeCacheKernel<int8_t>)
     (qkv, qkv_stride, num_heads, num_kv_heads, head_dim, interleaved, inv_freq,
-     bias, positions, slot_mapping, block_size, static_cast<int8_t*>(k_cache),
-     static_cast<int8_t*>(v_cache));
+     bias, positions, slot_mapping, block_size, rot_k, rot_v, scale_k, scale_v,
+     static_cast<int8_t*>(k_cache), static_cast<int8_t*>(v_cache));
+  } else if (rot_k != 0) {
+    return cudaErrorInvalidValue;  // only int8 pages are stored rotated
   } else if (kv_elem == KvElem::kFp8E4M3) {
     KV_LAUNCH(num_tokens, 128, smem, stream, QkvRopeCacheKernel<fp8>)
     (qkv, qkv_stride, num_heads, num_kv_heads, head_dim, interleaved, inv_freq,
-     bias, positions, slot_mapping, block_size, static_cast<fp8*>(k_cache),
-     static_cast<fp8*>(v_cache));
+     bias, positions, slot_mapping, block_size, 0, 0, 0.0f, 0.0f,
+     static_cast<fp8*>(k_cache), static_cast<fp8*>(v_cache));
   } else {
     KV_LAUNCH(num_tokens, 128, smem, stream, QkvRopeCacheKernel<bf16>)
     (qkv, qkv_stride, num_heads, num_kv_heads, head_dim, interleaved, inv_freq,
-     bias, positions, slot_mapping, block_size, static_cast<bf16*>(k_cache),
-     static_cast<bf16*>(v_cache));
+     bias, positions, slot_mapping, block_size, 0, 0, 0.0f, 0.0f,
+     static_cast<bf16*>(k_cache), static_cast<bf16*>(v_cache));
   }
+  return cudaGetLastError();
+}
+
+namespace {
+
+__global__ void HadamardRowsKernel(bf16* x, int64_t chunks, int n,
+                                   float scale) {
+  const int64_t warps_per_block = blockDim.x / 32;
+  BlockHadamardChunks(x, chunks, n, scale,
+                      blockIdx.x * warps_per_block + threadIdx.x / 32,
+                      gridDim.x * warps_per_block);
+}
+
+}  // namespace
+
+cudaError_t HadamardRows(bf16* x, int64_t num_rows, int64_t row_len, int n,
+                         cudaStream_t stream) {
+  if (num_rows == 0) return cudaSuccess;
+  if ((n != 64 && n != 128 && n != 256) || row_len % n != 0) {
+    return cudaErrorInvalidValue;
+  }
+  const int64_t chunks = num_rows * row_len / n;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(n));
+  KV_LAUNCH(GridFor(chunks * 32), kThreads, 0, stream, HadamardRowsKernel)
+  (x, chunks, n, scale);
   return cudaGetLastError();
 }
 

@@ -127,13 +127,22 @@ cudaError_t PagedAttention(const AttnShape& shape, const AttnPlan& plan,
 // rotated q in place and writes rotated k and v, converted to `kv_elem`,
 // into the caches at slot_mapping[t] (reshape-and-cache; int8 quantizes
 // each 32-value group with its own scale, in blocks of `block_size` slots).
-// inv_freq and bias are device arrays.
+// With rot_k > 0 (int8 only; kvcache::KvRotationFor; 64, 128 or 256), q and
+// K are first Hadamard-rotated in chunks of rot_k values and V in chunks of
+// rot_v, bit for bit as cpu::HadamardRotate does; the attention output is
+// then rotated back by HadamardRows. inv_freq and bias are device arrays.
 cudaError_t QkvRopeCache(float* qkv, int64_t num_tokens, int64_t qkv_stride,
                          int num_heads, int num_kv_heads, int head_dim,
                          bool interleaved, const float* inv_freq,
                          const float* bias, const int32_t* positions,
                          const int32_t* slot_mapping, KvElem kv_elem,
-                         int block_size, void* k_cache, void* v_cache,
+                         int block_size, int rot_k, int rot_v, void* k_cache,
+                         void* v_cache, cudaStream_t stream);
+
+// In place, each consecutive n values (64, 128 or 256) of num_rows rows of
+// row_len bf16: x <- H x with the orthonormal Walsh-Hadamard matrix (its
+// own inverse), in fp32, rounded to bf16 once.
+cudaError_t HadamardRows(bf16* x, int64_t num_rows, int64_t row_len, int n,
                          cudaStream_t stream);
 
 // Row i of `out` = RmsNorm(x[r] (+ delta[r])) * w, r = rows ? rows[i] : i.

@@ -71,8 +71,9 @@ TEST(KvDtypeTest, IntegerDtypesRotateHeadsOfWholeSixtyFours) {
     EXPECT_EQ(KvRotationFor(d, 64).v, 64);
     EXPECT_EQ(KvRotationFor(d, 128).k, 128);
     EXPECT_EQ(KvRotationFor(d, 128).v, 64);
-    EXPECT_EQ(KvRotationFor(d, 192).k, 64);  // largest power of two dividing
-    EXPECT_EQ(KvRotationFor(d, 96).k, 0);    // not whole 64s: none
+    EXPECT_EQ(KvRotationFor(d, 192).k, 64);   // largest power of two dividing
+    EXPECT_EQ(KvRotationFor(d, 512).k, 256);  // at most 256
+    EXPECT_EQ(KvRotationFor(d, 96).k, 0);     // not whole 64s: none
     EXPECT_EQ(KvRotationFor(d, 96).v, 0);
   }
   for (KvDtype d :

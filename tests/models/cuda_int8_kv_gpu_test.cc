@@ -18,6 +18,7 @@
 
 #include "kvcache/kv_sizing.h"
 #include "models/cpu/kv_rows.h"
+#include "models/cpu/ops.h"
 #include "models/cuda/int8_kv.cuh"
 #include "models/cuda/kernels.h"
 #include "models/model_config.h"
@@ -109,7 +110,8 @@ struct QkvInputs {
   int32_t num_slots;
   std::vector<float> qkv, bias;
   std::vector<int32_t> pos, slots;
-  std::vector<float> ref;  // qkv after bias and RoPE, as the CPU computes it
+  // qkv after bias, RoPE and the Hadamard rotation, as the CPU computes it
+  std::vector<float> ref;
 };
 
 // qkv rows whose 32-value groups have magnitudes from 1e-6 (subnormal fp16
@@ -146,6 +148,11 @@ QkvInputs MakeQkvInputs(const QkvCase& c, const Rope& rope, std::mt19937& rng) {
     for (int64_t j = 0; j < in.stride; ++j) row[j] += in.bias[j];
     rope.Apply(row, c.h + c.hkv, cs.data() + i * c.d / 2,
                sn.data() + i * c.d / 2);
+    // int8 pages store q, K and V Hadamard-rotated (kvcache::KvRotationFor).
+    const kvcache::KvRotation rot =
+        kvcache::KvRotationFor(kvcache::KvDtype::kInt8, c.d);
+    cpu::HadamardRotate(row, in.q_dim + in.kv_dim, rot.k);
+    cpu::HadamardRotate(row + in.q_dim + in.kv_dim, in.kv_dim, rot.v);
   }
   return in;
 }
@@ -175,9 +182,26 @@ void RunQkvRopeCacheInt8(const QkvCase& c, const QkvInputs& in,
                 cudaMemcpyHostToDevice));
   CK(cudaMemcpy(dpos, in.pos.data(), in.n * 4, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(dslots, in.slots.data(), in.n * 4, cudaMemcpyHostToDevice));
+  const kvcache::KvRotation rot =
+      kvcache::KvRotationFor(kvcache::KvDtype::kInt8, c.d);
   CK(QkvRopeCache(dqkv, in.n, in.stride, c.h, c.hkv, c.d, false, dinv,
                   c.rotate ? dbias : nullptr, dpos, dslots, KvElem::kInt8, c.bs,
-                  kc, vc, nullptr));
+                  rot.k, rot.v, kc, vc, nullptr));
+  std::vector<float> q(in.qkv.size());
+  CK(cudaMemcpy(q.data(), dqkv, q.size() * 4, cudaMemcpyDeviceToHost));
+  // q comes back rotated as the CPU rotates it: bit for bit at position 0.
+  for (int64_t t = 0; t < in.n; ++t) {
+    const float* got = q.data() + t * in.stride;
+    const float* want = in.ref.data() + t * in.stride;
+    for (int64_t i = 0; i < in.q_dim; ++i) {
+      if (c.rotate) {
+        EXPECT_NEAR(got[i], want[i], 2e-4f * (1.0f + std::fabs(want[i])))
+            << "q, token " << t << " i " << i;
+      } else {
+        ASSERT_EQ(got[i], want[i]) << "q, token " << t << " i " << i;
+      }
+    }
+  }
   kb->resize(cache_bytes);
   vb->resize(cache_bytes);
   CK(cudaMemcpy(kb->data(), kc, cache_bytes, cudaMemcpyDeviceToHost));

@@ -345,7 +345,8 @@ TEST(CudaKernels, QkvRopeCacheMatchesCpu) {
           CK(QkvRopeCache(dqkv.get(), n, stride, c.h, c.hkv, c.d,
                           style == RopeStyle::kInterleaved, dinv.get(),
                           with_bias ? dbias.get() : nullptr, dpos.get(),
-                          dslots.get(), elem, 16, kc.get(), vc.get(), nullptr));
+                          dslots.get(), elem, 16, 0, 0, kc.get(), vc.get(),
+                          nullptr));
           const std::vector<float> got = dqkv.Down(qkv.size());
           const std::vector<float> k = CacheToFloat(kc, num_slots * kv_dim, f8);
           const std::vector<float> v = CacheToFloat(vc, num_slots * kv_dim, f8);
