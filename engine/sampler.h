@@ -6,7 +6,6 @@
 #pragma once
 
 #include <cstdint>
-#include <random>
 #include <utility>
 #include <vector>
 
@@ -63,15 +62,22 @@ class SamplerState {
   const std::vector<int32_t>& min_tokens_stops() const {
     return min_tokens_stops_;
   }
+  // A double in [0, 1) with 53 random bits: SplitMix64 (8 bytes of state;
+  // a request holds one, so thousands of live requests stay in cache, where
+  // a Mersenne Twister's 2.5 KB each did not).
   double NextUniform() {
-    return std::uniform_real_distribution<double>(0.0, 1.0)(rng_);
+    uint64_t z = (rng_ += 0x9E3779B97F4A7C15ULL);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    z ^= z >> 31;
+    return static_cast<double>(z >> 11) * 0x1.0p-53;
   }
   const absl::flat_hash_map<int32_t, int32_t>& output_counts() const {
     return output_counts_;
   }
 
  private:
-  std::mt19937_64 rng_;
+  uint64_t rng_;
   bool count_outputs_;
   absl::flat_hash_map<int32_t, int32_t> output_counts_;
   int32_t num_output_tokens_ = 0;
