@@ -26,13 +26,13 @@ StepResult ModelRunner::Execute(const scheduler::SchedulerOutput& out,
   // Swap out, swap in, copy-on-write: before the forward reads the blocks.
   // A failed move (a bug in the plan) fails the step like a failed forward.
   const absl::Status moved = RunBlockMoves(out, &result);
-  models::ForwardBatch batch = BuildBatch(out, live, &result.producers);
+  BuildBatch(out, live, &result.producers);
   if (fault_step_delay_ > absl::ZeroDuration()) {
     absl::SleepFor(fault_step_delay_);
   }
-  result.load = models::sim::StepLoadOf(batch);
+  result.load = models::sim::StepLoadOf(batch_);
   const absl::Time fwd0 = clock_->Now();
-  result.status = moved.ok() ? backend_->Forward(batch, &step_out_) : moved;
+  result.status = moved.ok() ? backend_->Forward(batch_, &step_out_) : moved;
   result.forward_seconds = absl::ToDoubleSeconds(clock_->Now() - fwd0);
   result.tokens.assign(result.producers.size(), 0);
   if (result.status.ok()) SampleAll(out, live, sched, &result);
@@ -57,19 +57,23 @@ absl::Status ModelRunner::RunBlockMoves(const scheduler::SchedulerOutput& out,
   return absl::OkStatus();
 }
 
-models::ForwardBatch ModelRunner::BuildBatch(
-    const scheduler::SchedulerOutput& out, const LiveRequestMap& live,
-    std::vector<int32_t>* producers) const {
-  models::ForwardBatch b;
+void ModelRunner::BuildBatch(const scheduler::SchedulerOutput& out,
+                             const LiveRequestMap& live,
+                             std::vector<int32_t>* producers) {
+  models::ForwardBatch& b = batch_;
   const int32_t bs = block_size_;
-  b.token_ids = out.token_ids;
-  b.seq_starts.reserve(out.scheduled.size() + 1);
+  b.token_ids.assign(out.token_ids.begin(), out.token_ids.end());
+  for (auto* v : {&b.positions, &b.slot_mapping, &b.seq_starts, &b.context_lens,
+                  &b.logits_rows}) {
+    v->clear();
+  }
+  b.argmax_only.clear();
   b.seq_starts.push_back(0);
   int32_t max_blocks = 1;
   for (const auto& s : out.scheduled)
     max_blocks = std::max(max_blocks, s.num_blocks);
   b.max_blocks_per_seq = max_blocks;
-  b.block_tables.assign(out.scheduled.size() * max_blocks, 0);
+  b.block_tables.resize(out.scheduled.size() * max_blocks);
   for (size_t i = 0; i < out.scheduled.size(); ++i) {
     const auto& s = out.scheduled[i];
     const auto table = out.BlockTable(s);
@@ -88,7 +92,6 @@ models::ForwardBatch ModelRunner::BuildBatch(
       b.argmax_only.push_back(NeedsOnlyArgmax(*live.at(s.id)));
     }
   }
-  return b;
 }
 
 // A fork parent's first token needs the whole row (its children sample

@@ -87,9 +87,11 @@ class ModelRunner {
       const scheduler::SchedulerOutput& out, StepResult* result);
 
  private:
-  models::ForwardBatch BuildBatch(const scheduler::SchedulerOutput& out,
-                                  const LiveRequestMap& live,
-                                  std::vector<int32_t>* producers) const;
+  // Fills batch_ for `out`, reusing its buffers: a row's block-table tail
+  // past its blocks keeps whatever an earlier step left (block ids of this
+  // pool; readers ignore it), so no step clears tables of S x max blocks.
+  void BuildBatch(const scheduler::SchedulerOutput& out,
+                  const LiveRequestMap& live, std::vector<int32_t>* producers);
   // Whether `r`'s next token can come from the device argmax alone (then
   // the backend need not copy its logits row to the host).
   static bool NeedsOnlyArgmax(const LiveRequest& r);
@@ -102,6 +104,7 @@ class ModelRunner {
   const int32_t vocab_size_;
   const absl::Duration fault_step_delay_;
   const Clock* clock_;
+  models::ForwardBatch batch_;      // the step's batch, buffers reused
   models::ForwardOutput step_out_;  // the last forward's logits / argmax
   ThreadOwner owner_;               // the engine thread
 };
