@@ -72,7 +72,9 @@ class Server:
                "--metrics-port", "0", "--threads", str(args.threads),
                "--max-num-seqs", str(max(64, max_seqs)),
                "--max-model-len", str(args.input_len + args.output_len + 64),
-               "--kv-cache-bytes", "512MiB", "--log-level", "warn"]
+               "--kv-cache-bytes", "512MiB", "--log-level", "warn",
+               # llama.cpp's default KV type, for a like-for-like comparison
+               "--kv-cache-dtype", "fp16"]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True)
         self.log = []

@@ -42,7 +42,8 @@ def run_kvserve(args, prompt):
     cmd = [args.binary, "generate", "--model", args.model, "--prompt", prompt,
            "--no-chat", "--temperature", "0", "--ignore-eos",
            "--max-tokens", str(args.decode_tokens),
-           "--threads", str(args.threads)]
+           "--threads", str(args.threads),
+           "--kv-cache-dtype", "fp16"]  # llama.cpp's default KV type
     out = subprocess.run(cmd, capture_output=True, text=True, check=True)
     pre = re.search(r"prefill: (\d+) tokens in [\d.]+ s \(([\d.]+) tokens/s",
                     out.stderr)
