@@ -302,9 +302,9 @@ TEST(CudaForward, GreedyMatchesCpuOnDefaultModelFp8Kv) {
       kNewTokens * static_cast<int>(Prompts().size()) * 3 / 8);
 }
 
-// int8 (q8_0) pages: 97 of the 128 tokens before the first (near-tie)
-// difference under the emulator (bf16: 98), 5 prompts identical throughout;
-// held to bf16's bound.
+// int8 (q8_0) pages, stored Hadamard-rotated: 98 of the 128 tokens before
+// the first (near-tie) difference under the emulator (97 unrotated; bf16:
+// 98), 5 prompts identical throughout; held to bf16's bound.
 TEST(CudaForward, GreedyMatchesCpuOnDefaultModelInt8Kv) {
   CheckGreedyOnDefaultModel(
       kvcache::KvDtype::kInt8, "int8",
