@@ -120,6 +120,13 @@ __device__ inline void BlockHadamardChunks(T* x, int64_t count, int n,
   }
 }
 
+// A Hadamard chunk size the warp kernels rotate, dividing `len`; and the
+// orthonormal scale of that size (the CPU's expression, so the bits agree).
+bool RotationChunkOk(int n, int64_t len) {
+  return (n == 64 || n == 128 || n == 256) && len % n == 0;
+}
+float HadamardScale(int n) { return 1.0f / std::sqrt(static_cast<float>(n)); }
+
 // int8 pages stage the rotated K and V rows in shared memory (after the
 // cos/sin tables) and quantize them once complete; bf16 and fp8 write each
 // value as it is computed. With rot_k > 0 (int8 only), q and K are then
@@ -404,18 +411,14 @@ cudaError_t QkvRopeCache(float* qkv, int64_t num_tokens, int64_t qkv_stride,
                          void* v_cache, cudaStream_t stream) {
   if (num_tokens == 0) return cudaSuccess;
   const size_t smem = head_dim * sizeof(float);
-  const auto rot_ok = [&](int n) {
-    return (n == 64 || n == 128 || n == 256) && head_dim % n == 0;
-  };
   if (kv_elem == KvElem::kInt8) {
     if (head_dim % kQ8Group != 0 || block_size <= 0 ||
-        (rot_k != 0 && (!rot_ok(rot_k) || !rot_ok(rot_v)))) {
+        (rot_k != 0 && (!RotationChunkOk(rot_k, head_dim) ||
+                        !RotationChunkOk(rot_v, head_dim)))) {
       return cudaErrorInvalidValue;
     }
-    const float scale_k =
-        rot_k > 0 ? 1.0f / std::sqrt(static_cast<float>(rot_k)) : 0.0f;
-    const float scale_v =
-        rot_k > 0 ? 1.0f / std::sqrt(static_cast<float>(rot_v)) : 0.0f;
+    const float scale_k = rot_k > 0 ? HadamardScale(rot_k) : 0.0f;
+    const float scale_v = rot_k > 0 ? HadamardScale(rot_v) : 0.0f;
     const size_t q8_smem =
         smem + 2 * static_cast<size_t>(num_kv_heads) * head_dim * sizeof(float);
     if (q8_smem > 48 * 1024) return cudaErrorInvalidValue;
@@ -454,13 +457,10 @@ __global__ void HadamardRowsKernel(bf16* x, int64_t chunks, int n,
 cudaError_t HadamardRows(bf16* x, int64_t num_rows, int64_t row_len, int n,
                          cudaStream_t stream) {
   if (num_rows == 0) return cudaSuccess;
-  if ((n != 64 && n != 128 && n != 256) || row_len % n != 0) {
-    return cudaErrorInvalidValue;
-  }
+  if (!RotationChunkOk(n, row_len)) return cudaErrorInvalidValue;
   const int64_t chunks = num_rows * row_len / n;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(n));
   KV_LAUNCH(GridFor(chunks * 32), kThreads, 0, stream, HadamardRowsKernel)
-  (x, chunks, n, scale);
+  (x, chunks, n, HadamardScale(n));
   return cudaGetLastError();
 }
 
