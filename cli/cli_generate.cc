@@ -303,10 +303,9 @@ void RegisterFlags(GenerateFlags* f, CliArgs* args) {
   args->Int("block-size", &f->block_size,
             "KV block size in tokens (default 16)", 1, 1024);
   args->String("kv-cache-dtype", &f->kv_cache_dtype,
-               "KV element type: auto (CPU int8 where head_dim is a multiple "
-               "of 64, else fp16; CUDA bf16), f32, fp16, bf16, "
-               "int8 or int4 on the CPU, bf16, fp8 or int8 on CUDA (default "
-               "auto)");
+               absl::StrCat("KV element type: ", kKvDtypeAutoHelp,
+                            ", f32, fp16, bf16, int8 or int4 on the CPU, bf16, "
+                            "fp8 or int8 on CUDA (default auto)"));
   args->String("device", &f->device,
                "where the model runs: cpu, cuda, or auto (default cpu)");
 }

@@ -126,11 +126,11 @@ void RegisterKvFlags(ServeFlags* f, CliArgs* args) {
                             "default ",
                             f->device, ")"));
   args->String("kv-cache-dtype", &f->kv_cache_dtype,
-               "KV element type: auto (CPU int8 where head_dim is a multiple "
-               "of 64, else fp16; CUDA bf16), f32, fp16, "
-               "bf16, int8 (q8_0 layout) or int4 (q4_0 layout) on the CPU; "
-               "bf16, fp8 (e4m3) or int8 (q8_0, --block-size a multiple of "
-               "4) on CUDA (default auto)");
+               absl::StrCat("KV element type: ", kKvDtypeAutoHelp,
+                            ", f32, fp16, bf16, int8 (q8_0 layout) or int4 "
+                            "(q4_0 layout) on the CPU; bf16, fp8 (e4m3) or "
+                            "int8 (q8_0, --block-size a multiple of 4) on "
+                            "CUDA (default auto)"));
   args->Float("gpu-memory-fraction", &f->gpu_memory_fraction,
               absl::StrCat("share of GPU memory for weights, activations "
                            "and KV with --device=cuda (default ",
