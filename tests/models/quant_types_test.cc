@@ -241,6 +241,29 @@ TEST_F(QuantTypesTest, Avx2AndPortableKernelsMatchBest) {
   }
 }
 
+// Batches of more than one pass read each tile unpacked once into scratch
+// (the kinds with bit planes or a code book); a row's result must equal, to
+// the bit, that row alone through the packed tiles: 21 rows are two passes
+// of 8 and a tail of 5.
+TEST_F(QuantTypesTest, LargeBatchesEqualSingleRowsToTheBit) {
+  constexpr int64_t kM = 21;
+  const std::vector<float> x = RandomActivations(kM, kCols, 21);
+  for (const char* type : kTypes) {
+    absl::StatusOr<cpu::PackedMatrix> w =
+        cpu::PackMatrix(Get(absl::StrCat(type, ".q")));
+    ASSERT_TRUE(w.ok()) << type << ": " << w.status();
+    std::vector<float> batch(kM * kRows);
+    cpu::MatMul(x.data(), kM, *w, batch.data());
+    std::vector<float> one(kRows);
+    for (int64_t i = 0; i < kM; ++i) {
+      cpu::MatMul(x.data() + i * kCols, 1, *w, one.data());
+      ASSERT_EQ(0, std::memcmp(one.data(), batch.data() + i * kRows,
+                               kRows * sizeof(float)))
+          << type << " row " << i;
+    }
+  }
+}
+
 // The tile kind each type packs into and what it costs: within 4% of the
 // file's bits per weight (Q4_K, Q5_K: +1/8, their 6-bit sub-scales and mins
 // in bytes; Q3_K keeps its 6-bit sub-scales).
