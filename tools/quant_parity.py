@@ -97,8 +97,10 @@ def llama_reference(args, path, prompt_text):
 def kvserve_forced(args, path, prompt, ref, pb, pb_grpc):
     """kvserve's greedy token and {token: logprob} at each forced step."""
     import grpc
+    # fp16 KV as llama.cpp's default f16: only the weights' kernels differ.
     server = KvserveProcess(args.kvserve, ROOT, "--model", path, "--threads",
-                            str(args.threads), "--max-model-len", "2048")
+                            str(args.threads), "--max-model-len", "2048",
+                            "--kv-cache-dtype", "fp16")
     try:
         channel = grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}")
         stub = pb_grpc.KvServeStub(channel)

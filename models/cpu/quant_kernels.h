@@ -63,12 +63,22 @@ struct QuantizedActs {
   int64_t nb = 0;
   AlignedBuffer q;       // m x cols int8
   AlignedBuffer scales;  // m x nb ActScale
+  // q + 128 as unsigned bytes (m x cols), only for batches of more than
+  // kBiasedActsRows rows: the VPDPBUSD operand of the passes that read a
+  // tile unpacked to signed values (quant_kernels.cc).
+  AlignedBuffer biased;
 
   const int8_t* Row(int64_t i) const { return q.as<int8_t>() + i * cols; }
+  const uint8_t* BiasedRow(int64_t i) const {
+    return biased.as<uint8_t>() + i * cols;
+  }
   const ActScale* Scales(int64_t i) const {
     return scales.as<ActScale>() + i * nb;
   }
 };
+
+// Batches of more rows than this also get QuantizedActs::biased.
+inline constexpr int64_t kBiasedActsRows = 8;
 
 // Quantizes x (m x cols, cols % group == 0; group 32 or 256) into `out`.
 // `portable` forces the scalar code (tests of the fallback on AVX-512
