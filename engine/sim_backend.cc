@@ -232,7 +232,10 @@ absl::StatusOr<std::unique_ptr<ModelBackend>> CreateSimBackend(
   models::sim::Efficiency eff;
   eff.memory = sim.memory_efficiency;
   eff.flops = sim.flops_efficiency;
-  models::sim::Roofline roofline(c, gpu, sim.tp, weight_bytes, per_token, eff);
+  models::sim::Roofline roofline(c, gpu, sim.tp, weight_bytes, per_token, eff,
+                                 dtype == kvcache::KvDtype::kFP8
+                                     ? models::sim::AttentionUnits::kFp8
+                                     : models::sim::AttentionUnits::kBf16);
 
   const std::string timing =
       sim.profile.has_value()

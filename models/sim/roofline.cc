@@ -31,7 +31,7 @@ StepLoad StepLoadOf(const ForwardBatch& batch) {
 
 Roofline::Roofline(const ModelConfig& config, const GpuSpec& gpu, int tp,
                    double weight_bytes, int64_t kv_bytes_per_token,
-                   Efficiency eff)
+                   Efficiency eff, AttentionUnits attention)
     : config_(config),
       gpu_(gpu),
       tp_(std::max(tp, 1)),
@@ -40,7 +40,9 @@ Roofline::Roofline(const ModelConfig& config, const GpuSpec& gpu, int tp,
       eff_(eff),
       matmul_params_(CountMatmulParams(config)),
       peak_flops_(weight_bytes <= 1.0 && gpu.fp8_flops > 0 ? gpu.fp8_flops
-                                                           : gpu.bf16_flops) {}
+                                                           : gpu.bf16_flops),
+      attention_flops_(attention == AttentionUnits::kFp8 ? peak_flops_
+                                                         : gpu.bf16_flops) {}
 
 StepCost Roofline::Step(const StepLoad& load) const {
   StepCost c;
@@ -55,9 +57,8 @@ StepCost Roofline::Step(const StepLoad& load) const {
   const double attn_flops = 4.0 * config_.num_layers * config_.num_heads *
                             config_.head_dim *
                             static_cast<double>(load.attended) / tp_;
-  // Attention runs on the bf16 units whatever the weights are.
   c.compute_s =
-      (matmul_flops / peak_flops_ + attn_flops / gpu_.bf16_flops) / eff_.flops;
+      (matmul_flops / peak_flops_ + attn_flops / attention_flops_) / eff_.flops;
   if (tp_ > 1 && load.tokens > 0) {
     // Ring all-reduce of the bf16 activations after attention and MLP.
     const double link =

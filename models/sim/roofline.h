@@ -29,6 +29,12 @@ struct Efficiency {
   double link_latency_s = 10e-6;  // per all-reduce
 };
 
+// The units attention's matrix products run on. kFp8 only counts where the
+// weights are fp8 too (an fp8 model's activations, Q included, are fp8) and
+// the GPU has an fp8 rate: Hopper's FP8 context attention, which
+// TensorRT-LLM runs for an fp8 checkpoint with an fp8 KV cache.
+enum class AttentionUnits { kBf16, kFp8 };
+
 // One step's work: its query tokens (prefill and decode together), the keys
 // they attend to in total, and the cached tokens whose K/V it reads.
 struct StepLoad {
@@ -57,7 +63,8 @@ class Roofline {
   // rate where the GPU has one); kv_bytes_per_token: per rank, all layers.
   Roofline(const ModelConfig& config, const GpuSpec& gpu, int tp,
            double weight_bytes, int64_t kv_bytes_per_token,
-           Efficiency eff = {});
+           Efficiency eff = {},
+           AttentionUnits attention = AttentionUnits::kBf16);
 
   [[nodiscard]] StepCost Step(const StepLoad& load) const;
   // A decode step of `seqs` sequences of `context` tokens each.
@@ -79,6 +86,7 @@ class Roofline {
   Efficiency eff_;
   int64_t matmul_params_;
   double peak_flops_;
+  double attention_flops_;  // the rate of attention's products
 };
 
 }  // namespace kvserve::models::sim

@@ -103,5 +103,24 @@ TEST(RooflineTest, Fp8WeightsUseFp8UnitsWhereThereAreAny) {
   EXPECT_DOUBLE_EQ(a100.PeakFlops(), 312e12);
 }
 
+// Attention on the fp8 units needs fp8 weights (fp8 activations) and a GPU
+// with an fp8 rate; anything else leaves it at the bf16 rate.
+TEST(RooflineTest, Fp8AttentionOnlyWithFp8WeightsOnFp8Hardware) {
+  const ModelConfig c = Llama3_8B();
+  const double attn = 4.0 * 32 * 32 * 128 * (4096.0 * 4097 / 2);
+  const double mm = 2.0 * 7'504'658'432 * 4096;
+  const Roofline fp8(c, *FindGpu("h200"), 1, 1.0, kKvBytesPerToken / 2, {},
+                     AttentionUnits::kFp8);
+  EXPECT_NEAR(fp8.Prefill(4096).compute_s, (mm + attn) / 1978.9e12 / 0.5,
+              1e-9);
+  const Roofline bf16_weights(c, *FindGpu("h200"), 1, 2.0,
+                              kKvBytesPerToken / 2, {}, AttentionUnits::kFp8);
+  EXPECT_NEAR(bf16_weights.Prefill(4096).compute_s,
+              (mm + attn) / 989.4e12 / 0.5, 1e-9);
+  const Roofline a100(c, *FindGpu("a100"), 1, 1.0, kKvBytesPerToken / 2, {},
+                      AttentionUnits::kFp8);
+  EXPECT_NEAR(a100.Prefill(4096).compute_s, (mm + attn) / 312e12 / 0.5, 1e-9);
+}
+
 }  // namespace
 }  // namespace kvserve::models::sim
