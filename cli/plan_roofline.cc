@@ -23,11 +23,11 @@ std::optional<PlanRoofline> ComputePlanRoofline(const Plan& p) {
   r.seqs = p.flags.concurrency > 0 && p.kv.concurrency_fits
                ? p.flags.concurrency
                : std::max<int64_t>(1, p.kv.paged_seqs_at_context);
-  const models::sim::Roofline model(
-      p.config, r.gpu, p.flags.tp, r.weight_bytes, p.kv.bytes_per_token, r.eff,
-      p.flags.kv_dtype == kvcache::KvDtype::kFP8
-          ? models::sim::AttentionUnits::kFp8
-          : models::sim::AttentionUnits::kBf16);
+  const models::sim::Roofline model(p.config, r.gpu, p.flags.tp, r.weight_bytes,
+                                    p.kv.bytes_per_token, r.eff,
+                                    p.flags.kv_dtype == kvcache::KvDtype::kFP8
+                                        ? models::sim::AttentionUnits::kFp8
+                                        : models::sim::AttentionUnits::kBf16);
   r.decode = model.Decode(r.seqs, r.context);
   r.prefill = model.Prefill(r.context);
   return r;

@@ -62,8 +62,7 @@ class Roofline {
   // weight_bytes: per parameter (2 bf16, 1 fp8: fp8 weights use the fp8
   // rate where the GPU has one); kv_bytes_per_token: per rank, all layers.
   Roofline(const ModelConfig& config, const GpuSpec& gpu, int tp,
-           double weight_bytes, int64_t kv_bytes_per_token,
-           Efficiency eff = {},
+           double weight_bytes, int64_t kv_bytes_per_token, Efficiency eff = {},
            AttentionUnits attention = AttentionUnits::kBf16);
 
   [[nodiscard]] StepCost Step(const StepLoad& load) const;
