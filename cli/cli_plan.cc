@@ -189,6 +189,11 @@ void RegisterPlanFlags(PlanArgs* a, CliArgs* args) {
                      absl::StrCat("roofline: fraction of its dense matrix "
                                   "rate (default ",
                                   models::sim::Efficiency{}.flops, ")"));
+  args->Float("host-us-per-seq", &f->host_us_per_seq,
+              absl::StrCat("roofline: the host's microseconds per sequence "
+                           "of a step (default ",
+                           models::sim::Efficiency{}.host_s_per_seq * 1e6, ")"),
+              0, 1000);
   args->Bool("json", &f->json, "print one JSON object");
   args->Bool("help", &f->help, "show this help (also -h)");
 }

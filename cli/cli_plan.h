@@ -54,9 +54,11 @@ struct PlanFlags {
   int64_t mean_len = 0;     // --mean-len: mean sequence length; 0 = skip
   double weight_bytes = 0;  // --weight-bytes per parameter; 0 = config's
   // --memory-efficiency, --flops-efficiency: the roofline's fractions of the
-  // GPU's datasheet rates (models/sim/roofline.h).
+  // GPU's datasheet rates; --host-us-per-seq: the host's time per sequence of
+  // a step (models/sim/roofline.h).
   double memory_efficiency = models::sim::Efficiency{}.memory;
   double flops_efficiency = models::sim::Efficiency{}.flops;
+  double host_us_per_seq = models::sim::Efficiency{}.host_s_per_seq * 1e6;
   bool json = false;  // --json
   bool help = false;  // --help / -h
 };

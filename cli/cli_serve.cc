@@ -164,6 +164,11 @@ void RegisterSimFlags(ServeFlags* f, CliArgs* args) {
                            "rate a step reaches (default ",
                            models::sim::Efficiency{}.flops, ")"),
               0.01, 1);
+  args->Float("sim-host-us-per-seq", &s.host_us_per_seq,
+              absl::StrCat("--device sim: the host's microseconds per "
+                           "sequence of a step (default ",
+                           models::sim::Efficiency{}.host_s_per_seq * 1e6, ")"),
+              0, 1000);
 }
 
 void RegisterSecurityFlags(ServeFlags* f, CliArgs* args) {

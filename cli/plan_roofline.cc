@@ -16,6 +16,7 @@ std::optional<PlanRoofline> ComputePlanRoofline(const Plan& p) {
   r.gpu = *gpu;
   r.eff.memory = p.flags.memory_efficiency;
   r.eff.flops = p.flags.flops_efficiency;
+  r.eff.host_s_per_seq = p.flags.host_us_per_seq * 1e-6;
   r.weight_bytes = p.flags.weight_bytes > 0 ? p.flags.weight_bytes
                                             : p.config.weight_dtype_bytes;
   r.context = p.flags.context;
@@ -54,11 +55,12 @@ std::string RooflineText(const PlanRoofline& r) {
   absl::StrAppendFormat(
       &out,
       "%-16s %lld sequences x %lld tokens: %.2f ms a step (weights %.2f + KV "
-      "%.2f ms read, %.2f ms compute, %.2f ms all-reduce; %s), %.0f tokens/s\n",
+      "%.2f ms read, %.2f ms compute, %.2f ms all-reduce, %.2f ms host; %s), "
+      "%.0f tokens/s\n",
       "decode step", static_cast<long long>(r.seqs),
       static_cast<long long>(r.context), d.total_s * 1e3, d.weights_s * 1e3,
-      d.kv_s * 1e3, d.compute_s * 1e3, d.allreduce_s * 1e3, Bound(d),
-      static_cast<double>(r.seqs) / d.total_s);
+      d.kv_s * 1e3, d.compute_s * 1e3, d.allreduce_s * 1e3, d.host_s * 1e3,
+      Bound(d), static_cast<double>(r.seqs) / d.total_s);
   absl::StrAppendFormat(&out, "%-16s one %lld-token prompt: %.1f ms (%s)\n",
                         "prefill", static_cast<long long>(r.context),
                         r.prefill.total_s * 1e3, Bound(r.prefill));
@@ -72,11 +74,13 @@ nlohmann::ordered_json RooflineJson(const PlanRoofline& r) {
                                   {"kv_seconds", c.kv_s},
                                   {"compute_seconds", c.compute_s},
                                   {"allreduce_seconds", c.allreduce_s},
+                                  {"host_seconds", c.host_s},
                                   {"compute_bound", c.compute_bound}};
   };
   nlohmann::ordered_json j{{"gpu", r.gpu.name},
                            {"memory_efficiency", r.eff.memory},
                            {"flops_efficiency", r.eff.flops},
+                           {"host_us_per_seq", r.eff.host_s_per_seq * 1e6},
                            {"weight_bytes", r.weight_bytes},
                            {"decode_sequences", r.seqs},
                            {"context", r.context}};

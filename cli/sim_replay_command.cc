@@ -100,6 +100,10 @@ void RegisterEngineFlags(ReplayFlags* f, CliArgs* a) {
            absl::StrCat("share of the dense matrix rate a step reaches (",
                         models::sim::Efficiency{}.flops, ")"),
            0.01, 1);
+  a->Float("sim-host-us-per-seq", &f->sim.host_us_per_seq,
+           absl::StrCat("the host's microseconds per sequence of a step (",
+                        models::sim::Efficiency{}.host_s_per_seq * 1e6, ")"),
+           0, 1000);
   a->Bool("json", &f->json, "print one JSON object instead of the table");
   a->String("timeseries", &f->timeseries,
             "write KV occupancy, queues, preemptions and prefix hits per step "

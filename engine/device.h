@@ -40,6 +40,7 @@ struct SimConfig {
   // models/sim/roofline.h Efficiency, its defaults unless set.
   double memory_efficiency = models::sim::Efficiency{}.memory;
   double flops_efficiency = models::sim::Efficiency{}.flops;
+  double host_us_per_seq = models::sim::Efficiency{}.host_s_per_seq * 1e6;
   // When set, each step's simulated duration (swaps and copies included) is
   // handed to it on the engine thread instead of slept: a trace replay
   // advances its virtual clock with it (cli/sim_replay.h). `speed` is then

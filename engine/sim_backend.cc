@@ -232,6 +232,7 @@ absl::StatusOr<std::unique_ptr<ModelBackend>> CreateSimBackend(
   models::sim::Efficiency eff;
   eff.memory = sim.memory_efficiency;
   eff.flops = sim.flops_efficiency;
+  eff.host_s_per_seq = sim.host_us_per_seq * 1e-6;
   models::sim::Roofline roofline(c, gpu, sim.tp, weight_bytes, per_token, eff,
                                  dtype == kvcache::KvDtype::kFP8
                                      ? models::sim::AttentionUnits::kFp8
@@ -242,8 +243,8 @@ absl::StatusOr<std::unique_ptr<ModelBackend>> CreateSimBackend(
           ? std::string("from the measured step profile (--sim-profile)")
           : absl::StrFormat(
                 "a roofline estimate at %.2f of the memory bandwidth and "
-                "%.2f of the matrix rate",
-                eff.memory, eff.flops);
+                "%.2f of the matrix rate, %g us of host time a sequence",
+                eff.memory, eff.flops, eff.host_s_per_seq * 1e6);
   const std::string pace = sim.step_sink
                                ? std::string("in virtual time")
                                : absl::StrFormat("slept x1/%g", sim.speed);

@@ -68,22 +68,25 @@ StepCost Roofline::Step(const StepLoad& load) const {
                        eff_.link_latency_s;
     c.allreduce_s = 2.0 * config_.num_layers * one;
   }
+  c.host_s = eff_.host_s_per_seq * static_cast<double>(load.seqs);
   const double memory_s = c.weights_s + c.kv_s;
   c.compute_bound = c.compute_s > memory_s;
-  c.total_s = std::max(memory_s, c.compute_s) + c.allreduce_s;
+  c.total_s = std::max(memory_s, c.compute_s) + c.allreduce_s + c.host_s;
   return c;
 }
 
 StepCost Roofline::Decode(int64_t seqs, int64_t context) const {
   return Step({.tokens = seqs,
                .attended = seqs * context,
-               .kv_read_tokens = seqs * context});
+               .kv_read_tokens = seqs * context,
+               .seqs = seqs});
 }
 
 StepCost Roofline::Prefill(int64_t tokens) const {
   return Step({.tokens = tokens,
                .attended = tokens * (tokens + 1) / 2,
-               .kv_read_tokens = 0});
+               .kv_read_tokens = 0,
+               .seqs = 1});
 }
 
 }  // namespace kvserve::models::sim

@@ -4,8 +4,8 @@
 // matrix products of its tokens and their attention, and (tp > 1) two
 // all-reduces of its activations per layer. Its time is the larger of
 // reading and computing (each at a stated fraction of the datasheet rate)
-// plus the all-reduces. It is what `kvserve plan --gpu` reports and the
-// simulated device's step time.
+// plus the all-reduces and the host's work per sequence. It is what `kvserve
+// plan --gpu` reports and the simulated device's step time.
 #pragma once
 
 #include <cstdint>
@@ -16,17 +16,21 @@
 
 namespace kvserve::models::sim {
 
-// Fractions of the datasheet rates a serving forward reaches. A streaming
-// copy on an H200 moves ~0.9 of its 4.8 TB/s and a large bf16 GEMM reaches
-// ~0.8 of its peak; a forward's smaller, mixed kernels less. The defaults
-// are the pair that best reproduces TensorRT-LLM's published H100
-// throughput (tools/sim_fidelity.py; its H200 figures, held out, check
-// them: docs/PERFORMANCE.md).
+// Fractions of the datasheet rates a serving forward reaches, and the host's
+// time per sequence of a step. A streaming copy on an H200 moves ~0.9 of its
+// 4.8 TB/s and a large bf16 GEMM reaches ~0.8 of its peak; a forward's
+// smaller, mixed kernels less. The host's share (scheduling, sampling, stop
+// checks and streaming, per sequence, not overlapped with the forward) is
+// what weighs in short steps of many sequences. The defaults are the triple
+// that best reproduces TensorRT-LLM's published H100 throughput
+// (tools/sim_fidelity.py; its H200 figures, held out, check them:
+// docs/PERFORMANCE.md).
 struct Efficiency {
-  double memory = 0.7;
+  double memory = 0.75;
   double flops = 0.5;
   double link = 0.7;
   double link_latency_s = 10e-6;  // per all-reduce
+  double host_s_per_seq = 4e-6;
 };
 
 // The units attention's matrix products run on. kFp8 only counts where the
@@ -53,7 +57,8 @@ struct StepCost {
   double kv_s = 0;         // reading (and writing) K/V
   double compute_s = 0;    // matrix products and attention
   double allreduce_s = 0;  // tensor-parallel all-reduces
-  double total_s = 0;      // max(weights + kv, compute) + allreduce
+  double host_s = 0;       // the host's per-sequence work
+  double total_s = 0;      // max(weights + kv, compute) + allreduce + host
   bool compute_bound = false;
 };
 

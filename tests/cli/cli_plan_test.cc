@@ -227,25 +227,30 @@ TEST(PlanReportTest, JsonCarriesTheSameNumbers) {
 }
 
 // --gpu adds the roofline's estimates (models/sim/roofline.h): Llama-3-8B
-// bf16 on an H200 reads 15.01 GB of weights a step, 4.47 ms at 0.7 x 4.8
-// TB/s, plus its sequences' K/V.
+// bf16 on an H200 reads 15.01 GB of weights a step, 4.17 ms at 0.75 x 4.8
+// TB/s, plus its sequences' K/V, plus 4 us of host time per sequence.
 TEST(PlanReportTest, GpuAddsRooflineStepTimes) {
   const Result r = RunArgs({"--model", "llama3-8b", "--gpu", "h200",
                             "--context", "4096", "--concurrency", "16"});
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("roofline         H200 SXM 141GB: 4.80 TB/s x "
-                               "0.70, 989 TFLOP/s bf16 x 0.50"));
-  // K/V: 16 x 4,096 + 16 tokens x 131,072 bytes = 8.59 GB: 2.56 ms.
+                               "0.75, 989 TFLOP/s bf16 x 0.50"));
+  // K/V: 16 x 4,096 + 16 tokens x 131,072 bytes = 8.59 GB: 2.39 ms.
   EXPECT_THAT(r.out, HasSubstr("decode step      16 sequences x 4096 tokens: "
-                               "7.02 ms a step (weights 4.47 + KV 2.56 ms "
-                               "read"));
-  EXPECT_THAT(r.out, HasSubstr("memory-bound), 2278 tokens/s\n"));
+                               "6.62 ms a step (weights 4.17 + KV 2.39 ms "
+                               "read, 0.55 ms compute, 0.00 ms all-reduce, "
+                               "0.06 ms host;"));
+  EXPECT_THAT(r.out, HasSubstr("memory-bound), 2417 tokens/s\n"));
   EXPECT_THAT(r.out, HasSubstr("prefill          one 4096-token prompt:"));
   EXPECT_THAT(r.out, HasSubstr("(compute-bound)"));
   const nlohmann::json j = nlohmann::json::parse(
       RunArgs({"--model", "llama3-8b", "--gpu", "h200", "--context", "4096",
-               "--concurrency", "16", "--memory-efficiency", "0.4", "--json"})
+               "--concurrency", "16", "--memory-efficiency", "0.4",
+               "--host-us-per-seq", "10", "--json"})
           .out);
+  EXPECT_NEAR(j["roofline"]["decode_step"]["host_seconds"].get<double>(),
+              16 * 10e-6, 1e-12);
+  EXPECT_EQ(j["roofline"]["host_us_per_seq"], 10);
   EXPECT_EQ(j["roofline"]["gpu"], "h200");
   EXPECT_EQ(j["roofline"]["decode_sequences"], 16);
   EXPECT_NEAR(j["roofline"]["decode_step"]["weights_seconds"].get<double>(),

@@ -124,11 +124,19 @@ TEST(SimReplayTest, ALoneRequestTakesItsRooflinePrefillThenDecodeSteps) {
   const models::sim::Roofline roofline(
       c, *models::sim::FindGpu("h100"), 1, 2.0,
       kvcache::KvBytesPerToken(models::KvShapeOf(c), kvcache::KvDtype::kBF16));
+  // The prompt runs in 4 chunks (below), each with the host's time for its
+  // one sequence.
+  const double host = models::sim::Efficiency{}.host_s_per_seq;
   const double prefill =
-      roofline.Step({.tokens = 1000, .attended = 1000 * 1001 / 2}).total_s;
+      roofline.Step({.tokens = 1000, .attended = 1000 * 1001 / 2}).total_s +
+      4 * host;
   double e2e = prefill;
   for (int t = 1001; t < 1008; ++t) {
-    e2e += roofline.Step({.tokens = 1, .attended = t, .kv_read_tokens = t - 1})
+    e2e += roofline
+               .Step({.tokens = 1,
+                      .attended = t,
+                      .kv_read_tokens = t - 1,
+                      .seqs = 1})
                .total_s;
   }
   for (const ReplayedRequest& q : r->requests) {

@@ -47,11 +47,13 @@ TEST(RooflineTest, MatmulParamsLeaveOutTheEmbeddingTable) {
 TEST(RooflineTest, BatchOneDecodeReadsTheWeights) {
   const Roofline r(Llama3_8B(), *FindGpu("h200"), 1, 2.0, kKvBytesPerToken);
   const StepCost c = r.Decode(1, 1024);
-  // 15.01 GB at 0.7 x 4.8 TB/s = 4.467 ms; 1,025 tokens of K/V 0.040 ms.
-  EXPECT_NEAR(c.weights_s, 4.46706e-3, 1e-8);
-  EXPECT_NEAR(c.kv_s, 1025.0 * kKvBytesPerToken / 3.36e12, 1e-9);
+  // 15.01 GB at 0.75 x 4.8 TB/s = 4.169 ms; 1,025 tokens of K/V 0.037 ms;
+  // 4 us of host time for the one sequence.
+  EXPECT_NEAR(c.weights_s, 4.169255e-3, 1e-8);
+  EXPECT_NEAR(c.kv_s, 1025.0 * kKvBytesPerToken / 3.6e12, 1e-9);
   EXPECT_FALSE(c.compute_bound);
-  EXPECT_DOUBLE_EQ(c.total_s, c.weights_s + c.kv_s);
+  EXPECT_DOUBLE_EQ(c.host_s, 4e-6);
+  EXPECT_DOUBLE_EQ(c.total_s, c.weights_s + c.kv_s + c.host_s);
   EXPECT_EQ(c.allreduce_s, 0);
   // More sequences and longer contexts only add K/V and compute.
   EXPECT_GT(r.Decode(64, 1024).total_s, c.total_s);
@@ -68,7 +70,7 @@ TEST(RooflineTest, LongPrefillIsComputeBound) {
   const double flops =
       2.0 * 7'504'658'432 * 8192 + 4.0 * 32 * 32 * 128 * (8192.0 * 8193 / 2);
   EXPECT_NEAR(c.compute_s, flops / (0.5 * 989.4e12), 1e-9);
-  EXPECT_DOUBLE_EQ(c.total_s, c.compute_s);
+  EXPECT_DOUBLE_EQ(c.total_s, c.compute_s + 4e-6);
 }
 
 TEST(RooflineTest, TensorParallelSplitsWorkAndAddsAllReduces) {
@@ -83,7 +85,24 @@ TEST(RooflineTest, TensorParallelSplitsWorkAndAddsAllReduces) {
   // plus 10 us each.
   const double each = 8.0 * 4096 * 2 / (0.7 * 450e9) + 10e-6;
   EXPECT_NEAR(b.allreduce_s, 64 * each, 1e-12);
-  EXPECT_DOUBLE_EQ(b.total_s, b.weights_s + b.kv_s + b.allreduce_s);
+  EXPECT_DOUBLE_EQ(b.total_s, b.weights_s + b.kv_s + b.allreduce_s + 8 * 4e-6);
+}
+
+// The host's time grows with the sequences of a step, not its tokens, and
+// adds to the device's (not overlapped).
+TEST(RooflineTest, HostTimePerSequenceAddsToTheStep) {
+  const ModelConfig c = Llama3_8B();
+  const Roofline none(c, *FindGpu("h100"), 1, 1.0, kKvBytesPerToken,
+                      {.host_s_per_seq = 0});
+  const Roofline some(c, *FindGpu("h100"), 1, 1.0, kKvBytesPerToken,
+                      {.host_s_per_seq = 5e-6});
+  const StepCost a = none.Decode(2048, 256);
+  const StepCost b = some.Decode(2048, 256);
+  EXPECT_EQ(a.host_s, 0);
+  EXPECT_NEAR(b.host_s, 2048 * 5e-6, 1e-12);
+  EXPECT_NEAR(b.total_s, a.total_s + 2048 * 5e-6, 1e-12);
+  EXPECT_NEAR(some.Prefill(2048).total_s, none.Prefill(2048).total_s + 5e-6,
+              1e-12);
 }
 
 TEST(RooflineTest, Fp8WeightsUseFp8UnitsWhereThereAreAny) {
