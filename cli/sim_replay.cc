@@ -153,8 +153,13 @@ void Replayer::FeedInVirtualTime() {
       absl::MutexLock lock(&mu_);
       const bool idle = finished_.load() == submitted_.load();
       if (idle && next_ == trace_.size()) return;
-      // Idle: jump over the gap to the next arrival.
-      if (idle) ids = SubmitDue(std::max(clock_.Now(), ArrivalOf(next_)), true);
+      // Idle: jump over the gap to the next arrival; what arrives together
+      // reaches the engine in one inbox.
+      if (idle) {
+        engine_->Pause();
+        ids = SubmitDue(std::max(clock_.Now(), ArrivalOf(next_)), true);
+        engine_->Start();
+      }
     }
     Attach(ids);
     if (ids.empty()) absl::SleepFor(absl::Microseconds(200));

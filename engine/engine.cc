@@ -268,6 +268,7 @@ absl::StatusOr<std::shared_ptr<StreamState>> Engine::Submit(RequestSpec spec) {
 }
 void Engine::Abort(RequestId id) { impl_->Abort(id); }
 void Engine::Start() { impl_->Resume(); }
+void Engine::Pause() { impl_->Pause(); }
 void Engine::Drain(absl::Duration timeout) { impl_->Drain(timeout); }
 const ModelInfo& Engine::model_info() const { return impl_->info(); }
 const models::Tokenizer& Engine::tokenizer() const {

@@ -153,8 +153,13 @@ class Engine {
   // Cancels a request (no-op if already finished). Its blocks are freed
   // within one step and it finishes with kCancelled.
   void Abort(RequestId id);
-  // Lets an engine created with start_paused take requests; no-op otherwise.
+  // Lets an engine created with start_paused, or held by Pause(), take
+  // requests and step again; no-op otherwise.
   void Start();
+  // Holds the engine thread before its next step (after the current one)
+  // until Start(): what is submitted meanwhile is taken in one inbox, as if
+  // it had arrived at once (a trace replay's simultaneous arrivals).
+  void Pause();
 
   // Stops admitting (Submit returns UNAVAILABLE), lets in-flight requests
   // finish until `timeout`, cancels the rest. Returns when all are done.

@@ -50,6 +50,10 @@ class Engine::Impl {
     absl::MutexLock lock(&mu_);
     paused_ = false;
   }
+  void Pause() {
+    absl::MutexLock lock(&mu_);
+    paused_ = true;
+  }
   void Stop();
 
   absl::StatusOr<std::shared_ptr<StreamState>> Submit(RequestSpec spec);

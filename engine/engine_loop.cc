@@ -20,6 +20,10 @@ constexpr absl::Duration kIdleWait = absl::Milliseconds(50);
 
 bool Engine::Impl::TakeInbox(Inbox* inbox) {
   absl::MutexLock lock(&mu_);
+  auto released = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return !paused_ || stop_;
+  };
+  mu_.Await(absl::Condition(&released));
   auto has_input = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     return stop_ || !inbox_.adds.empty() || !inbox_.aborts.empty();
   };
@@ -54,13 +58,7 @@ void Engine::Impl::Loop() {
   scheduler_->BindOwnerThread();
   runner_->BindOwnerThread();
   loop_owner_.Rebind();
-  {
-    absl::MutexLock lock(&mu_);
-    auto released = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-      return !paused_ || stop_;
-    };
-    mu_.Await(absl::Condition(&released));
-  }
+  // TakeInbox holds a paused engine (start_paused, Pause) until released.
   while (TakeInbox(&inbox)) {
     for (auto& r : inbox.adds) Admit(std::move(r));
     // Before the aborts: gRPC also cancels a call whose deadline passed,
