@@ -20,16 +20,19 @@ constexpr absl::Duration kIdleWait = absl::Milliseconds(50);
 
 bool Engine::Impl::TakeInbox(Inbox* inbox) {
   absl::MutexLock lock(&mu_);
-  auto released = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    return !paused_ || stop_;
-  };
-  mu_.Await(absl::Condition(&released));
   auto has_input = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    return stop_ || !inbox_.adds.empty() || !inbox_.aborts.empty();
+    return stop_ ||
+           (!paused_ && (!inbox_.adds.empty() || !inbox_.aborts.empty()));
   };
   if (!scheduler_->has_work()) {
     mu_.AwaitWithTimeout(absl::Condition(&has_input), kIdleWait);
   }
+  // A paused engine (start_paused, Pause) takes nothing until released,
+  // however it woke.
+  auto released = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return !paused_ || stop_;
+  };
+  mu_.Await(absl::Condition(&released));
   inbox_taken_ = clock_->Now();
   std::swap(*inbox, inbox_);
   return !stop_;
