@@ -584,6 +584,18 @@ void Q8TileAvx512(const QuantTiles& w, int64_t t, const QuantizedActs& a,
   StoreTileRows<kMr>(w, t, i0, acc, y);
 }
 
+// A K kind's tile: the signed passes where the tile was unpacked signed.
+template <QuantKind kKind, int kMr>
+void SuperTile(const QuantTiles& w, int64_t t, const QuantizedActs& a,
+               int64_t i0, const uint8_t* decoded, float* y) {
+  if constexpr (SignedDecode(SpecOf(kKind))) {
+    if (decoded != nullptr) {
+      return SuperTileAvx512<kKind, kMr, true>(w, t, a, i0, decoded, y);
+    }
+  }
+  SuperTileAvx512<kKind, kMr>(w, t, a, i0, decoded, y);
+}
+
 // The nibble kinds' tile t unpacked into `out` (w.nb * kDecodedBlock
 // bytes); false for Q8_0, whose bytes need no unpacking.
 bool DecodeTile(const QuantTiles& w, int64_t t, uint8_t* out) {
@@ -631,29 +643,17 @@ void TileAvx512(const QuantTiles& w, int64_t t, const QuantizedActs& a,
     case QuantKind::kIQ4_NL:
       return NibbleTileAvx512<QuantKind::kIQ4_NL, kMr>(w, t, a, i0, decoded, y);
     case QuantKind::kQ2_K:
-      return SuperTileAvx512<QuantKind::kQ2_K, kMr>(w, t, a, i0, decoded, y);
+      return SuperTile<QuantKind::kQ2_K, kMr>(w, t, a, i0, decoded, y);
     case QuantKind::kQ3_K:
-      if (decoded != nullptr) {
-        return SuperTileAvx512<QuantKind::kQ3_K, kMr, true>(w, t, a, i0,
-                                                            decoded, y);
-      }
-      return SuperTileAvx512<QuantKind::kQ3_K, kMr>(w, t, a, i0, decoded, y);
+      return SuperTile<QuantKind::kQ3_K, kMr>(w, t, a, i0, decoded, y);
     case QuantKind::kQ4_K:
-      return SuperTileAvx512<QuantKind::kQ4_K, kMr>(w, t, a, i0, decoded, y);
+      return SuperTile<QuantKind::kQ4_K, kMr>(w, t, a, i0, decoded, y);
     case QuantKind::kQ5_K:
-      return SuperTileAvx512<QuantKind::kQ5_K, kMr>(w, t, a, i0, decoded, y);
+      return SuperTile<QuantKind::kQ5_K, kMr>(w, t, a, i0, decoded, y);
     case QuantKind::kQ6_K:
-      if (decoded != nullptr) {
-        return SuperTileAvx512<QuantKind::kQ6_K, kMr, true>(w, t, a, i0,
-                                                            decoded, y);
-      }
-      return SuperTileAvx512<QuantKind::kQ6_K, kMr>(w, t, a, i0, decoded, y);
+      return SuperTile<QuantKind::kQ6_K, kMr>(w, t, a, i0, decoded, y);
     case QuantKind::kIQ4_XS:
-      if (decoded != nullptr) {
-        return SuperTileAvx512<QuantKind::kIQ4_XS, kMr, true>(w, t, a, i0,
-                                                              decoded, y);
-      }
-      return SuperTileAvx512<QuantKind::kIQ4_XS, kMr>(w, t, a, i0, decoded, y);
+      return SuperTile<QuantKind::kIQ4_XS, kMr>(w, t, a, i0, decoded, y);
     case QuantKind::kQ8_0:
       return Q8TileAvx512<kMr>(w, t, a, i0, y);
   }
@@ -730,7 +730,8 @@ void QuantizeActivations(const float* x, int64_t m, int64_t cols,
   out->nb = cols / kQBlock;
   out->q.EnsureSize(static_cast<size_t>(m * cols));
   out->scales.EnsureSize(static_cast<size_t>(m * out->nb) * sizeof(ActScale));
-  const bool biased = m > kBiasedActsRows;
+  // Only the K kinds with a zero point read it, all per 256.
+  const bool biased = m > kBiasedActsRows && group == 256;
   if (biased) out->biased.EnsureSize(static_cast<size_t>(m * cols));
   int8_t* q = out->q.as<int8_t>();
   ActScale* sc = out->scales.as<ActScale>();

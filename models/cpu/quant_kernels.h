@@ -64,8 +64,8 @@ struct QuantizedActs {
   AlignedBuffer q;       // m x cols int8
   AlignedBuffer scales;  // m x nb ActScale
   // q + 128 as unsigned bytes (m x cols), only for batches of more than
-  // kBiasedActsRows rows: the VPDPBUSD operand of the passes that read a
-  // tile unpacked to signed values (quant_kernels.cc).
+  // kBiasedActsRows rows quantized per 256: the VPDPBUSD operand of the passes
+  // that read a tile unpacked to signed values (quant_kernels.cc).
   AlignedBuffer biased;
 
   const int8_t* Row(int64_t i) const { return q.as<int8_t>() + i * cols; }
@@ -77,7 +77,8 @@ struct QuantizedActs {
   }
 };
 
-// Batches of more rows than this also get QuantizedActs::biased.
+// Batches of more rows than this, quantized per 256, also get
+// QuantizedActs::biased.
 inline constexpr int64_t kBiasedActsRows = 8;
 
 // Quantizes x (m x cols, cols % group == 0; group 32 or 256) into `out`.
