@@ -8,12 +8,15 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "cli/kv_dtype_flag.h"
 #include "cli/logging.h"
@@ -67,7 +70,11 @@ struct ServeFlags {
   // Security flags (docs/SECURITY.md).
   int64_t max_request_bytes = 4 << 20, max_prompt_tokens = 0;
   int64_t max_tokens_limit = 0, max_concurrent_streams = 0;
+  int64_t max_request_tokens = 0, max_response_bytes = 64 << 20;
   std::string model_dirs;
+  // Tenants (server/tenants.h).
+  std::string priority_range = "-10..10";
+  double priority_aging_seconds = SchedulerDefaults().priority_aging_seconds;
   // KV features: -1 = auto (see RegisterKvFlags).
   int64_t swap_space_bytes = -1;
   int64_t thrash_preemption_limit = SchedulerDefaults().thrash_preemption_limit;
@@ -205,6 +212,26 @@ void RegisterSecurityFlags(ServeFlags* f, CliArgs* args) {
             "gRPC streams per client connection; clients queue beyond it "
             "(default 0 = gRPC's default)",
             0, 1 << 20);
+  args->Int("max-request-tokens", &f->max_request_tokens,
+            "most tokens one API call may ask for, prompt + n x max_tokens "
+            "over all its prompts (default 0 = --max-num-seqs x "
+            "--max-model-len; a tenant's max_request_tokens may lower it)",
+            0, int64_t{1} << 40);
+  args->Bytes("max-response-bytes", &f->max_response_bytes,
+              "largest non-streamed HTTP response a call may ask for, "
+              "estimated from n, max_tokens and logprobs; larger calls must "
+              "stream (default 64MiB; 0 = no limit)");
+  args->String("priority-range", &f->priority_range,
+               "LO..HI: client priorities are clamped to it (tenants whose "
+               "token-file line sets no priority=, and every client without "
+               "a token file; default -10..10)");
+  args->Float("priority-aging-seconds", &f->priority_aging_seconds,
+              absl::StrCat("seconds of waiting worth one priority level "
+                           "(priority and cache-aware policies): no request "
+                           "is passed by one arriving more than their "
+                           "priority difference x this later (default ",
+                           f->priority_aging_seconds, "; 0 = no aging)"),
+              0, 3600);
   args->String("model-dirs", &f->model_dirs,
                "':'-separated directories; when set, --model resolves only "
                "inside them (no path outside, no symlink leading out)");
@@ -326,6 +353,12 @@ absl::Status FinishFlags(ServeFlags* f) {
   o.max_concurrent_streams = static_cast<int>(f->max_concurrent_streams);
   o.limits.max_prompt_tokens = static_cast<int32_t>(f->max_prompt_tokens);
   o.limits.max_tokens = static_cast<int32_t>(f->max_tokens_limit);
+  o.limits.max_request_tokens = f->max_request_tokens;
+  o.limits.max_response_bytes = f->max_response_bytes;
+  server::TenantLimits& tl = o.tenant_defaults.limits;
+  KV_RETURN_IF_ERROR(
+      server::ParsePriorityRange(f->priority_range, "--priority-range",
+                                 &tl.priority_min, &tl.priority_max));
   for (absl::string_view d :
        absl::StrSplit(f->model_dirs, ':', absl::SkipEmpty())) {
     o.model_dirs.emplace_back(d);
@@ -339,6 +372,7 @@ absl::Status FinishFlags(ServeFlags* f) {
       static_cast<int32_t>(f->long_prefill_token_threshold);
   s.thrash_preemption_limit = static_cast<int32_t>(f->thrash_preemption_limit);
   s.admission_high_watermark = f->kv_high_watermark;
+  s.priority_aging_seconds = f->priority_aging_seconds;
   KV_ASSIGN_OR_RETURN(s.policy,
                       scheduler::ParseSchedulingPolicy(f->scheduling_policy));
   KV_ASSIGN_OR_RETURN(s.kv_reservation,
@@ -368,15 +402,16 @@ absl::Status FinishFlags(ServeFlags* f) {
       f->log_level));
 }
 
-// SIGTERM and SIGINT, blocked in every thread and taken with sigwait on a
-// dedicated one. Construct before any other thread starts, so that all
-// threads inherit the blocked mask.
+// SIGTERM and SIGINT (drain) and SIGHUP (reload the token file), blocked in
+// every thread and taken with sigwait on a dedicated one. Construct before
+// any other thread starts, so that all threads inherit the blocked mask.
 class SignalThread {
  public:
   SignalThread() {
     sigemptyset(&set_);
     sigaddset(&set_, SIGTERM);
     sigaddset(&set_, SIGINT);
+    sigaddset(&set_, SIGHUP);
     pthread_sigmask(SIG_BLOCK, &set_, nullptr);
     thread_ = std::thread([this] { Run(); });
   }
@@ -389,6 +424,11 @@ class SignalThread {
   }
   // Notified at the first SIGTERM/SIGINT.
   absl::Notification& requested() { return requested_; }
+  // What SIGHUP runs (on this thread) from now on; null: nothing.
+  void OnReload(std::function<void()> f) {
+    absl::MutexLock lock(&mu_);
+    reload_ = std::move(f);
+  }
   // The logger is set up: the thread may log (it waits for this first, so
   // its logging is ordered after the set-up). Call once.
   void LoggingReady() { logging_ready_.Notify(); }
@@ -400,6 +440,14 @@ class SignalThread {
       if (sigwait(&set_, &sig) != 0 || stopping_.load()) return;
       logging_ready_.WaitForNotification();
       if (stopping_.load()) return;
+      if (sig == SIGHUP) {
+        absl::MutexLock lock(&mu_);
+        if (reload_) {
+          spdlog::info("SIGHUP: reloading the token file");
+          reload_();
+        }
+        continue;
+      }
       if (requested_.HasBeenNotified()) {
         spdlog::warn("{}: already draining", strsignal(sig));
         continue;
@@ -413,6 +461,8 @@ class SignalThread {
   std::atomic<bool> stopping_{false};
   absl::Notification requested_;
   absl::Notification logging_ready_;
+  absl::Mutex mu_;
+  std::function<void()> reload_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 
@@ -429,7 +479,10 @@ int Serve(const ServeFlags& f, SignalThread& signals) {
                HostPort(f.options.host, (*daemon)->grpc_port()).c_str(),
                HostPort(f.options.host, (*daemon)->http_port()).c_str());
   std::fflush(stderr);
+  Daemon* d = daemon->get();
+  signals.OnReload([d] { d->ReloadTokens(); });
   signals.requested().WaitForNotification();
+  signals.OnReload(nullptr);
   (*daemon)->Shutdown(absl::Seconds(f.drain_timeout));
   return 0;
 }

@@ -114,6 +114,8 @@ absl::Status Engine::Impl::Init(
   info_.kv_bytes_per_block = backend_ref.bytes_per_block();
   info_.block_size = config_.scheduler.block_size;
   info_.num_blocks = num_blocks;
+  info_.max_request_kv_tokens =
+      (int64_t{num_blocks} - sc.watermark_blocks()) * sc.block_size;
   info_.kv_dtype = std::string(backend_ref.kv_dtype());
   info_.device = std::string(backend_ref.device_name());
   info_.simulated = config_.device == Device::kSim;
@@ -136,6 +138,15 @@ absl::Status Engine::Impl::Init(
       info_.num_swap_slots * backend_ref.bytes_per_block() / 1048576.0,
       backend_ref.seconds_per_prefill_token() * 1e3,
       backend_ref.swap_bytes_per_second() / 1e9);
+  if (info_.max_request_kv_tokens < max_model_len_) {
+    // Not refused: a small pool still serves short requests; an unset chat
+    // max_tokens defaults to what the pool holds (request_validation.h).
+    spdlog::warn(
+        "the KV pool holds {} tokens per request, less than one context of "
+        "{}: longer requests are refused, chat without max_tokens is capped "
+        "to the pool (raise --kv-cache-bytes or lower --max-model-len)",
+        info_.max_request_kv_tokens, max_model_len_);
+  }
   if (registry) {
     metrics_ = std::make_unique<EngineMetrics>(
         *registry,
@@ -167,8 +178,41 @@ void Engine::Impl::Stop() {
 absl::Status Engine::Impl::CheckSpec(const RequestSpec& spec) const {
   KV_RETURN_IF_ERROR(CheckRequestSpec(spec, info_.vocab_size));
   // The scheduler's config is immutable after creation: safe to read here.
-  return scheduler_->config().CheckRequestSize(
-      static_cast<int64_t>(spec.prompt_tokens.size()), spec.max_tokens);
+  const scheduler::SchedulerConfig& sc = scheduler_->config();
+  // Every completion runs as its own sequence: they must fit at once.
+  if (spec.n > sc.max_num_seqs) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "n: %d completions, over the server's limit of %d sequences "
+        "(--max-num-seqs)",
+        spec.n, sc.max_num_seqs));
+  }
+  if (spec.tenant.max_running > 0 && spec.n > spec.tenant.max_running) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "n: %d completions, over tenant '%s''s limit of %d running "
+        "sequences (max_running)",
+        spec.n, spec.tenant.name, spec.tenant.max_running));
+  }
+  return sc.CheckRequestSize(static_cast<int64_t>(spec.prompt_tokens.size()),
+                             spec.max_tokens);
+}
+
+absl::Status Engine::Impl::TakeQueueRoom(const RequestSpec& spec) {
+  if (queued_ + spec.n > config_.max_queued_requests) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "queue full: %d completions waiting, %d more would pass "
+        "--max-queued-requests (%d)",
+        queued_, spec.n, config_.max_queued_requests));
+  }
+  int64_t& mine = tenant_queued_[spec.tenant.name];
+  if (spec.tenant.max_queued > 0 && mine + spec.n > spec.tenant.max_queued) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "tenant '%s' has %d completions waiting; %d more would pass its "
+        "max_queued (%d)",
+        spec.tenant.name, mine, spec.n, spec.tenant.max_queued));
+  }
+  mine += spec.n;
+  queued_ += spec.n;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::shared_ptr<StreamState>> Engine::Impl::Submit(
@@ -186,21 +230,21 @@ absl::StatusOr<std::shared_ptr<StreamState>> Engine::Impl::Submit(
     absl::MutexLock lock(&mu_);
     if (stop_) {
       s = absl::UnavailableError("engine stopped");
-    } else if (queued_ >= config_.max_queued_requests) {
-      s = absl::ResourceExhaustedError(absl::StrFormat(
-          "queue full: %d requests waiting (--max-queued-requests)", queued_));
-    } else {
+    } else if (s = TakeQueueRoom(spec); s.ok()) {
       // Stamped under the inbox lock, as TakeInbox stamps the step start:
       // a request arrived before a step's start iff that step admits it.
       r->arrival = clock_->Now();
+      r->queued_completions = spec.n;
       r->spec = std::move(spec);
       inbox_.adds.push_back(std::move(r));
-      ++queued_;
       ++live_;
     }
   }
   if (!s.ok()) {
-    if (metrics_) metrics_->Rejected();
+    if (metrics_) {
+      metrics_->Rejected();
+      metrics_->TenantRejected(spec.tenant.name);
+    }
     return s;
   }
   return stream;

@@ -76,6 +76,9 @@ struct ModelInfo {
   int64_t kv_bytes_per_token = 0;
   int64_t kv_bytes_per_block = 0;
   int32_t block_size = 0, num_blocks = 0;
+  // Tokens one request can hold in the pool (its blocks less the
+  // watermark): a prompt + max_tokens beyond it can never run.
+  int64_t max_request_kv_tokens = 0;
   std::string kv_dtype;
   std::string device;  // the backend's device name ("cpu", "cuda:0")
   // Device::kSim: no model ran; token ids are pseudo-random.

@@ -48,6 +48,7 @@ void Engine::Impl::FirstScheduled(const scheduler::ScheduledRequest& s,
   }
   if (r.first_scheduled != absl::InfinitePast()) return;
   r.first_scheduled = t0;
+  ReleaseQueued(r);
   // Read now: a request finished by length is gone from the scheduler by
   // the time FinishRequest runs.
   if (const scheduler::Request* req = scheduler_->GetRequest(s.id)) {
@@ -103,6 +104,19 @@ void Engine::Impl::ForkChildren(RequestId parent_id,
     }
     EmitToken(child, res, now);  // finishes it on a stop or at max_tokens
   }
+  // Seats held for children that did not join (they ended on their first
+  // token, or failed) go back.
+  scheduler_->EndForks(parent_id);
+}
+
+void Engine::Impl::ReleaseQueued(LiveRequest& r) {
+  if (r.queued_completions == 0) return;
+  absl::MutexLock lock(&mu_);
+  auto it = tenant_queued_.find(r.spec.tenant.name);
+  if (it != tenant_queued_.end() && (it->second -= r.queued_completions) <= 0) {
+    tenant_queued_.erase(it);
+  }
+  r.queued_completions = 0;
 }
 
 }  // namespace kvserve::engine

@@ -99,6 +99,13 @@ class Engine::Impl {
   // `logits` and forks it off the parent in the scheduler.
   void ForkChildren(RequestId parent, const std::vector<float>& logits);
   void FirstScheduled(const scheduler::ScheduledRequest& s, absl::Time t0);
+  // r's completions leave its tenant's queue count (first scheduled or
+  // ended); idempotent.
+  void ReleaseQueued(LiveRequest& r);
+  // RESOURCE_EXHAUSTED when `spec` would overfill the queue or its
+  // tenant's share of it; counts it otherwise.
+  [[nodiscard]] absl::Status TakeQueueRoom(const RequestSpec& spec)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EmitTokens(const scheduler::SchedulerOutput& out,
                   const std::vector<int32_t>& producers,
                   std::vector<SampleResult>& sampled);
@@ -140,8 +147,12 @@ class Engine::Impl {
   mutable absl::Mutex mu_;
   Inbox inbox_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  int64_t live_ ABSL_GUARDED_BY(mu_) = 0;    // submitted, not yet finished
-  int64_t queued_ ABSL_GUARDED_BY(mu_) = 0;  // in inbox or waiting
+  int64_t live_ ABSL_GUARDED_BY(mu_) = 0;  // submitted, not yet finished
+  // Completions in the inbox or waiting (a request of n counts n).
+  int64_t queued_ ABSL_GUARDED_BY(mu_) = 0;
+  // Per tenant: completions submitted and not yet first scheduled (their
+  // tenant's max_queued bounds it).
+  absl::flat_hash_map<std::string, int64_t> tenant_queued_ ABSL_GUARDED_BY(mu_);
   // Until Resume(), for an engine started paused.
   bool paused_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<RequestId> next_id_{1};

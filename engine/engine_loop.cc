@@ -46,6 +46,10 @@ void Engine::Impl::Admit(std::unique_ptr<LiveRequest> r) {
       r->id, r->spec.prompt_tokens, r->spec.max_tokens, r->spec.priority,
       absl::ToUnixNanos(r->arrival));
   req->set_cache_salt(r->spec.cache_salt);
+  const RequestTenant& t = r->spec.tenant;
+  req->set_cache_scope(t.cache_scope, t.scope_shared);
+  req->set_tenant({t.name, t.weight, t.max_running});
+  req->set_num_completions(r->spec.n);
   const RequestId id = r->id;
   // n > 1: the other completions fork off this one after its prefill.
   r->pending_forks = r->spec.n - 1;
@@ -300,9 +304,11 @@ void Engine::Impl::FinishRequest(RequestId id, FinishReason reason,
   t.total_seconds = SecondsBetween(r.arrival, now);
   // Counted before the stream ends, so that a client which scrapes the
   // metrics as soon as its call returns sees its request among them.
+  ReleaseQueued(r);
   if (metrics_) {
     metrics_->Finished(reason, t.total_seconds);
     metrics_->ObserveRequestPreemptions(r.num_preemptions);
+    metrics_->TenantFinished(r.spec.tenant.name, usage, r.num_preemptions);
   }
   r.stream->Finish(r.index, reason, usage, t, error);
   // Children never forked (the parent ended before its first token) end
@@ -406,7 +412,8 @@ void Engine::Impl::PublishStats(double step_seconds, int64_t tokens) {
   }
   {
     absl::MutexLock lock(&mu_);
-    queued_ = s.num_waiting + static_cast<int64_t>(inbox_.adds.size());
+    queued_ = s.num_waiting_seqs;
+    for (const auto& r : inbox_.adds) queued_ += r->spec.n;
   }
   if (metrics_) {
     // Token slots first: once a scrape sees kvserve_kv_blocks{active} at 0,

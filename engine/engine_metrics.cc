@@ -19,6 +19,7 @@ Histogram::BucketBoundaries LatencyBuckets() {
 
 EngineMetrics::EngineMetrics(prometheus::Registry& r,
                              const CacheConfigInfo& info) {
+  RegisterTenants(r);
   auto& blocks = BuildGauge()
                      .Name("kvserve_kv_blocks")
                      .Help(
@@ -309,6 +310,40 @@ void EngineMetrics::ObserveStep(double seconds, int64_t tokens) {
 void EngineMetrics::Finished(FinishReason reason, double e2e_seconds) {
   finished_[static_cast<int>(reason)]->Increment();
   e2e_->Observe(e2e_seconds);
+}
+
+void EngineMetrics::RegisterTenants(prometheus::Registry& r) {
+  auto counter = [&r](const char* name, const char* help) {
+    return &BuildCounter().Name(name).Help(help).Register(r);
+  };
+  tenant_requests_ = counter("kvserve_tenant_requests_total",
+                             "Requests that ended, by tenant");
+  tenant_prompt_ = counter("kvserve_tenant_prompt_tokens_total",
+                           "Prompt tokens of ended requests, by tenant");
+  tenant_generation_ = counter("kvserve_tenant_generation_tokens_total",
+                               "Generated tokens of ended requests, by tenant");
+  tenant_cached_ =
+      counter("kvserve_tenant_cached_prompt_tokens_total",
+              "Prompt tokens served from the prefix cache, by tenant");
+  tenant_preemptions_ = counter("kvserve_tenant_preemptions_total",
+                                "Preemptions of ended requests, by tenant");
+  tenant_rejected_ =
+      counter("kvserve_tenant_rejected_total",
+              "Submissions refused (queue or tenant limits), by tenant");
+}
+
+void EngineMetrics::TenantFinished(const std::string& tenant,
+                                   const Usage& usage, int32_t preemptions) {
+  const std::map<std::string, std::string> label = {{"tenant", tenant}};
+  tenant_requests_->Add(label).Increment();
+  tenant_prompt_->Add(label).Increment(usage.prompt_tokens);
+  tenant_generation_->Add(label).Increment(usage.completion_tokens);
+  tenant_cached_->Add(label).Increment(usage.cached_prompt_tokens);
+  tenant_preemptions_->Add(label).Increment(preemptions);
+}
+
+void EngineMetrics::TenantRejected(const std::string& tenant) {
+  tenant_rejected_->Add({{"tenant", tenant}}).Increment();
 }
 
 }  // namespace kvserve::engine

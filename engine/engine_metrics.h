@@ -4,7 +4,9 @@
 // once per engine against the server's registry.
 #pragma once
 
+#include <map>
 #include <memory>
+#include <string>
 
 #include "engine/request_spec.h"
 #include "kvcache/block_pool.h"
@@ -87,6 +89,12 @@ class EngineMetrics {
   }
   void AddUncacheableTokens(int64_t n) { prefix_uncacheable_->Increment(n); }
   void AddTailHits(int64_t n) { prefix_tail_hits_->Increment(n); }
+  // Per tenant (label `tenant`: the token file's names, so the label set is
+  // the operator's): a request that ended and what it used, and a refused
+  // submission. Any thread.
+  void TenantFinished(const std::string& tenant, const Usage& usage,
+                      int32_t preemptions);
+  void TenantRejected(const std::string& tenant);
 
  private:
   prometheus::Gauge *blocks_active_, *blocks_cached_, *blocks_free_,
@@ -107,6 +115,10 @@ class EngineMetrics {
   prometheus::Histogram* request_preemptions_;
   int64_t bytes_per_block_ = 0;
   prometheus::Counter *deadline_queued_, *deadline_running_;
+  prometheus::Family<prometheus::Counter>*tenant_requests_, *tenant_prompt_,
+      *tenant_generation_, *tenant_cached_, *tenant_preemptions_,
+      *tenant_rejected_;
+  void RegisterTenants(prometheus::Registry& r);
   prometheus::Histogram *ttft_, *itl_, *e2e_, *queue_, *step_time_,
       *step_tokens_;
 };

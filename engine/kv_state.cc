@@ -12,6 +12,7 @@ KvStateRequest Describe(const scheduler::Scheduler& s,
   const kvcache::KvCacheManager& kv = s.kv_cache();
   KvStateRequest out;
   out.id = r.id();
+  out.tenant = r.tenant().name;
   out.swap_slots = kv.num_swapped_blocks(r.id());
   switch (r.status()) {
     case scheduler::RequestStatus::kRunning:

@@ -23,6 +23,7 @@ inline constexpr int32_t kMaxKvStateRequests = 256;
 
 struct KvStateRequest {
   int64_t id = 0;
+  std::string tenant;  // its tenant's name (the scheduler's TenantPolicy)
   // "running", or for waiting requests "waiting" (never admitted),
   // "preempted" (recompute) or "swapped" (holding swap slots).
   std::string state;

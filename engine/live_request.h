@@ -30,6 +30,9 @@ struct LiveRequest {
   // request (index 0) still has to fork once its prompt is computed.
   int32_t index = 0;
   int32_t pending_forks = 0;
+  // Completions counted in its tenant's queue (Submit) until it is first
+  // scheduled or ends.
+  int32_t queued_completions = 0;
   int32_t num_preemptions = 0;  // as of its latest scheduling
   // The scheduler's KV accounting as of its latest scheduling.
   scheduler::RequestKvStats kv_stats;

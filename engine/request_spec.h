@@ -19,6 +19,19 @@ using RequestId = int64_t;
 // Most completions one request may ask for (RequestSpec::n).
 inline constexpr int32_t kMaxCompletions = 16;
 
+// Who sent a request, as the engine and the scheduler need it: the server
+// resolves it from the bearer token (server/tenants.h); without tokens
+// every request is the one tenant "default".
+struct RequestTenant {
+  std::string name = "default";  // a metric label and the fair-share key
+  // Prefix-cache scope: requests share cached KV only within one scope.
+  std::string cache_scope;
+  bool scope_shared = false;  // whole-block hits only
+  int32_t weight = 1;         // share among tenants with work
+  int32_t max_running = 0;    // sequences at once; 0: max_num_seqs only
+  int32_t max_queued = 0;     // completions waiting; 0: the server's only
+};
+
 struct RequestSpec {
   std::vector<int32_t> prompt_tokens;
   SamplingParams sampling;
@@ -33,9 +46,10 @@ struct RequestSpec {
   int32_t priority = 0;  // lower = more important
   std::optional<absl::Time> deadline;
   bool detokenize = true;
-  // Prefix-cache scope: requests share cached KV blocks only under equal
-  // salts (empty: the shared default scope).
+  // Prefix-cache sub-scope within the tenant's scope: requests share cached
+  // KV blocks only under equal salts (empty: the tenant's whole scope).
   std::string cache_salt;
+  RequestTenant tenant;
   // Completions sharing the prompt (1..16). Completion i samples with seed
   // sampling.seed + i, so it equals an n = 1 request with that seed.
   int32_t n = 1;

@@ -22,11 +22,18 @@ void Store(BlockHash h, uint64_t* out) {
 }  // namespace
 
 BlockHash NamespaceHash(absl::string_view model_id,
+                        absl::string_view cache_scope,
                         absl::string_view cache_salt) {
-  // NOTE: length-prefixed so the split between the two parts is unambiguous.
-  const std::string key = absl::StrCat(model_id.size(), ":", model_id,
-                                       cache_salt.size(), ":", cache_salt);
+  // NOTE: length-prefixed so the split between the parts is unambiguous.
+  const std::string key =
+      absl::StrCat(model_id.size(), ":", model_id, cache_scope.size(), ":",
+                   cache_scope, cache_salt.size(), ":", cache_salt);
   return FromXxh(XXH3_128bits(key.data(), key.size()));
+}
+
+BlockHash NamespaceHash(absl::string_view model_id,
+                        absl::string_view cache_salt) {
+  return NamespaceHash(model_id, "", cache_salt);
 }
 
 BlockHash HashBlockTokens(BlockHash parent, BlockHash ns,

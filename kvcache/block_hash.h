@@ -1,11 +1,12 @@
 // Block hashing for prefix caching: the 128-bit content key of one full KV
 // block, chained over the prefix before it and scoped by a namespace (the
-// model and an optional per-request cache salt), so that two blocks get the
+// model, the tenant's cache scope and an optional per-request cache salt),
+// so that two blocks get the
 // same key only when the whole token prefix up to and including them and the
 // namespace are equal. Pure functions; owns no state and knows nothing of
 // blocks' whereabouts (BlockPool maps keys to blocks).
 //
-//   ns   = NamespaceHash(model_id, cache_salt)
+//   ns   = NamespaceHash(model_id, cache_scope, cache_salt)
 //   h[0] = HashBlockTokens(kNoParentHash, ns, tokens[0 .. B))
 //   h[i] = HashBlockTokens(h[i-1],        ns, tokens[i*B .. (i+1)*B))
 //
@@ -24,7 +25,12 @@ namespace kvserve::kvcache {
 inline constexpr BlockHash kNoParentHash = 0;
 
 // The namespace key: requests share cached blocks only under equal keys.
-// Unambiguous: ("ab", "c") and ("a", "bc") differ.
+// Unambiguous: ("ab", "c") and ("a", "bc") differ. A salt lives inside its
+// scope: the same salt in two scopes gives two namespaces.
+[[nodiscard]] BlockHash NamespaceHash(absl::string_view model_id,
+                                      absl::string_view cache_scope,
+                                      absl::string_view cache_salt);
+// The default scope ("").
 [[nodiscard]] BlockHash NamespaceHash(absl::string_view model_id,
                                       absl::string_view cache_salt);
 

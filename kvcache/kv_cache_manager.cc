@@ -188,7 +188,8 @@ int32_t KvCacheManager::num_swapped_blocks(RequestId request) const {
 }
 
 PrefixMatch KvCacheManager::FindCachedPrefix(const TokenSequence& tokens,
-                                             BlockHash ns) const {
+                                             BlockHash ns,
+                                             bool allow_tail) const {
   PrefixMatch match;
   // NOTE: the last token is always recomputed: its logits are needed.
   const int32_t max_blocks = std::max(0, tokens.size() - 1) / block_size_;
@@ -209,7 +210,9 @@ PrefixMatch KvCacheManager::FindCachedPrefix(const TokenSequence& tokens,
   match.num_tokens = static_cast<int32_t>(match.blocks.size()) * block_size_;
   const int32_t rest =
       std::min(block_size_ - 1, tokens.size() - 1 - match.num_tokens);
-  if (rest > 0) FindTail(tokens, match.num_tokens, rest, parent, ns, &match);
+  if (rest > 0 && allow_tail) {
+    FindTail(tokens, match.num_tokens, rest, parent, ns, &match);
+  }
   return match;
 }
 

@@ -191,9 +191,11 @@ class KvCacheManager {
   // `ns`, leaving at least the last token uncached (its logits are needed):
   // full blocks first (a block matches only when its hash is cached and its
   // stored tokens, parent hash and namespace equal the request's), then a
-  // tail (see the header comment).
+  // tail (see the header comment) unless `allow_tail` is false: then the
+  // match is whole blocks only (a scope several tenants share).
   [[nodiscard]] PrefixMatch FindCachedPrefix(const TokenSequence& tokens,
-                                             BlockHash ns) const;
+                                             BlockHash ns,
+                                             bool allow_tail = true) const;
 
   // Side-effect free: true iff AllocateWithPrefix(prefix, total_tokens)
   // would succeed for a request without a table and still leave at least

@@ -61,6 +61,17 @@ struct RequestKvStats {
   int64_t swapped_in_blocks = 0;
 };
 
+// Who a request belongs to, as fair sharing needs it (the server resolves
+// it from the bearer token). Requests of one name are one tenant; the
+// latest request's weight and cap are the tenant's.
+struct TenantPolicy {
+  std::string name;
+  // Share of running sequences and prefill tokens among tenants with work.
+  int32_t weight = 1;
+  // Sequences it may run at once; 0: only max_num_seqs bounds it.
+  int32_t max_running = 0;
+};
+
 [[nodiscard]] absl::string_view RequestStatusName(RequestStatus status);
 // A C string (static storage) so that it formats in logs and metric labels.
 [[nodiscard]] const char* FinishReasonName(FinishReason reason);
@@ -114,10 +125,28 @@ class Request {
   // preemption match again but do not change it.
   [[nodiscard]] int32_t num_cached_tokens() const { return num_cached_tokens_; }
   // Scopes prefix-cache sharing: requests share cached KV blocks only when
-  // their salts (and the scheduler's model id) are equal. Empty by default.
-  // Set before AddRequest.
+  // their scopes, their salts (and the scheduler's model id) are equal.
+  // Empty by default. Set before AddRequest.
   [[nodiscard]] const std::string& cache_salt() const { return cache_salt_; }
   void set_cache_salt(std::string salt) { cache_salt_ = std::move(salt); }
+  // The tenant's prefix-cache scope (the server's TenantTable). A scope
+  // several tenants share matches whole blocks only: no cached tail, so a
+  // hit never tells another tenant's next token. Set before AddRequest.
+  [[nodiscard]] const std::string& cache_scope() const { return cache_scope_; }
+  [[nodiscard]] bool scope_shared() const { return scope_shared_; }
+  void set_cache_scope(std::string scope, bool shared) {
+    cache_scope_ = std::move(scope);
+    scope_shared_ = shared;
+  }
+  [[nodiscard]] const TenantPolicy& tenant() const { return tenant_; }
+  void set_tenant(TenantPolicy tenant) { tenant_ = std::move(tenant); }
+  // Completions this request will become (n): its sequences count against
+  // max_num_seqs from its admission, the children it still has to fork
+  // included (Scheduler::Fork takes one each, EndForks the rest). Set
+  // before AddRequest; 1 by default.
+  void set_num_completions(int32_t n) { pending_forks_ = n > 1 ? n - 1 : 0; }
+  // Sequences it holds a seat for: itself and its pending forks.
+  [[nodiscard]] int32_t seats() const { return 1 + pending_forks_; }
   // Prompt then output tokens, as the KV cache manager reads them.
   [[nodiscard]] kvcache::TokenSequence tokens() const {
     return {prompt_, output_};
@@ -139,10 +168,13 @@ class Request {
 
  private:
   friend class Scheduler;
+  friend class FairShare;
 
   // Scheduler state that is not part of the request's contract.
+  // rank: priority aged by arrival time (kPriority, kCacheAware; see
+  // SchedulerConfig::priority_aging_seconds), 0 under kFcfs.
   struct QueueKey {
-    int32_t priority = 0;
+    double rank = 0;
     int64_t order = 0;
     RequestId id = 0;
     auto operator<=>(const QueueKey&) const = default;
@@ -161,7 +193,14 @@ class Request {
   int32_t consecutive_preemptions_ = 0;
   RequestKvStats kv_stats_;
   std::string cache_salt_;
-  kvcache::BlockHash cache_ns_ = 0;  // NamespaceHash(model id, salt)
+  std::string cache_scope_;
+  bool scope_shared_ = false;
+  kvcache::BlockHash cache_ns_ = 0;  // NamespaceHash(model id, scope, salt)
+  TenantPolicy tenant_;
+  int32_t tenant_id_ = -1;  // FairShare's id while live
+  int32_t pending_forks_ = 0;
+  // kCacheAware: admissions that passed it over while it led its queue.
+  int32_t times_passed_ = 0;
   RequestStatus status_ = RequestStatus::kWaiting;
   QueueKey queue_key_;      // its key in the waiting queue while waiting
   int64_t admit_seq_ = -1;  // order of its latest admission

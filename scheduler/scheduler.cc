@@ -43,6 +43,8 @@ absl::string_view AdmissionStopName(AdmissionStop stop) {
       return "high_watermark";
     case AdmissionStop::kThrashGuard:
       return "thrash_guard";
+    case AdmissionStop::kTenantCap:
+      return "tenant_cap";
   }
   return "unknown";
 }
@@ -57,7 +59,8 @@ Scheduler::Scheduler(const SchedulerConfig& config)
     : config_(ValidConfig(config)),
       watermark_blocks_(config.watermark_blocks()),
       kv_(config.num_blocks, config.block_size, &kvcache::HashBlockTokens,
-          config.num_swap_slots) {}
+          config.num_swap_slots),
+      fair_(config.max_num_seqs) {}
 
 absl::Status Scheduler::AddRequest(std::unique_ptr<Request> request) {
   owner_.CheckOwner("Scheduler");
@@ -72,7 +75,9 @@ absl::Status Scheduler::AddRequest(std::unique_ptr<Request> request) {
   r->status_ = RequestStatus::kWaiting;
   r->num_computed_tokens_ = 0;
   r->arrival_seq_ = next_arrival_seq_++;
-  r->cache_ns_ = kvcache::NamespaceHash(config_.model_id, r->cache_salt());
+  r->cache_ns_ = kvcache::NamespaceHash(config_.model_id, r->cache_scope(),
+                                        r->cache_salt());
+  r->tenant_id_ = fair_.Join(r->tenant_);
   requests_.emplace(r->id(), std::move(request));
   Enqueue(r, /*at_head=*/false);
   return absl::OkStatus();
@@ -82,6 +87,17 @@ absl::Status Scheduler::CheckRequest(const Request& r) const {
   if (requests_.contains(r.id())) {
     return absl::AlreadyExistsError(
         absl::StrCat("request ", r.id(), " already exists"));
+  }
+  // Its sequences must fit at once, or it could never be admitted.
+  if (r.seats() > config_.max_num_seqs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("n: ", r.seats(), " completions, over max_num_seqs (",
+                     config_.max_num_seqs, ")"));
+  }
+  if (r.tenant().max_running > 0 && r.seats() > r.tenant().max_running) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "n: ", r.seats(), " completions, over tenant '", r.tenant().name,
+        "''s max_running (", r.tenant().max_running, ")"));
   }
   return config_.CheckRequestSize(r.num_prompt_tokens(), r.max_tokens());
 }
@@ -97,9 +113,9 @@ absl::Status Scheduler::Finish(RequestId id, FinishReason reason) {
     auto pos = std::find(running_.begin(), running_.end(), r);
     KV_CHECK(pos != running_.end(), "request ", id, " running but unlisted");
     running_.erase(pos);
+    LeaveRunning(r);
   } else {
-    KV_CHECK(waiting_.erase(r->queue_key_) == 1, "request ", id,
-             " status=", RequestStatusName(r->status_), " not queued");
+    Dequeue(r);
   }
   Retire(r, reason);
   return absl::OkStatus();
@@ -125,24 +141,47 @@ void Scheduler::Retire(Request* r, FinishReason reason) {
       break;
   }
   ++num_finished_total_;
+  fair_.Leave(r->tenant_id_);
   const RequestId id = r->id();
   requests_.erase(id);  // destroys *r
+}
+
+double Scheduler::Rank(const Request& r) const {
+  const double aging = config_.priority_aging_seconds;
+  return aging > 0 ? r.priority() + r.arrival_time_ns() / (aging * 1e9)
+                   : static_cast<double>(r.priority());
 }
 
 void Scheduler::Enqueue(Request* r, bool at_head) {
   if (config_.policy == SchedulingPolicy::kPriority) {
     // NOTE: a preempted request keeps its arrival key: among its priority it
     // precedes every later arrival, which is the head for it.
-    r->queue_key_ = {r->priority(), r->arrival_seq(), r->id()};
+    r->queue_key_ = {Rank(*r), r->arrival_seq(), r->id()};
   } else if (config_.policy == SchedulingPolicy::kCacheAware) {
-    r->queue_key_ = {r->priority(),
-                     at_head ? next_head_order_-- : r->arrival_seq(), r->id()};
+    r->queue_key_ = {Rank(*r), at_head ? next_head_order_-- : r->arrival_seq(),
+                     r->id()};
   } else {
     r->queue_key_ = {0, at_head ? next_head_order_-- : r->arrival_seq(),
                      r->id()};
   }
   KV_CHECK(waiting_.emplace(r->queue_key_, r).second, "request ", r->id(),
            " queued twice");
+  fair_.Enqueue(r);
+}
+
+void Scheduler::Dequeue(Request* r) {
+  KV_CHECK(waiting_.erase(r->queue_key_) == 1, "request ", r->id(),
+           " status=", RequestStatusName(r->status_), " not queued");
+  fair_.Dequeue(r);
+}
+
+void Scheduler::AddRunning(Request* r) {
+  running_.push_back(r);
+  fair_.AddRunningSeats(r->tenant_id_, r->seats());
+}
+
+void Scheduler::LeaveRunning(const Request* r) {
+  fair_.AddRunningSeats(r->tenant_id_, -r->seats());
 }
 
 SchedulerOutput Scheduler::Schedule() {
@@ -155,13 +194,29 @@ SchedulerOutput Scheduler::Schedule() {
   StepPlan plan;
   plan.budget = config_.max_num_batched_tokens;
   plan.scheduled.reserve(running_.size() + 8);
-  ScheduleRunning(plan);
+  ScheduleDecodes(plan);
+  // The short lane: a share of what is left is kept for the first short
+  // waiting request, which may pass long ones that only wait for budget.
+  Request* short_lane = ShortLaneCandidate();
+  if (short_lane != nullptr) {
+    plan.reserve =
+        std::min(short_lane->num_tokens() - short_lane->num_computed_tokens_,
+                 plan.budget / 2);
+  }
+  SchedulePrefills(plan);
   if (plan.preempted.empty()) {
+    // A short head takes its share in order; one behind a long head
+    // takes it after normal admission.
+    const int32_t held = short_lane == AdmissionCandidate() ? 0 : plan.reserve;
+    plan.budget -= held;
     AdmitWaiting(plan);
+    plan.budget += held;
+    AdmitShortLane(short_lane, plan);
     PreemptForPriority(plan);
   } else {
     last_admission_stop_ = AdmissionStop::kPreempted;
   }
+  TopUpPrefills(plan);
   SchedulerOutput out = BuildOutput(plan);
   const StepStats after = CumulativeStepStats();
   out.stats = {
@@ -212,20 +267,132 @@ int32_t Scheduler::NumNewTokens(const Request& r, int32_t computed,
   return std::min(n, budget);
 }
 
-void Scheduler::ScheduleRunning(StepPlan& plan) {
+void Scheduler::ScheduleDecodes(StepPlan& plan) {
   size_t i = 0;
   while (i < running_.size() && plan.budget > 0) {
     Request* r = running_[i];
-    const int32_t n = NumNewTokens(*r, plan.budget);
-    KV_CHECK(n > 0, "running request ", r->id(), " has nothing to compute");
-    if (!AllocateOrPreempt(&i, n, plan)) continue;  // running_[i] moved on
-    plan.scheduled.emplace_back(r, n);
-    plan.budget -= n;
+    KV_CHECK(r->num_tokens() > r->num_computed_tokens_, "running request ",
+             r->id(), " has nothing to compute");
+    if (r->num_tokens() - r->num_computed_tokens_ != 1) {
+      ++i;
+      continue;
+    }
+    if (!AllocateOrPreempt(&i, 1, plan)) continue;  // running_[i] moved on
+    plan.scheduled.emplace_back(r, 1);
+    plan.budget -= 1;
     ++i;
   }
 }
 
+Request* Scheduler::ShortLaneCandidate() const {
+  const int32_t threshold = config_.long_prefill_token_threshold > 0
+                                ? config_.long_prefill_token_threshold
+                                : config_.max_num_batched_tokens;
+  Request* next = AdmissionCandidate();
+  if (next == nullptr) return nullptr;
+  // A short head is admitted in order (the share is kept for it); a long
+  // one may be passed.
+  if (next->num_tokens() - next->num_computed_tokens_ <= threshold) {
+    return next;
+  }
+  int32_t looked = 0;
+  for (auto it = waiting_.begin();
+       it != waiting_.end() && looked < kShortLaneWindow; ++it, ++looked) {
+    Request* r = it->second;
+    if (r->num_tokens() - r->num_computed_tokens_ > threshold) continue;
+    // Fair share holds: its tenant is the next one's or below its share.
+    if (!fair_.UnderCap(r->tenant_id_, r->seats()) ||
+        (r->tenant_id_ != next->tenant_id_ &&
+         fair_.AtOrAboveShare(r->tenant_id_))) {
+      continue;
+    }
+    return r;
+  }
+  return nullptr;
+}
+
+void Scheduler::AdmitShortLane(Request* r, StepPlan& plan) {
+  // Only when the step's budget is what held the queue back: a head that
+  // waits for KV, seats or the watermark is not overtaken.
+  if (r == nullptr || r->status_ == RequestStatus::kRunning ||
+      last_admission_stop_ != AdmissionStop::kTokenBudget || plan.budget <= 0 ||
+      fair_.running_seats() + r->seats() > config_.max_num_seqs) {
+    return;
+  }
+  const kvcache::PrefixMatch match = MatchPrefix(*r);
+  const int32_t start = std::max(match.num_tokens, r->num_computed_tokens_);
+  const int32_t n = NumNewTokens(*r, start, plan.budget);
+  int64_t reserved_blocks = -1;
+  if (r->consecutive_preemptions_ >= config_.thrash_preemption_limit &&
+      config_.thrash_preemption_limit > 0) {
+    return;
+  }
+  if (!CanAdmit(*r, match, start, n, &reserved_blocks)) return;
+  Admit(r, match, n, plan);
+}
+
+void Scheduler::SchedulePrefills(StepPlan& plan) {
+  std::vector<Request*> who;
+  std::vector<int32_t> tenant;
+  std::vector<int32_t> want;
+  for (Request* r : running_) {
+    if (r->num_tokens() - r->num_computed_tokens_ <= 1) continue;
+    who.push_back(r);
+    tenant.push_back(r->tenant_id_);
+    want.push_back(NumNewTokens(*r, config_.max_num_batched_tokens));
+  }
+  if (who.empty() || plan.budget <= 0) return;
+  const int32_t shared = plan.budget - plan.reserve;
+  const std::vector<int32_t> share = fair_.SplitPrefill(tenant, want, shared);
+  for (size_t k = 0; k < who.size(); ++k) {
+    Request* r = who[k];
+    // A victim of an earlier allocation in this pass is no longer running.
+    if (r->status_ != RequestStatus::kRunning) continue;
+    plan.prefill_want.emplace_back(r, want[k]);
+    const int32_t n = std::min(share[k], plan.budget);
+    if (n <= 0) continue;
+    size_t i = static_cast<size_t>(
+        std::find(running_.begin(), running_.end(), r) - running_.begin());
+    if (!AllocateOrPreempt(&i, n, plan)) continue;
+    plan.scheduled.emplace_back(r, n);
+    plan.budget -= n;
+  }
+}
+
+void Scheduler::TopUpPrefills(StepPlan& plan) {
+  for (const auto& [r, want] : plan.prefill_want) {
+    if (plan.budget <= 0) return;
+    if (r->status_ != RequestStatus::kRunning) continue;
+    auto planned =
+        std::find_if(plan.scheduled.begin(), plan.scheduled.end(),
+                     [r = r](const auto& p) { return p.first == r; });
+    const int32_t have = planned == plan.scheduled.end() ? 0 : planned->second;
+    const int32_t extra = std::min(want - have, plan.budget);
+    if (extra <= 0) continue;
+    const int32_t computed = r->num_computed_tokens_;
+    // Never preempts: only blocks that are free now.
+    if (!kv_.AllocateForWrite(r->id(), computed,
+                              int64_t{computed} + have + extra, &plan.copies)) {
+      continue;
+    }
+    plan.copy_owners.resize(plan.copies.size(), r);
+    NotePeakBlocks(*r);
+    if (planned == plan.scheduled.end()) {
+      plan.scheduled.emplace_back(r, extra);
+    } else {
+      planned->second += extra;
+    }
+    plan.budget -= extra;
+  }
+}
+
 SchedulerOutput Scheduler::BuildOutput(StepPlan& plan) {
+  // Running requests in admission order, then newly admitted ones (their
+  // admission order too): decodes were planned first, prefills after.
+  std::stable_sort(plan.scheduled.begin(), plan.scheduled.end(),
+                   [](const auto& a, const auto& b) {
+                     return a.first->admit_seq_ < b.first->admit_seq_;
+                   });
   SchedulerOutput out;
   out.step = num_steps_;
   out.scheduled.reserve(plan.scheduled.size());
@@ -305,7 +472,11 @@ std::vector<FinishedRequest> Scheduler::UpdateFromOutput(
   KV_CHECK(k == sampled.size(), "sampled has ", sampled.size(),
            " tokens, output produces ", k);
   if (finished.empty()) return finished;
-  std::erase_if(running_, [](const Request* r) { return r->is_finished(); });
+  std::erase_if(running_, [this](const Request* r) {
+    if (!r->is_finished()) return false;
+    LeaveRunning(r);
+    return true;
+  });
   for (const FinishedRequest& f : finished) {
     Retire(requests_.at(f.id).get(), f.reason);
   }
@@ -313,8 +484,9 @@ std::vector<FinishedRequest> Scheduler::UpdateFromOutput(
 }
 
 void Scheduler::CachePartialBlock(const Request& r) {
+  // A shared scope matches whole blocks only: its tails are never read.
   if (!config_.enable_prefix_caching ||
-      config_.kv_reservation != KvReservation::kPaged) {
+      config_.kv_reservation != KvReservation::kPaged || r.scope_shared_) {
     return;
   }
   kv_.CachePartialBlock(r.id(), r.tokens(), r.num_computed_tokens_,
@@ -350,6 +522,7 @@ SchedulerStats Scheduler::stats() const {
   SchedulerStats s;
   s.num_running = num_running();
   s.num_waiting = num_waiting();
+  for (const auto& [key, r] : waiting_) s.num_waiting_seqs += r->seats();
   s.kv = kv_.Usage();
   s.num_steps = num_steps_;
   s.num_preemptions_total = num_preemptions_total_;
@@ -391,8 +564,10 @@ absl::Status Scheduler::CheckInvariants() const {
         waiting_.size(), " waiting, ", kv_.num_requests(), " with blocks"));
   }
   int32_t swapped = 0;
+  int32_t seats = 0;
   absl::flat_hash_set<RequestId> seen;
   for (const Request* r : running_) {
+    seats += r->seats();
     const int64_t blocks =
         static_cast<int64_t>(kv_.GetBlockTable(r->id()).size());
     if (!seen.insert(r->id()).second) return fail(*r, "running twice");
@@ -431,6 +606,11 @@ absl::Status Scheduler::CheckInvariants() const {
         (slots > 0 && r->status() != RequestStatus::kPreempted)) {
       return fail(*r, absl::StrCat("waiting with ", slots, " swap slots"));
     }
+  }
+  if (seats != fair_.running_seats()) {
+    return absl::InternalError(absl::StrCat("running requests hold ", seats,
+                                            " seats, fair share counts ",
+                                            fair_.running_seats()));
   }
   if (swapped != kv_.num_swapped_requests()) {
     return absl::InternalError(absl::StrCat(

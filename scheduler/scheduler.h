@@ -6,11 +6,14 @@
 //
 // One step (`Schedule`), with no separate prefill and decode phases: each
 // request's num_computed_tokens chases num_tokens() within a token budget.
-//   1. Running requests, in admission order: the rest of their tokens (one
-//      for a decode, the next chunk for a prefill) within the budget. When one
-//      cannot get its blocks, the victim (FCFS: most recently admitted;
-//      priority: largest priority value, then most recently admitted; maybe
-//      itself) is preempted and returns to the head of the waiting queue,
+//   1. Running requests: first every decode (one token left), in admission
+//      order; then the prefill chunks, which share what is left: when a
+//      short request waits (the short lane, step 2) up to half of it is
+//      kept for that one; the rest is split among tenants by weight
+//      (FairShare::SplitPrefill), first come first served within a tenant.
+//      When one cannot get its blocks, the victim (FCFS: most recently
+//      admitted; priority: largest priority value, then most recently admitted;
+//      maybe itself) is preempted and returns to the head of the waiting queue,
 //      by recompute (its blocks are freed, its computed tokens reset to 0;
 //      its output tokens are kept and recomputed) or by swap (its computed
 //      blocks are copied to host swap slots, blocks_to_swap_out, then freed;
@@ -20,20 +23,34 @@
 //      (blocks_to_copy; copy-on-write).
 //   2. Only if nothing was preempted: admit waiting requests in queue order
 //      while max_num_seqs, the budget and KV (above the watermark) allow; a
-//      long prompt gets a chunk of what the budget has left. With prefix
+//      long prompt gets a chunk of what the budget has left. Queue order is
+//      per tenant (FairShare::Candidate): the next request is the first in
+//      queue order among tenants under their cap, those below their share
+//      of max_num_seqs first. Under kPriority and kCacheAware the order is
+//      aged (SchedulerConfig::priority_aging_seconds). With prefix
 //      caching, the head first matches its longest cached prefix (full
 //      blocks, never its last token; a preempted request matches again): it
 //      starts with num_computed_tokens = the matched tokens and only the rest
 //      is scheduled; matched evictable blocks count against free blocks.
+//      The short lane: when admission stopped only because the budget was
+//      spent, the first request among the first kShortLaneWindow waiting
+//      ones whose remaining prompt is within long_prefill_token_threshold
+//      (and whose tenant may run it) is admitted with the share kept for
+//      it, passing long requests that wait for budget alone. So a short
+//      request waits about one step behind any number of long prefills.
 //      A swapped-out head gets fresh blocks for its slots (blocks_to_swap_in)
 //      and continues where it stopped, without a prefix lookup. Admission
 //      also stops above admission_high_watermark, and a thrashing head (see
 //      thrash_preemption_limit) waits until its whole remaining prefill fits.
 //      kCacheAware picks the head by longest cached prefix (bounded window).
 //      kPriority: a head that does not fit (KV blocks or the high
-//      watermark) preempts running requests of larger priority value, worst
-//      first, until it would fit; it is admitted next step.
-//   3. Build the output; advance num_computed_tokens of what was scheduled.
+//      watermark) preempts running requests of worse aged priority, worst
+//      first, until it would fit; it is admitted next step. Only requests of
+//      its own tenant or of tenants at or above their share are such
+//      victims.
+//   3. Prefill chunks cut by step 1's sharing take what the budget still
+//      has (never preempting for it).
+//   4. Build the output; advance num_computed_tokens of what was scheduled.
 // A request whose computed tokens reach num_tokens() in a step produces a
 // token; UpdateFromOutput appends it, registers the request's newly computed
 // full blocks in the prefix cache, and finishes requests at max_tokens.
@@ -56,8 +73,11 @@
 // nothing, num_computed_tokens == 0) or swapped out (preempted, holding
 // ceil(num_computed_tokens / block_size) swap slots and no block); the KV
 // manager's invariants (ref counts = table holders, swap slot ownership)
-// hold. Admission never raises the running count above max_num_seqs; forks
-// may (see Fork).
+// hold. Running seats (Request::seats(): a request and the completions it
+// will still fork) never exceed max_num_seqs through admission, and forks
+// of a request admitted with its completions (set_num_completions) take
+// seats it holds; only forks of a request that reserved none may exceed it
+// (see Fork).
 //
 // Thread safety: none. Engine thread only; Schedule and UpdateFromOutput
 // alternate (UpdateFromOutput of a step before the next Schedule).
@@ -75,6 +95,7 @@
 #include "absl/types/span.h"
 #include "common/thread_owner.h"
 #include "kvcache/kv_cache_manager.h"
+#include "scheduler/fair_share.h"
 #include "scheduler/request.h"
 #include "scheduler/scheduler_config.h"
 
@@ -191,12 +212,15 @@ enum class AdmissionStop {
   kPreempted,      // the step preempted, so it admitted nothing
   kHighWatermark,  // active blocks exceed admission_high_watermark
   kThrashGuard,    // the thrashing head's remaining prefill does not fit
+  kTenantCap,      // every tenant with waiting work runs its max_running
 };
 [[nodiscard]] absl::string_view AdmissionStopName(AdmissionStop stop);
 
 struct SchedulerStats {
   int32_t num_running = 0;
   int32_t num_waiting = 0;  // includes preempted requests
+  // Sequences the waiting requests will run (a request of n counts n).
+  int32_t num_waiting_seqs = 0;
   kvcache::KvUsage kv;
   int64_t num_steps = 0;
   int64_t num_preemptions_total = 0;  // recompute + swap
@@ -273,9 +297,10 @@ class Scheduler {
   // scheduled from the next step on; its tokens [0, computed) must equal the
   // parent's and it must have at least one more (typically the prompt plus
   // its own first sampled token).
-  // NOTE: a child joins running_ even when max_num_seqs requests run (it
-  // may raise num_running above max_num_seqs by n - 1); admission of new
-  // requests stays blocked until the count is below max_num_seqs again.
+  // The child takes one of the seats the parent reserved for its
+  // completions (Request::set_num_completions); a parent that reserved
+  // none lends one anyway: the child joins running_ even when max_num_seqs
+  // seats are taken, and admission stays blocked until they are free again.
   // Errors: FailedPrecondition (parent not live or not running, or called
   // between Schedule and UpdateFromOutput), InvalidArgument (null child,
   // tokens differ, nothing left to compute, output already at max_tokens),
@@ -283,6 +308,10 @@ class Scheduler {
   // free slab).
   [[nodiscard]] absl::Status Fork(RequestId parent,
                                   std::unique_ptr<Request> child);
+  // The parent has forked every child it will: the seats it still holds
+  // for completions that never forked are released. No-op for a request
+  // that is not live.
+  void EndForks(RequestId parent);
 
   // Plans one step (see the header comment). Precondition: the previous
   // non-empty output went through UpdateFromOutput (KV_CHECKed).
@@ -304,6 +333,10 @@ class Scheduler {
 
   [[nodiscard]] int32_t num_running() const {
     return static_cast<int32_t>(running_.size());
+  }
+  // Sequences running or reserved by running requests for their forks.
+  [[nodiscard]] int32_t num_running_seats() const {
+    return fair_.running_seats();
   }
   [[nodiscard]] int32_t num_waiting() const {
     return static_cast<int32_t>(waiting_.size());
@@ -335,18 +368,49 @@ class Scheduler {
   // Working state of one Schedule() call.
   struct StepPlan {
     int32_t budget = 0;
+    // Tokens kept from running prefills and normal admission for the short
+    // lane.
+    int32_t reserve = 0;
+    // Prefill tokens each running request wanted this step (prompt chunk),
+    // by request, for the top-up (TopUpPrefills).
+    std::vector<std::pair<Request*, int32_t>> prefill_want;
     std::vector<std::pair<Request*, int32_t>> scheduled;  // (request, tokens)
     std::vector<RequestId> preempted;
     std::vector<kvcache::BlockMove> swap_out, swap_in, copies;
     std::vector<const Request*> copy_owners;  // parallel to copies
   };
 
-  void ScheduleRunning(StepPlan& plan);
+  // Step 1: decodes, then prefill chunks sharing what is left but
+  // plan.reserve.
+  void ScheduleDecodes(StepPlan& plan);
+  void SchedulePrefills(StepPlan& plan);
+  // The short lane (see the header comment): the first of the first
+  // kShortLaneWindow waiting requests whose remaining prompt is within the
+  // long-prefill threshold and whose tenant may run it now; null if none.
+  [[nodiscard]] Request* ShortLaneCandidate() const;
+  // Admits `r` (ShortLaneCandidate's) when normal admission stopped for the
+  // token budget alone and `r` fits (seats, KV, not thrashing).
+  void AdmitShortLane(Request* r, StepPlan& plan);
+  // Step 3: what the budget still has goes to prefill chunks step 1 cut.
+  void TopUpPrefills(StepPlan& plan);
+  // The waiting request admission considers next (FairShare::Candidate),
+  // or null.
+  [[nodiscard]] Request* AdmissionCandidate() const {
+    return fair_.Candidate();
+  }
+  // A request's aged priority (lower first); see priority_aging_seconds.
+  [[nodiscard]] double Rank(const Request& r) const;
   // Allocates blocks for running_[*index]'s next `n` tokens, preempting
   // victims until it fits. False when the request itself was the victim.
   // Keeps *index pointing at the same request when a victim before it leaves.
   bool AllocateOrPreempt(size_t* index, int32_t n, StepPlan& plan);
   [[nodiscard]] size_t PickVictim() const;
+  // The priority policy's victim for waiting `head`: the running request of
+  // worst aged priority that is worse than head's, of head's tenant or of a
+  // tenant at or above its share. running_.size() when none.
+  [[nodiscard]] size_t PickPriorityVictim(const Request& head) const;
+  // Whether running `r` may be preempted for waiting `head`.
+  [[nodiscard]] bool MayPreemptFor(const Request& r, const Request& head) const;
   void Preempt(size_t index, StepPlan& plan,
                PreemptReason reason = PreemptReason::kNoFreeBlock);
   // Priority policy: when the waiting head did not fit (KV or the high
@@ -372,8 +436,10 @@ class Scheduler {
                                             int64_t* reserved_blocks,
                                             Request** next,
                                             kvcache::PrefixMatch* match) const;
-  // kCacheAware: the waiting request to admit next and its match.
-  [[nodiscard]] Request* PickCacheAware(kvcache::PrefixMatch* match) const;
+  // kCacheAware: the waiting request of `head`'s tenant to admit next and
+  // its match.
+  [[nodiscard]] Request* PickCacheAware(Request* head,
+                                        kvcache::PrefixMatch* match) const;
   [[nodiscard]] kvcache::PrefixMatch MatchPrefix(const Request& r) const;
   // Thrash guard: whether thrashing `r`'s whole remaining prefill from
   // `start` fits now (`n`: what this step would compute).
@@ -408,6 +474,11 @@ class Scheduler {
   static void AppendTokens(const Request& r, int32_t begin, int32_t n,
                            std::vector<int32_t>& out);
   void Enqueue(Request* request, bool at_head);
+  // Takes a waiting request off both queues.
+  void Dequeue(Request* request);
+  // A request joins / leaves running_ (seat accounting).
+  void AddRunning(Request* request);
+  void LeaveRunning(const Request* request);
   // Frees the blocks of a request already out of running_ and waiting_ and
   // destroys it.
   void Retire(Request* request, FinishReason reason);
@@ -419,6 +490,7 @@ class Scheduler {
   absl::flat_hash_map<RequestId, std::unique_ptr<Request>> requests_;
   std::map<Request::QueueKey, Request*> waiting_;
   std::vector<Request*> running_;  // admission order
+  FairShare fair_;                 // per tenant: queues and running seats
 
   int64_t next_arrival_seq_ = 0;
   int64_t next_admit_seq_ = 0;

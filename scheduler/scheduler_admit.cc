@@ -21,6 +21,9 @@ void Scheduler::AdmitWaiting(StepPlan& plan) {
       return;
     }
     const int32_t start = std::max(match.num_tokens, r->num_computed_tokens_);
+    // kCacheAware: the head of the tenant's queue was passed over.
+    Request* head = fair_.Waiting(r->tenant_id_).begin()->second;
+    if (head != r) ++head->times_passed_;
     Admit(r, match, NumNewTokens(*r, start, plan.budget), plan);
     if (reserved_blocks >= 0) reserved_blocks += FutureBlocks(*r);
   }
@@ -60,14 +63,17 @@ void Scheduler::Admit(Request* r, const kvcache::PrefixMatch& match, int32_t n,
       }
     }
   }
-  KV_CHECK(waiting_.erase(r->queue_key_) == 1, "admitted request ", r->id(),
-           " was not queued");
+  Dequeue(r);
   r->status_ = RequestStatus::kRunning;
   r->admit_seq_ = next_admit_seq_++;
   NotePeakBlocks(*r);
-  running_.push_back(r);
+  AddRunning(r);
   plan.scheduled.emplace_back(r, n);
   plan.budget -= n;
+  // A first chunk the budget cut may grow if the step has tokens left.
+  const int32_t want =
+      NumNewTokens(*r, r->num_computed_tokens_, config_.max_num_batched_tokens);
+  if (want > n) plan.prefill_want.emplace_back(r, want);
 }
 
 kvcache::PrefixMatch Scheduler::MatchPrefix(const Request& r) const {
@@ -78,22 +84,26 @@ kvcache::PrefixMatch Scheduler::MatchPrefix(const Request& r) const {
       r.num_computed_tokens_ > 0) {
     return kvcache::PrefixMatch();
   }
-  return kv_.FindCachedPrefix(r.tokens(), r.cache_ns_);
+  return kv_.FindCachedPrefix(r.tokens(), r.cache_ns_, !r.scope_shared_);
 }
 
-Request* Scheduler::PickCacheAware(kvcache::PrefixMatch* match) const {
-  Request* best = waiting_.begin()->second;
+Request* Scheduler::PickCacheAware(Request* head,
+                                   kvcache::PrefixMatch* match) const {
+  Request* best = head;
   *match = MatchPrefix(*best);
   // Preempted requests keep the head (they are in FCFS order before every
-  // never-admitted one); with caching off there is nothing to rank by.
+  // never-admitted one); with caching off there is nothing to rank by; a
+  // head passed over often enough goes now.
   if (best->status_ != RequestStatus::kWaiting ||
       !config_.enable_prefix_caching ||
-      config_.kv_reservation != KvReservation::kPaged) {
+      config_.kv_reservation != KvReservation::kPaged ||
+      head->times_passed_ >= kCacheAwareMaxPasses) {
     return best;
   }
+  const auto& queue = fair_.Waiting(head->tenant_id_);
   int32_t looked = 1;
-  for (auto it = std::next(waiting_.begin());
-       it != waiting_.end() && looked < kCacheAwareWindow; ++it, ++looked) {
+  for (auto it = std::next(queue.begin());
+       it != queue.end() && looked < kCacheAwareWindow; ++it, ++looked) {
     Request* r = it->second;
     if (r->priority() != best->priority()) break;
     kvcache::PrefixMatch m = MatchPrefix(*r);
@@ -109,7 +119,9 @@ AdmissionStop Scheduler::NextAdmission(const StepPlan& plan,
                                        int64_t* reserved_blocks, Request** next,
                                        kvcache::PrefixMatch* match) const {
   if (waiting_.empty()) return AdmissionStop::kQueueEmpty;
-  if (static_cast<int32_t>(running_.size()) >= config_.max_num_seqs) {
+  Request* head = AdmissionCandidate();
+  if (head == nullptr) return AdmissionStop::kTenantCap;
+  if (fair_.running_seats() + head->seats() > config_.max_num_seqs) {
     return AdmissionStop::kMaxNumSeqs;
   }
   if (plan.budget <= 0) return AdmissionStop::kTokenBudget;
@@ -119,11 +131,15 @@ AdmissionStop Scheduler::NextAdmission(const StepPlan& plan,
   }
   // NOTE: strict queue order: a head that does not fit blocks the rest, so
   // large requests are not starved by small ones behind them.
-  Request* head = nullptr;
   if (config_.policy == SchedulingPolicy::kCacheAware) {
-    head = PickCacheAware(match);
+    head = PickCacheAware(head, match);
+    if (fair_.running_seats() + head->seats() > config_.max_num_seqs) {
+      return AdmissionStop::kMaxNumSeqs;
+    }
+    if (!fair_.UnderCap(head->tenant_id_, head->seats())) {
+      return AdmissionStop::kTenantCap;
+    }
   } else {
-    head = waiting_.begin()->second;
     *match = MatchPrefix(*head);
   }
   *next = head;

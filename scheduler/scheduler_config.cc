@@ -52,6 +52,11 @@ absl::Status SchedulerConfig::Validate() const {
                      "(0, 1], got ",
                      admission_high_watermark));
   }
+  if (!(priority_aging_seconds >= 0.0 && priority_aging_seconds <= 3600.0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "scheduler config: priority_aging_seconds must be in [0, 3600], got ",
+        priority_aging_seconds));
+  }
   if (!(watermark >= 0.0 && watermark < 1.0)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "scheduler config: watermark must be in [0, 1), got ", watermark));

@@ -16,13 +16,15 @@ enum class SchedulingPolicy {
   // Arrival order; preempted requests go back to the head. Victim: the most
   // recently admitted running request.
   kFcfs,
-  // (priority, arrival) order, lower priority value first. Victim: the
-  // running request with the largest priority value, most recently admitted
-  // among equals.
+  // Aged priority order: lower priority value first, where each
+  // priority_aging_seconds of waiting is worth one level (see there).
+  // Victim: the running request with the worst aged priority, most
+  // recently admitted among equals.
   kPriority,
-  // (priority, arrival) order like kPriority, but among the first
+  // Aged priority order like kPriority, but among the first
   // kCacheAwareWindow never-admitted waiting requests of the head's priority
-  // the one with the longest cached prefix goes first (ties: arrival order).
+  // the one with the longest cached prefix goes first (ties: arrival order)
+  // unless the head was passed over kCacheAwareMaxPasses times already.
   // Preempted requests keep the head, in FCFS order. Victim: as kPriority.
   kCacheAware,
 };
@@ -30,6 +32,13 @@ enum class SchedulingPolicy {
 // How cache-aware admission bounds its per-admission cost: it looks up the
 // cached prefix of at most this many waiting requests.
 inline constexpr int32_t kCacheAwareWindow = 8;
+// How cache-aware admission bounds a fresh prompt's wait: the request at
+// the head of its queue is passed over by at most this many admissions of
+// better-cached requests behind it, then taken.
+inline constexpr int32_t kCacheAwareMaxPasses = 8;
+// How far the short lane looks into the waiting queue for a short request
+// (scheduler.h).
+inline constexpr int32_t kShortLaneWindow = 16;
 
 // How a preempted request gives its KV blocks back.
 enum class PreemptionMode {
@@ -87,6 +96,12 @@ struct SchedulerConfig {
   // prompt + max_tokens limit of one request.
   int32_t max_model_len = 4096;
   SchedulingPolicy policy = SchedulingPolicy::kFcfs;
+  // Aging (kPriority, kCacheAware): seconds of waiting worth one priority
+  // level. A waiting request is ordered by priority + arrival time / this,
+  // so a request is never passed by one that arrived more than (its
+  // priority - the other's) x this later, and no request waits unboundedly
+  // behind a flood of more important ones. 0: priorities never age.
+  double priority_aging_seconds = 0.1;
   AdmissionPolicy admission = AdmissionPolicy::kMaxUtilization;
   KvReservation kv_reservation = KvReservation::kPaged;
   // Reuse the KV blocks of cached prompt prefixes (full blocks only; the

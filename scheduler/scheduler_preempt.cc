@@ -31,11 +31,11 @@ bool Scheduler::AllocateOrPreempt(size_t* index, int32_t n, StepPlan& plan) {
 }
 
 bool Scheduler::PriorityPreemptionHelps(const Request& head) const {
-  // Blocks that preempting every less important running request frees: the
+  // Blocks that preempting every request that may be its victim frees: the
   // ones only it holds.
   int64_t freed = 0;
   for (const Request* r : running_) {
-    if (r->priority() <= head.priority()) continue;
+    if (!MayPreemptFor(*r, head)) continue;
     for (const kvcache::BlockId b : kv_.GetBlockTable(r->id())) {
       if (kv_.pool().ref_count(b) == 1) ++freed;
     }
@@ -67,10 +67,10 @@ void Scheduler::PreemptForPriority(StepPlan& plan) {
   }
   while (last_admission_stop_ == AdmissionStop::kKvBlocks ||
          last_admission_stop_ == AdmissionStop::kHighWatermark) {
-    const Request* head = waiting_.begin()->second;
-    if (running_.empty()) return;
-    const size_t victim = PickVictim();
-    if (running_[victim]->priority() <= head->priority()) return;
+    const Request* head = AdmissionCandidate();
+    if (head == nullptr || running_.empty()) return;
+    const size_t victim = PickPriorityVictim(*head);
+    if (victim == running_.size()) return;
     if (plan.preempted.empty() && !PriorityPreemptionHelps(*head)) return;
     Preempt(victim, plan, PreemptReason::kPriority);
     // Nothing is admitted in a step that preempts (no step both swaps out
@@ -85,6 +85,25 @@ void Scheduler::PreemptForPriority(StepPlan& plan) {
                                : stop;
   }
   if (!plan.preempted.empty()) last_admission_stop_ = AdmissionStop::kPreempted;
+}
+
+bool Scheduler::MayPreemptFor(const Request& r, const Request& head) const {
+  return Rank(r) > Rank(head) && (r.tenant_id_ == head.tenant_id_ ||
+                                  fair_.AtOrAboveShare(r.tenant_id_));
+}
+
+size_t Scheduler::PickPriorityVictim(const Request& head) const {
+  size_t best = running_.size();
+  for (size_t i = 0; i < running_.size(); ++i) {
+    const Request& a = *running_[i];
+    if (!MayPreemptFor(a, head)) continue;
+    if (best == running_.size() ||
+        std::pair(Rank(a), a.admit_seq_) >
+            std::pair(Rank(*running_[best]), running_[best]->admit_seq_)) {
+      best = i;
+    }
+  }
+  return best;
 }
 
 size_t Scheduler::PickVictim() const {
@@ -122,6 +141,7 @@ bool Scheduler::ChooseSwap(const Request& r, int32_t blocks) const {
 void Scheduler::Preempt(size_t index, StepPlan& plan, PreemptReason reason) {
   Request* r = running_[index];
   running_.erase(running_.begin() + index);
+  LeaveRunning(r);
   // A victim already planned this step (priority policy) gives its tokens
   // back to the budget.
   auto planned = std::find_if(plan.scheduled.begin(), plan.scheduled.end(),
@@ -227,15 +247,36 @@ absl::Status Scheduler::Fork(RequestId parent_id,
   }
   c->arrival_seq_ = next_arrival_seq_++;
   c->cache_salt_ = parent->cache_salt_;
+  c->cache_scope_ = parent->cache_scope_;
+  c->scope_shared_ = parent->scope_shared_;
   c->cache_ns_ = parent->cache_ns_;
+  c->tenant_ = parent->tenant_;
+  c->tenant_id_ = fair_.Join(c->tenant_);
+  c->pending_forks_ = 0;
   c->num_computed_tokens_ = computed;
   c->num_cached_tokens_ = parent->num_cached_tokens_;
   c->status_ = RequestStatus::kRunning;
   c->admit_seq_ = next_admit_seq_++;
   NotePeakBlocks(*c);
-  running_.push_back(c);
+  // The child's seat is one the parent reserved for it, when it did.
+  if (parent->pending_forks_ > 0) {
+    --parent->pending_forks_;
+    fair_.AddRunningSeats(parent->tenant_id_, -1);
+  }
+  AddRunning(c);
   requests_.emplace(c->id(), std::move(child));
   return absl::OkStatus();
+}
+
+void Scheduler::EndForks(RequestId parent_id) {
+  owner_.CheckOwner("Scheduler");
+  auto it = requests_.find(parent_id);
+  if (it == requests_.end()) return;
+  Request* p = it->second.get();
+  if (p->status_ == RequestStatus::kRunning) {
+    fair_.AddRunningSeats(p->tenant_id_, -p->pending_forks_);
+  }
+  p->pending_forks_ = 0;
 }
 
 }  // namespace kvserve::scheduler

@@ -1,94 +1,68 @@
 #include "server/auth.h"
 
-#include <openssl/crypto.h>
-#include <openssl/sha.h>
-
-#include <fstream>
 #include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace kvserve::server {
 namespace {
 
 constexpr absl::string_view kBearer = "bearer ";
 
-// Printable ASCII without spaces: what fits in an HTTP header and a gRPC
-// metadata value unchanged.
-bool IsTokenChar(char c) { return c > 0x20 && c < 0x7f; }
-
 }  // namespace
 
-absl::StatusOr<BearerAuth> BearerAuth::FromFile(const std::string& path,
-                                                const std::string& flag) {
-  std::ifstream in(path);
-  if (!in) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(flag, ": cannot read '", path, "'"));
-  }
-  std::vector<std::string> tokens;
-  std::string line;
-  int line_no = 0;
-  while (std::getline(in, line)) {
-    ++line_no;
-    const absl::string_view t = absl::StripAsciiWhitespace(line);
-    if (t.empty() || t[0] == '#') continue;
-    for (char c : t) {
-      if (!IsTokenChar(c)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(flag, ": '", path, "' line ", line_no,
-                         ": a token must be printable ASCII without spaces"));
-      }
-    }
-    tokens.emplace_back(t);
-  }
-  if (tokens.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(flag, ": '", path,
-                     "' holds no token (one per line; '#' starts a comment)"));
-  }
-  return FromTokens(tokens);
+absl::StatusOr<std::unique_ptr<BearerAuth>> BearerAuth::FromFile(
+    const std::string& path, const TenantDefaults& defaults,
+    const std::string& flag) {
+  absl::StatusOr<TenantTable> table =
+      TenantTable::FromFile(path, defaults, flag);
+  if (!table.ok()) return table.status();
+  return std::unique_ptr<BearerAuth>(new BearerAuth(
+      path, defaults, std::make_shared<const TenantTable>(*std::move(table))));
 }
 
-absl::StatusOr<BearerAuth> BearerAuth::FromTokens(
+absl::StatusOr<std::unique_ptr<BearerAuth>> BearerAuth::FromTokens(
     const std::vector<std::string>& tokens) {
   if (tokens.empty()) {
     return absl::InvalidArgumentError("auth: at least one token is required");
   }
-  BearerAuth auth;
   for (size_t i = 0; i < tokens.size(); ++i) {
-    const std::string& t = tokens[i];
-    bool ok = !t.empty();
-    for (char c : t) ok = ok && IsTokenChar(c);
+    bool ok = !tokens[i].empty();
+    for (char c : tokens[i]) ok = ok && c > 0x20 && c < 0x7f;
     if (!ok) {
       return absl::InvalidArgumentError(
           absl::StrCat("auth: token ", i + 1,
                        " must be non-empty printable ASCII without spaces"));
     }
-    Digest d;
-    SHA256(reinterpret_cast<const unsigned char*>(t.data()), t.size(),
-           d.data());
-    auth.digests_.push_back(d);
   }
-  return auth;
+  absl::StatusOr<TenantTable> table =
+      TenantTable::Parse(absl::StrJoin(tokens, "\n"), TenantDefaults{}, "auth");
+  if (!table.ok()) return table.status();
+  return std::unique_ptr<BearerAuth>(
+      new BearerAuth("", TenantDefaults{},
+                     std::make_shared<const TenantTable>(*std::move(table))));
 }
 
-bool BearerAuth::Accepts(absl::string_view token) const {
-  Digest d;
-  SHA256(reinterpret_cast<const unsigned char*>(token.data()), token.size(),
-         d.data());
-  // Every digest is compared, whatever matched before.
-  int matched = 0;
-  for (const Digest& known : digests_) {
-    matched |= CRYPTO_memcmp(known.data(), d.data(), d.size()) == 0;
-  }
-  return matched != 0;
+absl::Status BearerAuth::Reload() {
+  if (path_.empty()) return absl::OkStatus();
+  absl::StatusOr<TenantTable> table = TenantTable::FromFile(path_, defaults_);
+  if (!table.ok()) return table.status();
+  auto fresh = std::make_shared<const TenantTable>(*std::move(table));
+  absl::MutexLock lock(&mu_);
+  table_ = std::move(fresh);
+  return absl::OkStatus();
 }
 
-absl::Status BearerAuth::CheckAuthorization(absl::string_view value,
-                                            bool present) const {
+std::shared_ptr<const TenantTable> BearerAuth::table() const {
+  absl::MutexLock lock(&mu_);
+  return table_;
+}
+
+absl::StatusOr<TenantRef> BearerAuth::Authenticate(absl::string_view value,
+                                                   bool present) const {
   if (!present) {
     return absl::UnauthenticatedError(
         "authorization: missing; send 'Authorization: Bearer <token>'");
@@ -98,19 +72,22 @@ absl::Status BearerAuth::CheckAuthorization(absl::string_view value,
     return absl::UnauthenticatedError(
         "authorization: expected 'Bearer <token>'");
   }
-  if (!Accepts(absl::StripAsciiWhitespace(value.substr(kBearer.size())))) {
+  TenantRef tenant =
+      table()->Find(absl::StripAsciiWhitespace(value.substr(kBearer.size())));
+  if (tenant == nullptr) {
     return absl::UnauthenticatedError("authorization: invalid token");
   }
-  return absl::OkStatus();
+  return tenant;
 }
 
-absl::Status CheckGrpcAuth(const BearerAuth* auth,
-                           const grpc::CallbackServerContext& ctx) {
-  if (auth == nullptr) return absl::OkStatus();
+absl::StatusOr<TenantRef> AuthenticateGrpc(
+    const BearerAuth* auth, const TenantRef& single,
+    const grpc::CallbackServerContext& ctx) {
+  if (auth == nullptr) return single;
   const auto& md = ctx.client_metadata();
   const auto it = md.find("authorization");
-  if (it == md.end()) return auth->CheckAuthorization("", false);
-  return auth->CheckAuthorization(
+  if (it == md.end()) return auth->Authenticate("", false);
+  return auth->Authenticate(
       absl::string_view(it->second.data(), it->second.size()), true);
 }
 

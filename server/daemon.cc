@@ -28,7 +28,8 @@ constexpr char kServiceName[] = "kvserve.v1.KvServe";
 // (gRPC and HTTP together get this long for them).
 constexpr absl::Duration kShutdownGrace = absl::Seconds(5);
 
-HttpServer::Options HttpOptions(const ServeOptions& o, const BearerAuth* auth) {
+HttpServer::Options HttpOptions(const ServeOptions& o, const BearerAuth* auth,
+                                TenantRef single) {
   HttpServer::Options h;
   h.host = o.host;
   h.port = o.metrics_port;
@@ -36,6 +37,7 @@ HttpServer::Options HttpOptions(const ServeOptions& o, const BearerAuth* auth) {
   h.max_connections = o.http_max_connections;
   h.tls = o.tls;
   h.auth = auth;
+  h.single_tenant = std::move(single);
   h.auth_metrics = o.auth_metrics;
   h.max_request_bytes = o.max_request_bytes;
   return h;
@@ -58,8 +60,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
   KV_RETURN_IF_ERROR(d->CheckSecurity(options));
   KV_ASSIGN_OR_RETURN(
       d->http_, HttpServer::Start(
-                    HttpOptions(options, d->auth_.get()), d->registry_,
-                    [self] { return self->ready(); },
+                    HttpOptions(options, d->auth_.get(), d->single_tenant_),
+                    d->registry_, [self] { return self->ready(); },
                     [self](HttpRoutes& routes) {
                       OpenAiApi::Mount(
                           routes, [self] { return self->openai_live_.load(); });
@@ -85,13 +87,13 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
 // the TLS files, the token file, and where --model resolves.
 absl::Status Daemon::CheckSecurity(const ServeOptions& options) {
   KV_RETURN_IF_ERROR(CheckTlsOptions(options.tls));
+  single_tenant_ = SingleTenant(options.tenant_defaults);
   if (!options.auth_token_file.empty()) {
-    KV_ASSIGN_OR_RETURN(BearerAuth auth,
-                        BearerAuth::FromFile(options.auth_token_file));
-    // NOTE: the count only; a token never reaches the log.
-    spdlog::info("bearer-token authentication on ({} tokens)",
-                 auth.num_tokens());
-    auth_ = std::make_unique<BearerAuth>(std::move(auth));
+    KV_ASSIGN_OR_RETURN(auth_, BearerAuth::FromFile(options.auth_token_file,
+                                                    options.tenant_defaults));
+    // NOTE: counts only; a token never reaches the log.
+    spdlog::info("bearer-token authentication on ({} tokens, {} tenants)",
+                 auth_->num_tokens(), auth_->num_tenants());
   } else if (options.auth_metrics) {
     return absl::InvalidArgumentError(
         "--auth-metrics: needs --auth-token-file");
@@ -157,8 +159,17 @@ absl::Status Daemon::StartEngine(const ServeOptions& options) {
   KV_ASSIGN_OR_RETURN(
       engine_,
       engine::Engine::Create(options.engine, std::move(model), registry_));
-  service_ = std::make_unique<KvServeService>(engine_.get(), metrics_.get(),
-                                              options.limits, auth_.get());
+  // One API call may start at most max_num_seqs sequences, and by default
+  // ask for at most what they could run at once.
+  RequestLimits limits = options.limits;
+  const scheduler::SchedulerConfig& sc = options.engine.scheduler;
+  limits.max_completions = sc.max_num_seqs;
+  if (limits.max_request_tokens == 0) {
+    limits.max_request_tokens =
+        int64_t{sc.max_num_seqs} * engine_->model_info().max_context;
+  }
+  service_ = std::make_unique<KvServeService>(
+      engine_.get(), metrics_.get(), limits, auth_.get(), single_tenant_);
   // The served name (--served-model-name, else --model as given) is what
   // /v1/models lists; its other names, --model and the file's own name are
   // accepted too.
@@ -171,7 +182,7 @@ absl::Status Daemon::StartEngine(const ServeOptions& options) {
   }
   std::string served = names.front();
   names.erase(names.begin());
-  openai_ = std::make_unique<OpenAiApi>(engine_.get(), options.limits,
+  openai_ = std::make_unique<OpenAiApi>(engine_.get(), limits,
                                         std::move(served), std::move(names));
   openai_live_.store(openai_.get());
   return absl::OkStatus();
@@ -244,6 +255,22 @@ void Daemon::Shutdown(absl::Duration drain_timeout) {
     http_->Stop(std::max(close_by - absl::Now(), absl::ZeroDuration()));
   }
   spdlog::info("shut down in {:.2f} s", SecondsSince(t0));
+}
+
+void Daemon::ReloadTokens() {
+  if (auth_ == nullptr) {
+    spdlog::info("SIGHUP: no --auth-token-file to reload");
+    return;
+  }
+  const absl::Status s = auth_->Reload();
+  metrics_->TokensReloaded(s.ok());
+  if (!s.ok()) {
+    spdlog::error("token file reload failed; the tokens in use stay: {}",
+                  std::string(s.message()));
+    return;
+  }
+  spdlog::info("token file reloaded: {} tokens, {} tenants",
+               auth_->num_tokens(), auth_->num_tenants());
 }
 
 Daemon::~Daemon() { Shutdown(absl::ZeroDuration()); }

@@ -43,8 +43,11 @@ struct ServeOptions {
   absl::Duration stall_timeout = absl::Seconds(30);  // 0: never
   RequestLimits limits;
   // Security (docs/SECURITY.md).
-  TlsOptions tls;                       // both listeners; empty cert: plaintext
-  std::string auth_token_file;          // non-empty: bearer tokens required
+  TlsOptions tls;               // both listeners; empty cert: plaintext
+  std::string auth_token_file;  // non-empty: bearer tokens required
+  // What a tenant's line leaves out, and the single tenant's policy
+  // without a token file (server/tenants.h).
+  TenantDefaults tenant_defaults;
   bool auth_metrics = false;            // /metrics needs a token too
   int64_t max_request_bytes = 4 << 20;  // gRPC message / HTTP body
   int max_concurrent_streams = 0;       // per gRPC connection; 0: gRPC default
@@ -73,6 +76,12 @@ class Daemon {
   // and HTTP servers stop. Blocks until done. Call once, from one thread.
   void Shutdown(absl::Duration drain_timeout);
 
+  // Reads --auth-token-file again (SIGHUP): new tokens and tenant policies
+  // apply to requests from now on; on error the tokens in use stay. Logged
+  // and counted (kvserve_auth_reloads_total{result}). No-op without a
+  // token file.
+  void ReloadTokens();
+
  private:
   Daemon() = default;
   [[nodiscard]] absl::Status CheckSecurity(const ServeOptions& options);
@@ -83,6 +92,7 @@ class Daemon {
   // first, the engine after every reactor that refers to it.
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<BearerAuth> auth_;  // null: authentication off
+  TenantRef single_tenant_;           // every request's, when auth_ is null
   std::string model_path_;            // --model, resolved
   std::unique_ptr<ServerMetrics> metrics_;
   std::unique_ptr<HttpServer> http_;

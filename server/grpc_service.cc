@@ -4,8 +4,10 @@
 #include <chrono>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/random/random.h"
+#include "absl/strings/escaping.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "common/tsan_annotations.h"
@@ -25,6 +27,7 @@ struct GenerateDeps {
   const ServedModel* model;
   const RequestLimits* limits;
   const BearerAuth* auth;
+  const TenantRef* single_tenant;
 };
 
 // One Generate call. Lifecycle:
@@ -93,14 +96,20 @@ class GenerateReactor final
  private:
   absl::StatusOr<engine::RequestSpec> BuildSpec(
       grpc::CallbackServerContext* context, const grpc::ByteBuffer& request) {
-    KV_RETURN_IF_ERROR(CheckGrpcAuth(deps_.auth, *context));
+    KV_ASSIGN_OR_RETURN(
+        TenantRef tenant,
+        AuthenticateGrpc(deps_.auth, *deps_.single_tenant, *context));
     v1::GenerateRequest req;
     KV_RETURN_IF_ERROR(ParseRequest(request, &req));
     request_id_ = req.request_id();
+    std::vector<engine::RequestSpec> specs(1);
     KV_ASSIGN_OR_RETURN(
-        engine::RequestSpec spec,
+        specs[0],
         ToRequestSpec(req, *deps_.model,
                       absl::Uniform<uint64_t>(absl::BitGen()), *deps_.limits));
+    KV_RETURN_IF_ERROR(
+        ToProtoFieldNames(ApplyTenant(*tenant, *deps_.limits, &specs)));
+    engine::RequestSpec spec = std::move(specs[0]);
     const auto deadline = context->deadline();
     if (deadline != std::chrono::system_clock::time_point::max()) {
       deadline_ = absl::FromChrono(deadline);
@@ -171,7 +180,8 @@ class GenerateReactor final
   void LogFinish(const engine::StreamDelta& d) {
     spdlog::debug(
         "generate {}{}: {} ({} prompt, {} completion, {:.3f} s)", stream_->id(),
-        request_id_.empty() ? "" : " [" + request_id_ + "]",
+        // Escaped: a client's id must not forge log lines or terminal codes.
+        request_id_.empty() ? "" : " [" + absl::CHexEscape(request_id_) + "]",
         engine::FinishReasonName(d.finish_reason), d.usage.prompt_tokens,
         d.usage.completion_tokens, d.timings.total_seconds);
   }
@@ -191,17 +201,22 @@ class GenerateReactor final
 }  // namespace
 
 KvServeService::KvServeService(engine::Engine* engine, ServerMetrics* metrics,
-                               RequestLimits limits, const BearerAuth* auth)
+                               RequestLimits limits, const BearerAuth* auth,
+                               TenantRef single_tenant)
     : engine_(engine),
       metrics_(metrics),
       limits_(limits),
       model_(ServedModelOf(*engine)),
-      auth_(auth) {}
+      auth_(auth),
+      single_tenant_(single_tenant != nullptr
+                         ? std::move(single_tenant)
+                         : SingleTenant(TenantDefaults{})) {}
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* KvServeService::Generate(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
   auto* reactor = new GenerateReactor(
-      context, *request, {engine_, metrics_, &model_, &limits_, auth_});
+      context, *request,
+      {engine_, metrics_, &model_, &limits_, auth_, &single_tenant_});
   KV_TSAN_RELEASE(reactor);  // gRPC hands it to its callbacks' threads
   return reactor;
 }
@@ -210,7 +225,8 @@ grpc::ServerUnaryReactor* KvServeService::Tokenize(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
     grpc::ByteBuffer* response) {
   auto run = [&]() -> absl::Status {
-    KV_RETURN_IF_ERROR(CheckGrpcAuth(auth_, *context));
+    KV_RETURN_IF_ERROR(
+        AuthenticateGrpc(auth_, single_tenant_, *context).status());
     v1::TokenizeRequest req;
     KV_RETURN_IF_ERROR(ParseRequest(*request, &req));
     KV_ASSIGN_OR_RETURN(std::vector<int32_t> ids, TokenizeText(req, model_));
@@ -224,7 +240,9 @@ grpc::ServerUnaryReactor* KvServeService::Tokenize(
 grpc::ServerUnaryReactor* KvServeService::Detokenize(
     grpc::CallbackServerContext* context, const v1::DetokenizeRequest* request,
     v1::DetokenizeResponse* response) {
-  if (absl::Status s = CheckGrpcAuth(auth_, *context); !s.ok()) {
+  if (absl::Status s =
+          AuthenticateGrpc(auth_, single_tenant_, *context).status();
+      !s.ok()) {
     return FinishUnary(context, "Detokenize", s);
   }
   absl::StatusOr<std::string> text = DetokenizeIds(*request, model_);
@@ -236,7 +254,9 @@ grpc::ServerUnaryReactor* KvServeService::Detokenize(
 grpc::ServerUnaryReactor* KvServeService::GetModelInfo(
     grpc::CallbackServerContext* context,
     const v1::GetModelInfoRequest* /*request*/, v1::ModelInfo* response) {
-  if (absl::Status s = CheckGrpcAuth(auth_, *context); !s.ok()) {
+  if (absl::Status s =
+          AuthenticateGrpc(auth_, single_tenant_, *context).status();
+      !s.ok()) {
     return FinishUnary(context, "GetModelInfo", s);
   }
   ToProto(engine_->model_info(), response);

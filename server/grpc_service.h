@@ -31,9 +31,12 @@ class KvServeService final : public KvServeBase {
  public:
   // `engine`, `metrics` and `auth` are not owned and must outlive the gRPC
   // server this service is registered with (shut the server down first).
-  // With `auth`, every call needs an accepted bearer token (UNAUTHENTICATED).
+  // With `auth`, every call needs an accepted bearer token (UNAUTHENTICATED)
+  // and runs as its tenant; without, as `single_tenant` (null: a default
+  // single tenant).
   KvServeService(engine::Engine* engine, ServerMetrics* metrics,
-                 RequestLimits limits = {}, const BearerAuth* auth = nullptr);
+                 RequestLimits limits = {}, const BearerAuth* auth = nullptr,
+                 TenantRef single_tenant = nullptr);
 
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(
       grpc::CallbackServerContext* context,
@@ -59,6 +62,7 @@ class KvServeService final : public KvServeBase {
   const RequestLimits limits_;
   const ServedModel model_;
   const BearerAuth* const auth_;
+  const TenantRef single_tenant_;
 };
 
 }  // namespace kvserve::server

@@ -52,6 +52,10 @@ struct HttpRequest {
   std::string path;    // the target without its query string
   std::string body;
   std::vector<std::pair<std::string, std::string>> headers;  // names lower
+  // Who sent it: the bearer token's tenant, or the server's single tenant
+  // without tokens; null on the open routes (probes, /ui) and in servers
+  // built without one.
+  TenantRef tenant;
 
   // The value of header `name` (lower case), or null.
   [[nodiscard]] const std::string* Header(std::string_view name) const;
@@ -126,8 +130,9 @@ class HttpServer {
     int max_connections = 4096;
     TlsOptions tls;                    // enabled(): HTTPS
     const BearerAuth* auth = nullptr;  // not owned; null: no auth
-    bool auth_metrics = false;         // /metrics needs the token too
-    int64_t max_request_bytes = 0;     // body limit; 0: 64 MiB
+    TenantRef single_tenant;        // every request's tenant when auth is null
+    bool auth_metrics = false;      // /metrics needs the token too
+    int64_t max_request_bytes = 0;  // body limit; 0: 64 MiB
   };
 
   // Binds and starts serving. UNAVAILABLE names the address when it cannot

@@ -377,14 +377,17 @@ bool Session<Stream>::Admit() {
       probe || path == "/ui" || (path == "/metrics" && !o.auth_metrics);
   if (o.auth != nullptr && !open) {
     const std::string* value = request_.Header("authorization");
-    const absl::Status s = o.auth->CheckAuthorization(
-        value != nullptr ? *value : "", value != nullptr);
-    if (!s.ok()) {
-      HttpResponse r = JsonError(401, ToHttpError(s).body);
+    absl::StatusOr<TenantRef> tenant =
+        o.auth->Authenticate(value != nullptr ? *value : "", value != nullptr);
+    if (!tenant.ok()) {
+      HttpResponse r = JsonError(401, ToHttpError(tenant.status()).body);
       r.headers.emplace_back("WWW-Authenticate", "Bearer");
       Refuse(std::move(r));
       return false;
     }
+    request_.tenant = *std::move(tenant);
+  } else if (o.auth == nullptr) {
+    request_.tenant = o.single_tenant;
   }
   const boost::optional<uint64_t> declared = parser_->content_length();
   const std::optional<uint64_t> length =

@@ -10,10 +10,13 @@ namespace {
 
 using json = nlohmann::json;
 
-json RequestsJson(const std::vector<engine::KvStateRequest>& requests) {
+json RequestsJson(const std::vector<engine::KvStateRequest>& requests,
+                  const std::string* tenant) {
   json out = json::array();
   for (const engine::KvStateRequest& r : requests) {
+    if (tenant != nullptr && r.tenant != *tenant) continue;
     out.push_back({{"id", r.id},
+                   {"tenant", r.tenant},
                    {"state", r.state},
                    {"priority", r.priority},
                    {"prompt_tokens", r.prompt_tokens},
@@ -29,8 +32,15 @@ json RequestsJson(const std::vector<engine::KvStateRequest>& requests) {
 
 }  // namespace
 
-std::string KvStateJson(const engine::KvState& s,
-                        const std::string& model_name) {
+std::string KvStateJson(const engine::KvState& s, const std::string& model_name,
+                        const std::string* tenant) {
+  json running = RequestsJson(s.running, tenant);
+  json waiting = RequestsJson(s.waiting, tenant);
+  // A tenant's view counts its own (among the listed ones).
+  const int64_t num_running =
+      tenant == nullptr ? s.num_running : static_cast<int64_t>(running.size());
+  const int64_t num_waiting =
+      tenant == nullptr ? s.num_waiting : static_cast<int64_t>(waiting.size());
   json j = {
       {"object", "kvserve.kv_state"},
       {"time", absl::ToDoubleSeconds(s.time - absl::UnixEpoch())},
@@ -59,10 +69,11 @@ std::string KvStateJson(const engine::KvState& s,
        {{"slots_total", s.swap_slots_total},
         {"slots_used", s.swap_slots_used}}},
       {"requests",
-       {{"num_running", s.num_running},
-        {"num_waiting", s.num_waiting},
-        {"running", RequestsJson(s.running)},
-        {"waiting", RequestsJson(s.waiting)}}},
+       {{"scope", tenant == nullptr ? "all" : "tenant"},
+        {"num_running", num_running},
+        {"num_waiting", num_waiting},
+        {"running", std::move(running)},
+        {"waiting", std::move(waiting)}}},
       {"counters",
        {{"steps", s.steps},
         {"finished", s.finished},

@@ -9,7 +9,11 @@
 
 namespace kvserve::server {
 
+// `tenant` non-null: only that tenant's requests are listed (and counted);
+// null: every request, each with its tenant (an admin's view). The pool,
+// its grid and the counters are the whole cache's either way.
 [[nodiscard]] std::string KvStateJson(const engine::KvState& state,
-                                      const std::string& model_name);
+                                      const std::string& model_name,
+                                      const std::string* tenant = nullptr);
 
 }  // namespace kvserve::server

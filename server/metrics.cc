@@ -38,7 +38,14 @@ ServerMetrics::ServerMetrics(prometheus::Registry& registry)
                          .Name("kvserve_grpc_open_streams")
                          .Help("Generate streams currently open")
                          .Register(registry)
-                         .Add({})) {}
+                         .Add({})) {
+  auto& reloads = prometheus::BuildCounter()
+                      .Name("kvserve_auth_reloads_total")
+                      .Help("Reloads of --auth-token-file (SIGHUP), by result")
+                      .Register(registry);
+  reload_ok_ = &reloads.Add({{"result", "ok"}});
+  reload_failed_ = &reloads.Add({{"result", "failed"}});
+}
 
 void ServerMetrics::RpcDone(std::string_view method, grpc::StatusCode code) {
   rpcs_->Add({{"method", std::string(method)}, {"code", StatusCodeName(code)}})

@@ -25,9 +25,14 @@ class ServerMetrics {
   void RpcDone(std::string_view method, grpc::StatusCode code);
   void StreamOpened() { open_streams_->Increment(); }
   void StreamClosed() { open_streams_->Decrement(); }
+  // A reload of the token file (SIGHUP) that took effect or failed.
+  void TokensReloaded(bool ok) {
+    (ok ? reload_ok_ : reload_failed_)->Increment();
+  }
 
  private:
   prometheus::Family<prometheus::Counter>* rpcs_;
+  prometheus::Counter *reload_ok_, *reload_failed_;
   prometheus::Gauge* open_streams_;
 };
 

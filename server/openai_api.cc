@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/status_macros.h"
 #include "engine/kv_state.h"
 #include "server/kv_state_json.h"
 #include "server/openapi/openapi_spec.h"
@@ -146,13 +147,60 @@ void OpenAiApi::HandleKvState(HttpExchange& ex) const {
     SendError(absl::UnavailableError("the KV state is not collected yet"), ex);
     return;
   }
+  // A tenant sees its own requests; an admin (or the single tenant of a
+  // daemon without tokens) sees everyone's.
+  const TenantRef& tenant = ex.request().tenant;
   HttpResponse r;
-  r.body = KvStateJson(*state, model_name_);
+  r.body =
+      KvStateJson(*state, model_name_,
+                  tenant == nullptr || tenant->admin ? nullptr : &tenant->name);
   r.headers.emplace_back("Cache-Control", "no-store");
   ex.Respond(std::move(r));
 }
 
+namespace {
+
+// Bytes a non-streamed response holds per generated token: its text (JSON
+// escaped) and, with logprobs, each alternative's token, bytes and value.
+constexpr int64_t kResponseTextBytesPerToken = 24;
+constexpr int64_t kResponseLogprobBytes = 48;
+
+absl::Status CheckResponseBytes(const OpenAiRequest& request,
+                                const std::vector<engine::RequestSpec>& specs,
+                                int64_t limit) {
+  if (request.stream || limit <= 0) return absl::OkStatus();
+  const int64_t per_token =
+      kResponseTextBytesPerToken +
+      (request.logprobs ? kResponseLogprobBytes * (1 + request.top_logprobs)
+                        : 0);
+  int64_t bytes = 0;
+  for (const engine::RequestSpec& s : specs) {
+    bytes += int64_t{s.n} * s.max_tokens * per_token;
+  }
+  if (bytes <= limit) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "stream: a non-streamed response of up to %d bytes (n x max_tokens x "
+      "%d bytes per token%s), over the limit of %d bytes "
+      "(--max-response-bytes); send \"stream\": true or ask for fewer "
+      "tokens",
+      bytes, per_token, request.logprobs ? " with logprobs" : "", limit));
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<engine::RequestSpec>> OpenAiApi::BuildSpecs(
+    const OpenAiRequest& request, const Tenant& tenant) const {
+  absl::StatusOr<std::vector<engine::RequestSpec>> specs = PromptSpecs(request);
+  if (!specs.ok()) return specs;
+  if (absl::Status s = ApplyTenant(tenant, limits_, &*specs); !s.ok()) {
+    return NameMaxTokensField(ToOpenAiFieldNames(s, request.endpoint), request);
+  }
+  KV_RETURN_IF_ERROR(
+      CheckResponseBytes(request, *specs, limits_.max_response_bytes));
+  return specs;
+}
+
+absl::StatusOr<std::vector<engine::RequestSpec>> OpenAiApi::PromptSpecs(
     const OpenAiRequest& request) const {
   if (!request.model.empty() && request.model != model_name_ &&
       std::find(aliases_.begin(), aliases_.end(), request.model) ==
@@ -167,7 +215,10 @@ absl::StatusOr<std::vector<engine::RequestSpec>> OpenAiApi::BuildSpecs(
     absl::StatusOr<engine::RequestSpec> spec =
         ToRequestSpec(request.generate, model_,
                       absl::Uniform<uint64_t>(absl::BitGen()), limits_);
-    if (!spec.ok()) return ToOpenAiFieldNames(spec.status(), request.endpoint);
+    if (!spec.ok()) {
+      return NameMaxTokensField(
+          ToOpenAiFieldNames(spec.status(), request.endpoint), request);
+    }
     specs.push_back(*std::move(spec));
     return specs;
   }
@@ -188,7 +239,9 @@ absl::StatusOr<std::vector<engine::RequestSpec>> OpenAiApi::BuildSpecs(
         ToRequestSpec(one, model_, seed + choices_before, limits_);
     if (!spec.ok()) {
       return BatchFieldNames(
-          ToOpenAiFieldNames(spec.status(), request.endpoint), i);
+          NameMaxTokensField(
+              ToOpenAiFieldNames(spec.status(), request.endpoint), request),
+          i);
     }
     choices_before += static_cast<uint64_t>(spec->n);
     specs.push_back(*std::move(spec));
@@ -200,8 +253,11 @@ void OpenAiApi::HandleGenerate(std::shared_ptr<HttpExchange> ex,
                                OpenAiEndpoint endpoint) {
   absl::StatusOr<OpenAiRequest> request =
       ParseOpenAiRequest(ex->request().body, endpoint);
+  static const TenantRef kNoTenant = SingleTenant(TenantDefaults{});
+  const TenantRef& tenant =
+      ex->request().tenant != nullptr ? ex->request().tenant : kNoTenant;
   absl::StatusOr<std::vector<engine::RequestSpec>> specs =
-      request.ok() ? BuildSpecs(*request) : request.status();
+      request.ok() ? BuildSpecs(*request, *tenant) : request.status();
   if (!specs.ok()) {
     SendError(specs.status(), *ex);
     return;
@@ -214,8 +270,9 @@ void OpenAiApi::HandleGenerate(std::shared_ptr<HttpExchange> ex,
       // All or nothing: the prompts already queued are withdrawn.
       for (const auto& s : streams) engine_->Abort(s->id());
       // The engine's errors name RequestSpec fields.
-      absl::Status error =
-          ToOpenAiFieldNames(ToProtoFieldNames(stream.status()), endpoint);
+      absl::Status error = NameMaxTokensField(
+          ToOpenAiFieldNames(ToProtoFieldNames(stream.status()), endpoint),
+          *request);
       SendError(request->batch.empty() ? error : BatchFieldNames(error, i),
                 *ex);
       return;

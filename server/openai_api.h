@@ -51,8 +51,13 @@ class OpenAiApi {
   void HandleModels(HttpExchange& ex) const;
   // GET /v1/kv/state: the engine's latest KV snapshot.
   void HandleKvState(HttpExchange& ex) const;
-  // One spec per prompt (a batch has several), in prompt order.
+  // One spec per prompt (a batch has several), in prompt order, with
+  // `tenant`'s policy applied (ApplyTenant) and, for a non-streamed call,
+  // its buffered size bounded (--max-response-bytes).
   [[nodiscard]] absl::StatusOr<std::vector<engine::RequestSpec>> BuildSpecs(
+      const OpenAiRequest& request, const Tenant& tenant) const;
+  // The specs of the prompts, before the tenant's policy.
+  [[nodiscard]] absl::StatusOr<std::vector<engine::RequestSpec>> PromptSpecs(
       const OpenAiRequest& request) const;
   void Respond(const OpenAiCallInfo& call, Streams streams,
                std::shared_ptr<HttpExchange> ex);

@@ -33,7 +33,16 @@ absl::Status GetFloat(const json& body, const char* name,
   const json& v = Field(body, name);
   if (v.is_null()) return absl::OkStatus();
   if (!v.is_number()) return Invalid(name, "must be a number");
-  *out = v.get<float>();
+  const double d = v.get<double>();
+  float f = static_cast<float>(d);
+  // A nonzero value below float's range is its smallest neighbour, not 0
+  // (top_p 1e-50 is a valid, tiny top_p); one above it is inf, which the
+  // range checks report.
+  if (f == 0.0f && d != 0.0) {
+    f = std::copysign(std::numeric_limits<float>::denorm_min(),
+                      static_cast<float>(d < 0 ? -1 : 1));
+  }
+  *out = f;
   return absl::OkStatus();
 }
 
@@ -74,13 +83,15 @@ absl::Status GetSeed(const json& body, std::optional<uint64_t>* out) {
     *out = v.get<uint64_t>();
     return absl::OkStatus();
   }
-  if (v.is_number_integer() || v.is_number_float()) {
-    std::optional<int64_t> i;
-    KV_RETURN_IF_ERROR(GetInt(body, "seed", &i));
-    if (v.is_number_float() && *i >= 0 && *i < (int64_t{1} << 53)) {
-      *out = static_cast<uint64_t>(*i);  // an exact integral float
+  if (v.is_number_float()) {
+    // An integral float in range (1e19) is that integer: exact in a double.
+    const double d = v.get<double>();
+    if (std::isfinite(d) && d == std::floor(d) && d >= 0 && d < 0x1p64) {
+      *out = static_cast<uint64_t>(d);
       return absl::OkStatus();
     }
+  }
+  if (v.is_number_integer() || v.is_number_float()) {
     return Invalid("seed",
                    absl::StrCat("out of range: must be an integer in [0, ",
                                 std::numeric_limits<uint64_t>::max(), "], got ",
@@ -444,6 +455,15 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view body,
   std::string salt;
   KV_RETURN_IF_ERROR(GetString(j, "cache_salt", &salt));
   out.generate.set_cache_salt(std::move(salt));
+  // vLLM's extension: lower is more important; clamped to the tenant's
+  // range (server/tenants.h).
+  std::optional<int32_t> priority;
+  KV_RETURN_IF_ERROR(GetInt32(j, "priority", &priority));
+  if (priority) out.generate.set_priority(*priority);
+  if (endpoint == OpenAiEndpoint::kChatCompletions &&
+      !Field(j, "max_completion_tokens").is_null()) {
+    out.max_tokens_name = "max_completion_tokens";
+  }
   if (endpoint == OpenAiEndpoint::kChatCompletions) {
     KV_RETURN_IF_ERROR(ParseMessages(j, &out.generate));
   } else {
@@ -474,6 +494,17 @@ absl::Status ToOpenAiFieldNames(const absl::Status& status,
                         absl::StrCat(to, msg.substr(from.size())));
   }
   return status;
+}
+
+absl::Status NameMaxTokensField(const absl::Status& status,
+                                const OpenAiRequest& request) {
+  constexpr absl::string_view kField = "max_tokens";
+  const absl::string_view msg = status.message();
+  if (request.max_tokens_name == kField || !absl::StartsWith(msg, kField)) {
+    return status;
+  }
+  return absl::Status(status.code(), absl::StrCat(request.max_tokens_name,
+                                                  msg.substr(kField.size())));
 }
 
 }  // namespace kvserve::server

@@ -36,6 +36,9 @@ struct OpenAiRequest {
   bool include_usage = false;  // stream_options.include_usage
   bool logprobs = false;       // report logprobs at all
   int32_t top_logprobs = 0;    // alternatives per token
+  // The field the client limited its output with (chat may use
+  // "max_completion_tokens"), for the errors about it.
+  std::string max_tokens_name = "max_tokens";
 };
 
 // Most prompts in one batched completions request.
@@ -54,6 +57,10 @@ inline constexpr int kMaxJsonDepth = 64;
 // "sampling.top_p" or "chat.messages[0].role") to OpenAI's field names.
 [[nodiscard]] absl::Status ToOpenAiFieldNames(const absl::Status& status,
                                               OpenAiEndpoint endpoint);
+// An error about "max_tokens" named as the client sent it
+// (max_completion_tokens); other statuses unchanged.
+[[nodiscard]] absl::Status NameMaxTokensField(const absl::Status& status,
+                                              const OpenAiRequest& request);
 
 // An HTTP error response.
 struct HttpError {

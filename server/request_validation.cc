@@ -192,9 +192,16 @@ absl::Status CheckSampling(const v1::SamplingParams& p,
 // least 1, so that the engine's check names an over-long prompt. The engine
 // checks the result against the context.
 int32_t MaxTokens(const v1::SamplingParams& p, int32_t prompt_len,
-                  int32_t max_context, bool chat) {
+                  const ServedModel& model, bool chat) {
   if (p.has_max_tokens()) return p.max_tokens();
-  const int32_t room = std::max(max_context - prompt_len, 1);
+  // A pool smaller than one context still serves a chat: its default stays
+  // within what one request can hold.
+  int64_t limit = model.max_context;
+  if (model.max_pool_tokens > 0) {
+    limit = std::min(limit, model.max_pool_tokens);
+  }
+  const auto room =
+      static_cast<int32_t>(std::max<int64_t>(limit - prompt_len, 1));
   return chat ? room : std::min(room, kDefaultMaxTokens);
 }
 
@@ -283,7 +290,7 @@ absl::StatusOr<engine::RequestSpec> ToRequestSpec(
   KV_RETURN_IF_ERROR(
       CheckOperatorLimits(p, tokens.size(), input_field, limits));
   int32_t max_tokens =
-      MaxTokens(p, static_cast<int32_t>(tokens.size()), model.max_context,
+      MaxTokens(p, static_cast<int32_t>(tokens.size()), model,
                 request.input_case() == v1::GenerateRequest::kChat);
   if (limits.max_tokens > 0) {
     max_tokens = std::min(max_tokens, limits.max_tokens);
@@ -303,6 +310,46 @@ absl::StatusOr<engine::RequestSpec> ToRequestSpec(
   spec.cache_salt = request.cache_salt();
   spec.n = request.n() == 0 ? 1 : request.n();  // 0: unset
   return spec;
+}
+
+absl::Status ApplyTenant(const Tenant& tenant, const RequestLimits& limits,
+                         std::vector<engine::RequestSpec>* specs) {
+  const TenantLimits& t = tenant.limits;
+  int64_t completions = 0;
+  int64_t work = 0;
+  for (engine::RequestSpec& spec : *specs) {
+    spec.priority = std::clamp(spec.priority, t.priority_min, t.priority_max);
+    spec.tenant = {.name = tenant.name,
+                   .cache_scope = tenant.cache_scope,
+                   .scope_shared = tenant.scope_shared,
+                   .weight = t.weight,
+                   .max_running = t.max_running,
+                   .max_queued = t.max_queued};
+    completions += spec.n;
+    work += static_cast<int64_t>(spec.prompt_tokens.size()) +
+            int64_t{spec.n} * spec.max_tokens;
+  }
+  if (limits.max_completions > 0 && completions > limits.max_completions) {
+    return Invalid("n",
+                   absl::StrFormat("%d completions in this request (n x "
+                                   "prompts), over the server's limit of %d "
+                                   "sequences (--max-num-seqs)",
+                                   completions, limits.max_completions));
+  }
+  const bool own = t.max_request_tokens > 0 &&
+                   (limits.max_request_tokens <= 0 ||
+                    t.max_request_tokens < limits.max_request_tokens);
+  const int64_t cap = own ? t.max_request_tokens : limits.max_request_tokens;
+  if (cap > 0 && work > cap) {
+    return Invalid(
+        "max_tokens",
+        absl::StrFormat("this request asks for %d tokens (prompt + n x "
+                        "max_tokens, over all prompts), over %s limit of %d "
+                        "(%s)",
+                        work, own ? "its tenant's" : "the server's", cap,
+                        own ? "max_request_tokens" : "--max-request-tokens"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ToProtoFieldNames(const absl::Status& status) {

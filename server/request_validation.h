@@ -22,6 +22,7 @@
 #include "kvserve/v1/kvserve.pb.h"
 #include "models/model_config.h"
 #include "models/tokenizer/tokenizer.h"
+#include "server/tenants.h"
 
 namespace kvserve::server {
 
@@ -45,6 +46,14 @@ struct RequestLimits {
   // (--special-tokens-in-chat-content); off: they are plain text, so a user
   // cannot forge a turn.
   bool special_tokens_in_chat_content = false;
+  // Per API call (one prompt or a batch), beside each tenant's own caps
+  // (server/tenants.h): completions, n summed over the prompts (0: none);
+  // work, prompt + n x max_tokens summed (0: none).
+  int32_t max_completions = 0;
+  int64_t max_request_tokens = 0;
+  // What a non-streamed HTTP response may hold in memory, estimated from n,
+  // max_tokens and logprobs (0: no limit); past it the client must stream.
+  int64_t max_response_bytes = 0;
 };
 
 // What validation needs to know about the served model.
@@ -54,6 +63,9 @@ struct ServedModel {
   std::string chat_template;
   // The longest sequence (prompt + generated) a request may reach.
   int32_t max_context = 0;
+  // Tokens one request may hold in the KV pool (its blocks less the
+  // watermark); an unset chat max_tokens stays within it (0: the context).
+  int64_t max_pool_tokens = 0;
 };
 
 // Validates `request` and builds the engine's spec: tokenizes the prompt
@@ -63,6 +75,16 @@ struct ServedModel {
 [[nodiscard]] absl::StatusOr<engine::RequestSpec> ToRequestSpec(
     const v1::GenerateRequest& request, const ServedModel& model,
     uint64_t seed_if_unset, const RequestLimits& limits = {});
+
+// Applies `tenant`'s policy to the specs of one API call (one per prompt):
+// priorities clamped to its range, its name, weight, caps and cache scope;
+// then the call's caps: INVALID_ARGUMENT naming "n" when its completions
+// pass limits.max_completions, "max_tokens" when its work (prompt + n x
+// max_tokens, summed) passes the tenant's max_request_tokens or the
+// server's.
+[[nodiscard]] absl::Status ApplyTenant(const Tenant& tenant,
+                                       const RequestLimits& limits,
+                                       std::vector<engine::RequestSpec>* specs);
 
 // Renames the RequestSpec fields that Engine::Submit's errors name
 // ("max_tokens", "stop_token_ids[i]", "prompt_token_ids[i]") to the

@@ -8,6 +8,7 @@ ServedModel ServedModelOf(const engine::Engine& engine) {
   m.chat_format = engine.model().chat_format;
   m.chat_template = engine.model().chat_template;
   m.max_context = engine.model_info().max_context;
+  m.max_pool_tokens = engine.model_info().max_request_kv_tokens;
   return m;
 }
 

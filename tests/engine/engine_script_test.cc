@@ -170,9 +170,12 @@ TEST(EngineScriptTest, ForkedCompletionsShareThePromptAndGetTheirIndex) {
   EXPECT_NE(s.Get("a#1").tokens, s.Get("a#2").tokens);
 }
 
-// A 20-token prompt prefilled 8 tokens a step, aborted after its second
-// chunk: it ends cancelled without a token, and the request queued behind it
-// runs once the budget is free.
+// A 20-token prompt prefilled in chunks of a step's budget (8), aborted
+// after its second step: it ends cancelled without a token. The short
+// request submitted with it waits one step (a, first in the queue, takes
+// the first step's budget), then does not wait for the rest of the long
+// prefill: the step keeps a share for it (scheduler.h), so its whole prompt
+// runs in the second step beside a's chunk, and it decodes on alone.
 TEST(EngineScriptTest, AbortMidPrefill) {
   EngineConfig config = SmallConfig();
   config.scheduler.max_num_batched_tokens = 8;
@@ -190,19 +193,19 @@ TEST(EngineScriptTest, AbortMidPrefill) {
 
   EXPECT_THAT(s.Rows(), ElementsAreArray(std::vector<Row>{
                             {1, "a", {}, FinishReason::kCancelled},
-                            {2, "b", {5}},
-                            {3, "b", {7}},
-                            {4, "b", {9}, kLength},
+                            {1, "b", {5}},
+                            {2, "b", {7}},
+                            {3, "b", {9}, kLength},
                         }));
   EXPECT_EQ(s.Get("a").usage.completion_tokens, 0);
   const std::vector<StepRecord> steps = s.backend().steps();
-  ASSERT_THAT(steps, SizeIs(5));
-  for (int step : {0, 1}) {
-    EXPECT_EQ(steps[step].batch.num_seqs(), 1) << "step " << step;
-    EXPECT_EQ(steps[step].batch.num_tokens(), 8) << "step " << step;
-    EXPECT_THAT(steps[step].batch.logits_rows, IsEmpty()) << "step " << step;
-  }
-  // b alone, its first token a cached tail from a's first block.
+  ASSERT_THAT(steps, SizeIs(4));
+  EXPECT_EQ(steps[0].batch.num_seqs(), 1);
+  EXPECT_EQ(steps[0].batch.num_tokens(), 8);
+  EXPECT_THAT(steps[0].batch.logits_rows, IsEmpty());
+  // a's chunk (6) and b's whole prompt (2).
+  EXPECT_EQ(steps[1].batch.num_seqs(), 2);
+  EXPECT_EQ(steps[1].batch.num_tokens(), 8);
   EXPECT_EQ(steps[2].batch.num_tokens(), 1);
   EXPECT_THAT(s.backend().kv_errors(), IsEmpty());
 }
@@ -405,7 +408,9 @@ INSTANTIATE_TEST_SUITE_P(Modes, PreemptionTest,
 TEST(EngineScriptTest, SubmitRefusesEachLimitNamingTheField) {
   FakeBackend::Options big;
   big.num_blocks = 128;  // 512 tokens: past the model's context of 256
-  Script s(SmallConfig(), big);
+  EngineConfig config = SmallConfig();
+  config.scheduler.max_num_seqs = 16;
+  Script s(config, big);
   struct Case {
     const char* name;
     RequestSpec spec;
@@ -417,6 +422,15 @@ TEST(EngineScriptTest, SubmitRefusesEachLimitNamingTheField) {
   n17.n = 17;
   RequestSpec stop = Greedy({2, 3}, 4);
   stop.stop_token_ids = {1, 64};
+  // Each completion is a sequence: n cannot pass what runs at once.
+  Script four(SmallConfig(), big);
+  RequestSpec n5 = Greedy({2, 3}, 4);
+  n5.n = 5;
+  const absl::Status over = four.Submit("n5", n5).status();
+  EXPECT_EQ(over.code(), absl::StatusCode::kInvalidArgument) << over;
+  EXPECT_THAT(over.message(),
+              HasSubstr("n: 5 completions, over the server's limit of 4 "
+                        "sequences (--max-num-seqs)"));
   const std::vector<Case> cases = {
       {"empty prompt", Greedy({}, 4), "prompt: must not be empty"},
       {"max_tokens 0", Greedy({2, 3}, 0), "max_tokens: must be >= 1, got 0"},

@@ -257,7 +257,7 @@ TEST_F(HttpServerTest, AuthGuardsAllButProbes) {
   auto auth = BearerAuth::FromTokens({"sekret-token"});
   ASSERT_TRUE(auth.ok());
   HttpServer::Options o;
-  o.auth = &*auth;
+  o.auth = auth->get();
   o.auth_metrics = true;
   Start(o);
   Conn c(server_->port());
