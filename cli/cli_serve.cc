@@ -71,7 +71,7 @@ struct ServeFlags {
   int64_t max_request_bytes = 4 << 20, max_prompt_tokens = 0;
   int64_t max_tokens_limit = 0, max_concurrent_streams = 0;
   int64_t max_request_tokens = 0, max_response_bytes = 64 << 20;
-  std::string model_dirs;
+  std::string model_dirs, allowed_hosts;
   // Tenants (server/tenants.h).
   std::string priority_range = "-10..10";
   double priority_aging_seconds = SchedulerDefaults().priority_aging_seconds;
@@ -232,6 +232,11 @@ void RegisterSecurityFlags(ServeFlags* f, CliArgs* args) {
                            "priority difference x this later (default ",
                            f->priority_aging_seconds, "; 0 = no aging)"),
               0, 3600);
+  args->String("allowed-hosts", &f->allowed_hosts,
+               "','-separated names the HTTP Host header may carry beside "
+               "the bound address (loopback names when bound to loopback, "
+               "IP literals when bound to 0.0.0.0); others get 403, which "
+               "stops DNS rebinding. '*' = any Host (default none)");
   args->String("model-dirs", &f->model_dirs,
                "':'-separated directories; when set, --model resolves only "
                "inside them (no path outside, no symlink leading out)");
@@ -359,6 +364,10 @@ absl::Status FinishFlags(ServeFlags* f) {
   KV_RETURN_IF_ERROR(
       server::ParsePriorityRange(f->priority_range, "--priority-range",
                                  &tl.priority_min, &tl.priority_max));
+  for (absl::string_view h :
+       absl::StrSplit(f->allowed_hosts, ',', absl::SkipEmpty())) {
+    o.allowed_hosts.emplace_back(absl::StripAsciiWhitespace(h));
+  }
   for (absl::string_view d :
        absl::StrSplit(f->model_dirs, ':', absl::SkipEmpty())) {
     o.model_dirs.emplace_back(d);

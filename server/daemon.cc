@@ -39,6 +39,7 @@ HttpServer::Options HttpOptions(const ServeOptions& o, const BearerAuth* auth,
   h.auth = auth;
   h.single_tenant = std::move(single);
   h.auth_metrics = o.auth_metrics;
+  h.allowed_hosts = o.allowed_hosts;
   h.max_request_bytes = o.max_request_bytes;
   return h;
 }

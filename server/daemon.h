@@ -37,6 +37,9 @@ struct ServeOptions {
   int metrics_port = 9090;          // HTTP; 0: pick a free port
   int http_threads = 2;             // HTTP I/O threads (streams hold none)
   int http_max_connections = 4096;  // beyond: 429 but for the probes
+  // HTTP Host names accepted beside the bound address's (http_checks.h);
+  // "*": any.
+  std::vector<std::string> allowed_hosts;
   engine::EngineConfig engine;
   float rope_scale = 1.0f;  // --rope-scale (engine::LoadModel)
   // Not ready while requests wait and no step completed for this long.

@@ -33,6 +33,7 @@
 #include "absl/synchronization/mutex.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
+#include "server/http_checks.h"
 #include "server/http_server.h"
 
 namespace kvserve::server {
@@ -64,6 +65,7 @@ class SessionBase : public std::enable_shared_from_this<SessionBase> {
 
 struct HttpServer::Core {
   HttpServer::Options options;
+  HostPolicy hosts;  // from options.host and options.allowed_hosts
   HttpRoutes routes;
   // kvserve_http_requests_total{route, code}; route is a routed path or
   // "other" (so unknown paths cannot grow the label set).

@@ -131,6 +131,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
     const std::function<void(HttpRoutes&)>& add_routes) {
   auto core = std::make_shared<Core>();
   core->options = options;
+  core->hosts = HostPolicy(options.host, options.allowed_hosts);
   core->options.threads = std::max(1, options.threads);
   auto ssl = MakeSslContext(options.tls);
   if (!ssl.ok()) return ssl.status();

@@ -21,8 +21,9 @@
 // cost memory, not threads (the load test that chose Beast over cpp-httplib
 // is in docs/PERFORMANCE.md). Handlers must not block.
 //
-// Checks run after the request headers arrive and before the body is read:
-// an unauthenticated client never makes the server read its body, a
+// Checks run after the request headers arrive and before the body is read
+// (framing, Host and Content-Type: http_checks.h, then the token, then the
+// size): an unauthenticated client never makes the server read its body, a
 // Content-Length over the limit is answered 413 unread, and a chunked body
 // is read only up to the limit (413 beyond it). Answers that leave a body
 // unread close the connection. Deadlines: request headers and body within
@@ -130,8 +131,11 @@ class HttpServer {
     int max_connections = 4096;
     TlsOptions tls;                    // enabled(): HTTPS
     const BearerAuth* auth = nullptr;  // not owned; null: no auth
-    TenantRef single_tenant;        // every request's tenant when auth is null
-    bool auth_metrics = false;      // /metrics needs the token too
+    TenantRef single_tenant;    // every request's tenant when auth is null
+    bool auth_metrics = false;  // /metrics needs the token too
+    // Host header names accepted beside the bound address's own
+    // (http_checks.h); "*": any.
+    std::vector<std::string> allowed_hosts;
     int64_t max_request_bytes = 0;  // body limit; 0: 64 MiB
   };
 

@@ -372,6 +372,12 @@ bool Session<Stream>::Admit() {
     Refuse(std::move(r));
     return false;
   }
+  if (std::optional<HeadRefusal> no =
+          CheckRequestHead(request_, parser_->get().version(), core_->hosts)) {
+    Refuse(JsonError(
+        no->status, ErrorBody(no->message, "invalid_request_error", no->code)));
+    return false;
+  }
   // /ui is a static page: the data it draws needs the token.
   const bool open =
       probe || path == "/ui" || (path == "/metrics" && !o.auth_metrics);

@@ -3,6 +3,7 @@
 #include <set>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/descriptor.pb.h"
 
@@ -10,6 +11,9 @@ namespace kvserve::server {
 namespace {
 
 namespace pb = google::protobuf;
+
+// Reflection requests name a file, a symbol or a type: a few hundred bytes.
+constexpr size_t kMaxRequestBytes = 4096;
 using grpc::reflection::v1::ServerReflectionRequest;
 using grpc::reflection::v1::ServerReflectionResponse;
 
@@ -67,6 +71,16 @@ ServerReflectionResponse ReflectionV1Service::Answer(
     const ServerReflectionRequest& request) const {
   const pb::DescriptorPool* pool = pb::DescriptorPool::generated_pool();
   ServerReflectionResponse out;
+  // Reflection is open (no token): an oversized request is answered with
+  // an error that does not echo it.
+  if (request.ByteSizeLong() > kMaxRequestBytes) {
+    out.mutable_error_response()->set_error_code(
+        static_cast<int32_t>(grpc::StatusCode::INVALID_ARGUMENT));
+    out.mutable_error_response()->set_error_message(absl::StrCat(
+        "request: ", request.ByteSizeLong(), " bytes, over the limit of ",
+        kMaxRequestBytes, " for reflection"));
+    return out;
+  }
   out.set_valid_host(request.host());
   *out.mutable_original_request() = request;
   std::set<std::string> seen;

@@ -53,7 +53,7 @@ VANISHING_CLIENT = textwrap.dedent("""
     socks = []
     for _ in range(n):
         s = socket.create_connection(("127.0.0.1", http_port))
-        s.sendall(b"POST /v1/completions HTTP/1.1\\r\\nHost: x\\r\\n"
+        s.sendall(b"POST /v1/completions HTTP/1.1\\r\\nHost: localhost\\r\\n"
                   b"Content-Type: application/json\\r\\nContent-Length: " +
                   str(len(body)).encode() + b"\\r\\n\\r\\n" + body)
         got = b""

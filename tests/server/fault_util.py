@@ -120,7 +120,7 @@ def sse_request(port, body):
     socket once the first event bytes arrived (for abrupt closes)."""
     data = json.dumps(dict(body, stream=True)).encode()
     sock = socket.create_connection(("127.0.0.1", port), timeout=30)
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n"
                  b"Content-Type: application/json\r\n" +
                  f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
     got = b""

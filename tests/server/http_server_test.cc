@@ -91,7 +91,7 @@ class Conn {
 };
 
 std::string Get(const std::string& path) {
-  return absl::StrCat("GET ", path, " HTTP/1.1\r\nHost: t\r\n\r\n");
+  return absl::StrCat("GET ", path, " HTTP/1.1\r\nHost: localhost\r\n\r\n");
 }
 
 class HttpServerTest : public ::testing::Test {
@@ -114,6 +114,7 @@ class HttpServerTest : public ::testing::Test {
     });
     // Streams three pieces, each after the previous one was written.
     routes.Add("GET", "/stream", [this](std::shared_ptr<HttpExchange> ex) {
+      stream_started_.fetch_add(1);
       ex->StartStream(HttpResponse{200, "text/event-stream", "", {}});
       WriteNext(ex, 0);
     });
@@ -138,6 +139,7 @@ class HttpServerTest : public ::testing::Test {
 
   std::unique_ptr<HttpServer> server_;
   std::atomic<int> sent_{0};
+  std::atomic<int> stream_started_{0};
   absl::Notification closed_;
   absl::Mutex mu_;
   std::shared_ptr<HttpExchange> held_ ABSL_GUARDED_BY(mu_);
@@ -149,7 +151,7 @@ TEST_F(HttpServerTest, ProbesRoutesAndMethodErrors) {
   ASSERT_TRUE(c.ok());
   // Three requests on one keep-alive connection, pipelined in one send.
   ASSERT_TRUE(c.Send(Get("/health") + Get("/nothing") +
-                     "POST /health HTTP/1.1\r\nHost: t\r\n"
+                     "POST /health HTTP/1.1\r\nHost: localhost\r\n"
                      "Content-Length: 0\r\n\r\n"));
   const std::string got = c.ReadUntil("allowed: GET");
   EXPECT_THAT(got, StartsWith("HTTP/1.1 200 OK"));
@@ -166,15 +168,16 @@ TEST_F(HttpServerTest, BodyChunkedBodyAndContinue) {
   Start();
   Conn c(server_->port());
   ASSERT_TRUE(
-      c.Send("POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\n"
+      c.Send("POST /echo HTTP/1.1\r\nHost: localhost\r\nContent-Length: 5\r\n"
              "Expect: 100-continue\r\n\r\n"));
   EXPECT_THAT(c.ReadUntil("100 Continue\r\n\r\n"),
               StartsWith("HTTP/1.1 100 Continue"));
   ASSERT_TRUE(c.Send("hello"));
   EXPECT_THAT(c.ReadUntil("echo:hello"), HasSubstr("echo:hello"));
-  ASSERT_TRUE(c.Send(
-      "POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
-      "3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"));
+  ASSERT_TRUE(
+      c.Send("POST /echo HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: "
+             "chunked\r\n\r\n"
+             "3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"));
   EXPECT_THAT(c.ReadUntil("echo:abcde"), HasSubstr("echo:abcde"));
 }
 
@@ -183,13 +186,13 @@ TEST_F(HttpServerTest, BodyChunkedBodyAndContinue) {
 TEST_F(HttpServerTest, MalformedFramingAnswers400) {
   Start();
   const std::string cases[] = {
-      "POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: -1\r\n\r\n",
-      "POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\n"
+      "POST /echo HTTP/1.1\r\nHost: localhost\r\nContent-Length: -1\r\n\r\n",
+      "POST /echo HTTP/1.1\r\nHost: localhost\r\nContent-Length: 3\r\n"
       "Content-Length: 4\r\n\r\nabcd",
-      "POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\n"
+      "POST /echo HTTP/1.1\r\nHost: localhost\r\nContent-Length: 3\r\n"
       "Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
       "this is not http\r\n\r\n",
-      "POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n"
+      "POST /echo HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n"
       "\r\nzz\r\nabc\r\n0\r\n\r\n",
   };
   for (const std::string& request : cases) {
@@ -206,6 +209,39 @@ TEST_F(HttpServerTest, MalformedFramingAnswers400) {
   Conn c(server_->port());
   ASSERT_TRUE(c.Send(Get("/health")));
   EXPECT_THAT(c.ReadUntil("ok\n"), StartsWith("HTTP/1.1 200"));
+}
+
+// A transfer coding the server does not implement is 501 and the
+// connection closes: the bytes after the head never run as a request (a
+// smuggling primitive behind a lenient proxy). No Host, or a Host that
+// names another server (DNS rebinding), is refused before any route runs.
+TEST_F(HttpServerTest, UnknownCodingsHostsAndMissingHostAreRefused) {
+  Start();
+  struct Case {
+    std::string request;
+    const char* status;
+  };
+  const Case cases[] = {
+      {"POST /echo HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: gzip\r\n"
+       "\r\nGET /stream HTTP/1.1\r\nHost: localhost\r\n\r\n",
+       "HTTP/1.1 501"},
+      {"POST /echo HTTP/1.1\r\nHost: localhost\r\n"
+       "Transfer-Encoding: identity\r\n\r\nGET /stream HTTP/1.1\r\n"
+       "Host: localhost\r\n\r\n",
+       "HTTP/1.1 501"},
+      {"GET /stream HTTP/1.1\r\n\r\n", "HTTP/1.1 400"},
+      {"GET /stream HTTP/1.1\r\nHost: rebound.example\r\n\r\n", "HTTP/1.1 403"},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.request);
+    Conn c(server_->port());
+    ASSERT_TRUE(c.Send(k.request));
+    const std::string got = c.ReadUntil("}}");
+    EXPECT_THAT(got, StartsWith(k.status));
+    EXPECT_THAT(got, HasSubstr("Connection: close"));
+    EXPECT_TRUE(c.ReadEof());
+    EXPECT_EQ(stream_started_.load(), 0) << "the smuggled request ran";
+  }
 }
 
 // Every answer is counted by route and status code; unknown paths share
@@ -233,8 +269,9 @@ TEST_F(HttpServerTest, SizeLimitAnswers413BeforeTheBody) {
   Start(o);
   {
     Conn c(server_->port());
-    ASSERT_TRUE(c.Send(
-        "POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\n\r\n"));
+    ASSERT_TRUE(
+        c.Send("POST /echo HTTP/1.1\r\nHost: localhost\r\nContent-Length: "
+               "1000\r\n\r\n"));
     const std::string got = c.ReadUntil("}}");  // no body was sent
     EXPECT_THAT(got, StartsWith("HTTP/1.1 413"));
     EXPECT_THAT(got, HasSubstr("1000 bytes, over the limit of 100 bytes "
@@ -243,11 +280,12 @@ TEST_F(HttpServerTest, SizeLimitAnswers413BeforeTheBody) {
     EXPECT_TRUE(c.ReadEof());
   }
   Conn c(server_->port());
-  ASSERT_TRUE(c.Send(
-      "POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
-      "50\r\n" +
-      std::string(80, 'a') + "\r\n" + "50\r\n" + std::string(80, 'b') +
-      "\r\n0\r\n\r\n"));
+  ASSERT_TRUE(
+      c.Send("POST /echo HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: "
+             "chunked\r\n\r\n"
+             "50\r\n" +
+             std::string(80, 'a') + "\r\n" + "50\r\n" + std::string(80, 'b') +
+             "\r\n0\r\n\r\n"));
   const std::string got = c.ReadUntil("}}");
   EXPECT_THAT(got, StartsWith("HTTP/1.1 413"));
   EXPECT_THAT(got, HasSubstr("over the limit of 100 bytes"));
@@ -271,7 +309,7 @@ TEST_F(HttpServerTest, AuthGuardsAllButProbes) {
   EXPECT_THAT(denied, Not(HasSubstr("sekret")));
   Conn e(server_->port());
   ASSERT_TRUE(
-      e.Send("POST /echo HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer "
+      e.Send("POST /echo HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer "
              "sekret-token\r\nContent-Length: 2\r\n\r\nhi"));
   EXPECT_THAT(e.ReadUntil("echo:hi"), StartsWith("HTTP/1.1 200"));
 }
@@ -288,7 +326,7 @@ TEST_F(HttpServerTest, ConnectionCapRefusesApiButServesProbes) {
   ASSERT_THAT(b.ReadUntil("ok\n"), HasSubstr("ok\n"));
   Conn c(server_->port());
   ASSERT_TRUE(
-      c.Send("POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 1"
+      c.Send("POST /echo HTTP/1.1\r\nHost: localhost\r\nContent-Length: 1"
              "\r\n\r\nx"));
   const std::string got = c.ReadUntil("}}");
   EXPECT_THAT(got, StartsWith("HTTP/1.1 429"));

@@ -314,7 +314,8 @@ class MutualTlsAndTokensTest(unittest.TestCase):
         self.server.https("GET", "/v1/models", token=self.tokens[1])
         self.server.https("GET", "/v1/models", token=self.tokens[1] + "x")
         out = self.server.text()
-        self.assertIn("bearer-token authentication on (2 tokens)", out)
+        self.assertIn("bearer-token authentication on (2 tokens, 2 tenants)",
+                      out)
         for token in self.tokens:
             self.assertNotIn(token, out)
             self.assertNotIn(token[:12], out)

@@ -1,0 +1,60 @@
+// The checks the HTTP server applies to a request's head before it reads
+// the body (http_session.cc), as pure functions of the parsed head so that
+// they are tested and fuzzed without sockets:
+//   - framing: a Transfer-Encoding other than exactly "chunked" is 501 (RFC
+//     9112 6.1: the server does not understand it, and reading such a body
+//     as empty would let its bytes run as the next request); HTTP/1.1
+//     without exactly one Host is 400 (RFC 9112 3.2);
+//   - Host: only names of this server (HostPolicy), so that a web page
+//     whose DNS name is rebound to the server's address cannot drive it
+//     (403; the probes /health and /ready are exempt);
+//   - Content-Type: a POST to the API (/v1/) carries application/json (415
+//     otherwise), so
+//     that a cross-site page cannot send one without a CORS preflight,
+//     which the server never grants.
+// Owns no state beyond the policy.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "server/http_server.h"
+
+namespace kvserve::server {
+
+// Which Host header values name this server.
+class HostPolicy {
+ public:
+  // `bound`: the address the server listens on (--host); `allowed`: more
+  // names (--allowed-hosts; "*" allows every Host). Loopback names
+  // (localhost, 127.0.0.0/8, ::1) when bound to loopback; the bound IP
+  // literal otherwise, and any IP literal when bound to a wildcard
+  // (0.0.0.0, ::), since an IP literal cannot be rebound.
+  HostPolicy(const std::string& bound, const std::vector<std::string>& allowed);
+  HostPolicy() : any_(true) {}  // no check
+
+  // `value`: a Host header ("name", "name:port", "[v6]:port").
+  [[nodiscard]] bool Allows(absl::string_view value) const;
+
+ private:
+  bool any_ = false;
+  bool loopback_ = false;           // bound to a loopback address or name
+  bool wildcard_ = false;           // bound to 0.0.0.0 or ::
+  std::string bound_ip_;            // the bound IP literal, canonical
+  std::vector<std::string> names_;  // lower case, no trailing dot
+};
+
+struct HeadRefusal {
+  int status = 400;
+  std::string message;
+  const char* code = "bad_request";  // the OpenAI error body's code
+};
+
+// The checks above, in that order; nullopt when the request may go on.
+// `version`: 10 or 11.
+[[nodiscard]] std::optional<HeadRefusal> CheckRequestHead(
+    const HttpRequest& head, unsigned version, const HostPolicy& hosts);
+
+}  // namespace kvserve::server
