@@ -195,13 +195,17 @@ SchedulerOutput Scheduler::Schedule() {
   plan.budget = config_.max_num_batched_tokens;
   plan.scheduled.reserve(running_.size() + 8);
   ScheduleDecodes(plan);
-  // The short lane: a share of what is left is kept for the first short
-  // waiting request, which may pass long ones that only wait for budget.
-  Request* short_lane = ShortLaneCandidate();
+  // The short lane (scheduler.h): a small step, the short request's tokens
+  // and as many for the long prefills.
+  Request* short_lane = ShortLaneCandidate(plan.budget);
+  int32_t cut = 0;
   if (short_lane != nullptr) {
     plan.reserve =
         std::min(short_lane->num_tokens() - short_lane->num_computed_tokens_,
                  plan.budget / 2);
+    const int32_t small = std::min(plan.budget, 2 * plan.reserve);
+    cut = plan.budget - small;
+    plan.budget = small;
   }
   SchedulePrefills(plan);
   if (plan.preempted.empty()) {
@@ -216,7 +220,15 @@ SchedulerOutput Scheduler::Schedule() {
   } else {
     last_admission_stop_ = AdmissionStop::kPreempted;
   }
-  TopUpPrefills(plan);
+  // The lane's request was admitted: the step stays small. Otherwise the
+  // step takes the whole budget after all. Either way the next step is a
+  // whole one (a head the small budget kept out, e.g. by the thrash guard,
+  // gets in there).
+  last_step_short_lane_ = short_lane != nullptr;
+  if (short_lane == nullptr || short_lane->status_ != RequestStatus::kRunning) {
+    plan.budget += cut;
+    TopUpPrefills(plan);
+  }
   SchedulerOutput out = BuildOutput(plan);
   const StepStats after = CumulativeStepStats();
   out.stats = {
@@ -284,22 +296,42 @@ void Scheduler::ScheduleDecodes(StepPlan& plan) {
   }
 }
 
-Request* Scheduler::ShortLaneCandidate() const {
+Request* Scheduler::ShortLaneCandidate(int32_t budget) const {
   const int32_t threshold = config_.long_prefill_token_threshold > 0
                                 ? config_.long_prefill_token_threshold
                                 : config_.max_num_batched_tokens;
+  auto left = [](const Request* r) {
+    return r->num_tokens() - r->num_computed_tokens_;
+  };
+  // Every other step at most, so long prefills keep at least half of the
+  // steps whole.
+  if (last_step_short_lane_) return nullptr;
   Request* next = AdmissionCandidate();
   if (next == nullptr) return nullptr;
+  // Only long prefills (running, or ahead in the queue) that would take
+  // the whole budget make a short request wait.
+  bool long_prefill = left(next) > threshold;
+  int64_t demand = 0;
+  for (const Request* r : running_) {
+    if (left(r) <= 1) continue;
+    long_prefill |= left(r) > threshold;
+    demand += std::min(left(r), threshold);
+  }
   // A short head is admitted in order (the share is kept for it); a long
   // one may be passed.
-  if (next->num_tokens() - next->num_computed_tokens_ <= threshold) {
-    return next;
+  if (left(next) <= threshold) {
+    return long_prefill && demand + left(next) > budget ? next : nullptr;
   }
+  if (!long_prefill) return nullptr;
   int32_t looked = 0;
   for (auto it = waiting_.begin();
        it != waiting_.end() && looked < kShortLaneWindow; ++it, ++looked) {
     Request* r = it->second;
-    if (r->num_tokens() - r->num_computed_tokens_ > threshold) continue;
+    if (left(r) > threshold) {
+      demand += threshold;  // it would take a chunk first
+      continue;
+    }
+    if (demand + left(r) <= budget) return nullptr;  // it fits anyway
     // Fair share holds: its tenant is the next one's or below its share.
     if (!fair_.UnderCap(r->tenant_id_, r->seats()) ||
         (r->tenant_id_ != next->tenant_id_ &&
@@ -316,7 +348,8 @@ void Scheduler::AdmitShortLane(Request* r, StepPlan& plan) {
   // waits for KV, seats or the watermark is not overtaken.
   if (r == nullptr || r->status_ == RequestStatus::kRunning ||
       last_admission_stop_ != AdmissionStop::kTokenBudget || plan.budget <= 0 ||
-      fair_.running_seats() + r->seats() > config_.max_num_seqs) {
+      fair_.running_seats() + r->seats() > config_.max_num_seqs ||
+      !fair_.UnderCap(r->tenant_id_, r->seats())) {
     return;
   }
   const kvcache::PrefixMatch match = MatchPrefix(*r);

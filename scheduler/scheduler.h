@@ -32,12 +32,17 @@
 //      blocks, never its last token; a preempted request matches again): it
 //      starts with num_computed_tokens = the matched tokens and only the rest
 //      is scheduled; matched evictable blocks count against free blocks.
-//      The short lane: when admission stopped only because the budget was
-//      spent, the first request among the first kShortLaneWindow waiting
-//      ones whose remaining prompt is within long_prefill_token_threshold
-//      (and whose tenant may run it) is admitted with the share kept for
-//      it, passing long requests that wait for budget alone. So a short
-//      request waits about one step behind any number of long prefills.
+//      The short lane: while long prefills (more than
+//      long_prefill_token_threshold tokens left, running or ahead in the
+//      queue) would take the whole budget, the first short request among the
+//      first kShortLaneWindow waiting ones (its rest within the threshold; its
+//      tenant may run it) gets a small step: its tokens and as many for the
+//      long prefills. It is admitted in order when it is the head, else
+//      after normal admission stopped for the budget alone (it passes long
+//      requests that wait only for budget, never one waiting for KV or
+//      seats). So it waits at most the step in progress, and its own step
+//      costs about twice its idle prefill. At most every other step is
+//      such a step: long prefills keep at least half of the steps whole.
 //      A swapped-out head gets fresh blocks for its slots (blocks_to_swap_in)
 //      and continues where it stopped, without a prefix lookup. Admission
 //      also stops above admission_high_watermark, and a thrashing head (see
@@ -387,7 +392,8 @@ class Scheduler {
   // The short lane (see the header comment): the first of the first
   // kShortLaneWindow waiting requests whose remaining prompt is within the
   // long-prefill threshold and whose tenant may run it now; null if none.
-  [[nodiscard]] Request* ShortLaneCandidate() const;
+  // `budget`: what the step has left after decodes.
+  [[nodiscard]] Request* ShortLaneCandidate(int32_t budget) const;
   // Admits `r` (ShortLaneCandidate's) when normal admission stopped for the
   // token budget alone and `r` fits (seats, KV, not thrashing).
   void AdmitShortLane(Request* r, StepPlan& plan);
@@ -496,6 +502,7 @@ class Scheduler {
   int64_t next_admit_seq_ = 0;
   int64_t next_head_order_ = -1;  // FCFS keys of preempted: before arrivals
   bool pending_update_ = false;
+  bool last_step_short_lane_ = false;  // the latest step was the lane's
   size_t block_ids_hint_ = 0;  // capacity to reserve for the next block_ids
   AdmissionStop last_admission_stop_ = AdmissionStop::kQueueEmpty;
 

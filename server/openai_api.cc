@@ -15,6 +15,7 @@
 #include "common/status_macros.h"
 #include "engine/kv_state.h"
 #include "server/kv_state_json.h"
+#include "server/openai_specs.h"
 #include "server/openapi/openapi_spec.h"
 #include "server/served_model.h"
 #include "server/status_mapping.h"
@@ -44,15 +45,6 @@ void AbortOnClose(engine::Engine* engine, const Streams& streams,
       if (!s->Done()) engine->Abort(s->id());
     }
   });
-}
-
-// A batch prompt's error names its prompt: "prompt: x" -> "prompt[i]: x",
-// "prompt[3]: x" -> "prompt[i][3]: x".
-absl::Status BatchFieldNames(const absl::Status& status, size_t i) {
-  const absl::string_view msg = status.message();
-  if (!absl::StartsWith(msg, "prompt")) return status;
-  return absl::Status(status.code(),
-                      absl::StrCat("prompt[", i, "]", msg.substr(6)));
 }
 
 // Appends `d` to `out` (everything but the final reason and usage).
@@ -158,50 +150,8 @@ void OpenAiApi::HandleKvState(HttpExchange& ex) const {
   ex.Respond(std::move(r));
 }
 
-namespace {
-
-// Bytes a non-streamed response holds per generated token: its text (JSON
-// escaped) and, with logprobs, each alternative's token, bytes and value.
-constexpr int64_t kResponseTextBytesPerToken = 24;
-constexpr int64_t kResponseLogprobBytes = 48;
-
-absl::Status CheckResponseBytes(const OpenAiRequest& request,
-                                const std::vector<engine::RequestSpec>& specs,
-                                int64_t limit) {
-  if (request.stream || limit <= 0) return absl::OkStatus();
-  const int64_t per_token =
-      kResponseTextBytesPerToken +
-      (request.logprobs ? kResponseLogprobBytes * (1 + request.top_logprobs)
-                        : 0);
-  int64_t bytes = 0;
-  for (const engine::RequestSpec& s : specs) {
-    bytes += int64_t{s.n} * s.max_tokens * per_token;
-  }
-  if (bytes <= limit) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrFormat(
-      "stream: a non-streamed response of up to %d bytes (n x max_tokens x "
-      "%d bytes per token%s), over the limit of %d bytes "
-      "(--max-response-bytes); send \"stream\": true or ask for fewer "
-      "tokens",
-      bytes, per_token, request.logprobs ? " with logprobs" : "", limit));
-}
-
-}  // namespace
-
 absl::StatusOr<std::vector<engine::RequestSpec>> OpenAiApi::BuildSpecs(
     const OpenAiRequest& request, const Tenant& tenant) const {
-  absl::StatusOr<std::vector<engine::RequestSpec>> specs = PromptSpecs(request);
-  if (!specs.ok()) return specs;
-  if (absl::Status s = ApplyTenant(tenant, limits_, &*specs); !s.ok()) {
-    return NameMaxTokensField(ToOpenAiFieldNames(s, request.endpoint), request);
-  }
-  KV_RETURN_IF_ERROR(
-      CheckResponseBytes(request, *specs, limits_.max_response_bytes));
-  return specs;
-}
-
-absl::StatusOr<std::vector<engine::RequestSpec>> OpenAiApi::PromptSpecs(
-    const OpenAiRequest& request) const {
   if (!request.model.empty() && request.model != model_name_ &&
       std::find(aliases_.begin(), aliases_.end(), request.model) ==
           aliases_.end()) {
@@ -210,43 +160,8 @@ absl::StatusOr<std::vector<engine::RequestSpec>> OpenAiApi::PromptSpecs(
                         "'%s')",
                         request.model, model_name_));
   }
-  std::vector<engine::RequestSpec> specs;
-  if (request.batch.empty()) {
-    absl::StatusOr<engine::RequestSpec> spec =
-        ToRequestSpec(request.generate, model_,
-                      absl::Uniform<uint64_t>(absl::BitGen()), limits_);
-    if (!spec.ok()) {
-      return NameMaxTokensField(
-          ToOpenAiFieldNames(spec.status(), request.endpoint), request);
-    }
-    specs.push_back(*std::move(spec));
-    return specs;
-  }
-  // One random seed for the batch when none is given, advanced by the
-  // choices before each prompt: choice k samples with seed + k, as the
-  // completions of one n-choice request do (identical prompts differ).
-  const uint64_t seed = absl::Uniform<uint64_t>(absl::BitGen());
-  uint64_t choices_before = 0;
-  for (size_t i = 0; i < request.batch.size(); ++i) {
-    v1::GenerateRequest one = request.generate;
-    const v1::GenerateRequest& input = request.batch[i];
-    if (input.has_prompt_token_ids()) {
-      *one.mutable_prompt_token_ids() = input.prompt_token_ids();
-    } else {
-      one.set_prompt(input.prompt());
-    }
-    absl::StatusOr<engine::RequestSpec> spec =
-        ToRequestSpec(one, model_, seed + choices_before, limits_);
-    if (!spec.ok()) {
-      return BatchFieldNames(
-          NameMaxTokensField(
-              ToOpenAiFieldNames(spec.status(), request.endpoint), request),
-          i);
-    }
-    choices_before += static_cast<uint64_t>(spec->n);
-    specs.push_back(*std::move(spec));
-  }
-  return specs;
+  return OpenAiSpecs(request, model_, tenant, limits_,
+                     absl::Uniform<uint64_t>(absl::BitGen()));
 }
 
 void OpenAiApi::HandleGenerate(std::shared_ptr<HttpExchange> ex,

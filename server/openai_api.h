@@ -52,13 +52,9 @@ class OpenAiApi {
   // GET /v1/kv/state: the engine's latest KV snapshot.
   void HandleKvState(HttpExchange& ex) const;
   // One spec per prompt (a batch has several), in prompt order, with
-  // `tenant`'s policy applied (ApplyTenant) and, for a non-streamed call,
-  // its buffered size bounded (--max-response-bytes).
+  // `tenant`'s policy applied (openai_specs.h); 404 for another model.
   [[nodiscard]] absl::StatusOr<std::vector<engine::RequestSpec>> BuildSpecs(
       const OpenAiRequest& request, const Tenant& tenant) const;
-  // The specs of the prompts, before the tenant's policy.
-  [[nodiscard]] absl::StatusOr<std::vector<engine::RequestSpec>> PromptSpecs(
-      const OpenAiRequest& request) const;
   void Respond(const OpenAiCallInfo& call, Streams streams,
                std::shared_ptr<HttpExchange> ex);
   void StreamResponse(const OpenAiCallInfo& call, Streams streams,

@@ -170,12 +170,9 @@ TEST(EngineScriptTest, ForkedCompletionsShareThePromptAndGetTheirIndex) {
   EXPECT_NE(s.Get("a#1").tokens, s.Get("a#2").tokens);
 }
 
-// A 20-token prompt prefilled in chunks of a step's budget (8), aborted
-// after its second step: it ends cancelled without a token. The short
-// request submitted with it waits one step (a, first in the queue, takes
-// the first step's budget), then does not wait for the rest of the long
-// prefill: the step keeps a share for it (scheduler.h), so its whole prompt
-// runs in the second step beside a's chunk, and it decodes on alone.
+// A 20-token prompt prefilled 8 tokens a step, aborted after its second
+// chunk: it ends cancelled without a token, and the request queued behind it
+// runs once the budget is free.
 TEST(EngineScriptTest, AbortMidPrefill) {
   EngineConfig config = SmallConfig();
   config.scheduler.max_num_batched_tokens = 8;
@@ -193,19 +190,19 @@ TEST(EngineScriptTest, AbortMidPrefill) {
 
   EXPECT_THAT(s.Rows(), ElementsAreArray(std::vector<Row>{
                             {1, "a", {}, FinishReason::kCancelled},
-                            {1, "b", {5}},
-                            {2, "b", {7}},
-                            {3, "b", {9}, kLength},
+                            {2, "b", {5}},
+                            {3, "b", {7}},
+                            {4, "b", {9}, kLength},
                         }));
   EXPECT_EQ(s.Get("a").usage.completion_tokens, 0);
   const std::vector<StepRecord> steps = s.backend().steps();
-  ASSERT_THAT(steps, SizeIs(4));
-  EXPECT_EQ(steps[0].batch.num_seqs(), 1);
-  EXPECT_EQ(steps[0].batch.num_tokens(), 8);
-  EXPECT_THAT(steps[0].batch.logits_rows, IsEmpty());
-  // a's chunk (6) and b's whole prompt (2).
-  EXPECT_EQ(steps[1].batch.num_seqs(), 2);
-  EXPECT_EQ(steps[1].batch.num_tokens(), 8);
+  ASSERT_THAT(steps, SizeIs(5));
+  for (int step : {0, 1}) {
+    EXPECT_EQ(steps[step].batch.num_seqs(), 1) << "step " << step;
+    EXPECT_EQ(steps[step].batch.num_tokens(), 8) << "step " << step;
+    EXPECT_THAT(steps[step].batch.logits_rows, IsEmpty()) << "step " << step;
+  }
+  // b alone, its first token a cached tail from a's first block.
   EXPECT_EQ(steps[2].batch.num_tokens(), 1);
   EXPECT_THAT(s.backend().kv_errors(), IsEmpty());
 }

@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <random>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -296,7 +298,9 @@ TEST(FairShareTest, EndForksReleasesUnforkedSeats) {
 // Four 2,000-token prompts prefill 512 tokens a step; a 50-token request
 // arriving after they started is scheduled whole in the next step (its
 // first token one step after arrival), where it used to wait for all of
-// them.
+// them, and that step is small (its 50 tokens and as many for the long
+// ones), so it costs about twice the request's idle prefill. The step
+// after is whole again.
 TEST(PrefillShareTest, AShortRequestJoinsWithinOneStepOfLongPrefills) {
   SchedulerConfig c = Config();
   c.max_num_seqs = 8;
@@ -313,7 +317,8 @@ TEST(PrefillShareTest, AShortRequestJoinsWithinOneStepOfLongPrefills) {
   d.Add({.id = 9, .prompt = 50, .max_tokens = 4});
   const SchedulerOutput out = d.Step();
   EXPECT_EQ(d.FirstToken(9), out.step);
-  EXPECT_EQ(out.total_num_tokens, 512);  // the long ones took the rest
+  EXPECT_EQ(out.total_num_tokens, 100);
+  EXPECT_EQ(d.Step().total_num_tokens, 512);  // whole again
   for (int i = 0; i < 40; ++i) d.Step();
   EXPECT_FALSE(d.sched().has_work());
 }
@@ -385,6 +390,70 @@ TEST(CacheAwareAgingTest, AFreshPromptIsPassedOverAtMostMaxPassesTimes) {
   }
   EXPECT_GE(d.FirstStep(2), 0);
   EXPECT_EQ(admitted_before, kCacheAwareMaxPasses);
+}
+
+// Random traffic of three tenants (weights, a cap, shared and private
+// scopes, n > 1 requests, aborts) under every policy: the invariants hold
+// every step (CheckInvariants: seats equal the running requests'), running
+// sequences never pass max_num_seqs nor a tenant its cap, and everything
+// finishes.
+TEST(TenantSoakTest, RandomTenantsKeepInvariantsAndLimits) {
+  for (const SchedulingPolicy policy :
+       {SchedulingPolicy::kFcfs, SchedulingPolicy::kPriority,
+        SchedulingPolicy::kCacheAware}) {
+    SCOPED_TRACE(SchedulingPolicyName(policy));
+    SchedulerConfig c = Config();
+    c.policy = policy;
+    c.max_num_seqs = 6;
+    c.max_num_batched_tokens = 48;
+    c.long_prefill_token_threshold = 16;
+    c.num_blocks = 48;
+    c.max_model_len = 128;
+    c.enable_prefix_caching = true;
+    Driver d(c);
+    std::mt19937 rng(static_cast<int>(policy) + 11);
+    auto pick = [&](int n) {
+      return std::uniform_int_distribution<int>(0, n - 1)(rng);
+    };
+    const std::string names[] = {"a", "b", "c"};
+    RequestId next = 1;
+    for (int step = 0; step < 1500; ++step) {
+      if (pick(2) == 0) {
+        const int t = pick(3);
+        auto r = Make({.id = next++,
+                       .prompt = 1 + pick(60),
+                       .max_tokens = 1 + pick(20),
+                       .priority = pick(5) - 2,
+                       .arrival_ns = step * kMs,
+                       .tenant = names[t],
+                       .weight = t + 1,
+                       .max_running = t == 2 ? 2 : 0,
+                       .completions = 1 + pick(3),
+                       .prefix = pick(2),
+                       .prefix_len = pick(40)});
+        r->set_cache_scope(t == 0 ? "tenant:a" : "scope:shared", t != 0);
+        (void)d.sched().AddRequest(std::move(r));
+      }
+      if (pick(20) == 0 && d.sched().num_running() > 0) {
+        const std::vector<RequestId> ids = d.sched().RunningIds();
+        (void)d.sched().Abort(ids[pick(static_cast<int>(ids.size()))]);
+      }
+      d.Step();
+      // The engine forks nothing here: the reserved seats come back.
+      for (RequestId id : d.sched().RunningIds()) d.sched().EndForks(id);
+      ASSERT_LE(d.sched().num_running_seats(), c.max_num_seqs);
+      int c_running = 0;
+      for (RequestId id : d.sched().RunningIds()) {
+        c_running += d.sched().GetRequest(id)->tenant().name == "c";
+      }
+      ASSERT_LE(c_running, 2);
+    }
+    for (int i = 0; i < 2000 && d.sched().has_work(); ++i) d.Step();
+    EXPECT_FALSE(d.sched().has_work());
+    // The last step's cached-tail sources stay pinned until the next one.
+    EXPECT_TRUE(d.sched().Schedule().empty());
+    EXPECT_EQ(d.sched().kv_usage().active_blocks, 0);
+  }
 }
 
 TEST(WaterFillTest, SplitsByWeightAndRedistributesWhatCappedOnesLeave) {
