@@ -109,9 +109,11 @@ std::optional<HeadRefusal> CheckRequestHead(const HttpRequest& head,
                                             const HostPolicy& hosts) {
   std::vector<const std::string*> host;
   std::vector<const std::string*> te;
+  const std::string* type = nullptr;
   for (const auto& [name, value] : head.headers) {
     if (name == "host") host.push_back(&value);
     if (name == "transfer-encoding") te.push_back(&value);
+    if (name == "content-type" && type == nullptr) type = &value;
   }
   if (!te.empty()) {
     std::vector<std::string> codings;
@@ -146,7 +148,6 @@ std::optional<HeadRefusal> CheckRequestHead(const HttpRequest& head,
                        "host_not_allowed"};
   }
   if (head.method == "POST" && absl::StartsWith(head.path, "/v1/")) {
-    const std::string* type = head.Header("content-type");
     const absl::string_view media =
         type == nullptr
             ? ""

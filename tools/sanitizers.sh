@@ -8,7 +8,7 @@
 #         kernels run on the CPU with every device buffer checked by ASan;
 #         then the one Python e2e test that serves with --device cuda.
 #   fuzz  a short run of each libFuzzer target of that build (FUZZ_SECONDS
-#         each, default 30) from its seed corpus in tests/fuzz/corpus/.
+#         each, default 60) from its seed corpus in tests/fuzz/corpus/.
 #   tidy  tools/clang_tidy.sh over the project's sources (.clang-tidy).
 #   tsan  gcc build with ThreadSanitizer in build-tsan; runs the engine,
 #         scheduler and server tests.
@@ -25,7 +25,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 JOBS="${JOBS:-$(nproc)}"
-FUZZ_SECONDS="${FUZZ_SECONDS:-30}"
+FUZZ_SECONDS="${FUZZ_SECONDS:-60}"
 STAGES=("$@")
 if [ ${#STAGES[@]} -eq 0 ]; then
   read -r -a STAGES <<< "${SANITIZER_STAGES:-asan fuzz tidy tsan}"

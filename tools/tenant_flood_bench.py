@@ -103,6 +103,8 @@ class Daemon:
                      headers=headers)
         resp = conn.getresponse()
         if resp.status != 200:
+            print(f"HTTP {resp.status}: {resp.read()[:200]!r}",
+                  file=sys.stderr)
             conn.close()
             return None
         first = None
@@ -200,6 +202,7 @@ def prefill_run(args):
         idle = min(d.complete(short, stream=True) for _ in range(3))
         steps0 = d.metric("kvserve_engine_step_duration_seconds_count")
         sum0 = d.metric("kvserve_engine_step_duration_seconds_sum")
+        # ~2,000-token prompts (400 words); each is prefilled in chunks.
         longs = [threading.Thread(target=d.complete, args=(
             {"prompt": words(9000 + k, args.long_words), "max_tokens": 1},),
             daemon=True) for k in range(4)]
@@ -234,18 +237,18 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--scenarios", default="priority,cache,prefill")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--clients", type=int, default=24)
+    ap.add_argument("--clients", type=int, default=48)
     ap.add_argument("--seqs", type=int, default=8)
-    ap.add_argument("--tokens", type=int, default=48)
+    ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--warmup", type=float, default=4.0)
-    ap.add_argument("--long-words", type=int, default=1000)
+    ap.add_argument("--long-words", type=int, default=400)
     ap.add_argument("--delay", type=float, default=0.3)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if args.quick:
         args.repeats, args.clients, args.seqs = 1, 6, 2
-        args.tokens, args.warmup, args.long_words = 8, 1.0, 300
+        args.tokens, args.warmup, args.long_words = 8, 1.0, 150
     results = {}
     wanted = args.scenarios.split(",")
     for rep in range(args.repeats):

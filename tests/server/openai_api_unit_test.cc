@@ -90,6 +90,8 @@ TEST(OpenAiJsonTest, SeedsAndIntegralFloats) {
   EXPECT_THAT(std::string(r.status().message()),
               StartsWith("seed: out of range: must be an integer in [0, "
                          "18446744073709551615], got -1"));
+  // An integral float in range is that integer (1e19 < 2^64).
+  EXPECT_EQ(seed("1e19"), 10000000000000000000u);
   ExpectInvalidBody(R"({"prompt": "x", "seed": 1e30})", "seed");
   ExpectInvalidBody(R"({"prompt": "x", "seed": 18446744073709551616})", "seed");
   ExpectInvalidBody(R"({"prompt": "x", "seed": 1.5})", "seed");
@@ -98,6 +100,26 @@ TEST(OpenAiJsonTest, SeedsAndIntegralFloats) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->generate.sampling().max_tokens(), 7);
   EXPECT_EQ(r->generate.n(), 2);
+}
+
+// A tiny float is its smallest neighbour, not 0 (top_p 1e-50 is valid);
+// "priority" is read; an error about max_tokens names the field the
+// client sent.
+TEST(OpenAiJsonTest, TinyFloatsPriorityAndMaxTokensName) {
+  absl::StatusOr<OpenAiRequest> r = ParseOpenAiRequest(
+      R"({"prompt": "x", "top_p": 1e-50, "priority": -7})", kCompletions);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_GT(r->generate.sampling().top_p(), 0.0f);
+  EXPECT_EQ(r->generate.priority(), -7);
+  ExpectInvalidBody(R"({"prompt": "x", "priority": 1e10})", "priority");
+  r = ParseOpenAiRequest(
+      R"({"messages": [{"role": "user", "content": "hi"}],
+          "max_completion_tokens": 5})",
+      kChat);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const absl::Status named = NameMaxTokensField(
+      absl::InvalidArgumentError("max_tokens: at most 4, got 5"), *r);
+  EXPECT_EQ(named.message(), "max_completion_tokens: at most 4, got 5");
 }
 
 // vLLM's extensions are honoured; the options kvserve lacks are refused.

@@ -307,6 +307,21 @@ class MutualTlsAndTokensTest(unittest.TestCase):
         self.assertEqual(http_cached("tenant-d"), 0)
         self.assertGreater(http_cached("tenant-c"), 0)
 
+    def test_request_ids_are_escaped_in_logs(self):
+        # A client's request_id once reached the debug log raw: a forged
+        # line, terminal escape codes.
+        req = greedy("Hi", 1)
+        req.request_id = "id\x1b[31m\nkvserve FORGED LINE"
+        run_stream(self.stub, req, metadata=self.auth(self.tokens[0]))
+        deadline = time.monotonic() + 10
+        while "FORGED" not in self.server.text() and \
+                time.monotonic() < deadline:
+            time.sleep(0.05)
+        out = self.server.text()
+        self.assertIn("id\\x1b[31m\\nkvserve FORGED LINE", out)
+        self.assertNotIn("\x1b[31m", out)
+        self.assertNotIn("\nkvserve FORGED LINE", out)
+
     def test_tokens_never_logged(self):
         # Traffic of every kind first: accepted, refused, and HTTP.
         run_stream(self.stub, greedy("Hi", 2), metadata=self.auth(

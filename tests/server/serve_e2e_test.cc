@@ -476,6 +476,14 @@ TEST_F(ServeE2eTest, ReflectionV1DescribesTheApi) {
   ASSERT_TRUE(stream->Read(&resp));
   EXPECT_EQ(resp.error_response().error_code(),
             static_cast<int32_t>(grpc::StatusCode::NOT_FOUND));
+  // Reflection is open: a large name is refused without being echoed (it
+  // came back twice, 2x its size, before).
+  req.set_file_containing_symbol(std::string(1 << 20, 'x'));
+  ASSERT_TRUE(stream->Write(req));
+  ASSERT_TRUE(stream->Read(&resp));
+  EXPECT_EQ(resp.error_response().error_code(),
+            static_cast<int32_t>(grpc::StatusCode::INVALID_ARGUMENT));
+  EXPECT_LT(resp.ByteSizeLong(), 1024u);
   stream->WritesDone();
   EXPECT_TRUE(stream->Finish().ok());
 }
