@@ -77,11 +77,13 @@ void FairShare::AddRunningSeats(int32_t tenant, int32_t seats) {
 void FairShare::Enqueue(Request* r) {
   KV_CHECK(tenants_[r->tenant_id_].waiting.emplace(r->queue_key_, r).second,
            "request ", r->id(), " queued twice in its tenant");
+  waiting_seats_ += r->seats();
 }
 
 void FairShare::Dequeue(const Request* r) {
   KV_CHECK(tenants_[r->tenant_id_].waiting.erase(r->queue_key_) == 1,
            "request ", r->id(), " not queued in its tenant");
+  waiting_seats_ -= r->seats();
 }
 
 int64_t FairShare::ActiveWeight() const {

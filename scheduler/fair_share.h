@@ -38,6 +38,10 @@ class FairShare {
 
   void AddRunningSeats(int32_t tenant, int32_t seats);
   [[nodiscard]] int32_t running_seats() const { return running_seats_; }
+  // Seats the waiting requests will take (as of their Enqueue).
+  [[nodiscard]] int64_t waiting_seats() const { return waiting_seats_; }
+  // A waiting request's seats change by `delta` (EndForks while waiting).
+  void AddWaitingSeats(int32_t delta) { waiting_seats_ += delta; }
   [[nodiscard]] int32_t running_seats(int32_t tenant) const {
     return tenants_[tenant].running_seats;
   }
@@ -82,6 +86,7 @@ class FairShare {
 
   int32_t max_num_seqs_;
   int32_t running_seats_ = 0;
+  int64_t waiting_seats_ = 0;
   std::vector<Tenant> tenants_;
   absl::flat_hash_map<std::string, int32_t> ids_;
 };

@@ -555,7 +555,7 @@ SchedulerStats Scheduler::stats() const {
   SchedulerStats s;
   s.num_running = num_running();
   s.num_waiting = num_waiting();
-  for (const auto& [key, r] : waiting_) s.num_waiting_seqs += r->seats();
+  s.num_waiting_seqs = static_cast<int32_t>(fair_.waiting_seats());
   s.kv = kv_.Usage();
   s.num_steps = num_steps_;
   s.num_preemptions_total = num_preemptions_total_;
@@ -619,7 +619,9 @@ absl::Status Scheduler::CheckInvariants() const {
       return fail(*r, absl::StrCat("holds ", blocks, " blocks"));
     }
   }
+  int64_t waiting_seats = 0;
   for (const auto& [key, r] : waiting_) {
+    waiting_seats += r->seats();
     if (!seen.insert(r->id()).second) return fail(*r, "listed twice");
     if (r->status() != RequestStatus::kWaiting &&
         r->status() != RequestStatus::kPreempted) {
@@ -640,10 +642,12 @@ absl::Status Scheduler::CheckInvariants() const {
       return fail(*r, absl::StrCat("waiting with ", slots, " swap slots"));
     }
   }
-  if (seats != fair_.running_seats()) {
-    return absl::InternalError(absl::StrCat("running requests hold ", seats,
-                                            " seats, fair share counts ",
-                                            fair_.running_seats()));
+  if (seats != fair_.running_seats() ||
+      waiting_seats != fair_.waiting_seats()) {
+    return absl::InternalError(absl::StrCat(
+        "running requests hold ", seats, " seats, waiting ones ",
+        waiting_seats, "; fair share counts ", fair_.running_seats(), " and ",
+        fair_.waiting_seats()));
   }
   if (swapped != kv_.num_swapped_requests()) {
     return absl::InternalError(absl::StrCat(

@@ -275,6 +275,8 @@ void Scheduler::EndForks(RequestId parent_id) {
   Request* p = it->second.get();
   if (p->status_ == RequestStatus::kRunning) {
     fair_.AddRunningSeats(p->tenant_id_, -p->pending_forks_);
+  } else {
+    fair_.AddWaitingSeats(-p->pending_forks_);
   }
   p->pending_forks_ = 0;
 }

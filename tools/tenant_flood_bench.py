@@ -47,6 +47,7 @@ TOKENS = f"{FLOOD} tenant=flood\n{VICTIM} tenant=victim\n"
 
 
 def words(seed, n):
+    """n pseudo-random words, about 4.9 tokens each for the default model."""
     return " ".join(f"w{(seed * 7919 + k * 104729) % 9973}" for k in range(n))
 
 
@@ -154,7 +155,7 @@ def victim_under_flood(args, flags, body_of, victim_body, tenants):
 
 def scenario_priority(args):
     def flood_body(c, i):
-        return {"prompt": words(c * 1000 + i, 60), "max_tokens": args.tokens,
+        return {"prompt": words(c * 1000 + i, 20), "max_tokens": args.tokens,
                 "ignore_eos": True, "priority": -2**31}
     victim = {"prompt": "Hello there, victim.", "max_tokens": 1,
               "priority": 0}
@@ -174,12 +175,12 @@ def scenario_priority(args):
 
 
 def scenario_cache(args):
-    prefix = words(424242, 1000)
+    prefix = words(424242, 205)  # ~1,000 tokens
 
     def flood_body(c, i):
         return {"prompt": prefix + words(c * 1000 + i, 8),
                 "max_tokens": args.tokens, "ignore_eos": True}
-    victim = {"prompt": words(777, 200), "max_tokens": 1}
+    victim = {"prompt": words(777, 41), "max_tokens": 1}  # ~200 tokens
     seqs = ["--max-num-seqs", str(args.seqs)]
     return {
         "fcfs": lambda: victim_under_flood(
