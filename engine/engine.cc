@@ -218,6 +218,7 @@ absl::Status Engine::Impl::TakeQueueRoom(const RequestSpec& spec) {
 absl::StatusOr<std::shared_ptr<StreamState>> Engine::Impl::Submit(
     RequestSpec spec) {
   absl::Status s = CheckSpec(spec);
+  const std::string tenant = spec.tenant.name;  // spec moves on success
   if (s.ok() && draining_->load()) {
     s = absl::UnavailableError("server is draining; not accepting requests");
   }
@@ -243,7 +244,7 @@ absl::StatusOr<std::shared_ptr<StreamState>> Engine::Impl::Submit(
   if (!s.ok()) {
     if (metrics_) {
       metrics_->Rejected();
-      metrics_->TenantRejected(spec.tenant.name);
+      metrics_->TenantRejected(tenant);
     }
     return s;
   }

@@ -422,10 +422,16 @@ void Scheduler::TopUpPrefills(StepPlan& plan) {
 SchedulerOutput Scheduler::BuildOutput(StepPlan& plan) {
   // Running requests in admission order, then newly admitted ones (their
   // admission order too): decodes were planned first, prefills after.
-  std::stable_sort(plan.scheduled.begin(), plan.scheduled.end(),
-                   [](const auto& a, const auto& b) {
-                     return a.first->admit_seq_ < b.first->admit_seq_;
-                   });
+  auto by_admission = [](const auto& a, const auto& b) {
+    return a.first->admit_seq_ < b.first->admit_seq_;
+  };
+  // NOTE: usually sorted already (decodes only, or no decode before a
+  // prefill): check before sorting, which allocates.
+  if (!std::is_sorted(plan.scheduled.begin(), plan.scheduled.end(),
+                      by_admission)) {
+    std::stable_sort(plan.scheduled.begin(), plan.scheduled.end(),
+                     by_admission);
+  }
   SchedulerOutput out;
   out.step = num_steps_;
   out.scheduled.reserve(plan.scheduled.size());
@@ -644,10 +650,10 @@ absl::Status Scheduler::CheckInvariants() const {
   }
   if (seats != fair_.running_seats() ||
       waiting_seats != fair_.waiting_seats()) {
-    return absl::InternalError(absl::StrCat(
-        "running requests hold ", seats, " seats, waiting ones ",
-        waiting_seats, "; fair share counts ", fair_.running_seats(), " and ",
-        fair_.waiting_seats()));
+    return absl::InternalError(
+        absl::StrCat("running requests hold ", seats, " seats, waiting ones ",
+                     waiting_seats, "; fair share counts ",
+                     fair_.running_seats(), " and ", fair_.waiting_seats()));
   }
   if (swapped != kv_.num_swapped_requests()) {
     return absl::InternalError(absl::StrCat(
