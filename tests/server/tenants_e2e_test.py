@@ -374,6 +374,7 @@ class SmallPoolTest(unittest.TestCase):
                 headers={"Content-Type": "application/json"})
             resp = conn.getresponse()
             body = json.loads(resp.read())
+            conn.close()
             self.assertEqual(resp.status, 200, body)
             self.assertIn("less than one context", server.text())
         finally:
