@@ -70,9 +70,12 @@ for p in "${APT_PACKAGES[@]}"; do
 done
 if [ ${#missing[@]} -gt 0 ]; then
   step "installing Debian packages: ${missing[*]}"
-  $SUDO apt-get update -qq || fail "apt-get update"
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq \
-    --no-install-recommends "${missing[@]}" || fail "apt-get install"
+  # Another apt run (unattended-upgrades, a second setup) may hold the dpkg
+  # lock: wait for it rather than fail.
+  apt_lock=(-o DPkg::Lock::Timeout=600)
+  $SUDO apt-get "${apt_lock[@]}" update -qq || fail "apt-get update"
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get "${apt_lock[@]}" install \
+    -y -qq --no-install-recommends "${missing[@]}" || fail "apt-get install"
   # `prometheus` is here for promtool only; where systemd runs, don't let its
   # server take port 9090 (kvserve's default metrics port).
   if command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then

@@ -153,25 +153,30 @@ def victim_under_flood(args, flags, body_of, victim_body, tenants):
         d.close()
 
 
+def configurations(args, policy, flood_body, victim):
+    """The four runs of a flood scenario: FCFS with one and two tenants,
+    `policy` with two and one."""
+    seqs = ["--max-num-seqs", str(args.seqs)]
+    runs = {}
+    for name, flags, tenants in (
+            ("fcfs", seqs, False),
+            ("fcfs, 2 tenants", seqs, True),
+            (f"{policy}, 2 tenants", seqs + ["--scheduling-policy", policy],
+             True),
+            (f"{policy}, 1 tenant", seqs + ["--scheduling-policy", policy],
+             False)):
+        runs[name] = (lambda flags=flags, tenants=tenants: victim_under_flood(
+            args, flags, flood_body, victim, tenants))
+    return runs
+
+
 def scenario_priority(args):
     def flood_body(c, i):
         return {"prompt": words(c * 1000 + i, 20), "max_tokens": args.tokens,
                 "ignore_eos": True, "priority": -2**31}
     victim = {"prompt": "Hello there, victim.", "max_tokens": 1,
               "priority": 0}
-    seqs = ["--max-num-seqs", str(args.seqs)]
-    return {
-        "fcfs": lambda: victim_under_flood(
-            args, seqs, flood_body, victim, tenants=False),
-        "fcfs, 2 tenants": lambda: victim_under_flood(
-            args, seqs, flood_body, victim, tenants=True),
-        "priority, 2 tenants": lambda: victim_under_flood(
-            args, seqs + ["--scheduling-policy", "priority"], flood_body,
-            victim, tenants=True),
-        "priority, 1 tenant": lambda: victim_under_flood(
-            args, seqs + ["--scheduling-policy", "priority"], flood_body,
-            victim, tenants=False),
-    }
+    return configurations(args, "priority", flood_body, victim)
 
 
 def scenario_cache(args):
@@ -181,19 +186,7 @@ def scenario_cache(args):
         return {"prompt": prefix + words(c * 1000 + i, 8),
                 "max_tokens": args.tokens, "ignore_eos": True}
     victim = {"prompt": words(777, 41), "max_tokens": 1}  # ~200 tokens
-    seqs = ["--max-num-seqs", str(args.seqs)]
-    return {
-        "fcfs": lambda: victim_under_flood(
-            args, seqs, flood_body, victim, tenants=False),
-        "fcfs, 2 tenants": lambda: victim_under_flood(
-            args, seqs, flood_body, victim, tenants=True),
-        "cache-aware, 2 tenants": lambda: victim_under_flood(
-            args, seqs + ["--scheduling-policy", "cache-aware"], flood_body,
-            victim, tenants=True),
-        "cache-aware, 1 tenant": lambda: victim_under_flood(
-            args, seqs + ["--scheduling-policy", "cache-aware"], flood_body,
-            victim, tenants=False),
-    }
+    return configurations(args, "cache-aware", flood_body, victim)
 
 
 def prefill_run(args):

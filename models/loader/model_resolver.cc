@@ -121,7 +121,10 @@ std::string HowToProvideWeights(const ModelPreset* preset) {
       "and set KVSERVE_MODELS_DIR=/path/to/models";
   if (preset != nullptr) {
     absl::StrAppend(&msg, "; or download them into the HF cache (",
-                    "huggingface-cli download ", preset->hf_repo, ")");
+                    "huggingface-cli download ", preset->hf_repo, ")",
+                    "; or run it simulated, without weights: --device "
+                    "sim:h200x2 (simulated tokens and step times on a "
+                    "modelled GPU)");
   }
   absl::StrAppend(&msg, ". The default model (smollm2-135m, ",
                   "SmolLM2-135M-Instruct.Q4_1.gguf) is installed into "

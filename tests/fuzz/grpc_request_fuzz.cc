@@ -15,11 +15,10 @@
 #include "google/protobuf/stubs/logging.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/slice.h"
-#include "models/tokenizer/chat_template.h"
 #include "scheduler/scheduler_config.h"
 #include "server/request_validation.h"
 #include "server/wire_codec.h"
-#include "tests/fuzz/fuzz_util.h"
+#include "tests/fuzz/request_fuzz_util.h"
 
 namespace kvserve::server {
 namespace {
@@ -27,24 +26,9 @@ namespace {
 constexpr int32_t kContext = 256;
 
 const ServedModel& Model() {
-  static const ServedModel* model = [] {
-    const models::Tokenizer& tok = fuzz::DefaultTokenizer();
-    auto* m = new ServedModel;
-    m->tokenizer = &tok;
-    m->chat_template = tok.data().chat_template;
-    m->chat_format = models::DetectChatFormat(m->chat_template, tok.data());
-    m->max_context = kContext;
-    return m;
-  }();
+  static const ServedModel* model =
+      new ServedModel(fuzz::FuzzModel(kContext, 0));
   return *model;
-}
-
-void CheckRejection(const absl::Status& status) {
-  if (status.code() != absl::StatusCode::kInvalidArgument &&
-      status.code() != absl::StatusCode::kOutOfRange) {
-    __builtin_trap();
-  }
-  if (status.message().empty()) __builtin_trap();
 }
 
 void Fuzz(const uint8_t* data, size_t size) {
@@ -52,11 +36,11 @@ void Fuzz(const uint8_t* data, size_t size) {
   const grpc::ByteBuffer buffer(&slice, 1);
   v1::GenerateRequest request;
   if (absl::Status s = ParseRequest(buffer, &request); !s.ok()) {
-    return CheckRejection(s);
+    return fuzz::CheckRejection(s);
   }
   std::vector<engine::RequestSpec> specs(1);
   auto spec = ToRequestSpec(request, Model(), 7);
-  if (!spec.ok()) return CheckRejection(spec.status());
+  if (!spec.ok()) return fuzz::CheckRejection(spec.status());
   specs[0] = *std::move(spec);
   Tenant tenant;
   tenant.name = "fuzz";
@@ -66,7 +50,7 @@ void Fuzz(const uint8_t* data, size_t size) {
   limits.max_completions = 8;
   limits.max_request_tokens = 8 * kContext;
   if (absl::Status s = ApplyTenant(tenant, limits, &specs); !s.ok()) {
-    return CheckRejection(s);
+    return fuzz::CheckRejection(s);
   }
   const engine::RequestSpec& out = specs[0];
   if (out.priority < -5 || out.priority > 0 || out.n > 8) __builtin_trap();
@@ -79,7 +63,7 @@ void Fuzz(const uint8_t* data, size_t size) {
     engine = config.CheckRequestSize(
         static_cast<int64_t>(out.prompt_tokens.size()), out.max_tokens);
   }
-  if (!engine.ok()) return CheckRejection(engine);
+  if (!engine.ok()) return fuzz::CheckRejection(engine);
   if (out.prompt_tokens.empty() ||
       static_cast<int64_t>(out.prompt_tokens.size()) + out.max_tokens >
           kContext) {

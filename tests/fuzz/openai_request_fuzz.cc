@@ -13,11 +13,10 @@
 #include "absl/status/status.h"
 #include "engine/request_spec.h"
 #include "google/protobuf/stubs/logging.h"
-#include "models/tokenizer/chat_template.h"
 #include "scheduler/scheduler_config.h"
 #include "server/openai_json.h"
 #include "server/openai_specs.h"
-#include "tests/fuzz/fuzz_util.h"
+#include "tests/fuzz/request_fuzz_util.h"
 
 namespace kvserve::server {
 namespace {
@@ -27,16 +26,8 @@ constexpr int32_t kMaxSeqs = 32;
 constexpr int64_t kTenantTokens = 4000;
 
 const ServedModel& Model() {
-  static const ServedModel* model = [] {
-    const models::Tokenizer& tok = fuzz::DefaultTokenizer();
-    auto* m = new ServedModel;
-    m->tokenizer = &tok;
-    m->chat_template = tok.data().chat_template;
-    m->chat_format = models::DetectChatFormat(m->chat_template, tok.data());
-    m->max_context = kContext;
-    m->max_pool_tokens = 200;
-    return m;
-  }();
+  static const ServedModel* model =
+      new ServedModel(fuzz::FuzzModel(kContext, 200));
   return *model;
 }
 
@@ -53,24 +44,16 @@ const Tenant& FuzzTenant() {
   return *t;
 }
 
-void CheckRejection(const absl::Status& status) {
-  if (status.code() != absl::StatusCode::kInvalidArgument &&
-      status.code() != absl::StatusCode::kOutOfRange) {
-    __builtin_trap();
-  }
-  if (status.message().empty()) __builtin_trap();
-}
-
 void Fuzz(OpenAiEndpoint endpoint, const uint8_t* data, size_t size) {
   absl::StatusOr<OpenAiRequest> request = ParseOpenAiRequest(
       absl::string_view(reinterpret_cast<const char*>(data), size), endpoint);
-  if (!request.ok()) return CheckRejection(request.status());
+  if (!request.ok()) return fuzz::CheckRejection(request.status());
   RequestLimits limits;
   limits.max_completions = kMaxSeqs;
   limits.max_request_tokens = int64_t{kMaxSeqs} * kContext;
   limits.max_response_bytes = 1 << 20;
   auto specs = OpenAiSpecs(*request, Model(), FuzzTenant(), limits, 7);
-  if (!specs.ok()) return CheckRejection(specs.status());
+  if (!specs.ok()) return fuzz::CheckRejection(specs.status());
   if (specs->empty()) __builtin_trap();
   scheduler::SchedulerConfig config;
   config.max_model_len = kContext;
@@ -90,7 +73,7 @@ void Fuzz(OpenAiEndpoint endpoint, const uint8_t* data, size_t size) {
           static_cast<int64_t>(spec.prompt_tokens.size()), spec.max_tokens);
     }
     if (!engine.ok()) {
-      CheckRejection(engine);
+      fuzz::CheckRejection(engine);
       continue;
     }
     if (spec.prompt_tokens.empty() ||

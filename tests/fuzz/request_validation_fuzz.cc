@@ -13,10 +13,9 @@
 #include "absl/status/status.h"
 #include "engine/request_spec.h"
 #include "google/protobuf/stubs/logging.h"
-#include "models/tokenizer/chat_template.h"
 #include "scheduler/scheduler_config.h"
 #include "server/request_validation.h"
-#include "tests/fuzz/fuzz_util.h"
+#include "tests/fuzz/request_fuzz_util.h"
 
 namespace kvserve::server {
 namespace {
@@ -24,34 +23,16 @@ namespace {
 constexpr int32_t kContext = 256;
 
 const ServedModel& Model() {
-  static const ServedModel* model = [] {
-    const models::Tokenizer& tok = fuzz::DefaultTokenizer();
-    auto* m = new ServedModel;
-    m->tokenizer = &tok;
-    m->chat_template = tok.data().chat_template;
-    m->chat_format = models::DetectChatFormat(m->chat_template, tok.data());
-    m->max_context = kContext;
-    return m;
-  }();
+  static const ServedModel* model =
+      new ServedModel(fuzz::FuzzModel(kContext, 0));
   return *model;
-}
-
-void CheckRejection(const absl::Status& status) {
-  if (status.ok()) return;
-  // Validation rejects with INVALID_ARGUMENT (OUT_OF_RANGE for a prompt
-  // that does not fit the context); never a crash or another code.
-  if (status.code() != absl::StatusCode::kInvalidArgument &&
-      status.code() != absl::StatusCode::kOutOfRange) {
-    __builtin_trap();
-  }
-  if (status.message().empty()) __builtin_trap();
 }
 
 void FuzzGenerate(const uint8_t* data, size_t size) {
   v1::GenerateRequest request;
   if (!request.ParseFromArray(data, static_cast<int>(size))) return;
   auto spec = ToRequestSpec(request, Model(), /*seed_if_unset=*/7);
-  if (!spec.ok()) return CheckRejection(spec.status());
+  if (!spec.ok()) return fuzz::CheckRejection(spec.status());
   const int32_t vocab = Model().tokenizer->vocab_size();
   // The engine's checks: the spec's own limits, then its size against the
   // context and a pool that holds it.
@@ -63,7 +44,7 @@ void FuzzGenerate(const uint8_t* data, size_t size) {
     engine = config.CheckRequestSize(
         static_cast<int64_t>(spec->prompt_tokens.size()), spec->max_tokens);
   }
-  if (!engine.ok()) return CheckRejection(engine);
+  if (!engine.ok()) return fuzz::CheckRejection(engine);
   if (spec->prompt_tokens.empty() || spec->max_tokens < 1) __builtin_trap();
   if (static_cast<int64_t>(spec->prompt_tokens.size()) > kContext) {
     __builtin_trap();
@@ -84,14 +65,14 @@ void FuzzTokenize(const uint8_t* data, size_t size) {
   v1::TokenizeRequest request;
   if (!request.ParseFromArray(data, static_cast<int>(size))) return;
   auto ids = TokenizeText(request, Model());
-  if (!ids.ok()) CheckRejection(ids.status());
+  if (!ids.ok()) fuzz::CheckRejection(ids.status());
 }
 
 void FuzzDetokenize(const uint8_t* data, size_t size) {
   v1::DetokenizeRequest request;
   if (!request.ParseFromArray(data, static_cast<int>(size))) return;
   auto text = DetokenizeIds(request, Model());
-  if (!text.ok()) CheckRejection(text.status());
+  if (!text.ok()) fuzz::CheckRejection(text.status());
 }
 
 }  // namespace
