@@ -134,14 +134,17 @@ void RegisterPlanFlags(PlanArgs* a, CliArgs* args) {
                             "), HF repo id, .gguf file or HF directory "
                             "(DeepSeek-V2/V3 MLA: config.json alone is "
                             "enough)"));
-  args->Custom("kv-dtype", "D",
+  auto set_dtype = [f](const std::string& v) {
+    absl::StatusOr<KvDtype> d = kvcache::ParseKvDtype(v);
+    if (d.ok()) f->kv_dtype = *d;
+    return d.ok();
+  };
+  args->Custom("kv-cache-dtype", "D",
                "bf16 (default), fp16, fp8, int8 (q8_0 layout), int4 (q4_0 "
-               "layout), f32",
-               "bf16, fp16, fp8, int8, int4 or f32", [f](const std::string& v) {
-                 absl::StatusOr<KvDtype> d = kvcache::ParseKvDtype(v);
-                 if (d.ok()) f->kv_dtype = *d;
-                 return d.ok();
-               });
+               "layout), f32 (the name serve and generate use)",
+               "bf16, fp16, fp8, int8, int4 or f32", set_dtype);
+  args->Custom("kv-dtype", "D", "alias of --kv-cache-dtype",
+               "bf16, fp16, fp8, int8, int4 or f32", set_dtype);
   args->Int("context", &f->context,
             "tokens per sequence; default min(8192, model max)", 1, kMaxTokens);
   args->Int("concurrency", &f->concurrency, "sequences to hold at once", 1,

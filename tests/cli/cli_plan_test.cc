@@ -130,7 +130,8 @@ TEST(PlanReportTest, FileConfigThroughTheLoaderHook) {
 TEST(PlanReportTest, KvDtypesAndSmallModels) {
   EXPECT_THAT(RunArgs({"--model", "smollm2-135m"}).out,
               HasSubstr("bytes per token  23,040 (22.5 KiB)\n"));
-  const Result fp8 = RunArgs({"--model", "llama3-70b", "--kv-dtype", "fp8"});
+  const Result fp8 =
+      RunArgs({"--model", "llama3-70b", "--kv-cache-dtype", "fp8"});
   EXPECT_THAT(fp8.out, HasSubstr("bytes per token  163,840 (160.0 KiB)"));
   EXPECT_THAT(fp8.out, HasSubstr("fp8 (1 byte), tp=1"));
   // int8 and int4 carry an fp16 scale per 32 elements (q8_0 / q4_0).
