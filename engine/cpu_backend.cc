@@ -72,9 +72,7 @@ class CpuBackend final : public ModelBackend {
   absl::Status Init(int64_t swap_space_bytes);
 
   std::string_view device_name() const override { return "cpu"; }
-  std::string_view kv_dtype() const override {
-    return kvcache::KvDtypeName(kv_->dtype());
-  }
+  kvcache::KvDtype kv_dtype() const override { return kv_->dtype(); }
   int32_t num_blocks() const override { return kv_->num_blocks(); }
   int32_t block_size() const override { return kv_->block_size(); }
   int64_t bytes_per_block() const override { return kv_->bytes_per_block(); }

@@ -95,16 +95,16 @@ class CudaBackend final : public ModelBackend {
   static absl::StatusOr<std::unique_ptr<ModelBackend>> Create(
       const BackendConfig& config, LoadedModel* model);
   std::string_view device_name() const override { return device_name_; }
-  std::string_view kv_dtype() const override {
+  kvcache::KvDtype kv_dtype() const override {
     switch (kv_.elem) {
       case mc::KvElem::kFp8E4M3:
-        return "fp8";
+        return kvcache::KvDtype::kFP8;
       case mc::KvElem::kInt8:
-        return "int8";
+        return kvcache::KvDtype::kInt8;
       case mc::KvElem::kBf16:
         break;
     }
-    return "bf16";
+    return kvcache::KvDtype::kBF16;
   }
   int32_t num_blocks() const override { return kv_.num_blocks; }
   int32_t block_size() const override { return kv_.block_size; }
@@ -314,7 +314,8 @@ absl::StatusOr<std::unique_ptr<ModelBackend>> CudaBackend::Create(
       config.block_size,
       b->kv_.num_blocks * static_cast<double>(b->bytes_per_block_) /
           1073741824.0,
-      b->kv_dtype(), b->num_swap_slots_, b->seconds_per_prefill_token_ * 1e6);
+      kvcache::KvDtypeName(b->kv_dtype()), b->num_swap_slots_,
+      b->seconds_per_prefill_token_ * 1e6);
   return std::unique_ptr<ModelBackend>(std::move(b));
 }
 

@@ -116,7 +116,7 @@ absl::Status Engine::Impl::Init(
   info_.num_blocks = num_blocks;
   info_.max_request_kv_tokens =
       (int64_t{num_blocks} - sc.watermark_blocks()) * sc.block_size;
-  info_.kv_dtype = std::string(backend_ref.kv_dtype());
+  info_.kv_dtype = backend_ref.kv_dtype();
   info_.device = std::string(backend_ref.device_name());
   info_.simulated = config_.device == Device::kSim;
   info_.num_swap_slots = backend_ref.num_swap_slots();
@@ -127,7 +127,7 @@ absl::Status Engine::Impl::Init(
       "tokens, {:.1f} MiB; holds {} sequences at max context {}; swap space "
       "{} blocks ({:.1f} MiB); cost model: {:.3g} ms/prefill token, {:.3g} "
       "GB/s swap",
-      info_.device, per_token, info_.kv_dtype, num_blocks,
+      info_.device, per_token, kvcache::KvDtypeName(info_.kv_dtype), num_blocks,
       config_.scheduler.block_size, tokens,
       num_blocks * backend_ref.bytes_per_block() / 1048576.0,
       tokens / std::max<int64_t>(

@@ -25,6 +25,7 @@
 #include "engine/model_backend.h"
 #include "engine/request_spec.h"
 #include "engine/stream_state.h"
+#include "kvcache/kv_format.h"
 #include "kvcache/kv_sizing.h"
 #include "models/sim/roofline.h"
 #include "scheduler/scheduler_config.h"
@@ -79,7 +80,7 @@ struct ModelInfo {
   // Tokens one request can hold in the pool (its blocks less the
   // watermark): a prompt + max_tokens beyond it can never run.
   int64_t max_request_kv_tokens = 0;
-  std::string kv_dtype;
+  kvcache::KvDtype kv_dtype = kvcache::KvDtype::kBF16;
   std::string device;  // the backend's device name ("cpu", "cuda:0")
   // Device::kSim: no model ran; token ids are pseudo-random.
   bool simulated = false;

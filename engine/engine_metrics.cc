@@ -201,7 +201,7 @@ EngineMetrics::EngineMetrics(prometheus::Registry& r,
       .Add({{"block_size", absl::StrCat(info.block_size)},
             {"num_blocks", absl::StrCat(info.num_blocks)},
             {"bytes_per_token", absl::StrCat(info.bytes_per_token)},
-            {"kv_dtype", info.kv_dtype},
+            {"kv_dtype", std::string(kvcache::KvDtypeName(info.kv_dtype))},
             {"device", info.device},
             {"simulated", info.simulated ? "true" : "false"}})
       .Set(1);

@@ -10,6 +10,7 @@
 
 #include "engine/request_spec.h"
 #include "kvcache/block_pool.h"
+#include "kvcache/kv_format.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
@@ -22,7 +23,7 @@ struct CacheConfigInfo {
   int32_t block_size = 0;
   int32_t num_blocks = 0;
   int64_t bytes_per_token = 0;
-  std::string kv_dtype;
+  kvcache::KvDtype kv_dtype = kvcache::KvDtype::kBF16;
   int32_t num_swap_slots = 0;
   int64_t bytes_per_block = 0;
   std::string device;      // "cpu", "cuda:0", "sim:h200x2"

@@ -69,7 +69,7 @@ void FillGrid(const kvcache::BlockPool& pool, KvState* st) {
 }  // namespace
 
 KvState BuildKvState(const scheduler::Scheduler& scheduler,
-                     const std::string& kv_dtype, int64_t bytes_per_block,
+                     kvcache::KvDtype kv_dtype, int64_t bytes_per_block,
                      int64_t written_slots) {
   const scheduler::SchedulerStats s = scheduler.stats();
   const kvcache::KvCacheManager& kv = scheduler.kv_cache();

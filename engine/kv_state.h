@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "kvcache/kv_format.h"
 #include "scheduler/scheduler.h"
 
 namespace kvserve::engine {
@@ -35,7 +36,7 @@ struct KvStateRequest {
 
 struct KvState {
   absl::Time time;
-  std::string kv_dtype;
+  kvcache::KvDtype kv_dtype = kvcache::KvDtype::kBF16;
   int32_t block_size = 0, num_blocks = 0;
   int64_t bytes_per_block = 0;
   int32_t blocks_active = 0, blocks_cached = 0, blocks_free = 0;
@@ -61,7 +62,7 @@ struct KvState {
 // Reads `scheduler` (engine thread only). `written_slots` is the KV
 // manager's WrittenSlots now.
 [[nodiscard]] KvState BuildKvState(const scheduler::Scheduler& scheduler,
-                                   const std::string& kv_dtype,
+                                   kvcache::KvDtype kv_dtype,
                                    int64_t bytes_per_block,
                                    int64_t written_slots);
 

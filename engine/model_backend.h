@@ -68,7 +68,7 @@ class ModelBackend {
 
   virtual std::string_view device_name() const = 0;  // "cpu", "cuda:0"
   // kvcache::KvDtypeName of the stored KV: "fp16", "int8", "bf16", ...
-  virtual std::string_view kv_dtype() const = 0;
+  virtual kvcache::KvDtype kv_dtype() const = 0;
   virtual int32_t num_blocks() const = 0;
   virtual int32_t block_size() const = 0;
   // Bytes one block holds across all layers, K and V.

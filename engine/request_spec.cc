@@ -40,7 +40,7 @@ absl::Status CheckRequestSpec(const RequestSpec& spec, int32_t vocab_size) {
 }
 
 void AddKvUsage(const KvUsage& part, KvUsage* sum) {
-  if (sum->kv_dtype.empty()) sum->kv_dtype = part.kv_dtype;
+  if (!sum->kv_dtype.has_value()) sum->kv_dtype = part.kv_dtype;
   sum->peak_blocks += part.peak_blocks;
   sum->peak_bytes += part.peak_bytes;
   sum->preemptions_recompute += part.preemptions_recompute;

@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "engine/sampler.h"
+#include "kvcache/kv_format.h"
 #include "scheduler/request.h"
 
 namespace kvserve::engine {
@@ -69,9 +70,9 @@ using scheduler::FinishReasonName;
 
 // What a request cost the KV cache. A usage that covers several completions
 // or prompts sums theirs (a block shared by two completions counts in both
-// peaks); kv_dtype is the engine's.
+// peaks); kv_dtype is the engine's (unset in a usage that holds none).
 struct KvUsage {
-  std::string kv_dtype;
+  std::optional<kvcache::KvDtype> kv_dtype;
   int32_t peak_blocks = 0;  // most blocks held at once
   int64_t peak_bytes = 0;   // peak_blocks * bytes per block
   int32_t preemptions_recompute = 0;

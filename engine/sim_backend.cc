@@ -49,9 +49,7 @@ class SimBackend final : public ModelBackend {
         gpu_(*models::sim::FindGpu(sim.gpu)) {}
 
   std::string_view device_name() const override { return name_; }
-  std::string_view kv_dtype() const override {
-    return kvcache::KvDtypeName(dtype_);
-  }
+  kvcache::KvDtype kv_dtype() const override { return dtype_; }
   int32_t num_blocks() const override { return num_blocks_; }
   int32_t block_size() const override { return block_size_; }
   int64_t bytes_per_block() const override { return bytes_per_block_; }

@@ -1,6 +1,7 @@
-// KV cache sizing: the one place that turns an attention shape and a KV dtype
-// into bytes per token, per block, per sequence, and into how many sequences
-// a byte budget holds (paged vs naive max-length reservation). The engine
+// KV cache sizing: the one place that turns an attention shape and a KV
+// format (kv_format.h) into bytes per token, per block, per sequence, and
+// into how many sequences a byte budget holds (paged vs naive max-length
+// reservation). The engine
 // sizes its KV pool with it; `kvserve plan` prints it. Takes plain numbers
 // (never a models:: type: kvcache does not depend on models). It owns no
 // memory and knows nothing about weights or activations.
@@ -11,49 +12,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kvcache/kv_format.h"
 
 namespace kvserve::kvcache {
-
-// KV element types. kInt8 and kInt4 are stored in groups of kKvQuantGroup
-// elements along head_dim, each group with one fp16 scale: the layouts of
-// llama.cpp's q8_0 (34 bytes per 32) and q4_0 (18 bytes per 32), so kvserve
-// and llama.cpp hold the same number of tokens in the same bytes.
-enum class KvDtype { kF32, kBF16, kF16, kFP8, kInt8, kInt4 };
-inline constexpr int kKvQuantGroup = 32;
-
-// Accepts (case-insensitive) "f32"/"fp32"/"float32", "bf16"/"bfloat16",
-// "f16"/"fp16"/"float16"/"half", "fp8"/"f8"/"fp8_e4m3"/"e4m3",
-// "int8"/"i8"/"q8_0", "int4"/"i4"/"q4_0". InvalidArgument listing the
-// accepted names otherwise.
-[[nodiscard]] absl::StatusOr<KvDtype> ParseKvDtype(std::string_view name);
-// Storage bytes per KV element, group scales included: 4, 2, 2, 1, 1.0625,
-// 0.5625.
-[[nodiscard]] double KvBytesPerElement(KvDtype dtype);
-// Bytes of one KV head's K (or V) row of `head_dim` elements, scales
-// included. Quantized dtypes round head_dim up to whole groups (a shape that
-// is not a multiple of the group is refused by CheckKvDtypeShape).
-[[nodiscard]] int64_t KvRowBytes(KvDtype dtype, int head_dim);
-// OK iff rows of `head_dim` elements can be stored as `dtype`; otherwise
-// InvalidArgument naming the dtype and the constraint.
-[[nodiscard]] absl::Status CheckKvDtypeShape(KvDtype dtype, int head_dim);
-// Canonical short name: "f32", "bf16", "fp16", "fp8", "int8", "int4".
-[[nodiscard]] std::string_view KvDtypeName(KvDtype dtype);
-
-// Sizes of the orthonormal Walsh-Hadamard rotations a forward applies to
-// each head's Q and K (k) and V (v) before storing them in a KV dtype, in
-// consecutive chunks of that many elements (0: none). Integer dtypes
-// quantize 32-element groups with one scale: a rotation spreads a channel's
-// outliers across its chunk, so the scale fits the rest of the group. The
-// attention is unchanged, (Q H)(K H)^T = Q K^T, and its output is rotated
-// back by the same H (H H = I). As llama.cpp does for quantized KV: k is
-// the largest power of two dividing head_dim (at most 256, the largest
-// chunk the CUDA kernels rotate), v is 64; none unless head_dim is a
-// multiple of 64.
-struct KvRotation {
-  int k = 0;
-  int v = 0;
-};
-[[nodiscard]] KvRotation KvRotationFor(KvDtype dtype, int head_dim);
 
 // The attention shape that determines KV size. GQA/MHA: num_kv_heads K and V
 // rows of head_dim per layer, kv_lora_rank = qk_rope_head_dim = 0.

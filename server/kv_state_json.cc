@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "kvcache/kv_format.h"
 #include "nlohmann/json.hpp"
 
 namespace kvserve::server {
@@ -45,7 +46,7 @@ std::string KvStateJson(const engine::KvState& s, const std::string& model_name,
       {"object", "kvserve.kv_state"},
       {"time", absl::ToDoubleSeconds(s.time - absl::UnixEpoch())},
       {"model", model_name},
-      {"kv_dtype", s.kv_dtype},
+      {"kv_dtype", kvcache::KvDtypeName(s.kv_dtype)},
       {"block_size", s.block_size},
       {"bytes_per_block", s.bytes_per_block},
       {"num_blocks", s.num_blocks},

@@ -2,6 +2,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kvcache/kv_format.h"
 #include "nlohmann/json.hpp"
 #include "server/openai_json.h"
 
@@ -31,7 +32,9 @@ json FinishReasonJson(engine::FinishReason r) {
 
 // kvserve's extension of `usage`: what the call cost the KV cache.
 json KvUsageJson(const engine::KvUsage& kv) {
-  return {{"kv_dtype", kv.kv_dtype},
+  return {{"kv_dtype", kv.kv_dtype.has_value()
+                           ? std::string(kvcache::KvDtypeName(*kv.kv_dtype))
+                           : std::string()},
           {"peak_kv_blocks", kv.peak_blocks},
           {"peak_kv_bytes", kv.peak_bytes},
           {"preemptions",
@@ -316,7 +319,7 @@ std::string ModelsBody(const std::string& model, int64_t created,
                 {"max_model_len", info.max_context},
                 // Extension: the KV cache behind the model.
                 {"kvserve",
-                 {{"kv_cache_dtype", info.kv_dtype},
+                 {{"kv_cache_dtype", kvcache::KvDtypeName(info.kv_dtype)},
                   {"kv_bytes_per_token", info.kv_bytes_per_token},
                   {"block_size", info.block_size},
                   {"num_blocks", info.num_blocks},

@@ -1,5 +1,9 @@
 #include "server/proto_convert.h"
 
+#include <string>
+
+#include "kvcache/kv_format.h"
+
 namespace kvserve::server {
 namespace {
 
@@ -55,7 +59,9 @@ void ToProto(const engine::StreamDelta& delta,
     usage->set_cached_prompt_tokens(delta.usage.cached_prompt_tokens);
     const engine::KvUsage& kv = delta.usage.kv;
     v1::KvUsage* k = usage->mutable_kv();
-    k->set_kv_dtype(kv.kv_dtype);
+    if (kv.kv_dtype.has_value()) {
+      k->set_kv_dtype(std::string(kvcache::KvDtypeName(*kv.kv_dtype)));
+    }
     k->set_peak_blocks(kv.peak_blocks);
     k->set_peak_bytes(kv.peak_bytes);
     k->set_preemptions_recompute(kv.preemptions_recompute);
@@ -88,7 +94,7 @@ void ToProto(const engine::ModelInfo& info, v1::ModelInfo* out) {
   out->set_kv_bytes_per_token(info.kv_bytes_per_token);
   out->set_block_size(info.block_size);
   out->set_num_blocks(info.num_blocks);
-  out->set_kv_dtype(info.kv_dtype);
+  out->set_kv_dtype(std::string(kvcache::KvDtypeName(info.kv_dtype)));
   out->set_device(info.device);
   out->set_simulated(info.simulated);
 }

@@ -361,7 +361,7 @@ void CheckGreedyOnDefaultModel(std::optional<kvcache::KvDtype> dtype,
   auto backend = CreateBackend(bc, &*gpu);
   ASSERT_TRUE(backend.ok()) << backend.status();
   ModelBackend& be = **backend;
-  EXPECT_EQ(be.kv_dtype(), dtype_name);
+  EXPECT_EQ(kvcache::KvDtypeName(be.kv_dtype()), dtype_name);
   ASSERT_GE(be.num_blocks(), blocks);
   EXPECT_GT(be.num_swap_slots(), 0);
   EXPECT_GT(be.seconds_per_prefill_token(), 0.0);

@@ -96,7 +96,7 @@ class FakeBackend final : public ModelBackend {
   }
 
   std::string_view device_name() const override { return "fake"; }
-  std::string_view kv_dtype() const override { return "fake"; }
+  kvcache::KvDtype kv_dtype() const override { return kvcache::KvDtype::kF32; }
   int32_t num_blocks() const override { return o_.num_blocks; }
   int32_t block_size() const override { return o_.block_size; }
   int64_t bytes_per_block() const override { return 1024; }

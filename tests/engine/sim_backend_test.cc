@@ -86,7 +86,7 @@ TEST(SimBackendTest, PoolIsTheGpuMemoryLeftAfterWeightsAsPlanSizesIt) {
   ASSERT_TRUE(fp8.ok()) << fp8.status();
   EXPECT_EQ(model.format, "preset");
   EXPECT_EQ((*fp8)->device_name(), "sim:h200");
-  EXPECT_EQ((*fp8)->kv_dtype(), "bf16");
+  EXPECT_EQ((*fp8)->kv_dtype(), kvcache::KvDtype::kBF16);
   EXPECT_EQ((*fp8)->bytes_per_block(), 327680 * 16);
   // (141e9 - 70,553,706,496 - 14.1e9) / 5,242,880 = 10,747.2
   EXPECT_EQ((*fp8)->num_blocks(), 10747);

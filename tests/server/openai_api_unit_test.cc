@@ -256,7 +256,7 @@ TEST(OpenAiJsonTest, MapsStatusToHttp) {
 TEST(OpenAiJsonTest, ModelsBody) {
   engine::ModelInfo info;
   info.max_context = 8192;
-  info.kv_dtype = "int8";
+  info.kv_dtype = kvcache::KvDtype::kInt8;
   info.kv_bytes_per_token = 12240;
   info.block_size = 16;
   info.num_blocks = 321;

@@ -137,7 +137,8 @@ void BM_BuildKvState(benchmark::State& state) {
   while (sched.num_waiting() > 0) Step(sched, sampled);
   size_t bytes = 0;
   for (auto _ : state) {
-    const engine::KvState st = engine::BuildKvState(sched, "fp16", 1, 0);
+    const engine::KvState st =
+        engine::BuildKvState(sched, kvcache::KvDtype::kF16, 1, 0);
     bytes = st.cell_active.size();
     benchmark::DoNotOptimize(bytes);
   }

@@ -1,0 +1,76 @@
+// KV formats: how one token's K or V row of one head is stored. The leaf
+// both sides of the cache include: the engine and the server name a format
+// by its enum (names only at the edges: flags, JSON, proto, metric labels),
+// the kernels store and read it, sizing (kv_sizing.h) turns it into bytes.
+// Pure functions; owns no memory.
+//
+// Today's formats store each row on its own (KvLayout::kPerRow): a row's
+// bytes depend only on its length. A format quantized across a block's
+// tokens (keys per channel, as KIVI-style low-bit KV needs) would be
+// another KvLayout whose bytes are per block, not per row: its sizing goes
+// through KvFormatBlockBytes, which every caller sizing blocks already uses.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace kvserve::kvcache {
+
+// KV element types. kInt8 and kInt4 are stored in groups of kKvQuantGroup
+// elements along head_dim, each group with one fp16 scale: the layouts of
+// llama.cpp's q8_0 (34 bytes per 32) and q4_0 (18 bytes per 32), so kvserve
+// and llama.cpp hold the same number of tokens in the same bytes.
+enum class KvDtype { kF32, kBF16, kF16, kFP8, kInt8, kInt4 };
+inline constexpr int kKvQuantGroup = 32;
+
+// Accepts (case-insensitive) "f32"/"fp32"/"float32", "bf16"/"bfloat16",
+// "f16"/"fp16"/"float16"/"half", "fp8"/"f8"/"fp8_e4m3"/"e4m3",
+// "int8"/"i8"/"q8_0", "int4"/"i4"/"q4_0". InvalidArgument listing the
+// accepted names otherwise.
+[[nodiscard]] absl::StatusOr<KvDtype> ParseKvDtype(std::string_view name);
+// Storage bytes per KV element, group scales included: 4, 2, 2, 1, 1.0625,
+// 0.5625.
+[[nodiscard]] double KvBytesPerElement(KvDtype dtype);
+// Bytes of one KV head's K (or V) row of `head_dim` elements, scales
+// included. Quantized dtypes round head_dim up to whole groups (a shape that
+// is not a multiple of the group is refused by CheckKvDtypeShape).
+[[nodiscard]] int64_t KvRowBytes(KvDtype dtype, int head_dim);
+// OK iff rows of `head_dim` elements can be stored as `dtype`; otherwise
+// InvalidArgument naming the dtype and the constraint.
+[[nodiscard]] absl::Status CheckKvDtypeShape(KvDtype dtype, int head_dim);
+// Canonical short name: "f32", "bf16", "fp16", "fp8", "int8", "int4".
+[[nodiscard]] std::string_view KvDtypeName(KvDtype dtype);
+
+// Sizes of the orthonormal Walsh-Hadamard rotations a forward applies to
+// each head's Q and K (k) and V (v) before storing them in a KV dtype, in
+// consecutive chunks of that many elements (0: none). Integer dtypes
+// quantize 32-element groups with one scale: a rotation spreads a channel's
+// outliers across its chunk, so the scale fits the rest of the group. The
+// attention is unchanged, (Q H)(K H)^T = Q K^T, and its output is rotated
+// back by the same H (H H = I). As llama.cpp does for quantized KV: k is
+// the largest power of two dividing head_dim (at most 256, the largest
+// chunk the CUDA kernels rotate), v is 64; none unless head_dim is a
+// multiple of 64.
+struct KvRotation {
+  int k = 0;
+  int v = 0;
+};
+[[nodiscard]] KvRotation KvRotationFor(KvDtype dtype, int head_dim);
+
+// How a format lays out a block's rows.
+enum class KvLayout {
+  kPerRow,  // each token's row on its own (every KvDtype today)
+};
+[[nodiscard]] constexpr KvLayout KvLayoutOf(KvDtype /*dtype*/) {
+  return KvLayout::kPerRow;
+}
+
+// Bytes of `block_size` tokens' K (or V) rows of one head of `head_dim`
+// elements: block_size x KvRowBytes for a per-row layout.
+[[nodiscard]] int64_t KvFormatBlockBytes(KvDtype dtype, int head_dim,
+                                         int block_size);
+
+}  // namespace kvserve::kvcache
