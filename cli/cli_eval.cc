@@ -23,9 +23,9 @@
 #include "common/clock.h"
 #include "common/parallel.h"
 #include "common/status_macros.h"
-#include "engine/cpu_backend.h"
 #include "engine/kv_cache_storage.h"
 #include "engine/loaded_model.h"
+#include "engine/platform.h"
 #include "kvcache/kv_sizing.h"
 #include "models/cpu/cpu_llama_model.h"
 #include "models/forward_batch.h"
@@ -350,7 +350,8 @@ absl::StatusOr<std::vector<Lane>> MakeLanes(
   std::vector<kvcache::KvDtype> lane_dtypes = {kvcache::KvDtype::kF32};
   for (kvcache::KvDtype d : dtypes) {
     KV_ASSIGN_OR_RETURN(kvcache::KvDtype cpu,
-                        engine::CpuKvDtype(d, c.head_dim));
+                        engine::PlatformFor(engine::Device::kCpu)
+                            .ResolveKvDtype(d, c.head_dim));
     if (cpu != kvcache::KvDtype::kF32) lane_dtypes.push_back(cpu);
   }
   std::vector<Lane> lanes(lane_dtypes.size());

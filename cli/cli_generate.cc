@@ -19,10 +19,10 @@
 #include "common/clock.h"
 #include "common/parallel.h"
 #include "common/status_macros.h"
-#include "engine/cpu_backend.h"
 #include "engine/engine.h"
 #include "engine/loaded_model.h"
 #include "engine/model_backend.h"
+#include "engine/platform.h"
 #include "engine/stream_state.h"
 #include "kvcache/kv_sizing.h"
 #include "kvserve/v1/kvserve.pb.h"
@@ -116,16 +116,13 @@ absl::Status ToFlagNames(const absl::Status& status, bool has_system) {
 }
 
 // KV bytes for one sequence of `tokens` tokens: whole blocks of the dtype
-// the backend of `device` stores (the CPU's CpuKvDtype; bf16 on CUDA unless
-// another one is asked for, which that backend refuses).
+// the platform of `device` stores.
 absl::StatusOr<int64_t> SequenceKvBytes(const models::ModelConfig& config,
                                         const engine::EngineConfig& e,
                                         engine::Device device, int64_t tokens) {
-  kvcache::KvDtype dtype = e.kv_cache_dtype.value_or(kvcache::KvDtype::kBF16);
-  if (device == engine::Device::kCpu) {
-    KV_ASSIGN_OR_RETURN(dtype,
-                        engine::CpuKvDtype(e.kv_cache_dtype, config.head_dim));
-  }
+  KV_ASSIGN_OR_RETURN(const kvcache::KvDtype dtype,
+                      engine::PlatformFor(device).ResolveKvDtype(
+                          e.kv_cache_dtype, config.head_dim));
   const int32_t block_size = e.scheduler.block_size;
   const int64_t blocks = (tokens + block_size - 1) / block_size;
   return blocks *

@@ -9,6 +9,7 @@
 #include "absl/time/clock.h"
 #include "common/clock.h"
 #include "common/status_macros.h"
+#include "engine/platform.h"
 
 namespace kvserve::cli {
 namespace {
@@ -188,7 +189,7 @@ void Replayer::FeedInRealTime() {
 absl::StatusOr<ReplayResult> Replayer::Run(engine::EngineConfig config,
                                            engine::LoadedModel model) {
   vocab_ = model.config.vocab_size;
-  virtual_time_ = config.device == engine::Device::kSim;
+  virtual_time_ = engine::PlatformFor(config.device).simulated();
   engine::EngineOptions options;
   if (!virtual_time_) start_ = absl::Now();
   if (virtual_time_) {

@@ -10,6 +10,7 @@
 #include "common/cli_args.h"
 #include "common/status_macros.h"
 #include "engine/loaded_model.h"
+#include "engine/platform.h"
 #include "models/sim/roofline.h"
 #include "scheduler/scheduler_config.h"
 
@@ -122,7 +123,7 @@ void RegisterEngineFlags(ReplayFlags* f, CliArgs* a) {
 absl::StatusOr<engine::EngineConfig> EngineConfigOf(const ReplayFlags& f) {
   engine::EngineConfig e;
   KV_RETURN_IF_ERROR(ApplyDeviceFlags(f.device, f.sim, f.sim_profile, &e));
-  if (!f.profile_out.empty() && e.device == engine::Device::kSim) {
+  if (!f.profile_out.empty() && engine::PlatformFor(e.device).simulated()) {
     return absl::InvalidArgumentError(
         "--profile-out: profiles are measured on a real device (--device "
         "cpu or cuda)");

@@ -29,6 +29,7 @@
 #include "common/system.h"
 #include "engine/kv_cache_storage.h"
 #include "engine/loaded_model.h"
+#include "engine/platform.h"
 #include "kvcache/kv_sizing.h"
 #include "models/cpu/cpu_llama_model.h"
 #include "spdlog/spdlog.h"
@@ -44,21 +45,6 @@ kvcache::KvDtype DefaultCpuKvDtype(int head_dim) {
   return kvcache::KvRotationFor(kvcache::KvDtype::kInt8, head_dim).k > 0
              ? kvcache::KvDtype::kInt8
              : kvcache::KvDtype::kF16;
-}
-
-absl::StatusOr<kvcache::KvDtype> CpuKvDtype(
-    std::optional<kvcache::KvDtype> requested, int head_dim) {
-  const kvcache::KvDtype d = requested.value_or(DefaultCpuKvDtype(head_dim));
-  if (d == kvcache::KvDtype::kFP8) {
-    return absl::InvalidArgumentError(
-        "--kv-cache-dtype fp8: the CPU backend stores f32, bf16, fp16, int8 "
-        "or int4 KV (fp8 is a CUDA dtype)");
-  }
-  if (absl::Status s = kvcache::CheckKvDtypeShape(d, head_dim); !s.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--kv-cache-dtype: ", s.message()));
-  }
-  return d;
 }
 
 namespace {
@@ -235,8 +221,9 @@ absl::StatusOr<std::unique_ptr<ModelBackend>> CreateCpuBackend(
     budget =
         static_cast<int64_t>(PhysicalMemoryBytes() * config.kv_cache_fraction);
   }
-  KV_ASSIGN_OR_RETURN(const kvcache::KvDtype dtype,
-                      CpuKvDtype(config.kv_dtype, c.head_dim));
+  KV_ASSIGN_OR_RETURN(
+      const kvcache::KvDtype dtype,
+      PlatformFor(Device::kCpu).ResolveKvDtype(config.kv_dtype, c.head_dim));
   KV_ASSIGN_OR_RETURN(
       auto kv, KvCacheStorage::Create({c.num_layers, c.num_kv_heads, c.head_dim,
                                        config.block_size, 0, budget, dtype}));

@@ -20,10 +20,8 @@ namespace kvserve::engine {
 // bytes; unrotated it cost 0.0052.
 [[nodiscard]] kvcache::KvDtype DefaultCpuKvDtype(int head_dim);
 
-// The dtype the CPU backend stores for `requested` (nullopt: the default),
-// or InvalidArgument naming --kv-cache-dtype and why it cannot run.
-[[nodiscard]] absl::StatusOr<kvcache::KvDtype> CpuKvDtype(
-    std::optional<kvcache::KvDtype> requested, int head_dim);
+// The dtype for a request: PlatformFor(Device::kCpu).ResolveKvDtype
+// (engine/platform.h).
 
 [[nodiscard]] absl::StatusOr<std::unique_ptr<ModelBackend>> CreateCpuBackend(
     const BackendConfig& config, LoadedModel* model);

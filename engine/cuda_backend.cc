@@ -16,6 +16,7 @@
 #include "common/clock.h"
 #include "common/status_macros.h"
 #include "engine/loaded_model.h"
+#include "engine/platform.h"
 #include "kvcache/kv_sizing.h"
 #include "models/cuda/cuda_llama.h"
 #include "models/cuda/cuda_status.h"
@@ -47,18 +48,17 @@ models::ForwardBatch ProfileBatch(int32_t n, int32_t rows, int32_t block_size,
   return b;
 }
 
-// The KV element type for --kv-cache-dtype: bf16 (auto), fp8 (e4m3) or
-// int8 (q8_0: a fp16 scale per 32 values).
-absl::StatusOr<mc::KvElem> CudaKvElem(std::optional<kvcache::KvDtype> dtype) {
-  if (!dtype.has_value() || *dtype == kvcache::KvDtype::kBF16) {
-    return mc::KvElem::kBf16;
+// The kernels' element type of a dtype the CUDA platform resolved (bf16,
+// fp8 e4m3, or int8 q8_0: a fp16 scale per 32 values).
+mc::KvElem CudaKvElem(kvcache::KvDtype dtype) {
+  switch (dtype) {
+    case kvcache::KvDtype::kFP8:
+      return mc::KvElem::kFp8E4M3;
+    case kvcache::KvDtype::kInt8:
+      return mc::KvElem::kInt8;
+    default:
+      return mc::KvElem::kBf16;
   }
-  if (*dtype == kvcache::KvDtype::kFP8) return mc::KvElem::kFp8E4M3;
-  if (*dtype == kvcache::KvDtype::kInt8) return mc::KvElem::kInt8;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "--kv-cache-dtype ", std::string(kvcache::KvDtypeName(*dtype)),
-      ": the CUDA backend stores bf16, fp8 (e4m3) or int8 KV (use auto, "
-      "bf16, fp8 or int8, or --device cpu for f32, fp16 and int4)"));
 }
 
 // int8 pages need every block to start 16-byte aligned (block copy, swap
@@ -276,7 +276,11 @@ absl::Status CudaBackend::AllocateSwap(const BackendConfig& config) {
 
 absl::StatusOr<std::unique_ptr<ModelBackend>> CudaBackend::Create(
     const BackendConfig& config, LoadedModel* model) {
-  KV_ASSIGN_OR_RETURN(const mc::KvElem elem, CudaKvElem(config.kv_dtype));
+  KV_ASSIGN_OR_RETURN(
+      const kvcache::KvDtype dtype,
+      PlatformFor(Device::kCuda)
+          .ResolveKvDtype(config.kv_dtype, model->config.head_dim));
+  const mc::KvElem elem = CudaKvElem(dtype);
   // LoadModel(..., Device::kCuda) keeps the weights; a model loaded for the CPU
   // is re-opened from its path (the packed CPU copy is then dropped).
   std::unique_ptr<models::WeightSource> weights = std::move(model->weights);

@@ -11,6 +11,7 @@
 #include "engine/engine_metrics.h"
 #include "engine/model_backend.h"
 #include "engine/output_processor.h"
+#include "engine/platform.h"
 #include "kvcache/kv_sizing.h"
 #include "models/forward_batch.h"
 #include "scheduler/scheduler.h"
@@ -118,7 +119,7 @@ absl::Status Engine::Impl::Init(
       (int64_t{num_blocks} - sc.watermark_blocks()) * sc.block_size;
   info_.kv_dtype = backend_ref.kv_dtype();
   info_.device = std::string(backend_ref.device_name());
-  info_.simulated = config_.device == Device::kSim;
+  info_.simulated = PlatformFor(config_.device).simulated();
   info_.num_swap_slots = backend_ref.num_swap_slots();
   const int64_t tokens =
       static_cast<int64_t>(num_blocks) * config_.scheduler.block_size;
@@ -292,7 +293,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
   // given backend holds its own.
   // The simulated device needs the config and tokenizer alone.
   if (model.tokenizer == nullptr ||
-      (options.backend == nullptr && config.device != Device::kSim &&
+      (options.backend == nullptr && !PlatformFor(config.device).simulated() &&
        model.model == nullptr && model.weights == nullptr)) {
     return absl::InvalidArgumentError(
         "Engine::Create: model not loaded (no tokenizer, or neither a packed "

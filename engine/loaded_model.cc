@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "engine/model_backend.h"
+#include "engine/platform.h"
 #include "models/loader/model_files.h"
 #include "models/loader/model_resolver.h"
 #include "models/loader/presets.h"
@@ -63,15 +64,18 @@ absl::StatusOr<LoadedModel> LoadForSim(std::string_view name_or_path,
 
 absl::StatusOr<LoadedModel> LoadModel(std::string_view name_or_path,
                                       Device device, float rope_scale) {
+  const Platform& platform = PlatformFor(device);
   // Before reading any weights: a device that cannot run here fails fast.
-  KV_RETURN_IF_ERROR(CheckDevice(device));
-  if (device == Device::kSim) return LoadForSim(name_or_path, rope_scale);
+  KV_RETURN_IF_ERROR(platform.Check());
+  if (platform.weight_form() == WeightForm::kNone) {
+    return LoadForSim(name_or_path, rope_scale);
+  }
   LoadedModel out;
   KV_ASSIGN_OR_RETURN(out.path, models::ResolveModelPath(name_or_path));
   KV_ASSIGN_OR_RETURN(models::ModelFiles files,
                       models::OpenModelFiles(out.path));
   KV_RETURN_IF_ERROR(TakeConfigAndTokenizer(files, rope_scale, &out));
-  if (ResolveDevice(device) == Device::kCuda) {
+  if (platform.weight_form() == WeightForm::kRaw) {
     KV_RETURN_IF_ERROR(models::CheckWeights(out.config, *files.weights));
     out.weights = std::move(files.weights);
     return out;

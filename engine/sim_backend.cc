@@ -9,8 +9,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
-#include "common/strings.h"
 #include "engine/loaded_model.h"
+#include "engine/platform.h"
 #include "models/loader/presets.h"
 #include "models/sim/gpu_specs.h"
 #include "models/sim/memory_budget.h"
@@ -171,20 +171,6 @@ std::vector<uint8_t> ExcludedIds(const models::Tokenizer& tok, int32_t vocab) {
 
 }  // namespace
 
-absl::StatusOr<kvcache::KvDtype> SimKvDtype(
-    std::optional<kvcache::KvDtype> requested, int head_dim) {
-  const kvcache::KvDtype d = requested.value_or(kDefaultSimKvDtype);
-  if (d != kvcache::KvDtype::kBF16 && d != kvcache::KvDtype::kFP8 &&
-      d != kvcache::KvDtype::kInt8) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--kv-cache-dtype ", AbslView(kvcache::KvDtypeName(d)),
-        ": the simulated GPU stores what the CUDA backend stores: bf16, fp8 "
-        "or int8"));
-  }
-  KV_RETURN_IF_ERROR(kvcache::CheckKvDtypeShape(d, head_dim));
-  return d;
-}
-
 absl::StatusOr<std::unique_ptr<ModelBackend>> CreateSimBackend(
     const BackendConfig& config, LoadedModel* model) {
   if (model == nullptr || model->tokenizer == nullptr) {
@@ -197,8 +183,9 @@ absl::StatusOr<std::unique_ptr<ModelBackend>> CreateSimBackend(
                                   sim.tp > 1 ? absl::StrCat("x", sim.tp) : "");
   KV_ASSIGN_OR_RETURN(const models::sim::GpuSpec gpu,
                       models::sim::FindGpu(sim.gpu));
-  KV_ASSIGN_OR_RETURN(const kvcache::KvDtype dtype,
-                      SimKvDtype(config.kv_dtype, c.head_dim));
+  KV_ASSIGN_OR_RETURN(
+      const kvcache::KvDtype dtype,
+      PlatformFor(Device::kSim).ResolveKvDtype(config.kv_dtype, c.head_dim));
   const int64_t per_token =
       kvcache::KvBytesPerToken(models::KvShapeOf(c), dtype, sim.tp);
   const int64_t per_block = per_token * config.block_size;

@@ -27,10 +27,8 @@ namespace kvserve::engine {
 // The simulated device's KV dtype when none is asked for: bf16, as CUDA.
 inline constexpr kvcache::KvDtype kDefaultSimKvDtype = kvcache::KvDtype::kBF16;
 
-// The dtype the simulated device stores for `requested` (the CUDA backend's
-// set: bf16, fp8, int8), or InvalidArgument naming --kv-cache-dtype.
-[[nodiscard]] absl::StatusOr<kvcache::KvDtype> SimKvDtype(
-    std::optional<kvcache::KvDtype> requested, int head_dim);
+// It stores the CUDA backend's set (bf16, fp8, int8):
+// PlatformFor(Device::kSim).ResolveKvDtype (engine/platform.h).
 
 // Needs `model`'s config and tokenizer only. The pool: config.kv_cache_bytes
 // when set, else the GPU's memory minus the weights at sim.weight_bytes per

@@ -13,6 +13,7 @@
 #include "common/status_macros.h"
 #include "engine/loaded_model.h"
 #include "engine/model_backend.h"
+#include "engine/platform.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "models/ggml_types.h"
@@ -108,7 +109,7 @@ absl::Status Daemon::CheckSecurity(const ServeOptions& options) {
   absl::StatusOr<std::string> path =
       models::ResolveModelPath(options.model, resolver);
   // The simulated device serves a preset's architecture without its files.
-  if (!path.ok() && options.engine.device == engine::Device::kSim &&
+  if (!path.ok() && engine::PlatformFor(options.engine.device).simulated() &&
       models::FindPreset(options.model) != nullptr) {
     model_path_ = options.model;
     return absl::OkStatus();
