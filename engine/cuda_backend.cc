@@ -18,6 +18,7 @@
 #include "engine/loaded_model.h"
 #include "engine/platform.h"
 #include "kvcache/kv_sizing.h"
+#include "models/cpu/cpu_llama_model.h"  // the CPU copy a load may hold
 #include "models/cuda/cuda_llama.h"
 #include "models/cuda/cuda_status.h"
 #include "models/loader/model_files.h"

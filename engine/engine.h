@@ -27,7 +27,7 @@
 #include "engine/stream_state.h"
 #include "kvcache/kv_format.h"
 #include "kvcache/kv_sizing.h"
-#include "models/sim/roofline.h"
+#include "models/forward_batch.h"
 #include "scheduler/scheduler_config.h"
 
 namespace prometheus {
@@ -108,7 +108,7 @@ struct StepRecord {
   // start -> the step's bookkeeping done (the loop turn), engine clock
   double seconds = 0;
   double forward_seconds = 0;
-  models::sim::StepLoad load;
+  models::BatchLoad load;
 };
 
 // What Create takes besides the config and the model. The defaults are what

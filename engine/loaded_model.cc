@@ -1,9 +1,12 @@
 #include "engine/loaded_model.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "engine/model_backend.h"
 #include "engine/platform.h"
+#include "models/cpu/cpu_llama_model.h"
+#include "models/ggml_types.h"
 #include "models/loader/model_files.h"
 #include "models/loader/model_resolver.h"
 #include "models/loader/presets.h"
@@ -12,6 +15,20 @@
 #include "models/tokenizer/tokenizer_json.h"
 
 namespace kvserve::engine {
+
+LoadedModel::LoadedModel() = default;
+LoadedModel::~LoadedModel() = default;
+LoadedModel::LoadedModel(LoadedModel&&) noexcept = default;
+LoadedModel& LoadedModel::operator=(LoadedModel&&) noexcept = default;
+
+std::string DescribeWeights(const LoadedModel& m) {
+  if (m.model == nullptr) return "";
+  return absl::StrFormat(
+      "%s, %.1f MiB packed",
+      models::FileBytesByTypeText(m.model->source_bytes_by_type()),
+      m.model->weight_bytes() / 1048576.0);
+}
+
 namespace {
 
 // Config and tokenizer of opened files into `out`.

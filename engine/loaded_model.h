@@ -9,14 +9,25 @@
 
 #include "absl/status/statusor.h"
 #include "engine/device.h"
-#include "models/cpu/cpu_llama_model.h"
 #include "models/model_config.h"
 #include "models/tokenizer/chat_template.h"
 #include "models/tokenizer/tokenizer.h"
 
+namespace kvserve::models {
+class CpuLlamaModel;
+class WeightSource;
+}  // namespace kvserve::models
+
 namespace kvserve::engine {
 
+// NOTE: the weights' types are declared, not included: engine.h (and with
+// it every server/ file) must not pull in the CPU kernels.
 struct LoadedModel {
+  LoadedModel();
+  ~LoadedModel();
+  LoadedModel(LoadedModel&&) noexcept;
+  LoadedModel& operator=(LoadedModel&&) noexcept;
+
   std::string path;    // resolved file or directory
   std::string format;  // "gguf" | "safetensors"
   models::ModelConfig config;
@@ -41,6 +52,10 @@ struct LoadedModel {
 // of the files the name resolves to, else (a preset without files) the
 // preset's architecture, path "preset:<name>", format "preset" and the
 // synthetic tokenizer (models/tokenizer/synthetic_tokenizer.h).
+// The weights as held for the device, for the start log: the file's bytes
+// by ggml type and the packed bytes of a CPU load ("" when none are held).
+[[nodiscard]] std::string DescribeWeights(const LoadedModel& model);
+
 [[nodiscard]] absl::StatusOr<LoadedModel> LoadModel(
     std::string_view name_or_path, Device device = Device::kCpu,
     float rope_scale = 1.0f);

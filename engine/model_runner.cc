@@ -30,7 +30,7 @@ StepResult ModelRunner::Execute(const scheduler::SchedulerOutput& out,
   if (fault_step_delay_ > absl::ZeroDuration()) {
     absl::SleepFor(fault_step_delay_);
   }
-  result.load = models::sim::StepLoadOf(batch_);
+  result.load = models::LoadOf(batch_);
   const absl::Time fwd0 = clock_->Now();
   result.status = moved.ok() ? backend_->Forward(batch_, &step_out_) : moved;
   result.forward_seconds = absl::ToDoubleSeconds(clock_->Now() - fwd0);

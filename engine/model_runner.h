@@ -27,7 +27,6 @@
 #include "engine/model_backend.h"
 #include "engine/sampler.h"
 #include "models/forward_batch.h"
-#include "models/sim/roofline.h"
 #include "scheduler/scheduler.h"
 
 namespace kvserve::engine {
@@ -51,7 +50,7 @@ struct StepResult {
   // Wall time of the forward alone.
   double forward_seconds = 0;
   // What the forward did (tokens, sequences, keys attended, K/V read).
-  models::sim::StepLoad load;
+  models::BatchLoad load;
 };
 
 class ModelRunner {

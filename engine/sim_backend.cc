@@ -128,7 +128,7 @@ absl::Status SimBackend::Forward(const models::ForwardBatch& batch,
   const absl::Time start = absl::Now();
   const int32_t vocab = static_cast<int32_t>(excluded_.size());
   KV_RETURN_IF_ERROR(batch.Validate(num_blocks_, block_size_, vocab));
-  const models::sim::StepLoad load = models::sim::StepLoadOf(batch);
+  const models::sim::StepLoad load = models::LoadOf(batch);
   const double step_s =
       (sim_.profile.has_value() ? sim_.profile->Seconds(load)
                                 : roofline_.Step(load).total_s) +

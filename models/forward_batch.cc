@@ -24,6 +24,19 @@ uint32_t MaxAsUnsigned(const int32_t* p, int32_t n) {
 
 }  // namespace
 
+BatchLoad LoadOf(const ForwardBatch& batch) {
+  BatchLoad load;
+  load.tokens = batch.num_tokens();
+  load.seqs = batch.num_seqs();
+  for (int32_t s = 0; s < batch.num_seqs(); ++s) {
+    const int64_t n = batch.seq_starts[s + 1] - batch.seq_starts[s];
+    const int64_t ctx = batch.context_lens[s];
+    load.attended += n * ctx - n * (n - 1) / 2;
+    load.kv_read_tokens += ctx - n;
+  }
+  return load;
+}
+
 absl::Status ForwardBatch::Validate(int32_t num_blocks, int32_t block_size,
                                     int32_t vocab_size) const {
   const int32_t t = num_tokens();

@@ -48,6 +48,21 @@ struct ForwardBatch {
                                       int32_t vocab_size) const;
 };
 
+// What a batch asks of a forward, in counts: its query tokens (prefill and
+// decode together), the keys they attend to in total, the cached tokens
+// whose K/V it reads, and its sequences. The step summary a step profile or
+// a roofline (models/sim) reads; no device involved.
+struct BatchLoad {
+  int64_t tokens = 0;
+  int64_t attended = 0;
+  int64_t kv_read_tokens = 0;
+  int64_t seqs = 0;  // sequences in the step (prefill chunks and decodes)
+};
+
+// Sequence s with n new tokens and context c attends n*c - n(n-1)/2 keys
+// and reads the K/V of its c - n cached tokens.
+[[nodiscard]] BatchLoad LoadOf(const ForwardBatch& batch);
+
 // What one step returns to the host.
 struct ForwardOutput {
   // [logits_rows.size(), vocab] row-major fp32, in host memory the backend

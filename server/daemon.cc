@@ -16,7 +16,6 @@
 #include "engine/platform.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
-#include "models/ggml_types.h"
 #include "models/loader/model_resolver.h"
 #include "models/loader/presets.h"
 #include "spdlog/spdlog.h"
@@ -118,19 +117,6 @@ absl::Status Daemon::CheckSecurity(const ServeOptions& options) {
   return absl::OkStatus();
 }
 
-namespace {
-
-// "weights: 80.1 MiB in the file (Q4_K 45.0, Q6_K 35.0, F32 0.1 MiB), 98.2
-// MiB packed": what each ggml type of the file costs, and what the packed
-// forms hold in memory.
-void LogWeightTypes(const models::CpuLlamaModel& m) {
-  spdlog::info("weights: {}, {:.1f} MiB packed",
-               models::FileBytesByTypeText(m.source_bytes_by_type()),
-               m.weight_bytes() / 1048576.0);
-}
-
-}  // namespace
-
 absl::Status Daemon::StartEngine(const ServeOptions& options) {
   spdlog::info("loading model {}", options.model);
   const absl::Time t0 = absl::Now();
@@ -143,7 +129,7 @@ absl::Status Daemon::StartEngine(const ServeOptions& options) {
   const models::ModelConfig& c = model.config;
   spdlog::info(
       "model {} ({}) loaded for {} in {:.2f} s: {} layers, hidden {}, {} "
-      "heads / {} KV heads, vocab {}, context {}{}{}",
+      "heads / {} KV heads, vocab {}, context {}{}",
       model.path, model.format, engine::DeviceName(device), SecondsSince(t0),
       c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.vocab_size,
       c.max_position,
@@ -152,12 +138,13 @@ absl::Status Daemon::StartEngine(const ServeOptions& options) {
           : absl::StrFormat(" (RoPE %s x%g of %d)",
                             models::RopeScalingTypeName(c.rope_scaling.type),
                             static_cast<double>(c.rope_scaling.factor),
-                            c.rope_scaling.original_max_position),
-      model.model != nullptr
-          ? absl::StrFormat(", %.1f MiB of packed weights",
-                            model.model->weight_bytes() / 1048576.0)
-          : std::string());
-  if (model.model != nullptr) LogWeightTypes(*model.model);
+                            c.rope_scaling.original_max_position));
+  // "weights: 80.1 MiB in the file (Q4_K 45.0, Q6_K 35.0, F32 0.1 MiB),
+  // 98.2 MiB packed": what each ggml type of the file costs, and what the
+  // packed forms hold in memory.
+  if (const std::string w = engine::DescribeWeights(model); !w.empty()) {
+    spdlog::info("weights: {}", w);
+  }
   KV_ASSIGN_OR_RETURN(
       engine_,
       engine::Engine::Create(options.engine, std::move(model), registry_));

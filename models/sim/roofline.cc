@@ -16,19 +16,6 @@ int64_t CountMatmulParams(const ModelConfig& c) {
 
 }  // namespace
 
-StepLoad StepLoadOf(const ForwardBatch& batch) {
-  StepLoad load;
-  load.tokens = batch.num_tokens();
-  load.seqs = batch.num_seqs();
-  for (int32_t s = 0; s < batch.num_seqs(); ++s) {
-    const int64_t n = batch.seq_starts[s + 1] - batch.seq_starts[s];
-    const int64_t ctx = batch.context_lens[s];
-    load.attended += n * ctx - n * (n - 1) / 2;
-    load.kv_read_tokens += ctx - n;
-  }
-  return load;
-}
-
 Roofline::Roofline(const ModelConfig& config, const GpuSpec& gpu, int tp,
                    double weight_bytes, int64_t kv_bytes_per_token,
                    Efficiency eff, AttentionUnits attention)

@@ -39,18 +39,8 @@ struct Efficiency {
 // TensorRT-LLM runs for an fp8 checkpoint with an fp8 KV cache.
 enum class AttentionUnits { kBf16, kFp8 };
 
-// One step's work: its query tokens (prefill and decode together), the keys
-// they attend to in total, and the cached tokens whose K/V it reads.
-struct StepLoad {
-  int64_t tokens = 0;
-  int64_t attended = 0;
-  int64_t kv_read_tokens = 0;
-  int64_t seqs = 0;  // sequences in the step (prefill chunks and decodes)
-};
-
-// The load of a forward batch: sequence s with n new tokens and context c
-// attends n*c - n(n-1)/2 keys and reads the K/V of its c - n cached tokens.
-[[nodiscard]] StepLoad StepLoadOf(const ForwardBatch& batch);
+// One step's work (models/forward_batch.h: a batch's counts).
+using StepLoad = BatchLoad;
 
 struct StepCost {
   double weights_s = 0;    // reading the rank's weights

@@ -23,6 +23,7 @@
 #include "engine/kv_cache_storage.h"
 #include "engine/loaded_model.h"
 #include "engine/model_backend.h"
+#include "models/cpu/cpu_llama_model.h"
 #include "models/cuda/cuda_llama.h"
 #include "models/forward_batch.h"
 #include "tests/support/random_model.h"
