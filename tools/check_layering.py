@@ -9,7 +9,9 @@ own headers and those of the rooms below it, never one above or beside:
   models/sim -> models
   scheduler -> kvcache;  models -> kvcache -> common
 
-`server` also reaches the generated protocol headers (`kvserve/v1/...`).
+`server` also reaches the generated protocol headers (`kvserve/v1/...`),
+but never a device's kernels (models/cpu, models/cuda): the engine's
+Platform (engine/platform.h) speaks for the devices.
 Tests in tests/<area>/ may include what their area may, their own folder's
 headers and tests/support/; tools/ may include every product room. The CMake
 libraries link the same way (tests link only their area's library), so a
@@ -39,6 +41,10 @@ DIRECT = {
     "proto": [],
     "server": ["engine", "proto"],
     "cli": ["server"],
+}
+# Rooms a room may not include although they lie below it.
+FORBIDDEN = {
+    "server": {"models/cpu", "models/cuda"},
 }
 # Test areas: the rooms whose libraries the area's tests link.
 TEST_AREAS = {
@@ -99,7 +105,7 @@ def allowed_for(file_path):
     room = room_of_include(file_path)
     if room is None or room.startswith(("tests", "tools")):
         return None, None
-    return room, closure(room)
+    return room, closure(room) - FORBIDDEN.get(room, set())
 
 
 def tracked_sources(root):
