@@ -11,6 +11,7 @@
 #include "models/cpu/ops.h"
 #include "models/cpu/paged_attention.h"
 #include "models/dequant.h"
+#include "models/llama_tensors.h"
 #include "models/loader/model_files.h"
 #include "models/quant_blocks.h"
 
@@ -107,28 +108,32 @@ absl::StatusOr<std::unique_ptr<cpu::PackedMatrix>> CpuLlamaModel::PackFused(
 absl::Status CpuLlamaModel::LoadWeights() {
   const ModelConfig& c = config_;
   KV_ASSIGN_OR_RETURN(token_embd_, GetCounted("token_embd.weight"));
-  KV_ASSIGN_OR_RETURN(output_norm_, LoadVector("output_norm.weight"));
-  KV_ASSIGN_OR_RETURN(
-      output_,
-      PackFused({c.tied_embeddings ? "token_embd.weight" : "output.weight"}));
+  KV_ASSIGN_OR_RETURN(output_norm_, LoadVector(kOutputNormTensor));
+  KV_ASSIGN_OR_RETURN(output_, PackFused({c.tied_embeddings ? kTokenEmbdTensor
+                                                            : kOutputTensor}));
   layers_.resize(c.num_layers);
   for (int l = 0; l < c.num_layers; ++l) {
     Layer& layer = layers_[l];
-    const std::string p = absl::StrCat("blk.", l, ".");
-    KV_ASSIGN_OR_RETURN(layer.attn_norm, LoadVector(p + "attn_norm.weight"));
-    KV_ASSIGN_OR_RETURN(layer.ffn_norm, LoadVector(p + "ffn_norm.weight"));
+    auto name = [l](LayerTensor t) { return LayerTensorName(l, t); };
+    KV_ASSIGN_OR_RETURN(layer.attn_norm,
+                        LoadVector(name(LayerTensor::kAttnNorm)));
+    KV_ASSIGN_OR_RETURN(layer.ffn_norm,
+                        LoadVector(name(LayerTensor::kFfnNorm)));
     if (c.qkv_bias) {
-      KV_ASSIGN_OR_RETURN(layer.q_bias, LoadVector(p + "attn_q.bias"));
-      KV_ASSIGN_OR_RETURN(layer.k_bias, LoadVector(p + "attn_k.bias"));
-      KV_ASSIGN_OR_RETURN(layer.v_bias, LoadVector(p + "attn_v.bias"));
+      KV_ASSIGN_OR_RETURN(layer.q_bias,
+                          LoadVector(name(LayerTensor::kAttnQBias)));
+      KV_ASSIGN_OR_RETURN(layer.k_bias,
+                          LoadVector(name(LayerTensor::kAttnKBias)));
+      KV_ASSIGN_OR_RETURN(layer.v_bias,
+                          LoadVector(name(LayerTensor::kAttnVBias)));
     }
-    KV_ASSIGN_OR_RETURN(layer.qkv,
-                        PackFused({p + "attn_q.weight", p + "attn_k.weight",
-                                   p + "attn_v.weight"}));
-    KV_ASSIGN_OR_RETURN(layer.wo, PackFused({p + "attn_output.weight"}));
-    KV_ASSIGN_OR_RETURN(
-        layer.gate_up, PackFused({p + "ffn_gate.weight", p + "ffn_up.weight"}));
-    KV_ASSIGN_OR_RETURN(layer.down, PackFused({p + "ffn_down.weight"}));
+    KV_ASSIGN_OR_RETURN(layer.qkv, PackFused({name(LayerTensor::kAttnQ),
+                                              name(LayerTensor::kAttnK),
+                                              name(LayerTensor::kAttnV)}));
+    KV_ASSIGN_OR_RETURN(layer.wo, PackFused({name(LayerTensor::kAttnOutput)}));
+    KV_ASSIGN_OR_RETURN(layer.gate_up, PackFused({name(LayerTensor::kFfnGate),
+                                                  name(LayerTensor::kFfnUp)}));
+    KV_ASSIGN_OR_RETURN(layer.down, PackFused({name(LayerTensor::kFfnDown)}));
     // Packed copies replace the file's pages layer by layer, so the peak
     // holds one layer of both, not the whole file twice. The packed
     // matrices own their bytes; the forward reads only token_embd rows from

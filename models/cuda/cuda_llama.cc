@@ -8,6 +8,7 @@
 #include "common/status_macros.h"
 #include "kvcache/kv_sizing.h"
 #include "models/dequant.h"
+#include "models/llama_tensors.h"
 #include "models/loader/model_files.h"
 #include "models/rope.h"
 
@@ -147,33 +148,37 @@ static absl::Status UploadTensors(const WeightSource& w,
 
 absl::Status CudaLlamaModel::Upload(const WeightSource& w) {
   const ModelConfig& c = config_;
-  KV_RETURN_IF_ERROR(UploadTensors(w, {"token_embd.weight"}, false, embd_));
+  KV_RETURN_IF_ERROR(UploadTensors(w, {kTokenEmbdTensor}, false, embd_));
   if (!c.tied_embeddings) {
-    KV_RETURN_IF_ERROR(UploadTensors(w, {"output.weight"}, false, output_));
+    KV_RETURN_IF_ERROR(UploadTensors(w, {kOutputTensor}, false, output_));
   }
-  KV_RETURN_IF_ERROR(
-      UploadTensors(w, {"output_norm.weight"}, true, output_norm_));
+  KV_RETURN_IF_ERROR(UploadTensors(w, {kOutputNormTensor}, true, output_norm_));
   for (int i = 0; i < c.num_layers; ++i) {
     Layer& l = layers_[i];
-    const std::string p = absl::StrCat("blk.", i, ".");
+    auto name = [i](LayerTensor t) { return LayerTensorName(i, t); };
     KV_RETURN_IF_ERROR(
-        UploadTensors(w, {p + "attn_norm.weight"}, true, l.attn_norm));
+        UploadTensors(w, {name(LayerTensor::kAttnNorm)}, true, l.attn_norm));
     KV_RETURN_IF_ERROR(
-        UploadTensors(w, {p + "ffn_norm.weight"}, true, l.ffn_norm));
+        UploadTensors(w, {name(LayerTensor::kFfnNorm)}, true, l.ffn_norm));
     if (c.qkv_bias) {
       KV_RETURN_IF_ERROR(UploadTensors(
-          w, {p + "attn_q.bias", p + "attn_k.bias", p + "attn_v.bias"}, true,
-          l.bias));
+          w,
+          {name(LayerTensor::kAttnQBias), name(LayerTensor::kAttnKBias),
+           name(LayerTensor::kAttnVBias)},
+          true, l.bias));
     }
-    KV_RETURN_IF_ERROR(UploadTensors(
-        w, {p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"},
-        false, l.qkv));
     KV_RETURN_IF_ERROR(
-        UploadTensors(w, {p + "attn_output.weight"}, false, l.wo));
-    KV_RETURN_IF_ERROR(UploadTensors(
-        w, {p + "ffn_gate.weight", p + "ffn_up.weight"}, false, l.gate_up));
+        UploadTensors(w,
+                      {name(LayerTensor::kAttnQ), name(LayerTensor::kAttnK),
+                       name(LayerTensor::kAttnV)},
+                      false, l.qkv));
     KV_RETURN_IF_ERROR(
-        UploadTensors(w, {p + "ffn_down.weight"}, false, l.down));
+        UploadTensors(w, {name(LayerTensor::kAttnOutput)}, false, l.wo));
+    KV_RETURN_IF_ERROR(UploadTensors(
+        w, {name(LayerTensor::kFfnGate), name(LayerTensor::kFfnUp)}, false,
+        l.gate_up));
+    KV_RETURN_IF_ERROR(
+        UploadTensors(w, {name(LayerTensor::kFfnDown)}, false, l.down));
   }
   // A cudaMemcpy from pageable memory may return before its DMA lands, and
   // stream_ (non-blocking) does not wait for the legacy stream: finish the

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "models/llama_tensors.h"
 #include "models/loader/gguf.h"
 #include "models/loader/gguf_config.h"
 #include "models/loader/hf_config.h"
@@ -59,27 +60,29 @@ std::vector<Expected> ExpectedTensors(const ModelConfig& c) {
   const int64_t q = static_cast<int64_t>(c.num_heads) * c.head_dim;
   const int64_t kv = static_cast<int64_t>(c.num_kv_heads) * c.head_dim;
   const int64_t inter = c.intermediate_size;
-  std::vector<Expected> out = {{"token_embd.weight", {hidden, c.vocab_size}}};
+  std::vector<Expected> out = {{kTokenEmbdTensor, {hidden, c.vocab_size}}};
   for (int i = 0; i < c.num_layers; ++i) {
-    const std::string p = absl::StrCat("blk.", i, ".");
-    out.push_back({p + "attn_norm.weight", {hidden}});
-    out.push_back({p + "attn_q.weight", {hidden, q}});
-    out.push_back({p + "attn_k.weight", {hidden, kv}});
-    out.push_back({p + "attn_v.weight", {hidden, kv}});
-    out.push_back({p + "attn_output.weight", {q, hidden}});
+    auto add = [&](LayerTensor t, std::vector<int64_t> shape) {
+      out.push_back({LayerTensorName(i, t), std::move(shape)});
+    };
+    add(LayerTensor::kAttnNorm, {hidden});
+    add(LayerTensor::kAttnQ, {hidden, q});
+    add(LayerTensor::kAttnK, {hidden, kv});
+    add(LayerTensor::kAttnV, {hidden, kv});
+    add(LayerTensor::kAttnOutput, {q, hidden});
     if (c.qkv_bias) {
-      out.push_back({p + "attn_q.bias", {q}});
-      out.push_back({p + "attn_k.bias", {kv}});
-      out.push_back({p + "attn_v.bias", {kv}});
+      add(LayerTensor::kAttnQBias, {q});
+      add(LayerTensor::kAttnKBias, {kv});
+      add(LayerTensor::kAttnVBias, {kv});
     }
-    out.push_back({p + "ffn_norm.weight", {hidden}});
-    out.push_back({p + "ffn_gate.weight", {hidden, inter}});
-    out.push_back({p + "ffn_up.weight", {hidden, inter}});
-    out.push_back({p + "ffn_down.weight", {inter, hidden}});
+    add(LayerTensor::kFfnNorm, {hidden});
+    add(LayerTensor::kFfnGate, {hidden, inter});
+    add(LayerTensor::kFfnUp, {hidden, inter});
+    add(LayerTensor::kFfnDown, {inter, hidden});
   }
-  out.push_back({"output_norm.weight", {hidden}});
+  out.push_back({kOutputNormTensor, {hidden}});
   if (!c.tied_embeddings) {
-    out.push_back({"output.weight", {hidden, c.vocab_size}});
+    out.push_back({kOutputTensor, {hidden, c.vocab_size}});
   }
   return out;
 }
