@@ -37,57 +37,16 @@ KvCacheManager::KvCacheManager(int32_t num_blocks, int32_t block_size,
     : pool_(num_blocks),
       swap_(num_swap_slots),
       block_size_(block_size),
-      hash_fn_(hash_fn) {
+      hash_fn_(hash_fn),
+      index_(num_blocks, block_size) {
   KV_CHECK(block_size >= 1, "block_size=", block_size);
   KV_CHECK(hash_fn != nullptr, "null hash_fn");
-  content_.resize(num_blocks);
-  content_tokens_.resize(static_cast<size_t>(num_blocks) * block_size);
-  content_len_.resize(num_blocks, 0);
-  child_pos_.resize(num_blocks, -1);
-  generation_.resize(num_blocks, 0);
 }
 
 std::vector<BlockId> KvCacheManager::TakeFresh(int32_t n, EvictReason reason) {
   std::vector<BlockId> blocks = pool_.Allocate(n, reason);
-  for (const BlockId b : blocks) ++generation_[b];
+  for (const BlockId b : blocks) index_.Invalidate(b);
   return blocks;
-}
-
-void KvCacheManager::UnindexContent(BlockId block) {
-  const BlockContent& old = content_[block];
-  auto it = children_.find(ChildKey{old.parent, old.ns});
-  if (it == children_.end()) return;
-  ChildList& list = it->second;
-  const int32_t pos = child_pos_[block];
-  if (pos < 0 || pos >= static_cast<int32_t>(list.entries.size()) ||
-      list.entries[pos].block != block) {
-    return;
-  }
-  list.entries[pos].block = kNoBlock;
-  const auto size = static_cast<int32_t>(list.entries.size());
-  if (++list.dead == size) {
-    children_.erase(it);
-    return;
-  }
-  if (2 * list.dead <= size) return;
-  std::erase_if(list.entries,
-                [](const Child& c) { return c.block == kNoBlock; });
-  list.dead = 0;
-  for (size_t i = 0; i < list.entries.size(); ++i) {
-    child_pos_[list.entries[i].block] = static_cast<int32_t>(i);
-  }
-}
-
-void KvCacheManager::IndexContent(BlockId block, BlockHash parent, BlockHash ns,
-                                  absl::Span<const int32_t> tokens) {
-  if (content_len_[block] > 0) UnindexContent(block);
-  std::copy(tokens.begin(), tokens.end(),
-            content_tokens_.begin() + static_cast<size_t>(block) * block_size_);
-  content_[block] = {parent, ns};
-  content_len_[block] = static_cast<int32_t>(tokens.size());
-  std::vector<Child>& entries = children_[ChildKey{parent, ns}].entries;
-  child_pos_[block] = static_cast<int32_t>(entries.size());
-  entries.push_back({block, generation_[block]});
 }
 
 int32_t KvCacheManager::NumBlocksNeeded(RequestId request,
@@ -200,7 +159,7 @@ PrefixMatch KvCacheManager::FindCachedPrefix(const TokenSequence& tokens,
     const BlockHash hash = hash_fn_(parent, ns, block_tokens);
     const std::optional<BlockId> block = pool_.GetCachedBlock(hash);
     if (!block.has_value() ||
-        !ContentMatches(*block, parent, ns, block_tokens)) {
+        !index_.Matches(*block, parent, ns, block_tokens)) {
       break;
     }
     match.blocks.push_back(*block);
@@ -219,48 +178,14 @@ PrefixMatch KvCacheManager::FindCachedPrefix(const TokenSequence& tokens,
 void KvCacheManager::FindTail(const TokenSequence& tokens, int32_t begin,
                               int32_t max_tokens, BlockHash parent,
                               BlockHash ns, PrefixMatch* match) const {
-  // A popular prefix may have many children: look at the newest few.
-  constexpr int kMaxCandidates = 64;
-  auto it = children_.find(ChildKey{parent, ns});
-  if (it == children_.end()) return;
   std::vector<int32_t> want(max_tokens);
   tokens.Copy(begin, max_tokens, want.data());
-  int32_t best = 0;
-  BlockId best_block = kNoBlock;
-  int looked = 0;
-  const std::vector<Child>& entries = it->second.entries;
-  for (auto c = entries.rbegin();
-       c != entries.rend() && looked < kMaxCandidates && best < max_tokens;
-       ++c) {
-    if (c->block == kNoBlock) continue;                    // erased
-    if (generation_[c->block] != c->generation) continue;  // reallocated
-    ++looked;
-    const int32_t n = std::min(content_len_[c->block], max_tokens);
-    const int32_t* stored =
-        content_tokens_.data() + static_cast<size_t>(c->block) * block_size_;
-    const auto common = static_cast<int32_t>(
-        std::mismatch(want.begin(), want.begin() + n, stored).first -
-        want.begin());
-    if (common > best) {
-      best = common;
-      best_block = c->block;
-    }
-  }
-  if (best == 0) return;
-  match->tail_block = best_block;
-  match->tail_tokens = best;
-  match->num_tokens += best;
-  if (pool_.ref_count(best_block) == 0) ++match->num_evictable;
-}
-
-bool KvCacheManager::ContentMatches(BlockId block, BlockHash parent,
-                                    BlockHash ns,
-                                    absl::Span<const int32_t> tokens) const {
-  const BlockContent& c = content_[block];
-  if (c.parent != parent || c.ns != ns) return false;
-  const int32_t* stored =
-      content_tokens_.data() + static_cast<size_t>(block) * block_size_;
-  return std::equal(tokens.begin(), tokens.end(), stored);
+  const auto [block, shared] = index_.LongestStart(parent, ns, want);
+  if (shared == 0) return;
+  match->tail_block = block;
+  match->tail_tokens = shared;
+  match->num_tokens += shared;
+  if (pool_.ref_count(block) == 0) ++match->num_evictable;
 }
 
 bool KvCacheManager::CanAllocateWithPrefix(const PrefixMatch& prefix,
@@ -330,7 +255,7 @@ void KvCacheManager::CacheComputedBlocks(RequestId request,
     // A shared block may already carry this hash (a prefix hit).
     if (!pool_.block_hash(block).has_value() && pool_.CacheBlock(block, hash)) {
       // active -> active (hashed): remember what it holds for hit checks.
-      IndexContent(block, table.last_hash, ns, block_tokens);
+      index_.Index(block, table.last_hash, ns, block_tokens);
     }
     table.last_hash = hash;
     table.num_hashed = i + 1;
@@ -358,7 +283,7 @@ void KvCacheManager::CachePartialBlock(RequestId request,
   }
   std::vector<int32_t> block_tokens(len);
   tokens.Copy(idx * block_size_, len, block_tokens.data());
-  IndexContent(block, table.last_hash, ns, block_tokens);
+  index_.Index(block, table.last_hash, ns, block_tokens);
 }
 
 void KvCacheManager::ReleasePinned() {
@@ -432,7 +357,7 @@ int64_t KvCacheManager::WrittenSlots(
   }
   for (const BlockId b : pinned_) {
     int32_t& most = shared[b];
-    most = std::max(most, content_len_[b]);
+    most = std::max(most, index_.content_len(b));
   }
   for (const auto& [b, n] : shared) written += n;
   return written;
@@ -506,40 +431,7 @@ absl::Status KvCacheManager::CheckInvariants() const {
                        holders[b], " tables hold it"));
     }
   }
-  return CheckContentIndex();
-}
-
-absl::Status KvCacheManager::CheckContentIndex() const {
-  int64_t live = 0;
-  for (const auto& [key, list] : children_) {
-    int32_t dead = 0;
-    for (size_t i = 0; i < list.entries.size(); ++i) {
-      const BlockId b = list.entries[i].block;
-      if (b == kNoBlock) {
-        ++dead;
-        continue;
-      }
-      if (content_len_[b] == 0 || child_pos_[b] != static_cast<int32_t>(i) ||
-          !(ChildKey{content_[b].parent, content_[b].ns} == key)) {
-        return absl::InternalError(absl::StrCat("block ", b, " indexed at ", i,
-                                                " of a list it is not in"));
-      }
-      ++live;
-    }
-    if (dead != list.dead ||
-        2 * dead > static_cast<int32_t>(list.entries.size())) {
-      return absl::InternalError(absl::StrCat("a child list of ",
-                                              list.entries.size(), " counts ",
-                                              list.dead, " erased of ", dead));
-    }
-  }
-  const auto indexed = std::count_if(content_len_.begin(), content_len_.end(),
-                                     [](int32_t n) { return n > 0; });
-  if (live != indexed) {
-    return absl::InternalError(
-        absl::StrCat(indexed, " blocks indexed, ", live, " child entries"));
-  }
-  return absl::OkStatus();
+  return index_.Check();
 }
 
 }  // namespace kvserve::kvcache

@@ -70,6 +70,7 @@
 #include "common/thread_owner.h"
 #include "kvcache/block_hash.h"
 #include "kvcache/block_pool.h"
+#include "kvcache/prefix_index.h"
 #include "kvcache/swap_space.h"
 
 namespace kvserve::kvcache {
@@ -294,48 +295,9 @@ class KvCacheManager {
     int32_t num_hashed = 0;
     BlockHash last_hash = kNoParentHash;
   };
-  // What a cached block holds, checked on every hit.
-  struct BlockContent {
-    BlockHash parent = kNoParentHash;
-    BlockHash ns = 0;
-  };
-
-  // The index key of a block's content: its parent and namespace.
-  struct ChildKey {
-    BlockHash parent = kNoParentHash;
-    BlockHash ns = 0;
-    bool operator==(const ChildKey&) const = default;
-    template <typename H>
-    friend H AbslHashValue(H h, const ChildKey& k) {
-      return H::combine(std::move(h), k.parent, k.ns);
-    }
-  };
-  struct Child {
-    BlockId block = kNoBlock;  // kNoBlock: erased (a tombstone)
-    uint32_t generation = 0;   // valid while generation_[block] equals it
-  };
-  // A key's children, oldest first. Erasing leaves a tombstone (O(1), keeps
-  // the order FindTail relies on); the list is compacted when half of it is
-  // tombstones and dropped when all of it is.
-  struct ChildList {
-    std::vector<Child> entries;
-    int32_t dead = 0;
-  };
-
-  [[nodiscard]] bool ContentMatches(BlockId block, BlockHash parent,
-                                    BlockHash ns,
-                                    absl::Span<const int32_t> tokens) const;
   // pool_.Allocate, bumping each block's generation (its old content and
   // index entry become stale).
   [[nodiscard]] std::vector<BlockId> TakeFresh(int32_t n, EvictReason reason);
-  // Records that `block` holds `tokens` after `parent` under `ns` and
-  // indexes it, replacing the block's previous entry.
-  void IndexContent(BlockId block, BlockHash parent, BlockHash ns,
-                    absl::Span<const int32_t> tokens);
-  // Erases an indexed block's entry from its content key's list.
-  void UnindexContent(BlockId block);
-  // The content index's part of CheckInvariants.
-  [[nodiscard]] absl::Status CheckContentIndex() const;
   // The best tail for the tokens [begin, begin + max_tokens) of `tokens`
   // after `parent`: sets match->tail_block/tail_tokens when one shares at
   // least one token.
@@ -349,16 +311,8 @@ class KvCacheManager {
   absl::flat_hash_map<RequestId, Table> tables_;
   // Swapped-out requests: their slots, in table order.
   absl::flat_hash_map<RequestId, std::vector<SwapSlot>> swapped_;
-  // Per block: its content while it carries a hash or is a valid tail
-  // (stale otherwise); content_len_ tokens of its row are meaningful.
-  std::vector<BlockContent> content_;
-  std::vector<int32_t> content_tokens_;  // [num_blocks][block_size]
-  std::vector<int32_t> content_len_;     // 0: not indexed
-  std::vector<uint32_t> generation_;     // bumped by TakeFresh
-  absl::flat_hash_map<ChildKey, ChildList> children_;
-  // Per indexed block (content_len_ > 0): its entry's index in the list of
-  // its content_ key; the block has exactly one live entry there.
-  std::vector<int32_t> child_pos_;
+  // What each block holds and the tail index (prefix_index.h).
+  PrefixIndex index_;
   std::vector<BlockId> pinned_;  // tail sources of pending copies
   ThreadOwner owner_;            // the one thread that may mutate
 };

@@ -54,7 +54,10 @@ std::vector<int64_t> WaterFill(const std::vector<int64_t>& demand,
 int32_t FairShare::Join(const TenantPolicy& policy) {
   auto [it, fresh] =
       ids_.try_emplace(policy.name, static_cast<int32_t>(tenants_.size()));
-  if (fresh) tenants_.push_back(Tenant{.name = policy.name});
+  if (fresh) {
+    tenants_.emplace_back();
+    tenants_.back().name = policy.name;
+  }
   Tenant& t = tenants_[it->second];
   t.weight = std::max(policy.weight, 1);
   t.max_running = policy.max_running;
