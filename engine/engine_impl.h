@@ -84,6 +84,17 @@ class Engine::Impl {
   // One iteration of the engine loop: schedule, run the step on the model
   // runner, feed its tokens back to the scheduler, emit and finish.
   void Step();
+  // Step's phases.
+  void MarkPreempted(const std::vector<RequestId>& preempted, absl::Time t0);
+  // A step that scheduled no tokens: its swaps only, then a short wait.
+  void MoveBlocksOnly(const scheduler::SchedulerOutput& out);
+  // The step's forks and sampled tokens to their requests.
+  void Deliver(const scheduler::SchedulerOutput& out, StepResult& result);
+  // Requests the scheduler ended this step (at max_tokens).
+  void RetireFinished(const std::vector<scheduler::FinishedRequest>& finished);
+  // Load and step stats, and the step observer.
+  void EndStep(const scheduler::SchedulerOutput& out, const StepResult& result,
+               absl::Time t0);
   // Adds a step's counter increments (the scheduler's, and the blocks the
   // runner swapped) to the metrics.
   void AddStepCounters(const scheduler::StepStats& s, int64_t swapped_out,

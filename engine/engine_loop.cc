@@ -183,23 +183,8 @@ void Engine::Impl::Step() {
   loop_owner_.CheckOwner("Engine::Impl::Step");
   const absl::Time t0 = clock_->Now();
   scheduler::SchedulerOutput out = scheduler_->Schedule();
-  for (const RequestId id : out.preempted) {
-    auto it = live_reqs_.find(id);
-    if (it != live_reqs_.end()) it->second->preempted_at = t0;
-  }
-  if (out.empty()) {
-    // A step may preempt by swap and schedule nothing (its blocks go to a
-    // more important waiting request next step): the swap-outs still run.
-    StepResult moved;
-    if (absl::Status s = runner_->RunBlockMoves(out, &moved); !s.ok()) {
-      spdlog::error("block moves failed at step {}: {}", out.step,
-                    s.ToString());
-      FailAll(out.preempted, s.ToString());
-    }
-    AddStepCounters(out.stats, moved.swapped_out_blocks,
-                    moved.swapped_in_blocks);
-    return WaitAfterEmptyStep();
-  }
+  MarkPreempted(out.preempted, t0);
+  if (out.empty()) return MoveBlocksOnly(out);
   for (const auto& s : out.scheduled) FirstScheduled(s, t0);
   StepResult result = runner_->Execute(out, live_reqs_, *scheduler_);
   if (metrics_) metrics_->AddForwardSeconds(result.forward_seconds);
@@ -208,19 +193,52 @@ void Engine::Impl::Step() {
   if (!result.status.ok()) FailStep(out, result.status);
   std::vector<scheduler::FinishedRequest> finished =
       scheduler_->UpdateFromOutput(out, result.tokens);
-  if (result.status.ok()) {
-    // Forks first: the parent may finish on its first token below.
-    for (const auto& [id, logits] : result.fork_logits) {
-      ForkChildren(id, logits);
-    }
-    EmitTokens(out, result.producers, result.sampled);
+  if (result.status.ok()) Deliver(out, result);
+  RetireFinished(finished);
+  EndStep(out, result, t0);
+}
+
+void Engine::Impl::MarkPreempted(const std::vector<RequestId>& preempted,
+                                 absl::Time t0) {
+  for (const RequestId id : preempted) {
+    auto it = live_reqs_.find(id);
+    if (it != live_reqs_.end()) it->second->preempted_at = t0;
   }
+}
+
+// A step may preempt by swap and schedule nothing (its blocks go to a more
+// important waiting request next step): the swap-outs still run.
+void Engine::Impl::MoveBlocksOnly(const scheduler::SchedulerOutput& out) {
+  StepResult moved;
+  if (absl::Status s = runner_->RunBlockMoves(out, &moved); !s.ok()) {
+    spdlog::error("block moves failed at step {}: {}", out.step, s.ToString());
+    FailAll(out.preempted, s.ToString());
+  }
+  AddStepCounters(out.stats, moved.swapped_out_blocks, moved.swapped_in_blocks);
+  WaitAfterEmptyStep();
+}
+
+void Engine::Impl::Deliver(const scheduler::SchedulerOutput& out,
+                           StepResult& result) {
+  // Forks first: the parent may finish on its first token below.
+  for (const auto& [id, logits] : result.fork_logits) {
+    ForkChildren(id, logits);
+  }
+  EmitTokens(out, result.producers, result.sampled);
+}
+
+void Engine::Impl::RetireFinished(
+    const std::vector<scheduler::FinishedRequest>& finished) {
   for (const auto& f : finished) {
     auto it = live_reqs_.find(f.id);
     if (it == live_reqs_.end()) continue;
     it->second->kv_stats = f.kv_stats;
     FinishRequest(f.id, FinishReason::kLength);
   }
+}
+
+void Engine::Impl::EndStep(const scheduler::SchedulerOutput& out,
+                           const StepResult& result, absl::Time t0) {
   PublishStats(SecondsBetween(t0, clock_->Now()), out.total_num_tokens);
   if (step_observer_) {
     // The whole loop turn: what the next step waits for.
