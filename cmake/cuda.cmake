@@ -37,7 +37,7 @@ if(KVSERVE_CUDA)
     set(CMAKE_CUDA_ARCHITECTURES 80 90)
   endif()
   if(CCACHE_PROGRAM)
-    set(CMAKE_CUDA_COMPILER_LAUNCHER ${CCACHE_PROGRAM})
+    set(CMAKE_CUDA_COMPILER_LAUNCHER ${kvserve_ccache})
   endif()
   enable_language(CUDA)
   set(CMAKE_CUDA_STANDARD 17)  # CMake 3.25 has no CUDA20 flags for nvcc 13

@@ -16,6 +16,11 @@
 #
 #   tools/fresh_root_check.sh        (root; KEEP_FRESH_ROOT=1 keeps the root)
 #
+# FRESH_ROOT_SHARE_CCACHE=1 (CI sets it): once the check passes, the root's
+# compiler cache is added to this machine's, so the main build that follows
+# reuses the objects it can (the project keys ccache on relative paths).
+# Only the cache goes out; nothing comes in.
+#
 # Prints each step's name and time; on failure, which step failed. The
 # mounts are removed on every exit path before the root is deleted.
 set -uo pipefail
@@ -188,5 +193,18 @@ check_listens() {
   return 1
 }
 step "README: $serve_cmd (until it listens)" check_listens
+
+# The root's ccache into this machine's (files it has already are kept).
+share_ccache() {
+  local from="$R/root/.cache/ccache" to
+  [ -d "$from" ] || { say "    the root has no compiler cache"; return 0; }
+  to="$(ccache -k cache_dir 2>/dev/null ||
+    echo "${CCACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ccache}")"
+  mkdir -p "$to" && cp -an "$from/." "$to/" &&
+    say "    $(du -sh "$from" | cut -f1) of compiled objects added to $to"
+}
+if [ "${FRESH_ROOT_SHARE_CCACHE:-0}" = 1 ]; then
+  step "share the root's compiler cache" share_ccache
+fi
 
 say "passed in $((SECONDS - START)) s"

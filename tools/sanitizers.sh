@@ -6,7 +6,8 @@
 #         CUDA backend on the SIMT emulator (KVSERVE_CUDA_EMU); runs every
 #         C++ test, the `gpu` ones included (ctest -LE python): the CUDA
 #         kernels run on the CPU with every device buffer checked by ASan;
-#         then the one Python e2e test that serves with --device cuda.
+#         with them, the cases of the e2e test that serves with --device
+#         cuda (label gpu, not python), side by side with the C++ tests.
 #   fuzz  a short run of each libFuzzer target of that build (FUZZ_SECONDS
 #         each, default 60) from its seed corpus in tests/fuzz/corpus/.
 #   tidy  tools/clang_tidy.sh over the project's sources (.clang-tidy).
@@ -50,10 +51,10 @@ stage_asan() {
   CC=clang CXX=clang++ cmake -S . -B "$ASAN_DIR" "${SAN_FLAGS[@]}" \
     -DKVSERVE_FUZZ=ON -DKVSERVE_CUDA_EMU=ON >/dev/null
   cmake --build "$ASAN_DIR" -j "$JOBS"
+  # With the C++ tests: the real binary serving gRPC from the emulated GPU
+  # (swap preemption through the CUDA backend), sanitized, one ctest per
+  # case (py_cuda_device_e2e_test.*).
   ctest --test-dir "$ASAN_DIR" --output-on-failure -j "$JOBS" -LE python
-  # The real binary serving gRPC from the emulated GPU (swap preemption
-  # through the CUDA backend), sanitized.
-  ctest --test-dir "$ASAN_DIR" --output-on-failure -R '^py_cuda_device_e2e_test$'
 }
 
 # Runs every fuzz target of $ASAN_DIR for FUZZ_SECONDS, JOBS at a time;
@@ -112,11 +113,14 @@ stage_tsan() {
   return "$rc"
 }
 
-for stage in "${STAGES[@]}"; do
+source tools/ci_budget.sh
+for i in "${!STAGES[@]}"; do
+  stage="${STAGES[$i]}"
   case "$stage" in
     asan|fuzz|tidy|tsan) ;;
     *) echo "sanitizers.sh: unknown stage '$stage'" >&2; exit 2 ;;
   esac
+  ci_budget_check "${STAGES[@]:$i}"
   banner "$stage"
   start=$SECONDS
   "stage_$stage"
