@@ -68,17 +68,17 @@ void Engine::Impl::ForkChildren(RequestId parent_id,
   const int32_t forks = p.pending_forks;
   p.pending_forks = 0;
   const absl::Time now = clock_->Now();
-  std::vector<float> logits;
   for (int32_t i = 1; i <= forks; ++i) {
     auto c = NewChild(p, next_id_.fetch_add(1), i);
     c->first_scheduled = p.first_scheduled;
     c->cached_prompt_tokens = p.cached_prompt_tokens;
     c->output =
         std::make_unique<OutputProcessor>(c->spec, model_.tokenizer.get());
-    logits = parent_logits;
-    SampleResult res = Sample(absl::MakeSpan(logits), c->spec.sampling,
-                              c->spec.prompt_tokens, c->output->sampler());
     const RequestId id = c->id;
+    runner_->AddRequest(id, c->spec.sampling,
+                        MinTokensStops(c->spec, *model_.tokenizer),
+                        c->spec.prompt_tokens, false);
+    SampleResult res = runner_->SampleForkedFirst(id, parent_logits);
     {
       absl::MutexLock lock(&mu_);
       ++live_;
@@ -102,7 +102,10 @@ void Engine::Impl::ForkChildren(RequestId parent_id,
       FinishRequest(id, FinishReason::kError, std::string(st.message()));
       continue;
     }
-    EmitToken(child, res, now);  // finishes it on a stop or at max_tokens
+    // One token is its whole budget: it never entered the scheduler.
+    const bool one_token = child.spec.max_tokens <= 1;
+    EmitToken(child, res, now);  // finishes it on a stop
+    if (one_token) FinishRequest(id, FinishReason::kLength);  // if still live
   }
   // Seats held for children that did not join (they ended on their first
   // token, or failed) go back.

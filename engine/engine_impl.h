@@ -120,8 +120,16 @@ class Engine::Impl {
   void EmitTokens(const scheduler::SchedulerOutput& out,
                   const std::vector<int32_t>& producers,
                   std::vector<SampleResult>& sampled);
+  // Ends a live request for a reason of the engine's (a stop, cancel,
+  // deadline, error): the scheduler ends it too, then CloseRequest.
   void FinishRequest(RequestId id, FinishReason reason,
                      const std::string& error = "");
+  // Ends live request `id`, which the scheduler has ended (`record`: its
+  // record then; null when it held none): flushes its output, finishes its
+  // stream, counts it and forgets it.
+  void CloseRequest(RequestId id, FinishReason reason,
+                    const scheduler::FinishedRequest* record,
+                    const std::string& error = "");
   // The KV part of r's final usage.
   [[nodiscard]] KvUsage KvUsageOf(const LiveRequest& r, double queued_seconds,
                                   absl::Time now) const;

@@ -53,6 +53,9 @@ void Engine::Impl::Admit(std::unique_ptr<LiveRequest> r) {
   const RequestId id = r->id;
   // n > 1: the other completions fork off this one after its prefill.
   r->pending_forks = r->spec.n - 1;
+  runner_->AddRequest(id, r->spec.sampling,
+                      MinTokensStops(r->spec, *model_.tokenizer),
+                      r->spec.prompt_tokens, r->pending_forks > 0);
   AddLive(id, std::move(r));
   absl::Status s = scheduler_->AddRequest(std::move(req));
   if (!s.ok())
@@ -159,12 +162,9 @@ void Engine::Impl::EmitToken(LiveRequest& r, SampleResult& res,
     lp.push_back({res.token, res.logprob, std::move(res.top)});
   }
   r.stream->Push(r.index, {res.token}, step.text, std::move(lp));
-  const scheduler::Request* req = scheduler_->GetRequest(r.id);
-  if (step.stop) {
-    FinishRequest(r.id, FinishReason::kStop);
-  } else if (req == nullptr || r.completion_tokens >= r.spec.max_tokens) {
-    FinishRequest(r.id, FinishReason::kLength);
-  }
+  // A stop condition is the output's; the length is the scheduler's (it
+  // hands back the requests it ended: RetireFinished).
+  if (step.stop) FinishRequest(r.id, FinishReason::kStop);
 }
 
 void Engine::Impl::EmitTokens(const scheduler::SchedulerOutput& out,
@@ -186,7 +186,7 @@ void Engine::Impl::Step() {
   MarkPreempted(out.preempted, t0);
   if (out.empty()) return MoveBlocksOnly(out);
   for (const auto& s : out.scheduled) FirstScheduled(s, t0);
-  StepResult result = runner_->Execute(out, live_reqs_, *scheduler_);
+  StepResult result = runner_->Execute(out);
   if (metrics_) metrics_->AddForwardSeconds(result.forward_seconds);
   AddStepCounters(out.stats, result.swapped_out_blocks,
                   result.swapped_in_blocks);
@@ -230,10 +230,8 @@ void Engine::Impl::Deliver(const scheduler::SchedulerOutput& out,
 void Engine::Impl::RetireFinished(
     const std::vector<scheduler::FinishedRequest>& finished) {
   for (const auto& f : finished) {
-    auto it = live_reqs_.find(f.id);
-    if (it == live_reqs_.end()) continue;
-    it->second->kv_stats = f.kv_stats;
-    FinishRequest(f.id, FinishReason::kLength);
+    // Gone already when its last token also met a stop condition.
+    if (live_reqs_.contains(f.id)) CloseRequest(f.id, f.reason, &f);
   }
 }
 
@@ -292,16 +290,26 @@ void Engine::Impl::FailAll(const std::vector<RequestId>& ids,
 void Engine::Impl::FinishRequest(RequestId id, FinishReason reason,
                                  const std::string& error) {
   loop_owner_.CheckOwner("Engine::Impl::FinishRequest");
-  auto it = live_reqs_.find(id);
-  if (it == live_reqs_.end()) return;
-  LiveRequest& r = *it->second;
-  if (const scheduler::Request* req = scheduler_->GetRequest(id)) {
-    r.num_preemptions = req->num_preemptions();
-    r.kv_stats = req->kv_stats();
+  if (!live_reqs_.contains(id)) return;
+  // The scheduler frees its blocks now and hands back its record; NotFound:
+  // it never entered the scheduler (a fork child that ends on its first
+  // token, or whose fork failed), or a failed admission removed it.
+  absl::StatusOr<scheduler::FinishedRequest> f = scheduler_->Finish(id, reason);
+  if (!f.ok() && !absl::IsNotFound(f.status())) {
+    spdlog::error("request {}: the scheduler could not end it: {}", id,
+                  f.status().ToString());
   }
-  // Frees the blocks now (the scheduler may have retired it already).
-  if (scheduler_->GetRequest(id) != nullptr) {
-    (void)scheduler_->Finish(id, reason);
+  CloseRequest(id, reason, f.ok() ? &*f : nullptr, error);
+}
+
+void Engine::Impl::CloseRequest(RequestId id, FinishReason reason,
+                                const scheduler::FinishedRequest* record,
+                                const std::string& error) {
+  auto it = live_reqs_.find(id);
+  LiveRequest& r = *it->second;
+  if (record != nullptr) {
+    r.num_preemptions = record->num_preemptions;
+    r.kv_stats = record->kv_stats;
   }
   const std::string tail = r.output ? r.output->Flush() : "";
   if (!tail.empty()) r.stream->Push({}, tail, {});
@@ -339,6 +347,7 @@ void Engine::Impl::FinishRequest(RequestId id, FinishReason reason,
   }
   r.pending_forks = 0;
   if (r.spec.deadline.has_value()) deadlines_.erase({*r.spec.deadline, id});
+  runner_->RemoveRequest(id);
   live_reqs_.erase(it);
   absl::MutexLock lock(&mu_);
   --live_;

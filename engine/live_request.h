@@ -1,6 +1,7 @@
-// LiveRequest: one request as the engine thread sees it, and the map of the
-// live ones. Owned by Engine::Impl; read by ModelRunner while it builds a
-// batch and samples. Engine thread only.
+// LiveRequest: one request as the engine thread sees it (its stream, output
+// processing, timings and accounting), and the map of the live ones. Owned
+// by Engine::Impl; engine thread only. What sampling needs is the model
+// runner's (RunnerRequest).
 #pragma once
 
 #include <cstdint>
@@ -40,12 +41,6 @@ struct LiveRequest {
   // time it spent preempted before that.
   absl::Time preempted_at = absl::InfinitePast();
   double preempted_seconds = 0;
-
-  // Whether this step computes the prompt of a parent that still has to
-  // fork its n > 1 children (they sample from a copy of its logits row).
-  [[nodiscard]] bool ForksNow() const {
-    return pending_forks > 0 && completion_tokens == 0;
-  }
 };
 
 using LiveRequestMap =

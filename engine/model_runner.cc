@@ -18,15 +18,36 @@ ModelRunner::ModelRunner(std::unique_ptr<ModelBackend> backend,
       fault_step_delay_(fault_step_delay),
       clock_(clock) {}
 
-StepResult ModelRunner::Execute(const scheduler::SchedulerOutput& out,
-                                const LiveRequestMap& live,
-                                const scheduler::Scheduler& sched) {
+void ModelRunner::AddRequest(RequestId id, const SamplingParams& sampling,
+                             std::vector<int32_t> min_tokens_stops,
+                             absl::Span<const int32_t> prompt, bool forks) {
+  owner_.CheckOwner("ModelRunner");
+  requests_.insert_or_assign(
+      id, RunnerRequest(sampling, std::move(min_tokens_stops), prompt, forks));
+}
+
+void ModelRunner::RemoveRequest(RequestId id) {
+  owner_.CheckOwner("ModelRunner");
+  requests_.erase(id);
+}
+
+SampleResult ModelRunner::SampleForkedFirst(RequestId id,
+                                            std::vector<float> logits) {
+  owner_.CheckOwner("ModelRunner");
+  RunnerRequest& r = requests_.at(id);
+  const SampleResult res =
+      Sample(absl::MakeSpan(logits), r.sampling, r.history, r.sampler);
+  r.Sampled(res.token);
+  return res;
+}
+
+StepResult ModelRunner::Execute(const scheduler::SchedulerOutput& out) {
   owner_.CheckOwner("ModelRunner");
   StepResult result;
   // Swap out, swap in, copy-on-write: before the forward reads the blocks.
   // A failed move (a bug in the plan) fails the step like a failed forward.
   const absl::Status moved = RunBlockMoves(out, &result);
-  BuildBatch(out, live, &result.producers);
+  BuildBatch(out, &result.producers);
   if (fault_step_delay_ > absl::ZeroDuration()) {
     absl::SleepFor(fault_step_delay_);
   }
@@ -35,7 +56,7 @@ StepResult ModelRunner::Execute(const scheduler::SchedulerOutput& out,
   result.status = moved.ok() ? backend_->Forward(batch_, &step_out_) : moved;
   result.forward_seconds = absl::ToDoubleSeconds(clock_->Now() - fwd0);
   result.tokens.assign(result.producers.size(), 0);
-  if (result.status.ok()) SampleAll(out, live, sched, &result);
+  if (result.status.ok()) SampleAll(out, &result);
   return result;
 }
 
@@ -58,7 +79,6 @@ absl::Status ModelRunner::RunBlockMoves(const scheduler::SchedulerOutput& out,
 }
 
 void ModelRunner::BuildBatch(const scheduler::SchedulerOutput& out,
-                             const LiveRequestMap& live,
                              std::vector<int32_t>* producers) {
   models::ForwardBatch& b = batch_;
   const int32_t bs = block_size_;
@@ -89,48 +109,33 @@ void ModelRunner::BuildBatch(const scheduler::SchedulerOutput& out,
     if (s.produces_token) {
       b.logits_rows.push_back(s.token_offset + s.num_new_tokens - 1);
       producers->push_back(static_cast<int32_t>(i));
-      b.argmax_only.push_back(NeedsOnlyArgmax(*live.at(s.id)));
+      b.argmax_only.push_back(requests_.at(s.id).NeedsOnlyArgmax());
     }
   }
 }
 
-// A fork parent's first token needs the whole row (its children sample
-// from a copy of it); otherwise the sampling parameters decide.
-bool ModelRunner::NeedsOnlyArgmax(const LiveRequest& r) {
-  return !r.ForksNow() && ArgmaxSuffices(r.spec.sampling);
-}
-
 void ModelRunner::SampleAll(const scheduler::SchedulerOutput& out,
-                            const LiveRequestMap& live,
-                            const scheduler::Scheduler& sched,
                             StepResult* result) {
   const std::vector<int32_t>& producers = result->producers;
   std::vector<SampleResult>& sampled = result->sampled;
   sampled.resize(producers.size());
-  std::vector<int32_t> context;
   for (size_t k = 0; k < producers.size(); ++k) {
     const auto& s = out.scheduled[producers[k]];
-    LiveRequest& r = *live.at(s.id);
-    if (!step_out_.argmax.empty() && NeedsOnlyArgmax(r)) {
+    RunnerRequest& r = requests_.at(s.id);
+    if (!step_out_.argmax.empty() && r.NeedsOnlyArgmax()) {
       // The backend reduced the row on the device (and may not have copied
       // it): the same token Sample would pick from it.
-      sampled[k] = SampleFromArgmax(step_out_.argmax[k], r.output->sampler());
+      sampled[k] = SampleFromArgmax(step_out_.argmax[k], r.sampler);
     } else {
       absl::Span<float> logits(step_out_.logits.data() + k * vocab_size_,
                                vocab_size_);
-      if (r.ForksNow()) {
+      if (r.forks_pending) {
         result->fork_logits[s.id].assign(logits.begin(), logits.end());
       }
-      context.clear();
-      if (r.spec.sampling.repetition_penalty != 1.0f) {
-        const scheduler::Request* req = sched.GetRequest(s.id);
-        context = req->prompt_token_ids();
-        context.insert(context.end(), req->output_token_ids().begin(),
-                       req->output_token_ids().end());
-      }
-      sampled[k] =
-          Sample(logits, r.spec.sampling, context, r.output->sampler());
+      sampled[k] = Sample(logits, r.sampling, r.history, r.sampler);
     }
+    r.forks_pending = false;
+    r.Sampled(sampled[k].token);
     result->tokens[k] = sampled[k].token;
   }
 }

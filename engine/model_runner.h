@@ -1,10 +1,12 @@
 // ModelRunner: the device half of one engine step. It owns the ModelBackend
 // (weights, KV bytes, swap space) and, given the scheduler's plan of a step,
 // performs its block moves, builds the ForwardBatch, runs the forward and
-// samples the next token of every request that produces one. It does not
-// own requests, block bookkeeping or output: it reads the live requests and
-// the scheduler, and reports what it sampled in a StepResult; the engine
-// feeds that back to the scheduler and emits it.
+// samples the next token of every request that produces one. It owns what
+// sampling needs of each request (RunnerRequest: parameters, random stream,
+// penalty context, fork flag), kept from AddRequest to RemoveRequest, and
+// reads nothing but the scheduler's output: no block bookkeeping, no output
+// text. It reports what it sampled in a StepResult; the engine feeds that
+// back to the scheduler and emits it.
 //
 // Order within Execute, as scheduler.h and model_backend.h state it: swap
 // out, swap in, copy-on-write copies (each list in its order), then the
@@ -23,8 +25,9 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/thread_owner.h"
-#include "engine/live_request.h"
 #include "engine/model_backend.h"
+#include "engine/request_spec.h"
+#include "engine/runner_request.h"
 #include "engine/sampler.h"
 #include "models/forward_batch.h"
 #include "scheduler/scheduler.h"
@@ -66,12 +69,20 @@ class ModelRunner {
   ModelRunner(const ModelRunner&) = delete;
   ModelRunner& operator=(const ModelRunner&) = delete;
 
-  // Runs the step `out` plans. Every scheduled request must be in `live`;
-  // `sched` is the scheduler that planned `out` (read for the repetition
-  // penalty's context). Consumes the requests' random streams as it samples.
-  [[nodiscard]] StepResult Execute(const scheduler::SchedulerOutput& out,
-                                   const LiveRequestMap& live,
-                                   const scheduler::Scheduler& sched);
+  // Starts keeping `id`'s sampling state (RunnerRequest's arguments).
+  void AddRequest(RequestId id, const SamplingParams& sampling,
+                  std::vector<int32_t> min_tokens_stops,
+                  absl::Span<const int32_t> prompt, bool forks);
+  // Forgets `id` (ended); no-op for an id it does not keep.
+  void RemoveRequest(RequestId id);
+  // The first token of a forked child `id` (added, not yet scheduled), from
+  // a copy of its parent's raw prompt logits.
+  [[nodiscard]] SampleResult SampleForkedFirst(RequestId id,
+                                               std::vector<float> logits);
+
+  // Runs the step `out` plans; every request it schedules must have been
+  // added. Consumes the requests' random streams as it samples.
+  [[nodiscard]] StepResult Execute(const scheduler::SchedulerOutput& out);
 
   [[nodiscard]] const ModelBackend& backend() const { return *backend_; }
 
@@ -90,19 +101,15 @@ class ModelRunner {
   // past its blocks keeps whatever an earlier step left (block ids of this
   // pool; readers ignore it), so no step clears tables of S x max blocks.
   void BuildBatch(const scheduler::SchedulerOutput& out,
-                  const LiveRequestMap& live, std::vector<int32_t>* producers);
-  // Whether `r`'s next token can come from the device argmax alone (then
-  // the backend need not copy its logits row to the host).
-  static bool NeedsOnlyArgmax(const LiveRequest& r);
-  void SampleAll(const scheduler::SchedulerOutput& out,
-                 const LiveRequestMap& live, const scheduler::Scheduler& sched,
-                 StepResult* result);
+                  std::vector<int32_t>* producers);
+  void SampleAll(const scheduler::SchedulerOutput& out, StepResult* result);
 
   std::unique_ptr<ModelBackend> backend_;
   const int32_t block_size_;
   const int32_t vocab_size_;
   const absl::Duration fault_step_delay_;
   const Clock* clock_;
+  absl::flat_hash_map<RequestId, RunnerRequest> requests_;
   models::ForwardBatch batch_;      // the step's batch, buffers reused
   models::ForwardOutput step_out_;  // the last forward's logits / argmax
   ThreadOwner owner_;               // the engine thread

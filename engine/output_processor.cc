@@ -4,30 +4,32 @@
 
 namespace kvserve::engine {
 
+std::vector<int32_t> MinTokensStops(const RequestSpec& spec,
+                                    const models::Tokenizer& tokenizer) {
+  if (spec.sampling.min_tokens <= 0) return {};
+  std::vector<int32_t> stops = spec.stop_token_ids;
+  if (!spec.ignore_eos) {
+    const models::TokenizerData& data = tokenizer.data();
+    if (data.eos_id >= 0) stops.push_back(data.eos_id);
+    stops.insert(stops.end(), data.extra_eos_ids.begin(),
+                 data.extra_eos_ids.end());
+  }
+  return stops;
+}
+
 OutputProcessor::OutputProcessor(const RequestSpec& spec,
                                  const models::Tokenizer* tokenizer)
     : spec_(spec),
       tokenizer_(tokenizer),
-      sampler_(spec.sampling.seed, spec.sampling.presence_penalty != 0.0f ||
-                                       spec.sampling.frequency_penalty != 0.0f),
       detok_(tokenizer, {.skip_special = spec.skip_special_tokens}) {
   for (const std::string& s : spec.stop) {
     max_stop_len_ = std::max(max_stop_len_, s.size());
-  }
-  if (spec.sampling.min_tokens > 0) {
-    std::vector<int32_t> stops = spec.stop_token_ids;
-    if (!spec.ignore_eos) {
-      const models::TokenizerData& data = tokenizer->data();
-      if (data.eos_id >= 0) stops.push_back(data.eos_id);
-      stops.insert(stops.end(), data.extra_eos_ids.begin(),
-                   data.extra_eos_ids.end());
-    }
-    sampler_.SetMinTokensStops(std::move(stops));
   }
 }
 
 OutputProcessor::Step OutputProcessor::Accept(int32_t token) {
   Step step;
+  ++accepted_;
   if (stopped_) return step;
   const bool eos = !spec_.ignore_eos && tokenizer_->IsEog(token);
   const bool stop_id =
@@ -44,8 +46,7 @@ OutputProcessor::Step OutputProcessor::Accept(int32_t token) {
   const size_t before = text_.size();
   detok_.AddTo(token, &text_);
   // Stop strings count from min_tokens on, as in vLLM.
-  if (max_stop_len_ > 0 &&
-      sampler_.num_output_tokens() >= spec_.sampling.min_tokens) {
+  if (max_stop_len_ > 0 && accepted_ >= spec_.sampling.min_tokens) {
     // A match can only involve the new text and max_stop_len - 1 bytes
     // before it.
     const size_t from =

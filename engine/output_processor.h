@@ -1,6 +1,7 @@
-// Per-request output state on the engine thread: sampling state, incremental
-// detokenization, stop conditions (EOS, stop token ids, stop strings), and
-// the text held back while it could still become a stop string.
+// Per-request output state on the engine thread: incremental detokenization,
+// stop conditions (EOS, stop token ids, stop strings), and the text held
+// back while it could still become a stop string. Sampling state is the
+// model runner's (RunnerRequest).
 #pragma once
 
 #include <cstdint>
@@ -8,11 +9,16 @@
 #include <vector>
 
 #include "engine/request_spec.h"
-#include "engine/sampler.h"
 #include "models/tokenizer/detokenizer.h"
 #include "models/tokenizer/tokenizer.h"
 
 namespace kvserve::engine {
+
+// The tokens that would stop `spec` (EOS unless ignored, its stop token
+// ids), masked while fewer than its min_tokens are out; empty without
+// min_tokens.
+[[nodiscard]] std::vector<int32_t> MinTokensStops(
+    const RequestSpec& spec, const models::Tokenizer& tokenizer);
 
 class OutputProcessor {
  public:
@@ -29,8 +35,6 @@ class OutputProcessor {
   // string match).
   std::string Flush();
 
-  SamplerState& sampler() { return sampler_; }
-
  private:
   // Emits text_[emitted_, end) where end keeps back a possible stop-string
   // prefix, moved back to a UTF-8 character boundary.
@@ -38,10 +42,10 @@ class OutputProcessor {
 
   const RequestSpec& spec_;
   const models::Tokenizer* tokenizer_;
-  SamplerState sampler_;
   models::Detokenizer detok_;
-  std::string text_;    // generated text so far
-  size_t emitted_ = 0;  // bytes of text_ already handed out
+  int32_t accepted_ = 0;  // tokens accepted, the current one included
+  std::string text_;      // generated text so far
+  size_t emitted_ = 0;    // bytes of text_ already handed out
   size_t max_stop_len_ = 0;
   bool stopped_ = false;
 };

@@ -102,7 +102,8 @@ absl::Status Scheduler::CheckRequest(const Request& r) const {
   return config_.CheckRequestSize(r.num_prompt_tokens(), r.max_tokens());
 }
 
-absl::Status Scheduler::Finish(RequestId id, FinishReason reason) {
+absl::StatusOr<FinishedRequest> Scheduler::Finish(RequestId id,
+                                                  FinishReason reason) {
   owner_.CheckOwner("Scheduler");
   auto it = requests_.find(id);
   if (it == requests_.end()) {
@@ -117,8 +118,9 @@ absl::Status Scheduler::Finish(RequestId id, FinishReason reason) {
   } else {
     Dequeue(r);
   }
+  FinishedRequest f{id, reason, r->num_preemptions_, r->kv_stats_};
   Retire(r, reason);
-  return absl::OkStatus();
+  return f;
 }
 
 void Scheduler::Retire(Request* r, FinishReason reason) {

@@ -285,13 +285,14 @@ class Scheduler {
   [[nodiscard]] absl::Status AddRequest(std::unique_ptr<Request> request);
 
   // Removes a waiting or running request and frees its blocks before
-  // returning. NotFound when no live request has `id` (e.g. it finished).
-  // Reasons other than kStop and kLength retire it as aborted;
-  // `Abort(id)` is `Finish(id, FinishReason::kCancelled)`. A request finished
-  // between Schedule and UpdateFromOutput is skipped by the latter.
-  absl::Status Finish(RequestId id, FinishReason reason);
+  // returning; its record at the end (as UpdateFromOutput's). NotFound when
+  // no live request has `id` (e.g. it finished). Reasons other than kStop
+  // and kLength retire it as aborted; `Abort(id)` is `Finish(id,
+  // FinishReason::kCancelled)`. A request finished between Schedule and
+  // UpdateFromOutput is skipped by the latter.
+  absl::StatusOr<FinishedRequest> Finish(RequestId id, FinishReason reason);
   absl::Status Abort(RequestId id) {
-    return Finish(id, FinishReason::kCancelled);
+    return Finish(id, FinishReason::kCancelled).status();
   }
 
   // Starts `child` (n > 1 completions) as a copy of running `parent` that

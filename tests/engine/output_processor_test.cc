@@ -3,7 +3,6 @@
 
 #include <vector>
 
-#include "engine/sampler.h"
 #include "gtest/gtest.h"
 #include "models/loader/gguf.h"
 #include "models/loader/gguf_config.h"
@@ -69,31 +68,6 @@ TEST(OutputProcessorTest, EosAndStopTokenIdsStopWithoutText) {
   OutputProcessor::Step s = out3.Accept(42);
   EXPECT_TRUE(s.stop);
   EXPECT_EQ(s.text, "");
-}
-
-// The request's sampler counts its output tokens when a presence or
-// frequency penalty needs them: greedy on the same logits twice, the
-// penalized best token loses the second time.
-TEST(OutputProcessorTest, PenaltiesSeeTheTokensSampledBefore) {
-  auto tok = LoadTokenizer();
-  auto twice = [&](float frequency, float presence) {
-    RequestSpec spec;
-    spec.sampling.temperature = 0.0f;
-    spec.sampling.frequency_penalty = frequency;
-    spec.sampling.presence_penalty = presence;
-    OutputProcessor out(spec, tok.get());
-    std::vector<int32_t> picked;
-    for (int i = 0; i < 2; ++i) {
-      std::vector<float> logits = {1.0f, 0.9f, 0.1f};
-      picked.push_back(
-          Sample(absl::MakeSpan(logits), spec.sampling, {}, out.sampler())
-              .token);
-    }
-    return picked;
-  };
-  EXPECT_EQ(twice(0, 0), (std::vector<int32_t>{0, 0}));
-  EXPECT_EQ(twice(0.5f, 0), (std::vector<int32_t>{0, 1}));
-  EXPECT_EQ(twice(0, 0.5f), (std::vector<int32_t>{0, 1}));
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <random>
 #include <string>
 
+#include "engine/runner_request.h"
 #include "gtest/gtest.h"
 
 namespace kvserve::engine {
@@ -270,6 +271,54 @@ TEST(SamplerTest, PenaltiesSteerAwayFromRepeats) {
   SamplerState st2(1);
   EXPECT_EQ(Draw(q, st2), 1);  // produces 1, now penalized
   EXPECT_EQ(Draw(q, st2), 5);
+}
+
+// The runner's record of a request counts its output tokens when a presence
+// or frequency penalty needs them: greedy on the same logits twice, the
+// penalized best token loses the second time.
+TEST(RunnerRequestTest, PenaltiesSeeTheTokensSampledBefore) {
+  auto twice = [&](float frequency, float presence) {
+    SamplingParams p;
+    p.temperature = 0.0f;
+    p.frequency_penalty = frequency;
+    p.presence_penalty = presence;
+    RunnerRequest r(p, {}, {}, false);
+    std::vector<int32_t> picked;
+    for (int i = 0; i < 2; ++i) {
+      std::vector<float> logits = {1.0f, 0.9f, 0.1f};
+      picked.push_back(
+          Sample(absl::MakeSpan(logits), r.sampling, r.history, r.sampler)
+              .token);
+      r.Sampled(picked.back());
+    }
+    return picked;
+  };
+  EXPECT_EQ(twice(0, 0), (std::vector<int32_t>{0, 0}));
+  EXPECT_EQ(twice(0.5f, 0), (std::vector<int32_t>{0, 1}));
+  EXPECT_EQ(twice(0, 0.5f), (std::vector<int32_t>{0, 1}));
+}
+
+// A repetition penalty reads the prompt and every token sampled since, kept
+// by the record itself: token 0 of the prompt is penalized from the first
+// draw, token 1 once it has been sampled.
+TEST(RunnerRequestTest, RepetitionPenaltyReadsPromptAndOutputs) {
+  SamplingParams p;
+  p.temperature = 0.0f;
+  p.repetition_penalty = 4.0f;
+  const std::vector<int32_t> prompt = {0};
+  RunnerRequest r(p, {}, prompt, false);
+  std::vector<int32_t> picked;
+  for (int i = 0; i < 2; ++i) {
+    std::vector<float> logits = {2.0f, 1.0f, 0.9f};
+    picked.push_back(
+        Sample(absl::MakeSpan(logits), r.sampling, r.history, r.sampler).token);
+    r.Sampled(picked.back());
+  }
+  EXPECT_EQ(picked, (std::vector<int32_t>{1, 2}));
+  EXPECT_EQ(r.history, (std::vector<int32_t>{0, 1, 2}));
+  // Without the penalty nothing is kept.
+  EXPECT_TRUE(
+      RunnerRequest(SamplingParams{}, {}, prompt, false).history.empty());
 }
 
 }  // namespace
