@@ -35,7 +35,7 @@ SampleResult ModelRunner::SampleForkedFirst(RequestId id,
                                             std::vector<float> logits) {
   owner_.CheckOwner("ModelRunner");
   RunnerRequest& r = requests_.at(id);
-  const SampleResult res =
+  SampleResult res =
       Sample(absl::MakeSpan(logits), r.sampling, r.history, r.sampler);
   r.Sampled(res.token);
   return res;
