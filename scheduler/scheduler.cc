@@ -57,6 +57,7 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(
 
 Scheduler::Scheduler(const SchedulerConfig& config)
     : config_(ValidConfig(config)),
+      reservation_(MakeReservation(config_)),
       watermark_blocks_(config.watermark_blocks()),
       kv_(config.num_blocks, config.block_size, &kvcache::HashBlockTokens,
           config.num_swap_slots),
@@ -357,12 +358,11 @@ void Scheduler::AdmitShortLane(Request* r, StepPlan& plan) {
   const kvcache::PrefixMatch match = MatchPrefix(*r);
   const int32_t start = std::max(match.num_tokens, r->num_computed_tokens_);
   const int32_t n = NumNewTokens(*r, start, plan.budget);
-  int64_t reserved_blocks = -1;
   if (r->consecutive_preemptions_ >= config_.thrash_preemption_limit &&
       config_.thrash_preemption_limit > 0) {
     return;
   }
-  if (!CanAdmit(*r, match, start, n, &reserved_blocks)) return;
+  if (!CanAdmit(match, start, n)) return;
   Admit(r, match, n, plan);
 }
 
@@ -526,8 +526,8 @@ std::vector<FinishedRequest> Scheduler::UpdateFromOutput(
 
 void Scheduler::CachePartialBlock(const Request& r) {
   // A shared scope matches whole blocks only: its tails are never read.
-  if (!config_.enable_prefix_caching ||
-      config_.kv_reservation != KvReservation::kPaged || r.scope_shared_) {
+  if (!config_.enable_prefix_caching || !reservation_->SharesPrefixes() ||
+      r.scope_shared_) {
     return;
   }
   kv_.CachePartialBlock(r.id(), r.tokens(), r.num_computed_tokens_,
@@ -618,11 +618,7 @@ absl::Status Scheduler::CheckInvariants() const {
         r->num_output_tokens() > r->max_tokens()) {
       return fail(*r, "token counts out of range");
     }
-    const int64_t expected =
-        config_.kv_reservation == KvReservation::kMaxLength
-            ? config_.slab_blocks()
-            : kvcache::BlocksForTokens(r->num_computed_tokens(),
-                                       config_.block_size);
+    const int64_t expected = reservation_->HeldBlocks(r->num_computed_tokens());
     if (blocks != expected) {
       return fail(*r, absl::StrCat("holds ", blocks, " blocks"));
     }

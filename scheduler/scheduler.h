@@ -101,6 +101,7 @@
 #include "common/thread_owner.h"
 #include "kvcache/kv_cache_manager.h"
 #include "scheduler/fair_share.h"
+#include "scheduler/kv_reservation.h"
 #include "scheduler/request.h"
 #include "scheduler/scheduler_config.h"
 
@@ -213,7 +214,6 @@ enum class AdmissionStop {
   kMaxNumSeqs,     // max_num_seqs requests already run
   kTokenBudget,    // the step's token budget is spent
   kKvBlocks,       // the head's next chunk does not fit above the watermark
-                   // (kGuaranteedNoEvict: its whole reservation does not)
   kPreempted,      // the step preempted, so it admitted nothing
   kHighWatermark,  // active blocks exceed admission_high_watermark
   kThrashGuard,    // the thrashing head's remaining prefill does not fit
@@ -440,7 +440,6 @@ class Scheduler {
   // not. Sets *next to it (the head, or kCacheAware's pick) and fills *match
   // with its cached prefix (empty with caching off or when it is swapped).
   [[nodiscard]] AdmissionStop NextAdmission(const StepPlan& plan,
-                                            int64_t* reserved_blocks,
                                             Request** next,
                                             kvcache::PrefixMatch* match) const;
   // kCacheAware: the waiting request of `head`'s tenant to admit next and
@@ -454,14 +453,15 @@ class Scheduler {
                                           const kvcache::PrefixMatch& match,
                                           int32_t start, int32_t n,
                                           const StepPlan& plan) const;
-  [[nodiscard]] bool CanAdmit(const Request& request,
-                              const kvcache::PrefixMatch& match, int32_t start,
-                              int32_t n, int64_t* reserved_blocks) const;
-  [[nodiscard]] int64_t FutureBlocks(const Request& request) const;
-  // Tokens the admitted head's table must cover after admission: its
-  // start (matched prefix, or swapped computed tokens) + `n` (kPaged) or a
-  // whole max-length slab (kMaxLength).
-  [[nodiscard]] int64_t AdmissionTokens(int32_t start, int32_t n) const;
+  // Whether the blocks of `match` and those for tokens [start, start + n)
+  // (AdmissionTokens) can be allocated above the watermark.
+  [[nodiscard]] bool CanAdmit(const kvcache::PrefixMatch& match, int32_t start,
+                              int32_t n) const;
+  // Tokens the admitted head's table must cover after admission
+  // (ReservationStrategy::AdmissionTokens).
+  [[nodiscard]] int64_t AdmissionTokens(int32_t start, int32_t n) const {
+    return reservation_->AdmissionTokens(start, n);
+  }
   // Tokens `request` computes this step when it has `computed` already.
   [[nodiscard]] int32_t NumNewTokens(const Request& request, int32_t computed,
                                      int32_t budget) const;
@@ -492,6 +492,8 @@ class Scheduler {
   [[nodiscard]] absl::Status CheckRequest(const Request& request) const;
 
   SchedulerConfig config_;
+  // Paging or max-length slabs (config_.kv_reservation).
+  std::unique_ptr<const ReservationStrategy> reservation_;
   int32_t watermark_blocks_;
   kvcache::KvCacheManager kv_;
   absl::flat_hash_map<RequestId, std::unique_ptr<Request>> requests_;

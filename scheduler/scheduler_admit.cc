@@ -10,12 +10,10 @@
 namespace kvserve::scheduler {
 
 void Scheduler::AdmitWaiting(StepPlan& plan) {
-  int64_t reserved_blocks = -1;  // kGuaranteedNoEvict: computed lazily
   kvcache::PrefixMatch match;
   while (true) {
     Request* r = nullptr;
-    const AdmissionStop stop =
-        NextAdmission(plan, &reserved_blocks, &r, &match);
+    const AdmissionStop stop = NextAdmission(plan, &r, &match);
     if (stop != AdmissionStop::kNone) {
       last_admission_stop_ = stop;
       return;
@@ -25,7 +23,6 @@ void Scheduler::AdmitWaiting(StepPlan& plan) {
     Request* head = fair_.Waiting(r->tenant_id_).begin()->second;
     if (head != r) ++head->times_passed_;
     Admit(r, match, NumNewTokens(*r, start, plan.budget), plan);
-    if (reserved_blocks >= 0) reserved_blocks += FutureBlocks(*r);
   }
 }
 
@@ -79,8 +76,7 @@ void Scheduler::Admit(Request* r, const kvcache::PrefixMatch& match, int32_t n,
 kvcache::PrefixMatch Scheduler::MatchPrefix(const Request& r) const {
   // NOTE: contiguous slabs share nothing: kMaxLength matches no prefix. A
   // swapped-out request brings its own KV back.
-  if (!config_.enable_prefix_caching ||
-      config_.kv_reservation != KvReservation::kPaged ||
+  if (!config_.enable_prefix_caching || !reservation_->SharesPrefixes() ||
       r.num_computed_tokens_ > 0) {
     return kvcache::PrefixMatch();
   }
@@ -95,8 +91,7 @@ Request* Scheduler::PickCacheAware(Request* head,
   // never-admitted one); with caching off there is nothing to rank by; a
   // head passed over often enough goes now.
   if (best->status_ != RequestStatus::kWaiting ||
-      !config_.enable_prefix_caching ||
-      config_.kv_reservation != KvReservation::kPaged ||
+      !config_.enable_prefix_caching || !reservation_->SharesPrefixes() ||
       head->times_passed_ >= kCacheAwareMaxPasses) {
     return best;
   }
@@ -115,8 +110,7 @@ Request* Scheduler::PickCacheAware(Request* head,
   return best;
 }
 
-AdmissionStop Scheduler::NextAdmission(const StepPlan& plan,
-                                       int64_t* reserved_blocks, Request** next,
+AdmissionStop Scheduler::NextAdmission(const StepPlan& plan, Request** next,
                                        kvcache::PrefixMatch* match) const {
   if (waiting_.empty()) return AdmissionStop::kQueueEmpty;
   Request* head = AdmissionCandidate();
@@ -150,9 +144,8 @@ AdmissionStop Scheduler::NextAdmission(const StepPlan& plan,
       !RemainingPrefillFits(*head, *match, start, n, plan)) {
     return AdmissionStop::kThrashGuard;
   }
-  return CanAdmit(*head, *match, start, n, reserved_blocks)
-             ? AdmissionStop::kNone
-             : AdmissionStop::kKvBlocks;
+  return CanAdmit(*match, start, n) ? AdmissionStop::kNone
+                                    : AdmissionStop::kKvBlocks;
 }
 
 bool Scheduler::RemainingPrefillFits(const Request& r,
@@ -176,42 +169,12 @@ bool Scheduler::RemainingPrefillFits(const Request& r,
   return kv_.CanAllocateWithPrefix(match, tokens, watermark_blocks_);
 }
 
-// Blocks `r` may still allocate before it reaches prompt + max_tokens.
-int64_t Scheduler::FutureBlocks(const Request& r) const {
-  const int64_t total = int64_t{r.num_prompt_tokens()} + r.max_tokens();
-  return kvcache::BlocksForTokens(total, config_.block_size) -
-         static_cast<int64_t>(kv_.GetBlockTable(r.id()).size());
-}
-
-int64_t Scheduler::AdmissionTokens(int32_t start, int32_t n) const {
-  if (config_.kv_reservation == KvReservation::kMaxLength) {
-    return config_.slab_blocks() * config_.block_size;
-  }
-  return int64_t{start} + n;
-}
-
-bool Scheduler::CanAdmit(const Request& r, const kvcache::PrefixMatch& match,
-                         int32_t start, int32_t n,
-                         int64_t* reserved_blocks) const {
-  // A swapped-out request has an empty match: all its blocks are fresh.
-  const int64_t tokens = AdmissionTokens(start, n);
-  // A slab is all a request ever needs: nothing more to reserve.
-  if (config_.admission == AdmissionPolicy::kMaxUtilization ||
-      config_.kv_reservation == KvReservation::kMaxLength) {
-    return kv_.CanAllocateWithPrefix(match, tokens, watermark_blocks_);
-  }
-  if (*reserved_blocks < 0) {
-    *reserved_blocks = 0;
-    for (const Request* running : running_) {
-      *reserved_blocks += FutureBlocks(*running);
-    }
-  }
-  // Matched blocks other requests hold cost no free block; evictable ones do.
-  const int64_t shared =
-      static_cast<int64_t>(match.blocks.size()) - match.num_evictable;
-  return int64_t{kv_.num_free_blocks()} - *reserved_blocks -
-             (FutureBlocks(r) - shared) >=
-         watermark_blocks_;
+bool Scheduler::CanAdmit(const kvcache::PrefixMatch& match, int32_t start,
+                         int32_t n) const {
+  // A swapped-out request has an empty match: all its blocks are fresh. A
+  // slab (kMaxLength) is all a request ever needs.
+  return kv_.CanAllocateWithPrefix(match, AdmissionTokens(start, n),
+                                   watermark_blocks_);
 }
 
 }  // namespace kvserve::scheduler

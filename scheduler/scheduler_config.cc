@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "kvcache/kv_sizing.h"
+#include "scheduler/kv_reservation.h"
 
 namespace kvserve::scheduler {
 namespace {
@@ -92,9 +92,7 @@ absl::Status SchedulerConfig::CheckRequestSize(int64_t prompt_tokens,
         "max_tokens: prompt (", prompt_tokens, " tokens) + max_tokens (",
         max_tokens, ") exceeds the model's context of ", max_model_len));
   }
-  const int64_t blocks = kv_reservation == KvReservation::kMaxLength
-                             ? slab_blocks()
-                             : kvcache::BlocksForTokens(total, block_size);
+  const int64_t blocks = MakeReservation(*this)->MostBlocks(total);
   const int64_t usable = int64_t{num_blocks} - watermark_blocks();
   if (blocks > usable) {
     return absl::OutOfRangeError(absl::StrCat(

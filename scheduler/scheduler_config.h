@@ -53,16 +53,6 @@ enum class PreemptionMode {
   kSwap,
 };
 
-// How much KV a request must find free to be admitted.
-enum class AdmissionPolicy {
-  // Admit when its next chunk fits above the watermark; preempt later if the
-  // pool runs out while requests grow.
-  kMaxUtilization,
-  // Admit only when prompt + max_tokens of it and the not-yet-allocated rest
-  // of every running request fit above the watermark: never preempts.
-  kGuaranteedNoEvict,
-};
-
 // How much KV a running request holds.
 enum class KvReservation {
   // Paging: blocks are allocated as tokens are computed.
@@ -102,7 +92,6 @@ struct SchedulerConfig {
   // priority - the other's) x this later, and no request waits unboundedly
   // behind a flood of more important ones. 0: priorities never age.
   double priority_aging_seconds = 0.1;
-  AdmissionPolicy admission = AdmissionPolicy::kMaxUtilization;
   KvReservation kv_reservation = KvReservation::kPaged;
   // Reuse the KV blocks of cached prompt prefixes (full blocks only; the
   // last prompt token is always recomputed).

@@ -75,11 +75,9 @@ void Scheduler::PreemptForPriority(StepPlan& plan) {
     Preempt(victim, plan, PreemptReason::kPriority);
     // Nothing is admitted in a step that preempts (no step both swaps out
     // and swaps in): the head is admitted next step. Stop once it would fit.
-    int64_t reserved_blocks = -1;
     Request* next = nullptr;
     kvcache::PrefixMatch match;
-    const AdmissionStop stop =
-        NextAdmission(plan, &reserved_blocks, &next, &match);
+    const AdmissionStop stop = NextAdmission(plan, &next, &match);
     last_admission_stop_ = stop == AdmissionStop::kNone || next != head
                                ? AdmissionStop::kPreempted
                                : stop;
@@ -124,7 +122,7 @@ size_t Scheduler::PickVictim() const {
 bool Scheduler::ChooseSwap(const Request& r, int32_t blocks) const {
   // NOTE: a slab (kMaxLength) is never preempted for KV; nothing computed
   // means nothing to save.
-  if (blocks == 0 || config_.kv_reservation != KvReservation::kPaged ||
+  if (blocks == 0 || !reservation_->Grows() ||
       config_.preemption_mode == PreemptionMode::kRecompute) {
     return false;
   }
@@ -237,8 +235,8 @@ absl::Status Scheduler::Fork(RequestId parent_id,
   const auto shared = static_cast<int32_t>(
       kvcache::BlocksForTokens(computed, config_.block_size));
   if (shared > 0) kv_.Fork(parent_id, c->id(), shared);
-  if (config_.kv_reservation == KvReservation::kMaxLength &&
-      !kv_.Allocate(c->id(), config_.slab_blocks() * config_.block_size,
+  if (reservation_->ForkTokens() > 0 &&
+      !kv_.Allocate(c->id(), reservation_->ForkTokens(),
                     kvcache::EvictReason::kAdmit)) {
     kv_.Free(c->id());
     return absl::ResourceExhaustedError(

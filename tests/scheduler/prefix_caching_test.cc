@@ -158,6 +158,24 @@ TEST(PrefixCachingTest, CachingOffComputesEverything) {
   EXPECT_EQ(sched.stats().kv.cached_evictable_blocks, 0);
 }
 
+// Max-length slabs share nothing, caching on or off: the same prompt again
+// computes every token into a whole slab of its own.
+TEST(PrefixCachingTest, MaxLengthSlabsMatchNoPrefix) {
+  SchedulerConfig c = CachingConfig();
+  c.max_model_len = 16;  // a slab: 4 blocks of the 16
+  c.kv_reservation = KvReservation::kMaxLength;
+  Scheduler sched(c);
+  Add(sched, 1, Iota(0, 10), 1);
+  (void)Step(sched);
+  Add(sched, 2, Iota(0, 10), 1);
+  const SchedulerOutput out = Step(sched);
+  ASSERT_EQ(out.scheduled.size(), 1u);
+  EXPECT_EQ(out.scheduled[0].start_position, 0);
+  EXPECT_EQ(out.scheduled[0].num_new_tokens, 10);
+  EXPECT_EQ(out.scheduled[0].num_blocks, 4);
+  EXPECT_EQ(sched.stats().prefix_cache_hit_tokens, 0);
+}
+
 TEST(PrefixCachingTest, ChunkedPrefillCachesBlocksAsTheyComplete) {
   SchedulerConfig c = CachingConfig();
   c.max_num_batched_tokens = 6;

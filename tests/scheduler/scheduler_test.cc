@@ -600,24 +600,6 @@ TEST(SchedulerTest, RejectsInvalidRequestsAndConfigs) {
   EXPECT_FALSE(ParseSchedulingPolicy("lifo").ok());
 }
 
-TEST(SchedulerTest, GuaranteedNoEvictReservesAndNeverPreempts) {
-  SchedulerConfig c = SmallConfig();
-  c.admission = AdmissionPolicy::kGuaranteedNoEvict;
-  Harness h(c);
-  // Same load that preempts twice under kMaxUtilization.
-  h.Add(1, 8, 8);
-  h.Add(2, 8, 8);
-  h.Add(3, 4, 4);
-  // 1 reserves 4 of 6 blocks: 2 (needs 4) waits, and so does 3 behind it.
-  h.ExpectSteps({{0, {1}, {8}}});
-  EXPECT_EQ(h.sched().stats().last_admission_stop, AdmissionStop::kKvBlocks);
-  for (int i = 0; i < 7; ++i) h.Step();
-  EXPECT_THAT(FinishedIds(h.finished()), ElementsAre(1));
-  h.ExpectSteps({{8, {2, 3}, {8, 4}}});
-  h.RunToCompletion();
-  EXPECT_EQ(h.sched().stats().num_preemptions_total, 0);
-}
-
 // max_model_len 18 at block size 4: a slab is ceil(18 / 4) = 5 blocks, so a
 // 6-block pool holds one slab.
 SchedulerConfig MaxLengthConfig() {
