@@ -9,7 +9,7 @@
 #include "absl/time/clock.h"
 #include "common/clock.h"
 #include "common/status_macros.h"
-#include "engine/platform.h"
+#include "engine/runner/platform.h"
 
 namespace kvserve::cli {
 namespace {

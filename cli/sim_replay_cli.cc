@@ -9,7 +9,7 @@
 #include "cli/sim_replay.h"
 #include "common/cli_args.h"
 #include "common/status_macros.h"
-#include "engine/loaded_model.h"
+#include "engine/runner/loaded_model.h"
 #include "nlohmann/json.hpp"
 #include "scheduler/scheduler_config.h"
 

@@ -9,8 +9,8 @@
 #include "cli/sim_replay.h"
 #include "common/cli_args.h"
 #include "common/status_macros.h"
-#include "engine/loaded_model.h"
-#include "engine/platform.h"
+#include "engine/runner/loaded_model.h"
+#include "engine/runner/platform.h"
 #include "models/sim/roofline.h"
 #include "scheduler/scheduler_config.h"
 

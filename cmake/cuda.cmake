@@ -1,5 +1,5 @@
 # CUDA support (option KVSERVE_CUDA, on when nvcc is found). Only models/cuda/
-# (library kvserve_cuda) and engine/ see CUDA; kvcache/ and scheduler/ never
+# (library kvserve_cuda) and engine/runner/ see CUDA; kvcache/ and scheduler/ never
 # do. Included from the top-level CMakeLists.txt before the subdirectories.
 include(CheckLanguage)
 if(NOT CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX}
@@ -89,9 +89,15 @@ endfunction()
 # KVSERVE_CUDA, so the engine and the `gpu` tests use it like the real one.
 function(kvserve_cuda_emu_library cu_srcs cc_srcs)
   file(GLOB emu_srcs CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/support/cuda_emu/*.cc)
+  # No fuzz target runs the kernels: no libFuzzer coverage there (as in
+  # models/cpu/CMakeLists.txt).
+  set(emu_opts
+      "-xc++;-include;${CMAKE_SOURCE_DIR}/tests/support/cuda_emu/simt.h;-Wno-unknown-pragmas")
+  if(KVSERVE_FUZZ)
+    list(APPEND emu_opts -fno-sanitize=fuzzer-no-link)
+  endif()
   set_source_files_properties(${cu_srcs} PROPERTIES LANGUAGE CXX
-    COMPILE_OPTIONS
-    "-xc++;-include;${CMAKE_SOURCE_DIR}/tests/support/cuda_emu/simt.h;-Wno-unknown-pragmas")
+    COMPILE_OPTIONS "${emu_opts}")
   # The GEMM stand-in is the emulator's hot loop and not code under test:
   # optimized and uninstrumented even in sanitizer builds (its arguments are
   # validated like cuBLAS validates them).

@@ -16,8 +16,8 @@
 #include "engine/engine_metrics.h"
 #include "engine/kv_state.h"
 #include "engine/live_request.h"
-#include "engine/model_backend.h"
-#include "engine/model_runner.h"
+#include "engine/runner/model_backend.h"
+#include "engine/runner/model_runner.h"
 #include "scheduler/scheduler.h"
 
 namespace kvserve::engine {

@@ -9,7 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "engine/sampler.h"
+#include "engine/runner/sampler.h"
 #include "kvcache/kv_format.h"
 #include "scheduler/request.h"
 

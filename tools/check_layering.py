@@ -4,14 +4,17 @@
 Each source folder is a room (one CMake library); a room may include its
 own headers and those of the rooms below it, never one above or beside:
 
-  cli -> server -> engine -> {scheduler, models/cpu, models/cuda, models/sim}
+  cli -> server -> engine -> engine/runner -> {scheduler, models/cpu,
+                                               models/cuda, models/sim}
   models/cpu, models/cuda -> models/loader -> models/tokenizer -> models
   models/sim -> models
   scheduler -> kvcache;  models -> kvcache -> common
 
 `server` also reaches the generated protocol headers (`kvserve/v1/...`),
 but never a device's kernels (models/cpu, models/cuda): the engine's
-Platform (engine/platform.h) speaks for the devices.
+Platform (engine/runner/platform.h) speaks for the devices. Of the engine,
+only its device wing (engine/runner) includes a device's code (models/cpu,
+models/cuda, models/sim).
 Tests in tests/<area>/ may include what their area may, their own folder's
 headers and tests/support/; tools/ may include every product room. The CMake
 libraries link the same way (tests link only their area's library), so a
@@ -37,7 +40,8 @@ DIRECT = {
     "models/cuda": ["models/loader"],
     "models/sim": ["models"],
     "scheduler": ["kvcache"],
-    "engine": ["scheduler", "models/cpu", "models/cuda", "models/sim"],
+    "engine/runner": ["scheduler", "models/cpu", "models/cuda", "models/sim"],
+    "engine": ["engine/runner"],
     "proto": [],
     "server": ["engine", "proto"],
     "cli": ["server"],
@@ -45,6 +49,7 @@ DIRECT = {
 # Rooms a room may not include although they lie below it.
 FORBIDDEN = {
     "server": {"models/cpu", "models/cuda"},
+    "engine": {"models/cpu", "models/cuda", "models/sim"},
 }
 # Test areas: the rooms whose libraries the area's tests link.
 TEST_AREAS = {
@@ -78,8 +83,10 @@ def room_of_include(path):
     if parts[0] == "kvserve":  # generated from proto/kvserve/v1/*.proto
         return "proto"
     if parts[0] == "models" and len(parts) > 2 and parts[1] in (
-            "tokenizer", "loader", "cpu", "cuda"):
+            "tokenizer", "loader", "cpu", "cuda", "sim"):
         return "models/" + parts[1]
+    if parts[0] == "engine" and len(parts) > 2 and parts[1] == "runner":
+        return "engine/runner"
     if parts[0] in DIRECT:
         return parts[0]
     if parts[0] in ("tests", "tools"):

@@ -12,7 +12,7 @@
 
 #include "absl/time/clock.h"
 #include "cli/sim_profile.h"
-#include "engine/loaded_model.h"
+#include "engine/runner/loaded_model.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "models/loader/presets.h"

@@ -19,10 +19,10 @@
 #include "gtest/gtest.h"
 
 #ifdef KVSERVE_CUDA
-#include "engine/cuda_backend.h"
-#include "engine/kv_cache_storage.h"
-#include "engine/loaded_model.h"
-#include "engine/model_backend.h"
+#include "engine/runner/cuda_backend.h"
+#include "engine/runner/kv_cache_storage.h"
+#include "engine/runner/loaded_model.h"
+#include "engine/runner/model_backend.h"
 #include "models/cpu/cpu_llama_model.h"
 #include "models/cuda/cuda_llama.h"
 #include "models/forward_batch.h"

@@ -1,4 +1,4 @@
-#include "engine/device.h"
+#include "engine/runner/device.h"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

@@ -6,7 +6,7 @@
 #include <numeric>
 #include <random>
 
-#include "engine/kv_cache_storage.h"
+#include "engine/runner/kv_cache_storage.h"
 #include "gtest/gtest.h"
 #include "models/cpu/cpu_llama_model.h"
 #include "tests/support/random_model.h"

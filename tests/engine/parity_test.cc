@@ -8,7 +8,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "engine/kv_cache_storage.h"
+#include "engine/runner/kv_cache_storage.h"
 #include "gtest/gtest.h"
 #include "models/cpu/cpu_llama_model.h"
 #include "models/loader/model_files.h"

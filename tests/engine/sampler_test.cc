@@ -1,4 +1,4 @@
-#include "engine/sampler.h"
+#include "engine/runner/sampler.h"
 
 #include <cmath>
 #include <map>
@@ -6,7 +6,7 @@
 #include <random>
 #include <string>
 
-#include "engine/runner_request.h"
+#include "engine/runner/runner_request.h"
 #include "gtest/gtest.h"
 
 namespace kvserve::engine {

@@ -14,7 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/types/span.h"
 #include "common/status_macros.h"
-#include "engine/kv_cache_storage.h"
+#include "engine/runner/kv_cache_storage.h"
 #include "models/cpu/cpu_llama_model.h"
 
 namespace kvserve::engine {

@@ -4,7 +4,7 @@
 // scheduling on it: the same trace on the CPU engine with the real model
 // and on the sim backend makes the same decisions (preemptions, prefix
 // hits, peak blocks, steps).
-#include "engine/sim_backend.h"
+#include "engine/runner/sim_backend.h"
 
 #include <algorithm>
 #include <atomic>
@@ -15,7 +15,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "engine/engine.h"
-#include "engine/loaded_model.h"
+#include "engine/runner/loaded_model.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "models/loader/presets.h"

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "benchmark/benchmark.h"
-#include "engine/sampler.h"
+#include "engine/runner/sampler.h"
 
 namespace kvserve::engine {
 namespace {

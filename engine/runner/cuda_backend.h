@@ -8,7 +8,7 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
-#include "engine/model_backend.h"
+#include "engine/runner/model_backend.h"
 
 namespace kvserve::engine {
 

@@ -1,4 +1,4 @@
-#include "engine/sim_backend.h"
+#include "engine/runner/sim_backend.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,8 +9,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
-#include "engine/loaded_model.h"
-#include "engine/platform.h"
+#include "engine/runner/loaded_model.h"
+#include "engine/runner/platform.h"
 #include "models/loader/presets.h"
 #include "models/sim/gpu_specs.h"
 #include "models/sim/memory_budget.h"

@@ -7,7 +7,7 @@
 #include <optional>
 
 #include "absl/status/statusor.h"
-#include "engine/model_backend.h"
+#include "engine/runner/model_backend.h"
 #include "kvcache/kv_sizing.h"
 
 namespace kvserve::engine {

@@ -25,14 +25,15 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/thread_owner.h"
-#include "engine/model_backend.h"
-#include "engine/request_spec.h"
-#include "engine/runner_request.h"
-#include "engine/sampler.h"
+#include "engine/runner/model_backend.h"
+#include "engine/runner/runner_request.h"
+#include "engine/runner/sampler.h"
 #include "models/forward_batch.h"
 #include "scheduler/scheduler.h"
 
 namespace kvserve::engine {
+
+using RequestId = scheduler::RequestId;
 
 // What one step computed.
 struct StepResult {

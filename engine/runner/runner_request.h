@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "absl/types/span.h"
-#include "engine/sampler.h"
+#include "engine/runner/sampler.h"
 
 namespace kvserve::engine {
 

@@ -12,7 +12,7 @@
 //     when both are close; the blocks are zeroed again afterwards.
 //   swap_bytes_per_second: a timed memcpy of one block (or 8 MiB, whichever
 //     is larger) between two host buffers, after a warm-up copy.
-#include "engine/cpu_backend.h"
+#include "engine/runner/cpu_backend.h"
 
 #include <algorithm>
 #include <chrono>
@@ -27,9 +27,9 @@
 #include "common/page_buffer.h"
 #include "common/status_macros.h"
 #include "common/system.h"
-#include "engine/kv_cache_storage.h"
-#include "engine/loaded_model.h"
-#include "engine/platform.h"
+#include "engine/runner/kv_cache_storage.h"
+#include "engine/runner/loaded_model.h"
+#include "engine/runner/platform.h"
 #include "kvcache/kv_sizing.h"
 #include "models/cpu/cpu_llama_model.h"
 #include "spdlog/spdlog.h"

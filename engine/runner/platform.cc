@@ -1,13 +1,13 @@
-#include "engine/platform.h"
+#include "engine/runner/platform.h"
 
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "engine/cpu_backend.h"
-#include "engine/sim_backend.h"
+#include "engine/runner/cpu_backend.h"
+#include "engine/runner/sim_backend.h"
 #ifdef KVSERVE_CUDA
-#include "engine/cuda_backend.h"
+#include "engine/runner/cuda_backend.h"
 #endif
 
 namespace kvserve::engine {

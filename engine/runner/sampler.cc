@@ -1,4 +1,4 @@
-#include "engine/sampler.h"
+#include "engine/runner/sampler.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "engine/cuda_backend.h"
+#include "engine/runner/cuda_backend.h"
 
 #ifdef KVSERVE_CUDA
 
@@ -15,8 +15,8 @@
 #include "absl/strings/str_join.h"
 #include "common/clock.h"
 #include "common/status_macros.h"
-#include "engine/loaded_model.h"
-#include "engine/platform.h"
+#include "engine/runner/loaded_model.h"
+#include "engine/runner/platform.h"
 #include "kvcache/kv_sizing.h"
 #include "models/cpu/cpu_llama_model.h"  // the CPU copy a load may hold
 #include "models/cuda/cuda_llama.h"

@@ -1,9 +1,9 @@
-#include "engine/model_backend.h"
+#include "engine/runner/model_backend.h"
 
 #include "absl/strings/str_cat.h"
-#include "engine/platform.h"
+#include "engine/runner/platform.h"
 #ifdef KVSERVE_CUDA
-#include "engine/cuda_backend.h"  // CudaDeviceCount
+#include "engine/runner/cuda_backend.h"  // CudaDeviceCount
 #endif
 
 namespace kvserve::engine {

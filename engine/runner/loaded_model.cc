@@ -1,10 +1,10 @@
-#include "engine/loaded_model.h"
+#include "engine/runner/loaded_model.h"
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
-#include "engine/model_backend.h"
-#include "engine/platform.h"
+#include "engine/runner/model_backend.h"
+#include "engine/runner/platform.h"
 #include "models/cpu/cpu_llama_model.h"
 #include "models/ggml_types.h"
 #include "models/loader/model_files.h"

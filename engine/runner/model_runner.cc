@@ -1,6 +1,6 @@
 // ModelRunner: block moves, batch construction, forward and sampling of one
 // engine step. See model_runner.h.
-#include "engine/model_runner.h"
+#include "engine/runner/model_runner.h"
 
 #include <algorithm>
 #include <utility>

@@ -1,4 +1,4 @@
-#include "engine/device.h"
+#include "engine/runner/device.h"
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"

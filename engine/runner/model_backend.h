@@ -19,7 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "engine/device.h"
+#include "engine/runner/device.h"
 #include "kvcache/block_pool.h"
 #include "kvcache/kv_sizing.h"
 #include "models/forward_batch.h"

@@ -11,8 +11,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "engine/device.h"
-#include "engine/model_backend.h"
+#include "engine/runner/device.h"
+#include "engine/runner/model_backend.h"
 #include "kvcache/kv_format.h"
 
 namespace kvserve::engine {

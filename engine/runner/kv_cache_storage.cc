@@ -1,4 +1,4 @@
-#include "engine/kv_cache_storage.h"
+#include "engine/runner/kv_cache_storage.h"
 
 #include <cstring>
 #include <utility>
