@@ -6,8 +6,8 @@
 
 # Typical seconds of each stage on CI's 2-core machine (docs/CI.md), with
 # about 15% of room.
-declare -A CI_STAGE_S=([fresh-root]=310 [main]=500 [asan]=1450 [fuzz]=230
-                       [tidy]=300 [tsan]=360)
+declare -A CI_STAGE_S=([fresh-root]=320 [main]=510 [asan]=1550 [fuzz]=280
+                       [tidy]=320 [tsan]=310)
 
 # ci_budget_check STAGE [LATER_STAGE...]: exits 3, naming STAGE, when what is
 # left of the run is less than the typical time of STAGE and those after
