@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Floods against a victim: what tenants, aging, fair share and the short
 lane buy, measured on the real daemon (docs/PERFORMANCE.md, "Tenants under
-floods"). Three scenarios of the outside probe (issue 36), each a victim's
+floods"). Three scenarios, each a victim's
 time to first token (TTFT) under a flood, against the same flood in the
 same run with a baseline configuration:
 
