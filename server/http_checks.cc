@@ -164,4 +164,19 @@ std::optional<HeadRefusal> CheckRequestHead(const HttpRequest& head,
   return std::nullopt;
 }
 
+std::string TooLargeMessage(uint64_t limit, std::optional<uint64_t> got) {
+  return got.has_value() ? absl::StrCat("request body: ", *got,
+                                        " bytes, over the limit of ", limit,
+                                        " bytes (--max-request-bytes)")
+                         : absl::StrCat("request body: over the limit of ",
+                                        limit, " bytes (--max-request-bytes)");
+}
+
+std::optional<HeadRefusal> CheckDeclaredLength(std::optional<uint64_t> declared,
+                                               uint64_t limit) {
+  if (!declared.has_value() || *declared <= limit) return std::nullopt;
+  return HeadRefusal{413, TooLargeMessage(limit, declared),
+                     "request_too_large"};
+}
+
 }  // namespace kvserve::server

@@ -11,10 +11,14 @@
 //   - Content-Type: a POST to the API (/v1/) carries application/json (415
 //     otherwise), so
 //     that a cross-site page cannot send one without a CORS preflight,
-//     which the server never grants.
+//     which the server never grants;
+//   - size: a declared Content-Length over the body limit is 413 before a
+//     byte of the body is read (Beast reserves the declared length when the
+//     body starts, so the check must come first).
 // Owns no state beyond the policy.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -51,6 +55,15 @@ struct HeadRefusal {
   std::string message;
   const char* code = "bad_request";  // the OpenAI error body's code
 };
+
+// "request body: N bytes, over the limit of L bytes (--max-request-bytes)";
+// without `got`, the size is not known (a chunked body over the limit).
+[[nodiscard]] std::string TooLargeMessage(uint64_t limit,
+                                          std::optional<uint64_t> got);
+
+// 413 when `declared` (the Content-Length, if any) is over `limit`.
+[[nodiscard]] std::optional<HeadRefusal> CheckDeclaredLength(
+    std::optional<uint64_t> declared, uint64_t limit);
 
 // The checks above, in that order; nullopt when the request may go on.
 // `version`: 10 or 11.

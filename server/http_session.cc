@@ -97,14 +97,6 @@ HttpResponse JsonError(int status, std::string body) {
   return r;
 }
 
-std::string TooLargeMessage(uint64_t limit, std::optional<uint64_t> got) {
-  return got.has_value() ? absl::StrCat("request body: ", *got,
-                                        " bytes, over the limit of ", limit,
-                                        " bytes (--max-request-bytes)")
-                         : absl::StrCat("request body: over the limit of ",
-                                        limit, " bytes (--max-request-bytes)");
-}
-
 // "HTTP/1.1 200 OK" and the headers every response carries.
 std::string Head(const HttpResponse& r, unsigned version, bool keep_alive,
                  const std::string& length_header) {
@@ -401,10 +393,9 @@ bool Session<Stream>::Admit() {
   const uint64_t limit = o.max_request_bytes > 0
                              ? static_cast<uint64_t>(o.max_request_bytes)
                              : kDefaultBodyLimit;
-  if (length.has_value() && *length > limit) {
-    Refuse(JsonError(
-        413, ErrorBody(TooLargeMessage(limit, length), "invalid_request_error",
-                       "request_too_large")));
+  if (std::optional<HeadRefusal> no = CheckDeclaredLength(length, limit)) {
+    Refuse(JsonError(no->status, ErrorBody(no->message, "invalid_request_error",
+                                           no->code)));
     return false;
   }
   parser_->body_limit(limit);  // bounds chunked bodies too

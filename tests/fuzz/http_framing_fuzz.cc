@@ -1,7 +1,8 @@
 // Fuzzes HTTP request framing as the server reads it (http_session.cc):
 // the bytes go through Beast's request parser with the server's header
 // limit, the head through the checks before the body (http_checks.h: the
-// transfer coding, Host, Content-Type), then the body up to a limit. Never
+// transfer coding, Host, Content-Type, the declared length), then the body
+// up to a limit. Never
 // a crash; a refusal is one of the documented statuses with a message; and
 // the property that stops request smuggling: no request whose
 // Transfer-Encoding is anything but exactly "chunked" passes the checks.
@@ -81,6 +82,15 @@ void Fuzz(const uint8_t* data, size_t size) {
     return;
   }
   if (other_coding || te_fields > 1) __builtin_trap();  // smuggling
+  const boost::optional<uint64_t> declared = p.content_length();
+  if (std::optional<HeadRefusal> too_large = CheckDeclaredLength(
+          declared ? std::optional<uint64_t>(*declared) : std::nullopt,
+          kBodyLimit)) {
+    if (too_large->status != 413 || too_large->message.empty()) {
+      __builtin_trap();
+    }
+    return;
+  }
   p.body_limit(kBodyLimit);
   if (!Feed(p, in, /*header_only=*/false)) return;
   if (p.is_done() && p.get().body().size() > kBodyLimit) __builtin_trap();

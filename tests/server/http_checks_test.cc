@@ -3,6 +3,8 @@
 // header.
 #include "server/http_checks.h"
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -115,6 +117,18 @@ TEST(CheckRequestHeadTest, ProbesHttp10AndCharsetPass) {
             {"content-type", "Application/JSON; charset=utf-8"},
             {"transfer-encoding", "Chunked"}}),
       11, hosts));
+}
+
+TEST(CheckDeclaredLengthTest, RefusesADeclaredLengthOverTheLimit) {
+  EXPECT_FALSE(CheckDeclaredLength(std::nullopt, 1024));
+  EXPECT_FALSE(CheckDeclaredLength(1024, 1024));
+  const std::optional<HeadRefusal> no =
+      CheckDeclaredLength(uint64_t{22222222222221}, 1024);
+  ASSERT_TRUE(no.has_value());
+  EXPECT_EQ(no->status, 413);
+  EXPECT_STREQ(no->code, "request_too_large");
+  EXPECT_THAT(no->message, HasSubstr("22222222222221 bytes, over the limit of "
+                                     "1024 bytes (--max-request-bytes)"));
 }
 
 }  // namespace
