@@ -394,8 +394,8 @@ bool Session<Stream>::Admit() {
                              ? static_cast<uint64_t>(o.max_request_bytes)
                              : kDefaultBodyLimit;
   if (std::optional<HeadRefusal> no = CheckDeclaredLength(length, limit)) {
-    Refuse(JsonError(no->status, ErrorBody(no->message, "invalid_request_error",
-                                           no->code)));
+    Refuse(JsonError(
+        no->status, ErrorBody(no->message, "invalid_request_error", no->code)));
     return false;
   }
   parser_->body_limit(limit);  // bounds chunked bodies too
