@@ -156,6 +156,8 @@ class Request {
   [[nodiscard]] int64_t arrival_time_ns() const { return arrival_time_ns_; }
   // Order of AddRequest calls, assigned by the scheduler (FCFS key).
   [[nodiscard]] int64_t arrival_seq() const { return arrival_seq_; }
+  // Order of its latest admission (-1: never admitted).
+  [[nodiscard]] int64_t admit_seq() const { return admit_seq_; }
   [[nodiscard]] RequestStatus status() const { return status_; }
   [[nodiscard]] bool is_finished() const;
   // Preemptions over its whole life (recompute and swap).

@@ -58,6 +58,7 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(
 Scheduler::Scheduler(const SchedulerConfig& config)
     : config_(ValidConfig(config)),
       reservation_(MakeReservation(config_)),
+      victims_(MakeVictimPolicy(config_.policy)),
       watermark_blocks_(config.watermark_blocks()),
       kv_(config.num_blocks, config.block_size, &kvcache::HashBlockTokens,
           config.num_swap_slots),

@@ -104,6 +104,7 @@
 #include "scheduler/kv_reservation.h"
 #include "scheduler/request.h"
 #include "scheduler/scheduler_config.h"
+#include "scheduler/victim_policy.h"
 
 namespace kvserve::scheduler {
 
@@ -411,12 +412,9 @@ class Scheduler {
   // victims until it fits. False when the request itself was the victim.
   // Keeps *index pointing at the same request when a victim before it leaves.
   bool AllocateOrPreempt(size_t* index, int32_t n, StepPlan& plan);
-  [[nodiscard]] size_t PickVictim() const;
-  // The priority policy's victim for waiting `head`: the running request of
-  // worst aged priority that is worse than head's, of head's tenant or of a
-  // tenant at or above its share. running_.size() when none.
-  [[nodiscard]] size_t PickPriorityVictim(const Request& head) const;
-  // Whether running `r` may be preempted for waiting `head`.
+  // Whether running `r` may be preempted for waiting `head`: its aged
+  // priority is worse than head's, and it is of head's tenant or of a
+  // tenant at or above its share.
   [[nodiscard]] bool MayPreemptFor(const Request& r, const Request& head) const;
   void Preempt(size_t index, StepPlan& plan,
                PreemptReason reason = PreemptReason::kNoFreeBlock);
@@ -494,6 +492,8 @@ class Scheduler {
   SchedulerConfig config_;
   // Paging or max-length slabs (config_.kv_reservation).
   std::unique_ptr<const ReservationStrategy> reservation_;
+  // Which running request a preemption takes (config_.policy).
+  std::unique_ptr<const VictimPolicy> victims_;
   int32_t watermark_blocks_;
   kvcache::KvCacheManager kv_;
   absl::flat_hash_map<RequestId, std::unique_ptr<Request>> requests_;

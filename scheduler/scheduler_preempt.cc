@@ -16,7 +16,7 @@ bool Scheduler::AllocateOrPreempt(size_t* index, int32_t n, StepPlan& plan) {
   const size_t copies_before = plan.copies.size();
   while (!kv_.AllocateForWrite(r->id(), computed, int64_t{computed} + n,
                                &plan.copies)) {
-    const size_t victim = PickVictim();
+    const size_t victim = victims_->ForKv(running_);
     const bool self = running_[victim] == r;
     Preempt(victim, plan);
     if (self) return false;
@@ -62,14 +62,16 @@ void Scheduler::NotePeakBlocks(Request& r) {
 void Scheduler::PreemptForPriority(StepPlan& plan) {
   // A step that swapped a request in swaps nothing out (a freed slot could
   // be reused before it is read): such a head waits one more step.
-  if (config_.policy != SchedulingPolicy::kPriority || !plan.swap_in.empty()) {
+  if (!victims_->PreemptsForWaiting() || !plan.swap_in.empty()) {
     return;
   }
   while (last_admission_stop_ == AdmissionStop::kKvBlocks ||
          last_admission_stop_ == AdmissionStop::kHighWatermark) {
     const Request* head = AdmissionCandidate();
     if (head == nullptr || running_.empty()) return;
-    const size_t victim = PickPriorityVictim(*head);
+    const size_t victim = victims_->ForWaiting(
+        running_, [&](const Request& r) { return MayPreemptFor(r, *head); },
+        [this](const Request& r) { return Rank(r); });
     if (victim == running_.size()) return;
     if (plan.preempted.empty() && !PriorityPreemptionHelps(*head)) return;
     Preempt(victim, plan, PreemptReason::kPriority);
@@ -88,35 +90,6 @@ void Scheduler::PreemptForPriority(StepPlan& plan) {
 bool Scheduler::MayPreemptFor(const Request& r, const Request& head) const {
   return Rank(r) > Rank(head) && (r.tenant_id_ == head.tenant_id_ ||
                                   fair_.AtOrAboveShare(r.tenant_id_));
-}
-
-size_t Scheduler::PickPriorityVictim(const Request& head) const {
-  size_t best = running_.size();
-  for (size_t i = 0; i < running_.size(); ++i) {
-    const Request& a = *running_[i];
-    if (!MayPreemptFor(a, head)) continue;
-    if (best == running_.size() ||
-        std::pair(Rank(a), a.admit_seq_) >
-            std::pair(Rank(*running_[best]), running_[best]->admit_seq_)) {
-      best = i;
-    }
-  }
-  return best;
-}
-
-size_t Scheduler::PickVictim() const {
-  KV_CHECK(!running_.empty());
-  if (config_.policy == SchedulingPolicy::kFcfs) return running_.size() - 1;
-  size_t best = 0;
-  for (size_t i = 1; i < running_.size(); ++i) {
-    const Request& a = *running_[i];
-    const Request& b = *running_[best];
-    if (std::pair(a.priority(), a.admit_seq_) >
-        std::pair(b.priority(), b.admit_seq_)) {
-      best = i;
-    }
-  }
-  return best;
 }
 
 bool Scheduler::ChooseSwap(const Request& r, int32_t blocks) const {
