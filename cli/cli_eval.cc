@@ -19,6 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/types/span.h"
+#include "cli/engine_flags.h"
 #include "common/cli_args.h"
 #include "common/clock.h"
 #include "common/parallel.h"
@@ -44,13 +45,15 @@ namespace {
 constexpr int32_t kBlockSize = 16;
 
 struct EvalFlags {
-  std::string model = "smollm2-135m";
+  // --model and --threads; eval runs on the CPU and takes its own list of
+  // KV dtypes.
+  EngineFlags engine =
+      EngineFlagsFrom(engine::EngineConfig(), "smollm2-135m", "cpu");
   std::string text = KVSERVE_EVAL_DEFAULT_TEXT;
   std::string kv_cache_dtype = "f32,fp16,bf16,int8,int4";
   int64_t context = 512;
   int64_t chunk = 64;
   int64_t max_windows = 0;
-  int64_t threads = 0;
   bool json = false;
 };
 
@@ -368,12 +371,14 @@ absl::StatusOr<std::vector<Lane>> MakeLanes(
 }
 
 absl::StatusOr<EvalResult> Evaluate(const EvalFlags& f) {
-  if (f.threads > 0) SetNumThreads(static_cast<int>(f.threads));
+  if (f.engine.threads > 0) {
+    SetNumThreads(static_cast<int>(f.engine.threads));
+  }
   KV_ASSIGN_OR_RETURN(std::vector<kvcache::KvDtype> dtypes,
                       ParseDtypeList(f.kv_cache_dtype));
   KV_ASSIGN_OR_RETURN(const std::string text, ReadText(f.text));
   KV_ASSIGN_OR_RETURN(engine::LoadedModel m,
-                      engine::LoadModel(f.model, engine::Device::kCpu));
+                      engine::LoadModel(f.engine.model, engine::Device::kCpu));
   KV_ASSIGN_OR_RETURN(std::vector<Lane> lanes,
                       MakeLanes(m.config, dtypes, f.context));
   EvalResult r;
@@ -426,7 +431,7 @@ int RunEvalCommand(int argc, const char* const* argv) {
   EvalFlags f;
   bool help = false;
   CliArgs args("eval");
-  args.String("model", &f.model, "preset name, .gguf file, or HF directory");
+  RegisterEngineFlags(&f.engine, kModelFlags, &args);
   args.String("text", &f.text,
               "UTF-8 text to score (default: the source tree's "
               "tests/data/eval/gpl-3.0.txt, path fixed at build time: " +
@@ -441,7 +446,6 @@ int RunEvalCommand(int argc, const char* const* argv) {
   args.Int("chunk", &f.chunk, "prefill chunk in tokens", 1, 1 << 20);
   args.Int("max-windows", &f.max_windows, "windows to score (0: all)", 0,
            INT64_MAX);
-  args.Int("threads", &f.threads, "CPU threads (default: all)", 0, 1024);
   args.Bool("json", &f.json, "print one JSON object");
   args.Bool("help", &help, "show this help");
   absl::Status s = args.Parse(argc, argv, 2);

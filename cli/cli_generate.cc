@@ -13,7 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "cli/kv_dtype_flag.h"
+#include "cli/engine_flags.h"
 #include "cli/logging.h"
 #include "common/cli_args.h"
 #include "common/clock.h"
@@ -37,7 +37,9 @@ namespace {
 // only when given: ToRequestSpec fills the others with the server's
 // defaults, so an unset flag means what an unset request field means.
 struct GenerateFlags {
-  std::string model = "smollm2-135m";
+  // --model, --threads, --device, --kv-cache-dtype, --block-size.
+  EngineFlags engine =
+      EngineFlagsFrom(engine::EngineConfig(), "smollm2-135m", "cpu");
   std::string prompt;
   std::string system;
   bool chat = true;
@@ -46,11 +48,9 @@ struct GenerateFlags {
   int64_t top_k = 0;
   int64_t seed = -1;
   bool ignore_eos = false;
-  int64_t threads = 0;
-  int64_t block_size = 16;
-  std::string kv_cache_dtype = "auto";
-  std::string device = "cpu";
 };
+
+constexpr uint32_t kGenerateEngineFlags = kModelFlags | kDeviceFlags;
 
 using Clock = std::chrono::steady_clock;
 
@@ -204,20 +204,14 @@ void PrintSummary(const engine::StreamDelta& last, uint64_t seed) {
 absl::StatusOr<std::pair<std::unique_ptr<engine::Engine>, engine::RequestSpec>>
 StartEngine(const GenerateFlags& f, const CliArgs& args) {
   engine::EngineConfig e;
-  KV_ASSIGN_OR_RETURN(e.device, engine::ParseDevice(f.device));
-  if (e.device == engine::Device::kSim) {
-    KV_ASSIGN_OR_RETURN(e.sim, engine::ParseSimTarget(f.device));
-  }
-  e.scheduler.block_size = static_cast<int32_t>(f.block_size);
-  KV_ASSIGN_OR_RETURN(e.kv_cache_dtype,
-                      ParseKvCacheDtypeFlag(f.kv_cache_dtype));
+  KV_RETURN_IF_ERROR(ApplyEngineFlags(f.engine, kGenerateEngineFlags, &e));
   // One sequence: its KV and nothing more, no watermark kept free for
   // admissions that never come.
   e.scheduler.max_num_seqs = 1;
   e.scheduler.watermark = 0;
   const engine::Device device = engine::ResolveDevice(e.device);
   KV_ASSIGN_OR_RETURN(engine::LoadedModel model,
-                      engine::LoadModel(f.model, device));
+                      engine::LoadModel(f.engine.model, device));
   const bool chat = f.chat && model.chat_format != models::ChatFormat::kNone;
   // What ServedModelOf gives the server's services for an engine without
   // --max-model-len: requests may reach the model's own context.
@@ -245,7 +239,9 @@ StartEngine(const GenerateFlags& f, const CliArgs& args) {
 absl::Status Generate(const GenerateFlags& f, const CliArgs& args) {
   // Engine logs go to stderr, warnings only: stdout is the generated text.
   SetUpLogging("warn");
-  if (f.threads > 0) SetNumThreads(static_cast<int>(f.threads));
+  if (f.engine.threads > 0) {
+    SetNumThreads(static_cast<int>(f.engine.threads));
+  }
   const auto t_load = Clock::now();
   KV_ASSIGN_OR_RETURN(auto started, StartEngine(f, args));
   auto& [engine, spec] = started;
@@ -271,9 +267,7 @@ void RegisterFlags(GenerateFlags* f, CliArgs* args) {
       "usage: kvserve generate --prompt TEXT [flags]\n"
       "One request through the serving engine, as the server runs it: the\n"
       "same prompt rendering, sampling defaults and stop rules.\n");
-  args->String("model", &f->model,
-               "preset name, .gguf file, or HF directory (default "
-               "smollm2-135m)");
+  RegisterEngineFlags(&f->engine, kGenerateEngineFlags, args);
   args->String("prompt", &f->prompt, "the prompt text (required)");
   args->String("system", &f->system, "system message (chat models)");
   args->Bool("chat", &f->chat,
@@ -296,15 +290,6 @@ void RegisterFlags(GenerateFlags* f, CliArgs* args) {
             INT64_MAX);
   args->Bool("ignore-eos", &f->ignore_eos,
              "keep going past end of sequence (default off)");
-  args->Int("threads", &f->threads, "CPU threads (default 0 = all)", 0, 1024);
-  args->Int("block-size", &f->block_size,
-            "KV block size in tokens (default 16)", 1, 1024);
-  args->String("kv-cache-dtype", &f->kv_cache_dtype,
-               absl::StrCat("KV element type: ", kKvDtypeAutoHelp,
-                            ", f32, fp16, bf16, int8 or int4 on the CPU, bf16, "
-                            "fp8 or int8 on CUDA (default auto)"));
-  args->String("device", &f->device,
-               "where the model runs: cpu, cuda, or auto (default cpu)");
 }
 
 }  // namespace

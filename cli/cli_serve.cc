@@ -18,15 +18,11 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
-#include "cli/kv_dtype_flag.h"
+#include "cli/engine_flags.h"
 #include "cli/logging.h"
-#include "cli/sim_profile.h"
 #include "common/cli_args.h"
 #include "common/parallel.h"
 #include "common/status_macros.h"
-#include "common/system.h"
-#include "kvcache/kv_sizing.h"
-#include "models/sim/roofline.h"
 #include "server/daemon.h"
 #include "spdlog/spdlog.h"
 
@@ -50,18 +46,16 @@ const scheduler::SchedulerConfig& SchedulerDefaults() {
 
 struct ServeFlags {
   ServeOptions options;
+  EngineFlags engine =
+      EngineFlagsFrom(EngineDefaults(), ServeOptions().model,
+                      std::string(engine::DeviceName(EngineDefaults().device)));
   int64_t port = 50051, metrics_port = 9090;
-  int64_t block_size = SchedulerDefaults().block_size;
-  int64_t kv_cache_bytes = EngineDefaults().kv_cache_bytes;
-  int64_t max_num_seqs = SchedulerDefaults().max_num_seqs;
-  int64_t max_num_batched_tokens = SchedulerDefaults().max_num_batched_tokens;
   int64_t long_prefill_token_threshold =
       SchedulerDefaults().long_prefill_token_threshold;
   int64_t max_queued_requests = EngineDefaults().max_queued_requests;
   int64_t max_model_len = EngineDefaults().max_model_len;
-  int64_t threads = 0, http_threads = 2;
+  int64_t http_threads = 2;
   int64_t http_max_connections = 4096;
-  double kv_cache_fraction = EngineDefaults().kv_cache_fraction;
   double rope_scale = 1;
   double drain_timeout = 30;
   double stall_timeout = 30;
@@ -75,46 +69,16 @@ struct ServeFlags {
   // Tenants (server/tenants.h).
   std::string priority_range = "-10..10";
   double priority_aging_seconds = SchedulerDefaults().priority_aging_seconds;
-  // KV features: -1 = auto (see RegisterKvFlags).
-  int64_t swap_space_bytes = -1;
   int64_t thrash_preemption_limit = SchedulerDefaults().thrash_preemption_limit;
   double kv_high_watermark = SchedulerDefaults().admission_high_watermark;
-  double gpu_memory_fraction = EngineDefaults().gpu_memory_fraction;
-  std::string kv_cache_dtype = "auto";
-  // Parsed into the engine's enums by FinishFlags.
+  // Parsed into the engine's enum by FinishFlags.
   std::string scheduling_policy{
       scheduler::SchedulingPolicyName(SchedulerDefaults().policy)};
-  std::string kv_reservation{
-      scheduler::KvReservationName(SchedulerDefaults().kv_reservation)};
-  std::string preemption_mode{
-      scheduler::PreemptionModeName(SchedulerDefaults().preemption_mode)};
-  std::string device{engine::DeviceName(EngineDefaults().device)};
-  // --sim-*: the simulated device's settings; gpu and tp come from --device.
-  engine::SimConfig sim;
-  int64_t sim_seed = 0;
-  std::string sim_profile;
   bool help = false;
 };
 
-// Host swap space when --swap-space-bytes is not given: 4 GiB, at most an
-// eighth of physical memory, and none below 4 GiB of memory. The CPU backend
-// allocates it lazily (pages are touched only by swapped-out blocks).
-int64_t DefaultSwapSpaceBytes() {
-  const int64_t mem = PhysicalMemoryBytes();
-  constexpr int64_t kGiB = int64_t{1} << 30;
-  if (mem < 4 * kGiB) return 0;
-  return std::min<int64_t>(4 * kGiB, mem / 8);
-}
-
-void RegisterKvFlags(ServeFlags* f, CliArgs* args) {
-  args->Bytes("swap-space-bytes", &f->swap_space_bytes,
-              "host memory for KV blocks of requests preempted by swap, e.g. "
-              "2GiB (default: 4GiB, at most 1/8 of memory, 0 below 4GiB of "
-              "memory; 0 = swapping off)");
-  args->String("preemption-mode", &f->preemption_mode,
-               absl::StrCat("auto (per victim, the cheaper of recompute and "
-                            "swap), recompute, or swap (default ",
-                            f->preemption_mode, ")"));
+// The scheduler's flags beyond the engine registry's.
+void RegisterSchedulerFlags(ServeFlags* f, CliArgs* args) {
   args->Int("thrash-preemption-limit", &f->thrash_preemption_limit,
             absl::StrCat("a request preempted this many times in a row is "
                          "readmitted only when its whole remaining prefill "
@@ -126,56 +90,10 @@ void RegisterKvFlags(ServeFlags* f, CliArgs* args) {
                            "of KV blocks in use (default ",
                            f->kv_high_watermark, "; 1 = never)"),
               0.001, 1);
-  args->String("device", &f->device,
-               absl::StrCat("where the model runs: cpu, cuda, auto, or "
-                            "sim:<gpu>[x<tp>] (h100, h200, a100, l40s: no "
-                            "weights, simulated tokens and step times; "
-                            "default ",
-                            f->device, ")"));
-  args->String("kv-cache-dtype", &f->kv_cache_dtype,
-               absl::StrCat("KV element type: ", kKvDtypeAutoHelp,
-                            ", f32, fp16, bf16, int8 (q8_0 layout) or int4 "
-                            "(q4_0 layout) on the CPU; bf16, fp8 (e4m3) or "
-                            "int8 (q8_0, --block-size a multiple of 4) on "
-                            "CUDA (default auto)"));
-  args->Float("gpu-memory-fraction", &f->gpu_memory_fraction,
-              absl::StrCat("share of GPU memory for weights, activations "
-                           "and KV with --device=cuda (default ",
-                           f->gpu_memory_fraction, ")"),
-              0.01, 1);
-}
-
-void RegisterSimFlags(ServeFlags* f, CliArgs* args) {
-  engine::SimConfig& s = f->sim;
-  args->Float("sim-speed", &s.speed,
-              "--device sim: simulated seconds per real second (1 = real "
-              "time; 0 = no sleeping at all; default 1)",
-              0, 1e9);
-  args->Float("sim-weight-bytes", &s.weight_bytes,
-              "--device sim: bytes per weight parameter (2 bf16, 1 fp8, 0.5 "
-              "int4; default 0 = the model's dtype)",
-              0, 8);
-  args->Int("sim-seed", &f->sim_seed,
-            "--device sim: seed of the simulated token ids (default 0)", 0,
-            INT64_MAX);
-  args->String("sim-profile", &f->sim_profile,
-               "--device sim: a measured step profile (kvserve sim-replay "
-               "--profile-out) instead of the roofline");
-  args->Float("sim-memory-efficiency", &s.memory_efficiency,
-              absl::StrCat("--device sim: share of the GPU's memory "
-                           "bandwidth a step reaches (default ",
-                           models::sim::Efficiency{}.memory, ")"),
-              0.01, 1);
-  args->Float("sim-flops-efficiency", &s.flops_efficiency,
-              absl::StrCat("--device sim: share of the GPU's dense matrix "
-                           "rate a step reaches (default ",
-                           models::sim::Efficiency{}.flops, ")"),
-              0.01, 1);
-  args->Float("sim-host-us-per-seq", &s.host_us_per_seq,
-              absl::StrCat("--device sim: the host's microseconds per "
-                           "sequence of a step (default ",
-                           models::sim::Efficiency{}.host_s_per_seq * 1e6, ")"),
-              0, 1000);
+  args->String("scheduling-policy", &f->scheduling_policy,
+               absl::StrCat("fcfs, priority, or cache-aware (longest cached "
+                            "prefix first among equal priorities) (default ",
+                            f->scheduling_policy, ")"));
 }
 
 void RegisterSecurityFlags(ServeFlags* f, CliArgs* args) {
@@ -244,9 +162,7 @@ void RegisterSecurityFlags(ServeFlags* f, CliArgs* args) {
 
 void RegisterFlags(ServeFlags* f, CliArgs* args) {
   ServeOptions& o = f->options;
-  args->String("model", &o.model,
-               "preset name, .gguf file, or HF directory (default "
-               "smollm2-135m)");
+  RegisterEngineFlags(&f->engine, kAllEngineFlags, args);
   args->String("served-model-name", &o.served_model_name,
                "the model's name in the OpenAI API, ','-separated aliases "
                "after the first (default: --model as given; --model and the "
@@ -267,26 +183,6 @@ void RegisterFlags(ServeFlags* f, CliArgs* args) {
   args->Int("http-max-connections", &f->http_max_connections,
             "open HTTP connections; beyond it, requests but /health, /ready "
             "and /metrics get 429 (default 4096)",
-            1, 1 << 20);
-  args->Int(
-      "block-size", &f->block_size,
-      absl::StrCat("tokens per KV cache block (default ", f->block_size, ")"),
-      1, 1024);
-  args->Bytes("kv-cache-bytes", &f->kv_cache_bytes,
-              "KV cache size, e.g. 512MiB (default 0 = --kv-cache-fraction "
-              "of memory)");
-  args->Float("kv-cache-fraction", &f->kv_cache_fraction,
-              absl::StrCat("share of physical memory for the KV cache when "
-                           "--kv-cache-bytes is 0 (default ",
-                           f->kv_cache_fraction, ")"),
-              0.001, 0.95);
-  args->Int("max-num-seqs", &f->max_num_seqs,
-            absl::StrCat("most requests running at once (default ",
-                         f->max_num_seqs, ")"),
-            1, 65536);
-  args->Int("max-num-batched-tokens", &f->max_num_batched_tokens,
-            absl::StrCat("token budget of one engine step (default ",
-                         f->max_num_batched_tokens, ")"),
             1, 1 << 20);
   args->Int("long-prefill-token-threshold", &f->long_prefill_token_threshold,
             absl::StrCat("most prompt tokens one request computes per step, "
@@ -309,19 +205,6 @@ void RegisterFlags(ServeFlags* f, CliArgs* args) {
               "model's context multiplied by it (default 1 = the model's own "
               "RoPE; refused for a model that already scales RoPE)",
               1, 64);
-  args->String("scheduling-policy", &f->scheduling_policy,
-               absl::StrCat("fcfs, priority, or cache-aware (longest cached "
-                            "prefix first among equal priorities) (default ",
-                            f->scheduling_policy, ")"));
-  args->String("kv-reservation", &f->kv_reservation,
-               absl::StrCat("paged (allocate KV blocks as tokens arrive) or "
-                            "max-length (each request holds a max-model-len "
-                            "slab from admission: the contiguous baseline) "
-                            "(default ",
-                            f->kv_reservation, ")"));
-  args->Bool("prefix-caching", &o.engine.scheduler.enable_prefix_caching,
-             "share KV blocks of common prompt prefixes (default on; "
-             "--no-prefix-caching turns it off)");
   args->Float("drain-timeout", &f->drain_timeout,
               "seconds in-flight requests may finish after SIGTERM/SIGINT "
               "(default 30)",
@@ -338,10 +221,7 @@ void RegisterFlags(ServeFlags* f, CliArgs* args) {
   args->String("log-level", &f->log_level,
                "trace, debug, info, warn, error, critical, off (default "
                "info)");
-  args->Int("threads", &f->threads, "CPU compute threads (default 0 = all)", 0,
-            1024);
-  RegisterKvFlags(f, args);
-  RegisterSimFlags(f, args);
+  RegisterSchedulerFlags(f, args);
   RegisterSecurityFlags(f, args);
   args->Bool("help", &f->help, "show this help");
 }
@@ -372,11 +252,10 @@ absl::Status FinishFlags(ServeFlags* f) {
        absl::StrSplit(f->model_dirs, ':', absl::SkipEmpty())) {
     o.model_dirs.emplace_back(d);
   }
+  o.model = f->engine.model;
   engine::EngineConfig& e = o.engine;
+  KV_RETURN_IF_ERROR(ApplyEngineFlags(f->engine, kAllEngineFlags, &e));
   scheduler::SchedulerConfig& s = e.scheduler;
-  s.block_size = static_cast<int32_t>(f->block_size);
-  s.max_num_seqs = static_cast<int32_t>(f->max_num_seqs);
-  s.max_num_batched_tokens = static_cast<int32_t>(f->max_num_batched_tokens);
   s.long_prefill_token_threshold =
       static_cast<int32_t>(f->long_prefill_token_threshold);
   s.thrash_preemption_limit = static_cast<int32_t>(f->thrash_preemption_limit);
@@ -384,22 +263,9 @@ absl::Status FinishFlags(ServeFlags* f) {
   s.priority_aging_seconds = f->priority_aging_seconds;
   KV_ASSIGN_OR_RETURN(s.policy,
                       scheduler::ParseSchedulingPolicy(f->scheduling_policy));
-  KV_ASSIGN_OR_RETURN(s.kv_reservation,
-                      scheduler::ParseKvReservation(f->kv_reservation));
-  KV_ASSIGN_OR_RETURN(s.preemption_mode,
-                      scheduler::ParsePreemptionMode(f->preemption_mode));
-  e.kv_cache_bytes = f->kv_cache_bytes;
-  e.kv_cache_fraction = f->kv_cache_fraction;
   e.max_queued_requests = static_cast<int32_t>(f->max_queued_requests);
   e.max_model_len = static_cast<int32_t>(f->max_model_len);
-  e.swap_space_bytes =
-      f->swap_space_bytes >= 0 ? f->swap_space_bytes : DefaultSwapSpaceBytes();
-  e.gpu_memory_fraction = f->gpu_memory_fraction;
   e.fault_step_delay = absl::Milliseconds(f->fault_step_delay_ms);
-  f->sim.seed = static_cast<uint64_t>(f->sim_seed);
-  KV_RETURN_IF_ERROR(ApplyDeviceFlags(f->device, f->sim, f->sim_profile, &e));
-  KV_ASSIGN_OR_RETURN(e.kv_cache_dtype,
-                      ParseKvCacheDtypeFlag(f->kv_cache_dtype));
   static constexpr const char* kLevels[] = {"trace", "debug",    "info", "warn",
                                             "error", "critical", "off"};
   for (const char* level : kLevels) {
@@ -476,7 +342,7 @@ class SignalThread {
 };
 
 int Serve(const ServeFlags& f, SignalThread& signals) {
-  if (f.threads > 0) SetNumThreads(static_cast<int>(f.threads));
+  if (f.engine.threads > 0) SetNumThreads(static_cast<int>(f.engine.threads));
   absl::StatusOr<std::unique_ptr<Daemon>> daemon = Daemon::Start(f.options);
   if (!daemon.ok()) {
     spdlog::error("start-up failed: {}", daemon.status().ToString());

@@ -1,0 +1,218 @@
+#include "cli/engine_flags.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "cli/kv_dtype_flag.h"
+#include "cli/sim_profile.h"
+#include "common/status_macros.h"
+#include "common/system.h"
+#include "scheduler/scheduler_config.h"
+
+namespace kvserve::cli {
+namespace {
+
+constexpr int64_t kGiB = int64_t{1} << 30;
+constexpr int64_t kMiB = int64_t{1} << 20;
+
+// "4GiB", "512MiB" or "1000" (bytes), for help text.
+std::string BytesText(int64_t bytes) {
+  if (bytes > 0 && bytes % kGiB == 0) return absl::StrCat(bytes / kGiB, "GiB");
+  if (bytes > 0 && bytes % kMiB == 0) return absl::StrCat(bytes / kMiB, "MiB");
+  return absl::StrCat(bytes);
+}
+
+void RegisterModelFlags(EngineFlags* f, CliArgs* args) {
+  args->String("model", &f->model,
+               absl::StrCat("preset name, .gguf file, or HF directory "
+                            "(default ",
+                            f->model, ")"));
+  args->Int("threads", &f->threads, "CPU compute threads (default 0 = all)", 0,
+            1024);
+}
+
+void RegisterDeviceFlags(EngineFlags* f, CliArgs* args) {
+  args->String("device", &f->device,
+               absl::StrCat("where the model runs: cpu, cuda, auto, or "
+                            "sim:<gpu>[x<tp>] (h100, h200, a100, l40s: no "
+                            "weights, simulated tokens and step times; "
+                            "default ",
+                            f->device, ")"));
+  args->String("kv-cache-dtype", &f->kv_cache_dtype,
+               absl::StrCat("KV element type: ", kKvDtypeAutoHelp,
+                            ", f32, fp16, bf16, int8 (q8_0 layout) or int4 "
+                            "(q4_0 layout) on the CPU; bf16, fp8 (e4m3) or "
+                            "int8 (q8_0, --block-size a multiple of 4) on "
+                            "CUDA (default ",
+                            f->kv_cache_dtype, ")"));
+  args->Int(
+      "block-size", &f->block_size,
+      absl::StrCat("tokens per KV cache block (default ", f->block_size, ")"),
+      1, 1024);
+}
+
+void RegisterBatchFlags(EngineFlags* f, CliArgs* args) {
+  args->Int("max-num-seqs", &f->max_num_seqs,
+            absl::StrCat("most requests running at once (default ",
+                         f->max_num_seqs, ")"),
+            1, 65536);
+  args->Int("max-num-batched-tokens", &f->max_num_batched_tokens,
+            absl::StrCat("token budget of one engine step (default ",
+                         f->max_num_batched_tokens, ")"),
+            1, 1 << 22);
+  args->String("kv-reservation", &f->kv_reservation,
+               absl::StrCat("paged (allocate KV blocks as tokens arrive) or "
+                            "max-length (each request holds a max-model-len "
+                            "slab from admission: the contiguous baseline) "
+                            "(default ",
+                            f->kv_reservation, ")"));
+  args->Bool("prefix-caching", &f->prefix_caching,
+             absl::StrCat("share KV blocks of common prompt prefixes "
+                          "(default ",
+                          f->prefix_caching ? "on" : "off",
+                          "; --no-prefix-caching turns it off)"));
+}
+
+void RegisterPoolFlags(EngineFlags* f, CliArgs* args) {
+  args->Bytes("kv-cache-bytes", &f->kv_cache_bytes,
+              absl::StrCat("KV cache size, e.g. 512MiB (default ",
+                           BytesText(f->kv_cache_bytes),
+                           f->kv_cache_bytes == 0
+                               ? " = the device's rule: --kv-cache-fraction "
+                                 "of memory on the CPU, --gpu-memory-fraction "
+                                 "on a GPU"
+                               : "",
+                           ")"));
+  args->Float("kv-cache-fraction", &f->kv_cache_fraction,
+              absl::StrCat("share of physical memory for the KV cache when "
+                           "--kv-cache-bytes is 0 (default ",
+                           f->kv_cache_fraction, ")"),
+              0.001, 0.95);
+  args->Float("gpu-memory-fraction", &f->gpu_memory_fraction,
+              absl::StrCat("share of GPU memory for weights, activations "
+                           "and KV on a GPU (default ",
+                           f->gpu_memory_fraction, ")"),
+              0.01, 1);
+  args->Bytes("swap-space-bytes", &f->swap_space_bytes,
+              absl::StrCat("host memory for KV blocks of requests preempted "
+                           "by swap, e.g. 2GiB (default ",
+                           f->swap_space_bytes < 0
+                               ? "4GiB, at most 1/8 of memory, 0 below 4GiB "
+                                 "of memory"
+                               : BytesText(f->swap_space_bytes),
+                           "; 0 = swapping off)"));
+  args->String("preemption-mode", &f->preemption_mode,
+               absl::StrCat("auto (per victim, the cheaper of recompute and "
+                            "swap), recompute, or swap (default ",
+                            f->preemption_mode, ")"));
+}
+
+void RegisterSimFlags(EngineFlags* f, CliArgs* args) {
+  engine::SimConfig& s = f->sim;
+  args->Float("sim-weight-bytes", &s.weight_bytes,
+              "--device sim: bytes per weight parameter (2 bf16, 1 fp8, 0.5 "
+              "int4; default 0 = the model's dtype)",
+              0, 8);
+  args->String("sim-profile", &f->sim_profile,
+               "--device sim: a measured step profile (kvserve sim-replay "
+               "--profile-out) instead of the roofline");
+  args->Float("sim-memory-efficiency", &s.memory_efficiency,
+              absl::StrCat("--device sim: share of the GPU's memory "
+                           "bandwidth a step reaches (default ",
+                           s.memory_efficiency, ")"),
+              0.01, 1);
+  args->Float("sim-flops-efficiency", &s.flops_efficiency,
+              absl::StrCat("--device sim: share of the GPU's dense matrix "
+                           "rate a step reaches (default ",
+                           s.flops_efficiency, ")"),
+              0.01, 1);
+  args->Float("sim-host-us-per-seq", &s.host_us_per_seq,
+              absl::StrCat("--device sim: the host's microseconds per "
+                           "sequence of a step (default ",
+                           s.host_us_per_seq, ")"),
+              0, 1000);
+}
+
+void RegisterSimPaceFlags(EngineFlags* f, CliArgs* args) {
+  args->Float("sim-speed", &f->sim.speed,
+              absl::StrCat("--device sim: simulated seconds per real second "
+                           "(1 = real time; 0 = no sleeping at all; default ",
+                           f->sim.speed, ")"),
+              0, 1e9);
+  args->Int("sim-seed", &f->sim_seed,
+            absl::StrCat("--device sim: seed of the simulated token ids "
+                         "(default ",
+                         f->sim_seed, ")"),
+            0, INT64_MAX);
+}
+
+}  // namespace
+
+int64_t DefaultSwapSpaceBytes() {
+  const int64_t mem = PhysicalMemoryBytes();
+  if (mem < 4 * kGiB) return 0;
+  return std::min<int64_t>(4 * kGiB, mem / 8);
+}
+
+EngineFlags EngineFlagsFrom(const engine::EngineConfig& defaults,
+                            std::string model, std::string device) {
+  const scheduler::SchedulerConfig& s = defaults.scheduler;
+  EngineFlags f;
+  f.model = std::move(model);
+  f.device = std::move(device);
+  f.block_size = s.block_size;
+  f.max_num_seqs = s.max_num_seqs;
+  f.max_num_batched_tokens = s.max_num_batched_tokens;
+  f.kv_reservation =
+      std::string(scheduler::KvReservationName(s.kv_reservation));
+  f.prefix_caching = s.enable_prefix_caching;
+  f.preemption_mode =
+      std::string(scheduler::PreemptionModeName(s.preemption_mode));
+  f.kv_cache_bytes = defaults.kv_cache_bytes;
+  f.kv_cache_fraction = defaults.kv_cache_fraction;
+  f.gpu_memory_fraction = defaults.gpu_memory_fraction;
+  f.sim = defaults.sim;
+  return f;
+}
+
+void RegisterEngineFlags(EngineFlags* f, uint32_t groups, CliArgs* args) {
+  if (groups & kModelFlags) RegisterModelFlags(f, args);
+  if (groups & kDeviceFlags) RegisterDeviceFlags(f, args);
+  if (groups & kBatchFlags) RegisterBatchFlags(f, args);
+  if (groups & kPoolFlags) RegisterPoolFlags(f, args);
+  if (groups & kSimFlags) RegisterSimFlags(f, args);
+  if (groups & kSimPaceFlags) RegisterSimPaceFlags(f, args);
+}
+
+absl::Status ApplyEngineFlags(const EngineFlags& f, uint32_t groups,
+                              engine::EngineConfig* e) {
+  scheduler::SchedulerConfig& s = e->scheduler;
+  if (groups & kDeviceFlags) {
+    engine::SimConfig sim = f.sim;
+    sim.seed = static_cast<uint64_t>(f.sim_seed);
+    KV_RETURN_IF_ERROR(ApplyDeviceFlags(f.device, sim, f.sim_profile, e));
+    KV_ASSIGN_OR_RETURN(e->kv_cache_dtype,
+                        ParseKvCacheDtypeFlag(f.kv_cache_dtype));
+    s.block_size = static_cast<int32_t>(f.block_size);
+  }
+  if (groups & kBatchFlags) {
+    s.max_num_seqs = static_cast<int32_t>(f.max_num_seqs);
+    s.max_num_batched_tokens = static_cast<int32_t>(f.max_num_batched_tokens);
+    KV_ASSIGN_OR_RETURN(s.kv_reservation,
+                        scheduler::ParseKvReservation(f.kv_reservation));
+    s.enable_prefix_caching = f.prefix_caching;
+  }
+  if (groups & kPoolFlags) {
+    e->kv_cache_bytes = f.kv_cache_bytes;
+    e->kv_cache_fraction = f.kv_cache_fraction;
+    e->gpu_memory_fraction = f.gpu_memory_fraction;
+    e->swap_space_bytes =
+        f.swap_space_bytes >= 0 ? f.swap_space_bytes : DefaultSwapSpaceBytes();
+    KV_ASSIGN_OR_RETURN(s.preemption_mode,
+                        scheduler::ParsePreemptionMode(f.preemption_mode));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kvserve::cli
