@@ -117,20 +117,20 @@ void RegisterSimFlags(EngineFlags* f, CliArgs* args) {
   args->String("sim-profile", &f->sim_profile,
                "--device sim: a measured step profile (kvserve sim-replay "
                "--profile-out) instead of the roofline");
-  args->Float("sim-memory-efficiency", &s.memory_efficiency,
+  args->Float("sim-memory-efficiency", &f->sim_memory_efficiency,
               absl::StrCat("--device sim: share of the GPU's memory "
                            "bandwidth a step reaches (default ",
-                           s.memory_efficiency, ")"),
+                           f->sim_memory_efficiency, ")"),
               0.01, 1);
-  args->Float("sim-flops-efficiency", &s.flops_efficiency,
+  args->Float("sim-flops-efficiency", &f->sim_flops_efficiency,
               absl::StrCat("--device sim: share of the GPU's dense matrix "
                            "rate a step reaches (default ",
-                           s.flops_efficiency, ")"),
+                           f->sim_flops_efficiency, ")"),
               0.01, 1);
-  args->Float("sim-host-us-per-seq", &s.host_us_per_seq,
+  args->Float("sim-host-us-per-seq", &f->sim_host_us_per_seq,
               absl::StrCat("--device sim: the host's microseconds per "
                            "sequence of a step (default ",
-                           s.host_us_per_seq, ")"),
+                           f->sim_host_us_per_seq, ")"),
               0, 1000);
 }
 
@@ -173,6 +173,12 @@ EngineFlags EngineFlagsFrom(const engine::EngineConfig& defaults,
   f.kv_cache_fraction = defaults.kv_cache_fraction;
   f.gpu_memory_fraction = defaults.gpu_memory_fraction;
   f.sim = defaults.sim;
+  f.sim_memory_efficiency =
+      defaults.sim.memory_efficiency.value_or(f.sim_memory_efficiency);
+  f.sim_flops_efficiency =
+      defaults.sim.flops_efficiency.value_or(f.sim_flops_efficiency);
+  f.sim_host_us_per_seq =
+      defaults.sim.host_us_per_seq.value_or(f.sim_host_us_per_seq);
   return f;
 }
 
@@ -191,6 +197,11 @@ absl::Status ApplyEngineFlags(const EngineFlags& f, uint32_t groups,
   if (groups & kDeviceFlags) {
     engine::SimConfig sim = f.sim;
     sim.seed = static_cast<uint64_t>(f.sim_seed);
+    if (groups & kSimFlags) {
+      sim.memory_efficiency = f.sim_memory_efficiency;
+      sim.flops_efficiency = f.sim_flops_efficiency;
+      sim.host_us_per_seq = f.sim_host_us_per_seq;
+    }
     KV_RETURN_IF_ERROR(ApplyDeviceFlags(f.device, sim, f.sim_profile, e));
     KV_ASSIGN_OR_RETURN(e->kv_cache_dtype,
                         ParseKvCacheDtypeFlag(f.kv_cache_dtype));

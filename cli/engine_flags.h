@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "common/cli_args.h"
 #include "engine/engine.h"
+#include "models/sim/roofline.h"
 
 namespace kvserve::cli {
 
@@ -31,6 +32,10 @@ struct EngineFlags {
   std::string preemption_mode;
   engine::SimConfig sim;  // gpu and tp come from --device
   int64_t sim_seed = 0;
+  // --sim-*-efficiency, --sim-host-us-per-seq: into sim's optionals.
+  double sim_memory_efficiency = models::sim::Efficiency{}.memory;
+  double sim_flops_efficiency = models::sim::Efficiency{}.flops;
+  double sim_host_us_per_seq = models::sim::Efficiency{}.host_s_per_seq * 1e6;
   std::string sim_profile;
 };
 

@@ -2,7 +2,9 @@
 
 #include <cmath>
 #include <fstream>
+#include <memory>
 #include <sstream>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -101,7 +103,10 @@ absl::Status ApplyDeviceFlags(const std::string& device,
   }
   KV_ASSIGN_OR_RETURN(e->sim, engine::ParseSimTarget(device, base));
   if (!profile_path.empty()) {
-    KV_ASSIGN_OR_RETURN(e->sim.profile, ReadStepProfile(profile_path));
+    KV_ASSIGN_OR_RETURN(models::sim::StepProfile profile,
+                        ReadStepProfile(profile_path));
+    e->sim.profile =
+        std::make_shared<const models::sim::StepProfile>(std::move(profile));
   }
   return absl::OkStatus();
 }

@@ -14,7 +14,8 @@ own headers and those of the rooms below it, never one above or beside:
 but never a device's kernels (models/cpu, models/cuda): the engine's
 Platform (engine/runner/platform.h) speaks for the devices. Of the engine,
 only its device wing (engine/runner) includes a device's code (models/cpu,
-models/cuda, models/sim).
+models/cuda, models/sim), and the headers the engine and the server include
+do not bring one in either (checked through every header they reach).
 Tests in tests/<area>/ may include what their area may, their own folder's
 headers and tests/support/; tools/ may include every product room. The CMake
 libraries link the same way (tests link only their area's library), so a
@@ -48,7 +49,7 @@ DIRECT = {
 }
 # Rooms a room may not include although they lie below it.
 FORBIDDEN = {
-    "server": {"models/cpu", "models/cuda"},
+    "server": {"models/cpu", "models/cuda", "models/sim"},
     "engine": {"models/cpu", "models/cuda", "models/sim"},
 }
 # Test areas: the rooms whose libraries the area's tests link.
@@ -115,6 +116,40 @@ def allowed_for(file_path):
     return room, closure(room) - FORBIDDEN.get(room, set())
 
 
+def project_includes(root, rel, cache):
+    """The project headers that `rel` includes directly (that exist)."""
+    if rel not in cache:
+        path = root / rel
+        found = []
+        if path.is_file():
+            text = path.read_text(encoding="utf-8", errors="replace")
+            for line in text.splitlines():
+                m = INCLUDE.match(line)
+                if m and room_of_include(m.group(1)) is not None and (
+                        root / m.group(1)).is_file():
+                    found.append(m.group(1))
+        cache[rel] = found
+    return cache[rel]
+
+
+def reached_through(root, rel, forbidden, cache):
+    """(header reached, the include that leads to it) for each header of a
+    forbidden room that `rel` reaches only through other headers."""
+    out, seen = [], set()
+    for first in project_includes(root, rel, cache):
+        todo = [first]
+        while todo:
+            h = todo.pop()
+            if h in seen:
+                continue
+            seen.add(h)
+            if h != first and room_of_include(h) in forbidden:
+                out.append((h, first))
+                continue
+            todo.extend(project_includes(root, h, cache))
+    return out
+
+
 def tracked_sources(root):
     out = subprocess.run(["git", "-C", str(root), "ls-files"], check=True,
                          capture_output=True, text=True).stdout
@@ -128,7 +163,7 @@ def main():
     parser.add_argument("--root", default=pathlib.Path(__file__).parents[1])
     args = parser.parse_args()
     root = pathlib.Path(args.root)
-    violations, checked = [], 0
+    violations, checked, cache = [], 0, {}
     for rel in tracked_sources(root):
         label, rooms = allowed_for(rel)
         if rooms is None:
@@ -144,6 +179,11 @@ def main():
                 violations.append(
                     f"{rel}:{lineno}: {label} may not include "
                     f'"{m.group(1)}" (room {target})')
+        if label in FORBIDDEN:
+            for h, first in reached_through(root, rel, FORBIDDEN[label],
+                                            cache):
+                violations.append(f'{rel}: {label} reaches "{h}" (room '
+                                  f'{room_of_include(h)}) through "{first}"')
     for v in violations:
         print(v)
     print(f"check_layering: {checked} files, {len(violations)} violations")

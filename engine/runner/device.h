@@ -4,14 +4,17 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "models/sim/roofline.h"
-#include "models/sim/step_profile.h"
+
+namespace kvserve::models::sim {
+struct StepProfile;  // models/sim/step_profile.h
+}  // namespace kvserve::models::sim
 
 namespace kvserve::engine {
 
@@ -37,17 +40,17 @@ struct SimConfig {
   double speed = 1.0;
   double weight_bytes = 0;  // per parameter; 0: the model config's
   uint64_t seed = 0;        // of the simulated token ids
-  // models/sim/roofline.h Efficiency, its defaults unless set.
-  double memory_efficiency = models::sim::Efficiency{}.memory;
-  double flops_efficiency = models::sim::Efficiency{}.flops;
-  double host_us_per_seq = models::sim::Efficiency{}.host_s_per_seq * 1e6;
+  // Shares of the GPU's memory bandwidth and matrix rate a step reaches,
+  // and the host's microseconds per sequence of a step; unset: the
+  // defaults of models/sim/roofline.h's Efficiency.
+  std::optional<double> memory_efficiency, flops_efficiency, host_us_per_seq;
   // When set, each step's simulated duration (swaps and copies included) is
   // handed to it on the engine thread instead of slept: a trace replay
   // advances its virtual clock with it (cli/sim_replay.h). `speed` is then
   // ignored.
   std::function<void(absl::Duration)> step_sink;
   // A measured step-time model (--sim-profile) instead of the roofline.
-  std::optional<models::sim::StepProfile> profile;
+  std::shared_ptr<const models::sim::StepProfile> profile;
 };
 
 // The GPU and tensor-parallel ranks of "sim:h200" / "sim:h100x2" into

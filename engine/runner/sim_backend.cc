@@ -15,6 +15,7 @@
 #include "models/sim/gpu_specs.h"
 #include "models/sim/memory_budget.h"
 #include "models/sim/roofline.h"
+#include "models/sim/step_profile.h"
 #include "spdlog/spdlog.h"
 
 namespace kvserve::engine {
@@ -23,6 +24,17 @@ namespace {
 // The logit of a simulated token in a row a sampler reads; the others are 0,
 // so the token holds all but ~vocab x e^-30 of the probability.
 constexpr float kChosenLogit = 30.0f;
+
+// The roofline's efficiencies: `sim`'s where set, else its defaults.
+models::sim::Efficiency EfficiencyOf(const SimConfig& sim) {
+  models::sim::Efficiency eff;
+  eff.memory = sim.memory_efficiency.value_or(eff.memory);
+  eff.flops = sim.flops_efficiency.value_or(eff.flops);
+  if (sim.host_us_per_seq.has_value()) {
+    eff.host_s_per_seq = *sim.host_us_per_seq * 1e-6;
+  }
+  return eff;
+}
 
 uint64_t Mix(uint64_t x) {  // splitmix64's finalizer
   x += 0x9E3779B97F4A7C15ULL;
@@ -59,7 +71,7 @@ class SimBackend final : public ModelBackend {
     return roofline_.Prefill(kProbe).total_s / kProbe;
   }
   double swap_bytes_per_second() const override {
-    return gpu_.host_link_bw * sim_.memory_efficiency;
+    return gpu_.host_link_bw * EfficiencyOf(sim_).memory;
   }
 
   absl::Status Forward(const models::ForwardBatch& batch,
@@ -68,7 +80,7 @@ class SimBackend final : public ModelBackend {
     KV_RETURN_IF_ERROR(Check("CopyBlocks", moves, num_blocks_, num_blocks_));
     // Read and written once each.
     pending_s_ += 2.0 * static_cast<double>(moves.size()) * bytes_per_block_ /
-                  (gpu_.memory_bw * sim_.memory_efficiency);
+                  (gpu_.memory_bw * EfficiencyOf(sim_).memory);
     return absl::OkStatus();
   }
   absl::Status SwapOut(absl::Span<const BlockMove> moves) override {
@@ -130,8 +142,8 @@ absl::Status SimBackend::Forward(const models::ForwardBatch& batch,
   KV_RETURN_IF_ERROR(batch.Validate(num_blocks_, block_size_, vocab));
   const models::sim::StepLoad load = models::LoadOf(batch);
   const double step_s =
-      (sim_.profile.has_value() ? sim_.profile->Seconds(load)
-                                : roofline_.Step(load).total_s) +
+      (sim_.profile != nullptr ? sim_.profile->Seconds(load)
+                               : roofline_.Step(load).total_s) +
       pending_s_;
   pending_s_ = 0;
   const size_t rows = batch.logits_rows.size();
@@ -214,17 +226,14 @@ absl::StatusOr<std::unique_ptr<ModelBackend>> CreateSimBackend(
     return absl::FailedPreconditionError(
         "--device=sim: every token id is a control or end-of-generation id");
   }
-  models::sim::Efficiency eff;
-  eff.memory = sim.memory_efficiency;
-  eff.flops = sim.flops_efficiency;
-  eff.host_s_per_seq = sim.host_us_per_seq * 1e-6;
+  const models::sim::Efficiency eff = EfficiencyOf(sim);
   models::sim::Roofline roofline(c, gpu, sim.tp, weight_bytes, per_token, eff,
                                  dtype == kvcache::KvDtype::kFP8
                                      ? models::sim::AttentionUnits::kFp8
                                      : models::sim::AttentionUnits::kBf16);
 
   const std::string timing =
-      sim.profile.has_value()
+      sim.profile != nullptr
           ? std::string("from the measured step profile (--sim-profile)")
           : absl::StrFormat(
                 "a roofline estimate at %.2f of the memory bandwidth and "
