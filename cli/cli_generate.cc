@@ -3,20 +3,19 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <memory>
 #include <string>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/random/random.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "cli/engine_flags.h"
 #include "cli/logging.h"
 #include "common/cli_args.h"
 #include "common/clock.h"
+#include "common/field_error.h"
 #include "common/parallel.h"
 #include "common/status_macros.h"
 #include "engine/engine.h"
@@ -89,30 +88,6 @@ v1::GenerateRequest BuildRequest(const GenerateFlags& f, const CliArgs& args,
   if (f.seed >= 0) p->set_seed(static_cast<uint64_t>(f.seed));
   p->set_ignore_eos(f.ignore_eos);
   return req;
-}
-
-// Validation names request fields ("sampling.max_tokens: ..."); on the
-// command line they are flags. `has_system`: chat message 0 is --system.
-absl::Status ToFlagNames(const absl::Status& status, bool has_system) {
-  const std::pair<const char*, const char*> renames[] = {
-      {"sampling.max_tokens", "--max-tokens"},
-      {"sampling.temperature", "--temperature"},
-      {"sampling.top_k", "--top-k"},
-      {"sampling.top_p", "--top-p"},
-      {"sampling.min_p", "--min-p"},
-      {"sampling.repetition_penalty", "--repetition-penalty"},
-      {"chat.messages[0].content", has_system ? "--system" : "--prompt"},
-      {"chat.messages[1].content", "--prompt"},
-      {"chat", "--prompt"},
-      {"prompt", "--prompt"},
-  };
-  const absl::string_view msg = status.message();
-  for (const auto& [from, to] : renames) {
-    if (!absl::StartsWith(msg, from)) continue;
-    return absl::Status(status.code(),
-                        absl::StrCat(to, msg.substr(std::strlen(from))));
-  }
-  return status;
 }
 
 // KV bytes for one sequence of `tokens` tokens: whole blocks of the dtype
@@ -293,6 +268,22 @@ void RegisterFlags(GenerateFlags* f, CliArgs* args) {
 }
 
 }  // namespace
+
+absl::Status ToFlagNames(const absl::Status& status, bool has_system) {
+  const FieldRename proto_to_flags[] = {
+      {"sampling.max_tokens", "--max-tokens"},
+      {"sampling.temperature", "--temperature"},
+      {"sampling.top_k", "--top-k"},
+      {"sampling.top_p", "--top-p"},
+      {"sampling.min_p", "--min-p"},
+      {"sampling.repetition_penalty", "--repetition-penalty"},
+      {"chat.messages[0].content", has_system ? "--system" : "--prompt"},
+      {"chat.messages[1].content", "--prompt"},
+      {"chat", "--prompt"},
+      {"prompt", "--prompt"},
+  };
+  return RenameFieldPath(status, proto_to_flags);
+}
 
 int RunGenerateCommand(int argc, const char* const* argv) {
   GenerateFlags f;

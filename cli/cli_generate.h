@@ -9,7 +9,16 @@
 // server/request_validation and kvcache/kv_sizing do.
 #pragma once
 
+#include "absl/status/status.h"
+
 namespace kvserve::cli {
+
+// A field error of server::ToRequestSpec (proto paths, or Engine::Submit's
+// through server::ToProtoFieldNames) named by the flag that set the field
+// ("sampling.top_p" -> "--top-p"; chat message 0 is --system when
+// `has_system`, else --prompt). Other statuses pass unchanged.
+[[nodiscard]] absl::Status ToFlagNames(const absl::Status& status,
+                                       bool has_system);
 
 // Returns the process exit code: 0 ok, 1 runtime failure, 2 bad flags.
 int RunGenerateCommand(int argc, const char* const* argv);

@@ -6,6 +6,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_format.h"
 #include "common/check.h"
+#include "common/field_error.h"
 #include "common/status_macros.h"
 #include "engine/engine_impl.h"
 #include "engine/engine_metrics.h"
@@ -174,24 +175,25 @@ void Engine::Impl::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-// The one check of a spec's limits; errors name the RequestSpec field.
-// The server renames the fields to its wire names.
+// The one check of a spec's limits; its field errors (common/field_error.h)
+// name RequestSpec paths, which each front end renders in its own names.
 absl::Status Engine::Impl::CheckSpec(const RequestSpec& spec) const {
   KV_RETURN_IF_ERROR(CheckRequestSpec(spec, info_.vocab_size));
   // The scheduler's config is immutable after creation: safe to read here.
   const scheduler::SchedulerConfig& sc = scheduler_->config();
   // Every completion runs as its own sequence: they must fit at once.
   if (spec.n > sc.max_num_seqs) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "n: %d completions, over the server's limit of %d sequences "
-        "(--max-num-seqs)",
-        spec.n, sc.max_num_seqs));
+    return InvalidFieldError(
+        "n", absl::StrFormat("%d completions, over the server's limit of %d "
+                             "sequences (--max-num-seqs)",
+                             spec.n, sc.max_num_seqs));
   }
   if (spec.tenant.max_running > 0 && spec.n > spec.tenant.max_running) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "n: %d completions, over tenant '%s''s limit of %d running "
-        "sequences (max_running)",
-        spec.n, spec.tenant.name, spec.tenant.max_running));
+    return InvalidFieldError(
+        "n",
+        absl::StrFormat("%d completions, over tenant '%s''s limit of %d "
+                        "running sequences (max_running)",
+                        spec.n, spec.tenant.name, spec.tenant.max_running));
   }
   return sc.CheckRequestSize(static_cast<int64_t>(spec.prompt_tokens.size()),
                              spec.max_tokens);

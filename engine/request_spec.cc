@@ -3,6 +3,7 @@
 #include <string_view>
 
 #include "absl/strings/str_format.h"
+#include "common/field_error.h"
 #include "common/status_macros.h"
 
 namespace kvserve::engine {
@@ -12,9 +13,10 @@ absl::Status CheckVocab(const std::vector<int32_t>& ids, int32_t vocab_size,
                         std::string_view field) {
   for (size_t i = 0; i < ids.size(); ++i) {
     if (ids[i] < 0 || ids[i] >= vocab_size) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s[%d]: unknown token id %d (the vocabulary is [0, %d))", field, i,
-          ids[i], vocab_size));
+      return InvalidFieldError(
+          absl::StrFormat("%s[%d]", field, i),
+          absl::StrFormat("unknown token id %d (the vocabulary is [0, %d))",
+                          ids[i], vocab_size));
     }
   }
   return absl::OkStatus();
@@ -24,14 +26,15 @@ absl::Status CheckVocab(const std::vector<int32_t>& ids, int32_t vocab_size,
 
 absl::Status CheckRequestSpec(const RequestSpec& spec, int32_t vocab_size) {
   if (spec.n < 1 || spec.n > kMaxCompletions) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "n: must be in [1, %d], got %d", kMaxCompletions, spec.n));
+    return InvalidFieldError("n", absl::StrFormat("must be in [1, %d], got %d",
+                                                  kMaxCompletions, spec.n));
   }
   // A bad max_tokens is CheckRequestSize's to name.
   if (spec.max_tokens >= 1 && (spec.sampling.min_tokens < 0 ||
                                spec.sampling.min_tokens > spec.max_tokens)) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("min_tokens: must be in [0, max_tokens = %d], got %d",
+    return InvalidFieldError(
+        "min_tokens",
+        absl::StrFormat("must be in [0, max_tokens = %d], got %d",
                         spec.max_tokens, spec.sampling.min_tokens));
   }
   KV_RETURN_IF_ERROR(

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "common/field_error.h"
 #include "scheduler/kv_reservation.h"
 
 namespace kvserve::scheduler {
@@ -75,22 +76,26 @@ int64_t SchedulerConfig::slab_blocks() const {
 absl::Status SchedulerConfig::CheckRequestSize(int64_t prompt_tokens,
                                                int64_t max_tokens) const {
   if (prompt_tokens <= 0) {
-    return absl::InvalidArgumentError("prompt: must not be empty");
+    return InvalidFieldError("prompt", "must not be empty");
   }
   if (max_tokens < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("max_tokens: must be >= 1, got ", max_tokens));
+    return InvalidFieldError("max_tokens",
+                             absl::StrCat("must be >= 1, got ", max_tokens));
   }
   if (prompt_tokens >= max_model_len) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "prompt: ", prompt_tokens, " tokens, over the model's context of ",
-        max_model_len, " (at least one token must be left to generate)"));
+    return InvalidFieldError(
+        "prompt",
+        absl::StrCat(prompt_tokens, " tokens, over the model's context of ",
+                     max_model_len,
+                     " (at least one token must be left to generate)"));
   }
   const int64_t total = prompt_tokens + max_tokens;
   if (total > max_model_len) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "max_tokens: prompt (", prompt_tokens, " tokens) + max_tokens (",
-        max_tokens, ") exceeds the model's context of ", max_model_len));
+    return InvalidFieldError(
+        "max_tokens",
+        absl::StrCat("prompt (", prompt_tokens, " tokens) + max_tokens (",
+                     max_tokens, ") exceeds the model's context of ",
+                     max_model_len));
   }
   const int64_t blocks = MakeReservation(*this)->MostBlocks(total);
   const int64_t usable = int64_t{num_blocks} - watermark_blocks();

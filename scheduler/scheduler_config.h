@@ -123,8 +123,9 @@ struct SchedulerConfig {
   [[nodiscard]] int64_t slab_blocks() const;
   // Whether a request of `prompt_tokens` and `max_tokens` can ever run: the
   // one check of these limits, used by the scheduler and by the engine
-  // before it queues a request. InvalidArgument (the field named) for an
-  // empty prompt, max_tokens < 1, or past max_model_len; OutOfRange when its
+  // before it queues a request. InvalidArgument, a field error naming
+  // "prompt" or "max_tokens" (common/field_error.h), for an empty prompt,
+  // max_tokens < 1, or past max_model_len; OutOfRange (no field) when its
   // blocks (a whole slab under kMaxLength) exceed the pool less the
   // watermark.
   [[nodiscard]] absl::Status CheckRequestSize(int64_t prompt_tokens,

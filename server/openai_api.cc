@@ -184,12 +184,12 @@ void OpenAiApi::HandleGenerate(std::shared_ptr<HttpExchange> ex,
     if (!stream.ok()) {
       // All or nothing: the prompts already queued are withdrawn.
       for (const auto& s : streams) engine_->Abort(s->id());
-      // The engine's errors name RequestSpec fields.
-      absl::Status error = NameMaxTokensField(
-          ToOpenAiFieldNames(ToProtoFieldNames(stream.status()), endpoint),
-          *request);
-      SendError(request->batch.empty() ? error : BatchFieldNames(error, i),
-                *ex);
+      // The engine's errors name RequestSpec paths.
+      SendError(
+          ClientFieldNames(
+              ToProtoFieldNames(stream.status()), *request,
+              request->batch.empty() ? std::nullopt : std::optional<size_t>(i)),
+          *ex);
       return;
     }
     streams.push_back(*std::move(stream));

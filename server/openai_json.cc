@@ -6,9 +6,9 @@
 #include <optional>
 #include <utility>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/field_error.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -18,7 +18,7 @@ namespace {
 using json = nlohmann::json;
 
 absl::Status Invalid(absl::string_view field, absl::string_view what) {
-  return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
+  return InvalidFieldError(field, what);
 }
 
 // The field, or null when absent (absent and null are the same).
@@ -470,41 +470,6 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view body,
     KV_RETURN_IF_ERROR(ParsePrompt(j, &out));
   }
   return out;
-}
-
-absl::Status ToOpenAiFieldNames(const absl::Status& status,
-                                OpenAiEndpoint endpoint) {
-  if (status.ok()) return status;
-  const absl::string_view msg = status.message();
-  const bool chat = endpoint == OpenAiEndpoint::kChatCompletions;
-  // The engine names a prompt of any input kind "prompt".
-  const std::pair<absl::string_view, absl::string_view> kRenames[] = {
-      {"sampling.logprobs", chat ? "top_logprobs" : "logprobs"},
-      {"sampling.", ""},
-      {"chat.messages", "messages"},
-      {"chat:", "messages:"},
-      {"chat", "messages"},
-      {"prompt:", chat ? "messages:" : "prompt:"},
-      {"prompt_token_ids.ids", "prompt"},
-      {"prompt_token_ids", "prompt"},
-  };
-  for (const auto& [from, to] : kRenames) {
-    if (!absl::StartsWith(msg, from)) continue;
-    return absl::Status(status.code(),
-                        absl::StrCat(to, msg.substr(from.size())));
-  }
-  return status;
-}
-
-absl::Status NameMaxTokensField(const absl::Status& status,
-                                const OpenAiRequest& request) {
-  constexpr absl::string_view kField = "max_tokens";
-  const absl::string_view msg = status.message();
-  if (request.max_tokens_name == kField || !absl::StartsWith(msg, kField)) {
-    return status;
-  }
-  return absl::Status(status.code(), absl::StrCat(request.max_tokens_name,
-                                                  msg.substr(kField.size())));
 }
 
 }  // namespace kvserve::server

@@ -47,20 +47,11 @@ inline constexpr int kMaxBatchPrompts = 64;
 // Arrays and objects nested deeper than this are refused before parsing.
 inline constexpr int kMaxJsonDepth = 64;
 
-// Parses `body`. INVALID_ARGUMENT names the field (OpenAI's name) in the
-// message prefix "field: ...", for malformed JSON, wrong types, and
-// unsupported options (echo, best_of, suffix, logit_bias, tools).
+// Parses `body`. INVALID_ARGUMENT is a field error (common/field_error.h)
+// naming OpenAI's field, for malformed JSON, wrong types, and unsupported
+// options (echo, best_of, suffix, logit_bias, tools).
 [[nodiscard]] absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(
     absl::string_view body, OpenAiEndpoint endpoint);
-
-// Rewrites a validation error of ToRequestSpec (proto field names such as
-// "sampling.top_p" or "chat.messages[0].role") to OpenAI's field names.
-[[nodiscard]] absl::Status ToOpenAiFieldNames(const absl::Status& status,
-                                              OpenAiEndpoint endpoint);
-// An error about "max_tokens" named as the client sent it
-// (max_completion_tokens); other statuses unchanged.
-[[nodiscard]] absl::Status NameMaxTokensField(const absl::Status& status,
-                                              const OpenAiRequest& request);
 
 // An HTTP error response.
 struct HttpError {
@@ -71,8 +62,8 @@ struct HttpError {
 // The single absl::Status -> HTTP mapping: INVALID_ARGUMENT, OUT_OF_RANGE,
 // FAILED_PRECONDITION -> 400; UNAUTHENTICATED -> 401; PERMISSION_DENIED ->
 // 403; NOT_FOUND -> 404; RESOURCE_EXHAUSTED -> 429; UNAVAILABLE -> 503;
-// DEADLINE_EXCEEDED -> 504; anything else -> 500. `param` is the message's
-// "field: " prefix when there is one.
+// DEADLINE_EXCEEDED -> 504; anything else -> 500. `param` is the field a
+// field error names, else the message's "field: " prefix when there is one.
 [[nodiscard]] HttpError ToHttpError(const absl::Status& status);
 
 // What the response writer needs to know about one call.

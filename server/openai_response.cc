@@ -1,7 +1,10 @@
 // Response bodies, stream events, and errors of openai_json.h.
+#include <optional>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/field_error.h"
 #include "kvcache/kv_format.h"
 #include "nlohmann/json.hpp"
 #include "server/openai_json.h"
@@ -221,8 +224,13 @@ int HttpStatus(absl::StatusCode code) {
   }
 }
 
-// The "field: " prefix of a validation message, or null.
-json ParamOf(absl::string_view msg) {
+// The field a status names (common/field_error.h), else its message's
+// "field: " prefix, or null.
+json ParamOf(const absl::Status& status) {
+  if (std::optional<std::string> field = ErrorField(status)) {
+    return *std::move(field);
+  }
+  const absl::string_view msg = status.message();
   const size_t colon = msg.find(": ");
   if (colon == absl::string_view::npos || colon == 0) return nullptr;
   const absl::string_view field = msg.substr(0, colon);
@@ -232,7 +240,7 @@ json ParamOf(absl::string_view msg) {
 
 json ErrorJson(const absl::Status& status) {
   const int http = HttpStatus(status.code());
-  json param = ParamOf(status.message());
+  json param = ParamOf(status);
   json code = nullptr;
   if (status.code() == absl::StatusCode::kNotFound && param == "model") {
     code = "model_not_found";

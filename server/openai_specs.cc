@@ -1,10 +1,12 @@
 #include "server/openai_specs.h"
 
+#include <optional>
+#include <string>
 #include <utility>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/field_error.h"
 #include "common/status_macros.h"
 
 namespace kvserve::server {
@@ -23,19 +25,14 @@ absl::Status CheckResponseBytes(const OpenAiRequest& request,
     bytes += int64_t{s.n} * s.max_tokens * per_token;
   }
   if (bytes <= limit) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrFormat(
-      "stream: a non-streamed response of up to %d bytes (n x max_tokens x "
-      "%d bytes per token%s), over the limit of %d bytes "
-      "(--max-response-bytes); send \"stream\": true or ask for fewer "
-      "tokens",
-      bytes, per_token, request.logprobs ? " with logprobs" : "", limit));
-}
-
-// The client's names for a validation error of ToRequestSpec.
-absl::Status ClientNames(const absl::Status& status,
-                         const OpenAiRequest& request) {
-  return NameMaxTokensField(ToOpenAiFieldNames(status, request.endpoint),
-                            request);
+  return InvalidFieldError(
+      "stream",
+      absl::StrFormat(
+          "a non-streamed response of up to %d bytes (n x max_tokens x %d "
+          "bytes per token%s), over the limit of %d bytes "
+          "(--max-response-bytes); send \"stream\": true or ask for fewer "
+          "tokens",
+          bytes, per_token, request.logprobs ? " with logprobs" : "", limit));
 }
 
 absl::StatusOr<std::vector<engine::RequestSpec>> PromptSpecs(
@@ -45,7 +42,7 @@ absl::StatusOr<std::vector<engine::RequestSpec>> PromptSpecs(
   if (request.batch.empty()) {
     absl::StatusOr<engine::RequestSpec> spec =
         ToRequestSpec(request.generate, model, seed, limits);
-    if (!spec.ok()) return ClientNames(spec.status(), request);
+    if (!spec.ok()) return ClientFieldNames(spec.status(), request);
     specs.push_back(*std::move(spec));
     return specs;
   }
@@ -61,7 +58,7 @@ absl::StatusOr<std::vector<engine::RequestSpec>> PromptSpecs(
     absl::StatusOr<engine::RequestSpec> spec =
         ToRequestSpec(one, model, seed + choices_before, limits);
     if (!spec.ok()) {
-      return BatchFieldNames(ClientNames(spec.status(), request), i);
+      return ClientFieldNames(spec.status(), request, i);
     }
     choices_before += static_cast<uint64_t>(spec->n);
     specs.push_back(*std::move(spec));
@@ -71,11 +68,28 @@ absl::StatusOr<std::vector<engine::RequestSpec>> PromptSpecs(
 
 }  // namespace
 
-absl::Status BatchFieldNames(const absl::Status& status, size_t i) {
-  const absl::string_view msg = status.message();
-  if (!absl::StartsWith(msg, "prompt")) return status;
-  return absl::Status(status.code(),
-                      absl::StrCat("prompt[", i, "]", msg.substr(6)));
+absl::Status ClientFieldNames(const absl::Status& status,
+                              const OpenAiRequest& request,
+                              std::optional<size_t> batch_index) {
+  std::optional<std::string> field = ErrorField(status);
+  if (!field.has_value()) return status;
+  const bool chat = request.endpoint == OpenAiEndpoint::kChatCompletions;
+  const FieldRename proto_to_openai[] = {
+      {"sampling.logprobs", chat ? "top_logprobs" : "logprobs"},
+      {"sampling.", ""},
+      {"chat.messages", "messages"},
+      {"chat", "messages"},
+      {"prompt", chat ? "messages" : "prompt"},
+      {"prompt_token_ids.ids", "prompt"},
+      {"prompt_token_ids", "prompt"},
+  };
+  std::string name = RenamePath(*field, proto_to_openai);
+  name = RenamePath(name, {{"max_tokens", request.max_tokens_name}});
+  if (batch_index.has_value()) {
+    const std::string prompt = absl::StrCat("prompt[", *batch_index, "]");
+    name = RenamePath(name, {{"prompt", prompt}});
+  }
+  return RenameField(status, name);
 }
 
 absl::StatusOr<std::vector<engine::RequestSpec>> OpenAiSpecs(
@@ -84,7 +98,7 @@ absl::StatusOr<std::vector<engine::RequestSpec>> OpenAiSpecs(
   KV_ASSIGN_OR_RETURN(std::vector<engine::RequestSpec> specs,
                       PromptSpecs(request, model, limits, seed));
   if (absl::Status s = ApplyTenant(tenant, limits, &specs); !s.ok()) {
-    return ClientNames(s, request);
+    return ClientFieldNames(ToProtoFieldNames(s), request);
   }
   KV_RETURN_IF_ERROR(
       CheckResponseBytes(request, specs, limits.max_response_bytes));

@@ -6,9 +6,12 @@
 // and the fuzz target of the body (tests/fuzz/openai_request_fuzz.cc).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "engine/request_spec.h"
 #include "server/openai_json.h"
@@ -29,9 +32,16 @@ inline constexpr int64_t kResponseLogprobBytes = 48;
     const OpenAiRequest& request, const ServedModel& model,
     const Tenant& tenant, const RequestLimits& limits, uint64_t seed);
 
-// A batch prompt's error names its prompt: "prompt: x" -> "prompt[i]: x",
-// "prompt[3]: x" -> "prompt[i][3]: x".
-[[nodiscard]] absl::Status BatchFieldNames(const absl::Status& status,
-                                           size_t i);
+// A field error with proto paths (ToRequestSpec's, or ApplyTenant's and
+// Engine::Submit's through ToProtoFieldNames) named as the client sent it:
+// OpenAI's names for `request`'s endpoint ("sampling.top_p" -> "top_p",
+// "chat.messages[0].role" -> "messages[0].role", "sampling.logprobs" ->
+// completions' "logprobs" or chat's "top_logprobs", a prompt of any input
+// kind -> chat's "messages"), "max_tokens" as the client spelled it
+// (max_completion_tokens), and a batch's prompt `batch_index` as
+// "prompt[i]". Other statuses pass unchanged.
+[[nodiscard]] absl::Status ClientFieldNames(
+    const absl::Status& status, const OpenAiRequest& request,
+    std::optional<size_t> batch_index = std::nullopt);
 
 }  // namespace kvserve::server

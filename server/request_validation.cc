@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/field_error.h"
 #include "common/status_macros.h"
 #include "models/tokenizer/chat_template.h"
 #include "models/tokenizer/utf8.h"
@@ -18,7 +19,7 @@ namespace {
 constexpr int32_t kDefaultMaxTokens = 16;  // vLLM's default
 
 absl::Status Invalid(absl::string_view field, absl::string_view what) {
-  return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
+  return InvalidFieldError(field, what);
 }
 
 // `value` within [lo, hi] (NaN fails); `lo_open` makes the low end open.
@@ -73,11 +74,15 @@ absl::StatusOr<std::vector<int32_t>> ChatTokens(const v1::ChatMessages& chat,
       model.chat_format, messages,
       /*add_generation_prompt=*/true, model.chat_template);
   if (!rendered.ok()) {
-    // RenderChat names fields relative to the message list.
+    // RenderChat names fields relative to the message list, in its
+    // message's "messages[i].role: " prefix.
     const absl::string_view msg = rendered.status().message();
-    return absl::InvalidArgumentError(absl::StartsWith(msg, "messages")
-                                          ? absl::StrCat("chat.", msg)
-                                          : absl::StrCat("chat: ", msg));
+    const size_t colon = msg.find(": ");
+    if (absl::StartsWith(msg, "messages") && colon != absl::string_view::npos) {
+      return Invalid(absl::StrCat("chat.", msg.substr(0, colon)),
+                     msg.substr(colon + 2));
+    }
+    return Invalid("chat", msg);
   }
   // BOS as the tokenizer says; the template's control tokens parsed, those
   // typed in a message's content only when the operator allows it.
@@ -353,21 +358,13 @@ absl::Status ApplyTenant(const Tenant& tenant, const RequestLimits& limits,
 }
 
 absl::Status ToProtoFieldNames(const absl::Status& status) {
-  static constexpr std::pair<absl::string_view, absl::string_view> kRenames[] =
-      {
-          {"max_tokens:", "sampling.max_tokens:"},
-          {"min_tokens:", "sampling.min_tokens:"},
-          {"stop_token_ids[", "sampling.stop_token_ids["},
-          {"prompt_token_ids[", "prompt_token_ids.ids["},
-      };
-  const absl::string_view msg = status.message();
-  for (const auto& [from, to] : kRenames) {
-    if (absl::StartsWith(msg, from)) {
-      return absl::Status(status.code(),
-                          absl::StrCat(to, msg.substr(from.size())));
-    }
-  }
-  return status;
+  static constexpr FieldRename kSpecToProto[] = {
+      {"max_tokens", "sampling.max_tokens"},
+      {"min_tokens", "sampling.min_tokens"},
+      {"stop_token_ids", "sampling.stop_token_ids"},
+      {"prompt_token_ids", "prompt_token_ids.ids"},
+  };
+  return RenameFieldPath(status, kSpecToProto);
 }
 
 absl::StatusOr<std::vector<int32_t>> TokenizeText(

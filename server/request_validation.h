@@ -2,12 +2,13 @@
 // wire fields. Owns the request limits (RequestLimits), the defaults of
 // unset fields (vLLM's: temperature 1, top_p 1, top_k 0 = off, max_tokens
 // 16 for a prompt and the rest of the context for chat, random seed), prompt
-// tokenization, and chat rendering. Every rejection is INVALID_ARGUMENT with a
-// message that names the field and its limit, e.g. "sampling.top_p: must be in
-// (0, 1], got 1.5". Does not own deadlines (the RPC layer sets
-// RequestSpec.deadline) nor the spec's own limits (the context, the vocabulary,
-// n, the KV pool): Engine::Submit checks those once for every caller, and
-// ToProtoFieldNames renames its fields.
+// tokenization, and chat rendering. Every rejection is INVALID_ARGUMENT, a
+// field error (common/field_error.h) naming the proto field's path and its
+// limit, e.g. "sampling.top_p: must be in (0, 1], got 1.5". Does not own
+// deadlines (the RPC layer sets RequestSpec.deadline) nor the spec's own
+// limits (the context, the vocabulary, n, the KV pool): Engine::Submit checks
+// those once for every caller, naming RequestSpec paths, and
+// ToProtoFieldNames maps them to the proto's.
 #pragma once
 
 #include <cstdint>
@@ -81,14 +82,15 @@ struct ServedModel {
 // then the call's caps: INVALID_ARGUMENT naming "n" when its completions
 // pass limits.max_completions, "max_tokens" when its work (prompt + n x
 // max_tokens, summed) passes the tenant's max_request_tokens or the
-// server's.
+// server's: field errors with RequestSpec paths, as Engine::Submit's.
 [[nodiscard]] absl::Status ApplyTenant(const Tenant& tenant,
                                        const RequestLimits& limits,
                                        std::vector<engine::RequestSpec>* specs);
 
-// Renames the RequestSpec fields that Engine::Submit's errors name
-// ("max_tokens", "stop_token_ids[i]", "prompt_token_ids[i]") to the
-// proto's ("sampling.max_tokens", ...). Other statuses pass unchanged.
+// The field error of Engine::Submit or ApplyTenant, whose paths are the
+// RequestSpec's ("max_tokens", "stop_token_ids[i]", "prompt_token_ids[i]"),
+// naming the proto's paths instead ("sampling.max_tokens", ...), as the
+// front ends render them. Other statuses pass unchanged.
 [[nodiscard]] absl::Status ToProtoFieldNames(const absl::Status& status);
 
 // Token ids of a Tokenize request.

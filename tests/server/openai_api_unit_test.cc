@@ -2,10 +2,12 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/field_error.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "server/openai_json.h"
+#include "server/openai_specs.h"
 
 namespace kvserve::server {
 namespace {
@@ -23,6 +25,7 @@ void ExpectInvalidBody(const std::string& body, const std::string& field) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(r.status().message()), StartsWith(field + ": "))
       << body;
+  EXPECT_EQ(ErrorField(r.status()), field) << body;
 }
 
 TEST(OpenAiJsonTest, ParsesCompletionFields) {
@@ -117,9 +120,10 @@ TEST(OpenAiJsonTest, TinyFloatsPriorityAndMaxTokensName) {
           "max_completion_tokens": 5})",
       kChat);
   ASSERT_TRUE(r.ok()) << r.status();
-  const absl::Status named = NameMaxTokensField(
-      absl::InvalidArgumentError("max_tokens: at most 4, got 5"), *r);
+  const absl::Status named = ClientFieldNames(
+      InvalidFieldError("sampling.max_tokens", "at most 4, got 5"), *r);
   EXPECT_EQ(named.message(), "max_completion_tokens: at most 4, got 5");
+  EXPECT_EQ(ErrorField(named), "max_completion_tokens");
 }
 
 // vLLM's extensions are honoured; the options kvserve lacks are refused.
@@ -186,6 +190,7 @@ void ExpectInvalid(const std::string& body, OpenAiEndpoint endpoint,
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(r.status().message()), StartsWith(field + ": "))
       << body;
+  EXPECT_EQ(ErrorField(r.status()), field) << body;
 }
 
 TEST(OpenAiJsonTest, RejectsWrongTypesAndUnsupported) {
@@ -220,21 +225,37 @@ TEST(OpenAiJsonTest, RejectsWrongTypesAndUnsupported) {
                   .ok());
 }
 
-TEST(OpenAiJsonTest, RenamesValidationFields) {
-  auto renamed = [](const char* msg, OpenAiEndpoint e) {
-    return std::string(
-        ToOpenAiFieldNames(absl::InvalidArgumentError(msg), e).message());
+TEST(OpenAiJsonTest, RendersValidationFieldsInOpenAiNames) {
+  auto renamed = [](const char* field, OpenAiEndpoint e,
+                    std::optional<size_t> batch_index = std::nullopt) {
+    OpenAiRequest request;
+    request.endpoint = e;
+    const absl::Status s =
+        ClientFieldNames(InvalidFieldError(field, "bad"), request, batch_index);
+    EXPECT_EQ(absl::StrCat(ErrorField(s).value_or("(none)"), ": bad"),
+              s.message());
+    return std::string(s.message());
   };
-  EXPECT_EQ(renamed("sampling.top_p: bad", kCompletions), "top_p: bad");
-  EXPECT_EQ(renamed("sampling.logprobs: bad", kCompletions), "logprobs: bad");
-  EXPECT_EQ(renamed("sampling.logprobs: bad", kChat), "top_logprobs: bad");
-  EXPECT_EQ(renamed("chat.messages[0].role: bad", kChat),
-            "messages[0].role: bad");
-  EXPECT_EQ(renamed("prompt_token_ids.ids[2]: bad", kCompletions),
-            "prompt[2]: bad");
+  EXPECT_EQ(renamed("sampling.top_p", kCompletions), "top_p: bad");
+  EXPECT_EQ(renamed("sampling.logprobs", kCompletions), "logprobs: bad");
+  EXPECT_EQ(renamed("sampling.logprobs", kChat), "top_logprobs: bad");
+  EXPECT_EQ(renamed("sampling.max_tokens", kChat), "max_tokens: bad");
+  EXPECT_EQ(renamed("chat.messages[0].role", kChat), "messages[0].role: bad");
+  EXPECT_EQ(renamed("chat", kChat), "messages: bad");
+  EXPECT_EQ(renamed("prompt_token_ids.ids[2]", kCompletions), "prompt[2]: bad");
+  EXPECT_EQ(renamed("prompt_token_ids", kCompletions), "prompt: bad");
+  EXPECT_EQ(renamed("n", kCompletions), "n: bad");
   // The engine names a prompt of any input "prompt".
-  EXPECT_EQ(renamed("prompt: too long", kCompletions), "prompt: too long");
-  EXPECT_EQ(renamed("prompt: too long", kChat), "messages: too long");
+  EXPECT_EQ(renamed("prompt", kCompletions), "prompt: bad");
+  EXPECT_EQ(renamed("prompt", kChat), "messages: bad");
+  // A batch's prompt is named by its index.
+  EXPECT_EQ(renamed("prompt", kCompletions, 1), "prompt[1]: bad");
+  EXPECT_EQ(renamed("prompt_token_ids.ids[0]", kCompletions, 3),
+            "prompt[3][0]: bad");
+  EXPECT_EQ(renamed("sampling.top_p", kCompletions, 3), "top_p: bad");
+  // A status that names no field passes unchanged.
+  const absl::Status plain = absl::InvalidArgumentError("sampling.top_p: x");
+  EXPECT_EQ(ClientFieldNames(plain, OpenAiRequest{}, 0), plain);
 }
 
 TEST(OpenAiJsonTest, MapsStatusToHttp) {
@@ -243,6 +264,11 @@ TEST(OpenAiJsonTest, MapsStatusToHttp) {
   nlohmann::json j = nlohmann::json::parse(e.body, nullptr, false);
   ASSERT_FALSE(j.is_discarded());
   EXPECT_EQ(j["error"]["param"], "top_p");
+  // A field error's param is the field it names.
+  j = nlohmann::json::parse(
+      ToHttpError(InvalidFieldError("prompt[1][0]", "bad")).body, nullptr,
+      false);
+  EXPECT_EQ(j["error"]["param"], "prompt[1][0]");
   EXPECT_EQ(j["error"]["type"], "invalid_request_error");
   EXPECT_EQ(ToHttpError(absl::NotFoundError("model: x")).http_status, 404);
   EXPECT_THAT(ToHttpError(absl::NotFoundError("model: x")).body,

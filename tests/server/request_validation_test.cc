@@ -7,8 +7,11 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <optional>
+#include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/field_error.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "models/loader/gguf.h"
@@ -57,6 +60,11 @@ class RequestValidationTest : public ::testing::Test {
     ASSERT_FALSE(spec.ok());
     EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(std::string(spec.status().message()), HasSubstr(field + ":"));
+    // A field error: the payload names the field the message begins with.
+    const std::optional<std::string> named = ErrorField(spec.status());
+    ASSERT_TRUE(named.has_value()) << spec.status();
+    EXPECT_THAT(std::string(spec.status().message()),
+                ::testing::StartsWith(*named + ": "));
   }
   static v1::GenerateRequest Prompt(const std::string& text) {
     v1::GenerateRequest r;
@@ -190,19 +198,25 @@ TEST_F(RequestValidationTest, ChatContentCannotForgeTurns) {
   EXPECT_EQ(im_starts(*spec), 4);
 }
 
-// The engine's errors name RequestSpec fields; the proto's names replace
-// them.
+// The engine's errors name RequestSpec paths; the proto's paths replace
+// them, in the message and the payload.
 TEST(ProtoFieldNamesTest, RenamesTheSpecFields) {
+  EXPECT_EQ(ToProtoFieldNames(InvalidFieldError("max_tokens", "x")),
+            InvalidFieldError("sampling.max_tokens", "x"));
+  EXPECT_EQ(ToProtoFieldNames(InvalidFieldError("min_tokens", "x")),
+            InvalidFieldError("sampling.min_tokens", "x"));
+  EXPECT_EQ(ToProtoFieldNames(InvalidFieldError("stop_token_ids[2]", "x")),
+            InvalidFieldError("sampling.stop_token_ids[2]", "x"));
+  EXPECT_EQ(ToProtoFieldNames(InvalidFieldError("prompt_token_ids[0]", "x")),
+            InvalidFieldError("prompt_token_ids.ids[0]", "x"));
+  EXPECT_EQ(ToProtoFieldNames(InvalidFieldError("n", "x")),
+            InvalidFieldError("n", "x"));
+  const absl::Status prompt =
+      FieldError(absl::StatusCode::kOutOfRange, "prompt", "x");
+  EXPECT_EQ(ToProtoFieldNames(prompt), prompt);
+  // A message alone names no field.
   EXPECT_EQ(ToProtoFieldNames(absl::InvalidArgumentError("max_tokens: x")),
-            absl::InvalidArgumentError("sampling.max_tokens: x"));
-  EXPECT_EQ(
-      ToProtoFieldNames(absl::InvalidArgumentError("stop_token_ids[2]: x")),
-      absl::InvalidArgumentError("sampling.stop_token_ids[2]: x"));
-  EXPECT_EQ(
-      ToProtoFieldNames(absl::InvalidArgumentError("prompt_token_ids[0]: x")),
-      absl::InvalidArgumentError("prompt_token_ids.ids[0]: x"));
-  EXPECT_EQ(ToProtoFieldNames(absl::OutOfRangeError("prompt: x")),
-            absl::OutOfRangeError("prompt: x"));
+            absl::InvalidArgumentError("max_tokens: x"));
 }
 
 TEST_F(RequestValidationTest, PromptLimits) {
