@@ -9,7 +9,7 @@
   PodMonitor, PrometheusRule, HTTPRoute) and Kustomization against the
   hand-written subset schemas in tests/deploy/schemas/.
 - The contracts between the files and kvserve's source: every kvserve flag
-  used exists in cli/cli_serve.cc; gRPC probes ask for the health service
+  used is registered in cli/cli_serve.cc or cli/engine_flags.cc; gRPC probes ask for the health service
   names server/daemon.cc registers; grace periods cover preStop + drain +
   the gRPC close grace; InferencePool / PodMonitor / Service / EPP point at
   ports and labels that exist.
@@ -88,7 +88,8 @@ def known_series(src):
 
 def serve_flags(src):
     """Flag names `kvserve serve` accepts (--no-X for booleans too)."""
-    text = read(os.path.join(src, "cli", "cli_serve.cc"))
+    text = "".join(read(os.path.join(src, "cli", f))
+                   for f in ("cli_serve.cc", "engine_flags.cc"))
     flags = set()
     for kind, name in re.findall(r'args->(\w+)\(\s*"([a-z0-9-]+)"', text):
         flags.add(name)
