@@ -4,7 +4,6 @@
 #include <fstream>
 #include <memory>
 #include <sstream>
-#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -105,8 +104,7 @@ absl::Status ApplyDeviceFlags(const std::string& device,
   if (!profile_path.empty()) {
     KV_ASSIGN_OR_RETURN(models::sim::StepProfile profile,
                         ReadStepProfile(profile_path));
-    e->sim.profile =
-        std::make_shared<const models::sim::StepProfile>(std::move(profile));
+    e->sim.profile = std::make_shared<const models::sim::StepProfile>(profile);
   }
   return absl::OkStatus();
 }
