@@ -50,6 +50,8 @@ void AbortOnClose(engine::Engine* engine, const Streams& streams,
 // Appends `d` to `out` (everything but the final reason and usage).
 void Accumulate(engine::StreamDelta& d, OpenAiResult* out) {
   absl::StrAppend(&out->text, d.text);
+  out->token_ids.insert(out->token_ids.end(), d.token_ids.begin(),
+                        d.token_ids.end());
   for (engine::TokenLogprobs& lp : d.logprobs) {
     out->logprobs.push_back(std::move(lp));
   }
@@ -204,6 +206,7 @@ void OpenAiApi::HandleGenerate(std::shared_ptr<HttpExchange> ex,
   call.logprobs = request->logprobs;
   call.top_logprobs = request->top_logprobs;
   call.include_usage = request->include_usage;
+  call.return_token_ids = request->return_token_ids;
   AbortOnClose(engine_, streams, *ex);
   if (request->stream) {
     StreamResponse(call, std::move(streams), std::move(ex));

@@ -449,6 +449,8 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view body,
       ParseSampling(j, endpoint, out.generate.mutable_sampling()));
   KV_RETURN_IF_ERROR(ParseExtensions(j, out.generate.mutable_sampling()));
   KV_RETURN_IF_ERROR(ParseLogprobs(j, &out));
+  // vLLM's extension: the output token ids in each choice.
+  KV_RETURN_IF_ERROR(GetBool(j, "return_token_ids", &out.return_token_ids));
   std::string user;
   KV_RETURN_IF_ERROR(GetString(j, "user", &user));  // type-checked, unused
   // vLLM's extension: the prefix-cache namespace (request_validation.h).

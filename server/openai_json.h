@@ -34,8 +34,11 @@ struct OpenAiRequest {
   std::string model;  // empty when not given
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
-  bool logprobs = false;       // report logprobs at all
-  int32_t top_logprobs = 0;    // alternatives per token
+  // vLLM's extension: each choice carries its output token ids
+  // ("token_ids"; in a stream, those of the chunk).
+  bool return_token_ids = false;
+  bool logprobs = false;     // report logprobs at all
+  int32_t top_logprobs = 0;  // alternatives per token
   // The field the client limited its output with (chat may use
   // "max_completion_tokens"), for the errors about it.
   std::string max_tokens_name = "max_tokens";
@@ -75,11 +78,13 @@ struct OpenAiCallInfo {
   bool logprobs = false;
   int32_t top_logprobs = 0;
   bool include_usage = false;
+  bool return_token_ids = false;
 };
 
 // The whole output of a finished request (finish_reason kStop or kLength).
 struct OpenAiResult {
   std::string text;
+  std::vector<int32_t> token_ids;
   std::vector<engine::TokenLogprobs> logprobs;
   engine::FinishReason finish_reason = engine::FinishReason::kNone;
   engine::Usage usage;

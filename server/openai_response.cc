@@ -156,6 +156,7 @@ json DeltaChoice(const OpenAiCallInfo& call, const engine::StreamDelta& d,
   } else {
     choice["text"] = d.text;
   }
+  if (call.return_token_ids) choice["token_ids"] = d.token_ids;
   return choice;
 }
 
@@ -284,6 +285,7 @@ std::string CompletionBody(const OpenAiCallInfo& call,
     } else {
       choice["text"] = result.text;
     }
+    if (call.return_token_ids) choice["token_ids"] = result.token_ids;
     choices.push_back(std::move(choice));
   }
   json j = Envelope(call, false);
@@ -305,7 +307,8 @@ std::string StreamEvents(const OpenAiCallInfo& call,
                {"logprobs", nullptr},
                {"finish_reason", nullptr}}));
   }
-  if (!delta.text.empty() || !delta.logprobs.empty()) {
+  if (!delta.text.empty() || !delta.logprobs.empty() ||
+      (call.return_token_ids && !delta.token_ids.empty())) {
     absl::StrAppend(&out,
                     Event(Chunk(call, DeltaChoice(call, delta, tokenizer))));
   }

@@ -114,6 +114,37 @@ class OpenAiApiTest(unittest.TestCase):
         self.assertTrue(all(len(t) == 2 for t in lp.top_logprobs))
         self.assertEqual(c.usage.prompt_tokens, 4)
 
+    def test_return_token_ids(self):
+        """vLLM's return_token_ids: each choice's output ids, streamed or
+        not, the same greedy ids; absent unless asked for."""
+        body = {"prompt": [1, 504, 3575, 282], "max_tokens": 6,
+                "temperature": 0, "ignore_eos": True}
+        status, plain = self.server.request("POST", "/v1/completions", body)
+        self.assertEqual(status, 200, plain)
+        self.assertNotIn("token_ids", plain["choices"][0])
+        status, whole = self.server.request(
+            "POST", "/v1/completions", {**body, "return_token_ids": True})
+        self.assertEqual(status, 200, whole)
+        ids = whole["choices"][0]["token_ids"]
+        self.assertEqual(len(ids), 6)
+        self.assertTrue(all(isinstance(t, int) and t >= 0 for t in ids))
+        self.assertEqual(whole["choices"][0]["text"],
+                         plain["choices"][0]["text"])
+        status, raw = self.server.request(
+            "POST", "/v1/completions",
+            {**body, "return_token_ids": True, "stream": True})
+        self.assertEqual(status, 200)
+        streamed = []
+        for event in raw.split("\n\n"):
+            if event.startswith("data: {"):
+                for choice in json.loads(event[6:])["choices"]:
+                    streamed += choice.get("token_ids", [])
+        self.assertEqual(streamed, ids)
+        status, err = self.server.request(
+            "POST", "/v1/completions", {**body, "return_token_ids": "yes"})
+        self.assertEqual(status, 400)
+        self.assertEqual(err["error"]["param"], "return_token_ids")
+
     def test_streaming_completion_matches(self):
         text = self.greedy_completion().choices[0].text
         chunks = list(self.greedy_completion(

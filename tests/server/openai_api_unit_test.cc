@@ -52,6 +52,16 @@ TEST(OpenAiJsonTest, ParsesCompletionFields) {
   EXPECT_TRUE(r->include_usage);
   EXPECT_TRUE(r->logprobs);
   EXPECT_EQ(r->top_logprobs, 3);
+  EXPECT_FALSE(r->return_token_ids);
+}
+
+TEST(OpenAiJsonTest, ReturnTokenIdsIsABoolean) {
+  absl::StatusOr<OpenAiRequest> r = ParseOpenAiRequest(
+      R"({"prompt": "hi", "return_token_ids": true})", kCompletions);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->return_token_ids);
+  ExpectInvalidBody(R"({"prompt": "hi", "return_token_ids": 1})",
+                    "return_token_ids");
 }
 
 TEST(OpenAiJsonTest, ParsesTokenPromptAndChat) {
