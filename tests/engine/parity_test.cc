@@ -1,9 +1,13 @@
 // Parity with llama.cpp and with an exact float64 forward on the embedded
 // default model (SmolLM2-135M-Instruct Q4_1). Golden data: tests/data/parity/,
 // produced by tools/gen_parity_golden.py (llama-cpp-python on the same GGUF
-// file, and numpy over its dequantized weights). Checked: last-position
-// logits within kLogitsTolerance of both (relative L2), the same argmax as
-// both, and per-step greedy agreement with llama.cpp under teacher forcing.
+// file, and numpy over its dequantized weights). Checked: the last-position
+// logits' mean distance (relative L2, over the golden prompts) from exact
+// math and from llama.cpp, each within a small factor of llama.cpp's own
+// mean distance from exact math; the same argmax as both; and per-step
+// greedy agreement with llama.cpp under teacher forcing.
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -22,23 +26,23 @@ constexpr char kModel[] =
     KVSERVE_SOURCE_DIR "/weights/SmolLM2-135M-Instruct.Q4_1.gguf";
 constexpr char kGolden[] = KVSERVE_SOURCE_DIR "/tests/data/parity/";
 
-// NOTE: measured, not wished for. llama.cpp quantizes activations to int8
-// per 32-block before every matmul (Q8_0/Q8_1), and so do our int8 kernels;
-// on this model that alone moves the last-position logits 4-7% (relative
-// L2) away from exact math: llama.cpp differs from an fp64 numpy forward of
-// the same dequantized weights by 0.9-5.8% (tools/gen_parity_golden.py
-// prints it; the fp64 logits are golden data too), while our fp32 path
-// matches that forward to 3e-6. Two independent ~5% perturbations cannot
-// agree to 1e-2; they agree to ~5%. Per-step greedy agreement under teacher
-// forcing is 96% (247 of 256), 60 of 64 in the first 8 steps: the misses
-// are near-ties between the top two logits. The int8 activations also make
-// the last-position logits of these short prompts sensitive to float
-// rounding upstream: moving every attention output by one ULP (random sign,
-// five seeds) moved the 5-token case between 3.8% and 8.3% from llama.cpp,
-// and the flash-style attention kernel (same math, another summation order,
-// outputs within 1 ULP of the two-pass kernel's) puts it at 9.6%, the
-// 8-token case at 10.4% from the fp64 forward. Hence 12%, not 8%.
-constexpr double kLogitsTolerance = 0.12;
+// NOTE: the bound is tied to the reference. llama.cpp quantizes activations
+// to int8 per 32-block before every matmul (Q8_0/Q8_1), and so do our int8
+// kernels; our fp32 path matches the fp64 forward to 3e-6, so llama.cpp's
+// own distance from the fp64 forward (golden data, per prompt) is what int8
+// activations alone cost: the floor of any int8 engine. Our int8 path takes
+// an independent perturbation of that size (another blocking, summation
+// order and rounding), so its distance from exact math is bounded by a small
+// factor of llama.cpp's, and its distance from llama.cpp (two independent
+// perturbations: about sqrt(2) of one) by a factor a little larger. Means
+// over the prompts, because single short prompts swing: one ULP of random
+// sign on every attention output moved the 5-token case between 3.8% and
+// 8.3% from llama.cpp. Measured (2026-12-05, f32 KV): llama.cpp's mean
+// distance from fp64 0.032 (0.9-5.8% per prompt); ours 1.14x it from fp64
+// and 1.20x it from llama.cpp (sqrt(2) = 1.41x would be two independent
+// perturbations of llama.cpp's size).
+constexpr double kExactFactor = 1.5;
+constexpr double kPeerFactor = 1.6;
 constexpr double kTokenAgreement = 0.95;
 constexpr double kFirst8Agreement = 0.90;
 
@@ -47,6 +51,16 @@ std::string ReadFile(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+// Relative L2 distance of a from b over n values.
+double RelL2(const float* a, const float* b, int n) {
+  double num = 0, den = 0;
+  for (int v = 0; v < n; ++v) {
+    num += (double{a[v]} - b[v]) * (double{a[v]} - b[v]);
+    den += double{b[v]} * b[v];
+  }
+  return std::sqrt(num / den);
 }
 
 int32_t Argmax(absl::Span<const float> v) {
@@ -83,6 +97,7 @@ TEST(LlamaCppParity, DefaultModelMatchesGolden) {
   // every position, that our argmax is llama.cpp's next token. (Free-running
   // greedy decoding would compare nothing after the first near-tie.)
   int agree = 0, total = 0, first8 = 0;
+  double ours_exact = 0, ours_peer = 0, peer_exact = 0;
   for (size_t c = 0; c < cases.size(); ++c) {
     SCOPED_TRACE(cases[c]["prompt"].get<std::string>());
     const auto prompt = cases[c]["prompt_ids"].get<std::vector<int32_t>>();
@@ -90,24 +105,19 @@ TEST(LlamaCppParity, DefaultModelMatchesGolden) {
     engine::SequenceRunner runner(model->get(), kv->get());
     auto logits = runner.Append(prompt);
     ASSERT_TRUE(logits.ok()) << logits.status();
-    double num = 0, den = 0;
-    for (int v = 0; v < n_vocab; ++v) {
-      const double r = ref_logits[c * n_vocab + v];
-      num += ((*logits)[v] - r) * ((*logits)[v] - r);
-      den += r * r;
-    }
-    const double rel = std::sqrt(num / den);
-    EXPECT_LE(rel, kLogitsTolerance) << "last-position logits";
-    std::printf("case %zu: %zu prompt tokens, logits rel. error %.4f\n", c,
-                prompt.size(), rel);
+    const float* peer = ref_logits + c * n_vocab;
+    const float* fp64 = exact + c * n_vocab;
+    const double to_peer = RelL2(logits->data(), peer, n_vocab);
+    const double to_exact = RelL2(logits->data(), fp64, n_vocab);
+    const double peer_to_exact = RelL2(peer, fp64, n_vocab);
+    ours_peer += to_peer / static_cast<double>(cases.size());
+    ours_exact += to_exact / static_cast<double>(cases.size());
+    peer_exact += peer_to_exact / static_cast<double>(cases.size());
+    std::printf(
+        "case %zu: %zu prompt tokens, logits rel. L2: to llama.cpp %.4f, to "
+        "fp64 %.4f (llama.cpp to fp64 %.4f)\n",
+        c, prompt.size(), to_peer, to_exact, peer_to_exact);
     EXPECT_EQ(Argmax(*logits), want[0]) << "first greedy token";
-    double enum_ = 0, eden = 0;
-    for (int v = 0; v < n_vocab; ++v) {
-      const double e = exact[c * n_vocab + v];
-      enum_ += ((*logits)[v] - e) * ((*logits)[v] - e);
-      eden += e * e;
-    }
-    EXPECT_LE(std::sqrt(enum_ / eden), kLogitsTolerance) << "vs fp64 forward";
     EXPECT_EQ(Argmax(*logits),
               Argmax({exact + c * n_vocab, static_cast<size_t>(n_vocab)}))
         << "argmax vs fp64 forward";
@@ -122,6 +132,13 @@ TEST(LlamaCppParity, DefaultModelMatchesGolden) {
   }
   std::printf("greedy agreement: %d of %d tokens, %d of %zu in the first 8\n",
               agree, total, first8, 8 * cases.size());
+  std::printf(
+      "mean logits rel. L2: to fp64 %.4f (%.2f x llama.cpp's %.4f), to "
+      "llama.cpp %.4f (%.2f x)\n",
+      ours_exact, ours_exact / peer_exact, peer_exact, ours_peer,
+      ours_peer / peer_exact);
+  EXPECT_LE(ours_exact, kExactFactor * peer_exact) << "mean, vs fp64";
+  EXPECT_LE(ours_peer, kPeerFactor * peer_exact) << "mean, vs llama.cpp";
   EXPECT_GE(agree, kTokenAgreement * total);
   EXPECT_GE(first8, kFirst8Agreement * 8 * cases.size());
 }
