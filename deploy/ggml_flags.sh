@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Prints the GGML CMake flags for llama.cpp builds on this machine, one line:
-# deploy/setup.sh passes them to the llama-cpp-python build (CMAKE_ARGS) and
-# tools/build_llama_cpp.sh to its llama.cpp tools, so the reference and the
-# peer are the same code. AVX-512 (VNNI, BF16, VBMI) on and AMX off (ggml's
+# Prints the GGML CMake flags for the llama-cpp-python build on this machine
+# (deploy/setup.sh passes them as CMAKE_ARGS), one line: pip builds without
+# -march=native, so the Python reference gets this CPU's extensions here.
+# (The llama.cpp tools, the benchmark's peer, are built with llama.cpp's own
+# defaults: tools/build_llama_cpp.sh.) AVX-512 (VNNI, BF16, VBMI) on and AMX off (ggml's
 # AMX matmul segfaults where AMX tiles are not enabled), less the extensions
 # this CPU lacks, which are turned off with a note on stderr: without that
 # the binaries die with SIGILL in their first matmul (AMD EPYC Zen 4 machines

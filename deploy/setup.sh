@@ -12,9 +12,11 @@
 #                              chromium); tools/test.sh uses it
 #   deploy/setup.sh --bench    also requirements-bench.txt (llama-cpp-python
 #                              compiles llama.cpp: slow), llama.cpp's
-#                              llama-server, llama-perplexity, llama-quantize
-#                              and llama-cli from the same version
-#                              (tools/build_llama_cpp.sh: build-llama/bin/),
+#                              llama-server, llama-bench, llama-perplexity,
+#                              llama-quantize and llama-cli from the same
+#                              version, with llama.cpp's defaults and without
+#                              OpenMP (tools/build_llama_cpp.sh all:
+#                              build-llama/bin/, build-llama-noomp/bin/),
 #                              linux-perf, and guidellm in its own venv
 #                              (venv/guidellm)
 #   deploy/setup.sh --apt-only only the Debian packages (container builders)
@@ -114,10 +116,10 @@ if [ "$WITH_BENCH" = 1 ]; then
       fail "pip install --force-reinstall $LLAMA_PIN"
     echo "$GGML_ARGS" > "$LLAMA_STAMP"
   fi
-  # The same llama.cpp as command-line tools, built with the same flags:
-  # tools/bench_vs_llama_server.py runs its llama-server.
-  KVSERVE_VENV="$VENV" "$ROOT/tools/build_llama_cpp.sh" ||
-    fail "tools/build_llama_cpp.sh (llama.cpp tools in build-llama/bin)"
+  # The same llama.cpp as command-line tools, built as its users build it,
+  # with and without OpenMP: tools/bench_vs_llama_server.py runs both.
+  KVSERVE_VENV="$VENV" "$ROOT/tools/build_llama_cpp.sh" all ||
+    fail "tools/build_llama_cpp.sh all (llama.cpp tools in build-llama*/bin)"
   # guidellm (an external OpenAI-API load tool, run next to kvserve-bench)
   # pins its own dependency versions: keep them out of the project's venv.
   GUIDELLM_VENV="${KVSERVE_GUIDELLM_VENV:-$ROOT/venv/guidellm}"

@@ -1,18 +1,20 @@
 #!/usr/bin/env python3
 """Serving throughput and latency: the kvserve daemon vs llama.cpp's
-llama-server, the same GGUF, threads, context and KV type, one client.
+llama-server, the same GGUF, threads, context and KV type, one client,
+by the rules of ../shared/FAIR-BENCH.md (statistics in tools/fair_bench.py).
 
-Both servers run as real processes on free loopback ports: kvserve's daemon
-(build/server/kvserve, started as the tests start it) and llama-server
-(build-llama/bin/llama-server, built by tools/build_llama_cpp.sh, which
-`deploy/setup.sh --bench` runs). For each prompt length and stream count,
-both are started with matching settings:
+The servers run as real processes on free loopback ports: kvserve's daemon
+(build/server/kvserve, started as the tests start it) and llama-server in
+each of its builds (tools/build_llama_cpp.sh: llama.cpp's own defaults in
+build-llama/, and without OpenMP in build-llama-noomp/); at each point the
+peer's best build (best median output tok/s) is the one compared. For each
+prompt length and stream count, all are started with matching settings:
 
   threads      kvserve --threads N; llama-server -t N -tb N
   context      kvserve --max-model-len L, KV pool sized by `kvserve plan` for
-               S sequences of L tokens; llama-server -np S -c S*L (it divides
-               -c among its S slots, each rounded up to a multiple of 256),
-               L = prompt + output + 16
+               S sequences of L tokens; llama-server -np S -c S*L, L = prompt
+               + output + 16 rounded up to a multiple of 256 (llama.cpp's slot
+               granule, so neither pads more than the other)
   RoPE         --rope-scale F: kvserve --rope-scale F; llama-server
                --rope-scaling linear --rope-scale F --override-kv
                ARCH.context_length=int:F*trained (its slots are capped at
@@ -28,10 +30,11 @@ both are started with matching settings:
                tokens, so neither server reuses a cached prefix; the tool
                checks each server's cached-token count.
 
-Then --repeats runs alternate between them (kvserve, llama-server,
-kvserve, ...): both stay up, one is driven at a time. A run opens S streams at
+Then --repeats runs (default 5) go in A B B A order (kvserve, peer builds;
+then reversed): all stay up, one is driven at a time. A run opens S streams at
 once (tools/sse_client.py), each a streaming POST /v1/completions, greedy
-(temperature 0), exactly --max-tokens out (ignore_eos); both servers get the
+(temperature 0 and top_k 1, so no sampler chain is measured), exactly
+--max-tokens out (ignore_eos); all servers get the
 same S prompts in a repeat, new ones each repeat. Prompts are token ids, sent
 as such to both servers (no server tokenizes text in a run): GPL-3.0 text
 (tests/data/eval/gpl-3.0.txt) tokenized once by llama-server's /tokenize,
@@ -39,13 +42,18 @@ taken from a random offset after 4 random tokens of it, exactly
 --prompt-tokens long; each server's reported prompt and output token
 counts are checked.
 
-Recorded per server and configuration: output tokens/s (all output tokens
-of a run over its wall time, median over runs), TTFT p50/p90 and TPOT p50/p90
-over every request of every run (TPOT per request: (last token time - first
-token time) / (tokens - 1)), the prefill time of one prompt at batch 1 (the
-median TTFT at 1 stream), and each server process's peak RSS (VmHWM of
-/proc/PID/status after the runs). Prints one Markdown table with
-kvserve / llama-server ratios; --json OUT writes the raw per-request records.
+Recorded per server and configuration: output tokens/s of each run (all
+output tokens over its wall time; median and range over runs), TTFT p50 and
+TPOT p50 of each run (TPOT per request: (last token time - first token time)
+/ (tokens - 1)), and each server process's peak RSS (VmHWM of
+/proc/PID/status after the runs); the kvserve / peer ratios are paired per
+repeat (median and range). Then the outputs are compared: up to 4 of the
+point's prompts, greedy, non-streamed, kvserve's token ids
+(return_token_ids) against the peer's (/completion return_tokens); a table
+row says how many streams agree on every token and where the others first
+differ. Prints one Markdown table; --json OUT writes the raw per-request
+records. --llama-bench first runs `llama-bench -p 512 -n 128 -t N` of each
+peer build on the same file: llama.cpp's kernels without the server.
 
 --prefix-hits K measures prefix-cache hits instead, at 1 stream: per run a
 new prompt, sent once cold and then K times again exactly (the multi-turn
@@ -54,7 +62,7 @@ the cold TTFT, the hits' TTFT p50/p90 and the cached prompt tokens each
 server reports for the hits (llama-server's timings.cache_n, kvserve's
 usage.prompt_tokens_details.cached_tokens).
 
-    .venv/bin/python tools/bench_vs_llama_server.py \\
+    .venv/bin/python tools/bench_vs_llama_server.py --llama-bench \\
         --streams 1,4,16,32,64 --prompt-tokens 64,4096 --max-tokens 64
     .venv/bin/python tools/bench_vs_llama_server.py --prefix-hits 8 \\
         --prompt-tokens 1300 --max-tokens 8 --repeats 3
@@ -67,7 +75,6 @@ import os
 import random
 import re
 import socket
-import statistics
 import subprocess
 import sys
 import threading
@@ -79,18 +86,20 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests", "server"))
+import fair_bench  # noqa: E402
 import sse_client  # noqa: E402
 from http_stream_loadtest import percentile  # noqa: E402
 from kvserve_process import KvserveProcess  # noqa: E402
 
 DEFAULT_GGUF = os.path.join(ROOT, "weights", "SmolLM2-135M-Instruct.Q4_1.gguf")
 DEFAULT_KVSERVE = os.path.join(ROOT, "build", "server", "kvserve")
-DEFAULT_LLAMA = os.path.join(ROOT, "build-llama", "bin", "llama-server")
+DEFAULT_LLAMAS = [os.path.join(ROOT, d, "bin", "llama-server")
+                  for d in ("build-llama", "build-llama-noomp")]
 CORPUS = os.path.join(ROOT, "tests", "data", "eval", "gpl-3.0.txt")
 LLAMA_KV_TYPE = {"fp16": "f16", "int8": "q8_0", "int4": "q4_0", "f32": "f32"}
 PREFIX_TOKENS = 4
 CONTEXT_MARGIN = 16
-SERVERS = ("kvserve", "llama")
+IDS_CHECKED = 4  # prompts whose greedy ids are compared per point
 
 
 class BenchError(Exception):
@@ -185,9 +194,14 @@ def start_kvserve(args, context, streams):
         raise BenchError(str(e)) from e
 
 
-def llama_command(args, context, streams):
+def peer_name(binary):
+    """A llama-server build's name: its build folder ("build-llama")."""
+    return os.path.basename(os.path.dirname(os.path.dirname(binary)))
+
+
+def llama_command(args, binary, context, streams):
     kv = LLAMA_KV_TYPE[args.kv_dtype]
-    return [args.llama_server, "-m", args.model, "-t", str(args.threads),
+    return [binary, "-m", args.model, "-t", str(args.threads),
             "-tb", str(args.threads), "-c", str(context * streams), "-np",
             str(streams), "-ctk", kv, "-ctv", kv, "-fa", args.llama_flash_attn,
             "--cache-ram", "0", "--no-webui"] + llama_rope_flags(args)
@@ -236,7 +250,7 @@ def make_prompt(corpus, n, rng):
 
 def request_body(prompt, max_tokens):
     return {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-            "ignore_eos": True, "stream": True,
+            "top_k": 1, "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True}}
 
 
@@ -325,57 +339,109 @@ def warm_up(port, corpus, max_tokens):
     asyncio.run(drive(port, [corpus[:16]], min(4, max_tokens), 120))
 
 
-def measure_config(args, streams, prompt_len, rng, raw):
-    context = prompt_len + args.max_tokens + CONTEXT_MARGIN
+def start_servers(args, context, streams):
+    """kvserve and every peer build, by name ("kvserve", "build-llama", ...)."""
     servers = {}
     try:
-        servers["llama"] = LlamaServerProcess(
-            llama_command(args, context, streams))
+        for binary in args.llama_servers:
+            servers[peer_name(binary)] = LlamaServerProcess(
+                llama_command(args, binary, context, streams))
         servers["kvserve"] = start_kvserve(args, context, streams)
-        if args.corpus is None:
-            args.corpus = corpus_tokens(servers["llama"].http_port)
-        for name in SERVERS:
-            warm_up(servers[name].http_port, args.corpus, args.max_tokens)
-        runs = {name: [] for name in SERVERS}
-        for rep in range(args.repeats):
+    except BaseException:
+        for server in servers.values():
+            server.kill()
+        raise
+    if args.corpus is None:
+        args.corpus = corpus_tokens(next(iter(servers.values())).http_port)
+    for server in servers.values():
+        warm_up(server.http_port, args.corpus, args.max_tokens)
+    return servers
+
+
+def kvserve_ids(port, prompt, max_tokens):
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+            "top_k": 1, "ignore_eos": True, "return_token_ids": True}
+    return post_json(port, "/v1/completions", body,
+                     timeout=600)["choices"][0]["token_ids"]
+
+
+def llama_ids(port, prompt, max_tokens):
+    body = {"prompt": prompt, "n_predict": max_tokens, "temperature": 0,
+            "top_k": 1, "ignore_eos": True, "return_tokens": True,
+            "cache_prompt": False}
+    return post_json(port, "/completion", body, timeout=600)["tokens"]
+
+
+def compare_outputs(servers, peer, prompts, max_tokens):
+    """Greedy token ids of kvserve and `peer` on the same prompts."""
+    ours = [kvserve_ids(servers["kvserve"].http_port, p, max_tokens)
+            for p in prompts]
+    theirs = [llama_ids(servers[peer].http_port, p, max_tokens)
+              for p in prompts]
+    agree, n, first = fair_bench.compare_ids(ours, theirs)
+    return {"agree": agree, "compared": n, "first_divergence": first}
+
+
+def measure_config(args, streams, prompt_len, rng, raw):
+    context = fair_bench.context_per_slot(prompt_len, args.max_tokens,
+                                          CONTEXT_MARGIN)
+    servers = start_servers(args, context, streams)
+    names = list(servers)
+    runs = {name: [] for name in names}
+    try:
+        prompts = []
+        for rep_i in range(args.repeats):
             prompts = [make_prompt(args.corpus, prompt_len, rng)
                        for _ in range(streams)]
-            for name in SERVERS:
+            for name in fair_bench.abba_order(
+                    ["kvserve"] + [n for n in names if n != "kvserve"],
+                    rep_i):
                 records = asyncio.run(drive(servers[name].http_port, prompts,
                                             args.max_tokens, args.timeout))
                 check_run(name, records, prompt_len, args.max_tokens)
                 summary = run_summary(records)
                 runs[name].append(summary)
                 raw.append({"server": name, "streams": streams,
-                            "prompt_tokens": prompt_len, "repeat": rep,
+                            "prompt_tokens": prompt_len, "repeat": rep_i,
                             "tok_s": summary["tok_s"],
                             "wall_s": summary["wall_s"], "requests": records})
-                print(f"streams {streams} prompt {prompt_len} rep {rep} "
+                print(f"streams {streams} prompt {prompt_len} rep {rep_i} "
                       f"{name}: {summary['tok_s']:.1f} tok/s", flush=True)
-        rss = {name: peak_rss_mib(servers[name].proc.pid) for name in SERVERS}
+        rss = {name: peak_rss_mib(servers[name].proc.pid) for name in names}
+        peer = fair_bench.best_peer(
+            {n: [r["tok_s"] for r in runs[n]] for n in names
+             if n != "kvserve"})
+        ids = compare_outputs(servers, peer, prompts[:IDS_CHECKED],
+                              args.max_tokens)
     finally:
         for server in servers.values():
             server.kill()
-    return {name: aggregate(runs[name], rss[name], streams) for name in SERVERS}
+    result = {name: aggregate(runs[name], rss[name]) for name in names}
+    result["peer"] = peer
+    result["ratios"] = {
+        "tok_s": fair_bench.paired_ratios(result["kvserve"]["tok_s_runs"],
+                                          result[peer]["tok_s_runs"]),
+        "tpot": fair_bench.paired_ratios(result["kvserve"]["tpot_runs"],
+                                         result[peer]["tpot_runs"]),
+        "ttft": fair_bench.paired_ratios(result["kvserve"]["ttft_runs"],
+                                         result[peer]["ttft_runs"])}
+    result["ids"] = ids
+    return result
 
 
 def measure_hits(args, prompt_len, rng):
     """Cold and exact-repeat TTFT at 1 stream (see --prefix-hits)."""
-    context = prompt_len + args.max_tokens + CONTEXT_MARGIN
-    servers = {}
-    cold = {name: [] for name in SERVERS}
-    hits = {name: [] for name in SERVERS}
-    cached = {name: [] for name in SERVERS}
+    context = fair_bench.context_per_slot(prompt_len, args.max_tokens,
+                                          CONTEXT_MARGIN)
+    servers = start_servers(args, context, 1)
+    names = list(servers)
+    cold = {name: [] for name in names}
+    hits = {name: [] for name in names}
+    cached = {name: [] for name in names}
     try:
-        servers["llama"] = LlamaServerProcess(llama_command(args, context, 1))
-        servers["kvserve"] = start_kvserve(args, context, 1)
-        if args.corpus is None:
-            args.corpus = corpus_tokens(servers["llama"].http_port)
-        for name in SERVERS:
-            warm_up(servers[name].http_port, args.corpus, args.max_tokens)
-        for _ in range(args.repeats):
+        for rep_i in range(args.repeats):
             prompt = make_prompt(args.corpus, prompt_len, rng)
-            for name in SERVERS:
+            for name in fair_bench.abba_order(names, rep_i):
                 port = servers[name].http_port
                 for i in range(args.prefix_hits + 1):
                     (rec,) = asyncio.run(drive(port, [prompt],
@@ -396,7 +462,7 @@ def measure_hits(args, prompt_len, rng):
                    "hit_ttft_p50": percentile(hits[name], 50),
                    "hit_ttft_p90": percentile(hits[name], 90),
                    "cached_min": min(cached[name]),
-                   "cached_max": max(cached[name])} for name in SERVERS}
+                   "cached_max": max(cached[name])} for name in names}
 
 
 def print_hits_table(args, results):
@@ -409,30 +475,25 @@ def print_hits_table(args, results):
     print("|---|---|---|---|---|---|")
     keys = ("cold_ttft", "hit_ttft_p50", "hit_ttft_p90")
     for prompt_len, res in results:
-        for name, label in (("kvserve", "kvserve"), ("llama", "llama-server")):
-            r = res[name]
+        for name, r in res.items():
             span = (f"{r['cached_min']}" if r["cached_min"] == r["cached_max"]
                     else f"{r['cached_min']}-{r['cached_max']}")
-            print(f"| {prompt_len} | {label} | " + " | ".join(
+            print(f"| {prompt_len} | {name} | " + " | ".join(
                 cell(r[k], 1) for k in keys) + f" | {span} |")
-        print(f"| {prompt_len} | kvserve/llama | " + " | ".join(
-            ratio(res["kvserve"][k], res["llama"][k]) for k in keys) + " | |")
+        peer = min((n for n in res if n != "kvserve"),
+                   key=lambda n: res[n]["hit_ttft_p50"])
+        print(f"| {prompt_len} | kvserve/{peer} | " + " | ".join(
+            ratio(res["kvserve"][k], res[peer][k]) for k in keys) + " | |")
 
 
-def aggregate(runs, rss, streams):
-    ttft = [t for r in runs for t in r["ttft_s"]]
+def aggregate(runs, rss):
+    """One server's runs: per-run figures (for ranges and paired ratios)
+    and percentiles over every request."""
     tpot = [t for r in runs for t in r["tpot_s"]]
-    return {"tok_s": statistics.median(r["tok_s"] for r in runs),
-            "ttft_p50": percentile(ttft, 50), "ttft_p90": percentile(ttft, 90),
-            "tpot_p50": percentile(tpot, 50), "tpot_p90": percentile(tpot, 90),
-            "prefill_ms": percentile(ttft, 50) if streams == 1 else None,
-            "peak_rss_mib": rss}
-
-
-COLUMNS = (("tok_s", "out tok/s", 1), ("ttft_p50", "TTFT p50 ms", 1),
-           ("ttft_p90", "TTFT p90 ms", 1), ("tpot_p50", "TPOT p50 ms", 2),
-           ("tpot_p90", "TPOT p90 ms", 2), ("prefill_ms", "prefill ms", 1),
-           ("peak_rss_mib", "peak RSS MiB", 0))
+    return {"tok_s_runs": [r["tok_s"] for r in runs],
+            "ttft_runs": [percentile(r["ttft_s"], 50) for r in runs],
+            "tpot_runs": [percentile(r["tpot_s"], 50) for r in runs],
+            "tpot_p90": percentile(tpot, 90), "peak_rss_mib": rss}
 
 
 def cell(value, digits):
@@ -443,29 +504,76 @@ def ratio(a, b):
     return "-" if a is None or not b else f"{a / b:.2f}"
 
 
+def ids_cell(ids):
+    first = [f for f in ids["first_divergence"] if f is not None]
+    where = f"; others differ first at token {sorted(first)}" if first else ""
+    return f"{ids['agree']}/{ids['compared']} streams agree{where}"
+
+
 def print_table(args, results):
     print(f"\nkvserve vs llama-server: {os.path.basename(args.model)}, "
           f"{args.threads} threads, KV {args.kv_dtype} (llama.cpp "
           f"{LLAMA_KV_TYPE[args.kv_dtype]}, -fa {args.llama_flash_attn}), "
-          f"{args.max_tokens} tokens out, {args.repeats} runs each\n")
-    print("| streams | prompt | server | " +
-          " | ".join(c[1] for c in COLUMNS) + " |")
-    print("|---|---|---|" + "---|" * len(COLUMNS))
+          f"{args.max_tokens} tokens out, {args.repeats} runs each in A B B A "
+          "order; median [min-max] over runs; ratios paired per run against "
+          "the peer's best build\n")
+    fmt = fair_bench.fmt_spread
+    print("| streams | prompt | server | out tok/s | TTFT p50 ms | "
+          "TPOT p50 ms | TPOT p90 ms | peak RSS MiB |")
+    print("|---|---|---|---|---|---|---|---|")
     for (streams, prompt_len), res in results:
         lead = f"| {streams} | {prompt_len} |"
-        for name, label in (("kvserve", "kvserve"), ("llama", "llama-server")):
-            print(f"{lead} {label} | " + " | ".join(
-                cell(res[name][k], d) for k, _, d in COLUMNS) + " |")
-        print(f"{lead} kvserve/llama | " + " | ".join(
-            ratio(res["kvserve"][k], res["llama"][k]) for k, _, _ in COLUMNS)
-            + " |")
+        for name in ["kvserve"] + [n for n in res
+                                   if n not in ("kvserve", "peer", "ratios",
+                                                "ids")]:
+            r = res[name]
+            best = " (best)" if name == res["peer"] else ""
+            print(f"{lead} {name}{best} | {fmt(r['tok_s_runs'], 1)} | "
+                  f"{fmt(r['ttft_runs'], 1)} | {fmt(r['tpot_runs'], 2)} | "
+                  f"{cell(r['tpot_p90'], 2)} | {cell(r['peak_rss_mib'], 0)} |")
+        q = res["ratios"]
+        print(f"{lead} kvserve/{res['peer']} | {fmt(q['tok_s'])} | "
+              f"{fmt(q['ttft'])} | {fmt(q['tpot'])} | | "
+              f"{ratio(res['kvserve']['peak_rss_mib'], res[res['peer']]['peak_rss_mib'])} |")
+        print(f"{lead} greedy ids | {ids_cell(res['ids'])} | | | | |")
+
+
+def run_llama_bench(args):
+    """llama-bench -p 512 -n 128 of each peer build on the model: prompt
+    and generation tokens/s of llama.cpp's kernels alone."""
+    print(f"\nllama-bench -p 512 -n 128 -t {args.threads}: "
+          f"{os.path.basename(args.model)}\n")
+    print("| build | pp512 tok/s | tg128 tok/s |")
+    print("|---|---|---|")
+    for binary in args.llama_servers:
+        bench = os.path.join(os.path.dirname(binary), "llama-bench")
+        if not os.path.isfile(bench):
+            raise BenchError(f"{bench} missing: run tools/build_llama_cpp.sh")
+        out = subprocess.run(
+            [bench, "-m", args.model, "-p", "512", "-n", "128", "-t",
+             str(args.threads), "-o", "json"], capture_output=True, text=True,
+            check=False, timeout=3600)
+        if out.returncode != 0:
+            raise BenchError(f"llama-bench failed: {out.stderr[-500:]}")
+        rows = json.loads(out.stdout)
+        speed = {("pp" if r["n_prompt"] else "tg"): r["avg_ts"] for r in rows}
+        print(f"| {peer_name(binary)} | {cell(speed.get('pp'), 1)} | "
+              f"{cell(speed.get('tg'), 1)} |")
 
 
 def check_binaries(args):
-    needed = ((args.kvserve, "build it: cmake --build build --target kvserve"),
-              (args.llama_server, "run deploy/setup.sh --bench (or "
-               "tools/build_llama_cpp.sh)"),
-              (args.model, "run deploy/setup.sh"))
+    if args.llama_server:
+        args.llama_servers = [os.path.abspath(b)
+                              for b in args.llama_server.split(",") if b]
+    else:
+        args.llama_servers = [b for b in DEFAULT_LLAMAS if os.path.isfile(b)]
+    if not args.llama_servers:
+        raise BenchError(f"no llama-server in {', '.join(DEFAULT_LLAMAS)}: "
+                         "run tools/build_llama_cpp.sh all")
+    needed = [(args.kvserve, "build it: cmake --build build --target kvserve"),
+              (args.model, "run deploy/setup.sh")]
+    needed += [(b, "run tools/build_llama_cpp.sh all")
+               for b in args.llama_servers]
     for path, fix in needed:
         if not os.path.isfile(path):
             raise BenchError(f"{path} missing: {fix}")
@@ -478,8 +586,13 @@ def build_parser():
                    help="GGUF both servers load (default %(default)s)")
     p.add_argument("--kvserve", default=DEFAULT_KVSERVE,
                    help="kvserve binary (default %(default)s)")
-    p.add_argument("--llama-server", default=DEFAULT_LLAMA,
-                   help="llama-server binary (default %(default)s)")
+    p.add_argument("--llama-server", default="",
+                   help="llama-server binaries, comma-separated: the peer's "
+                   "builds, its best one compared at each point (default: "
+                   "those of build-llama/ and build-llama-noomp/ that exist)")
+    p.add_argument("--llama-bench", action="store_true",
+                   help="first run llama-bench -p 512 -n 128 of each build "
+                   "on the model (llama.cpp's kernels without the server)")
     p.add_argument("--threads", type=int, default=2,
                    help="compute threads of each server (default 2)")
     p.add_argument("--kv-dtype", choices=sorted(LLAMA_KV_TYPE), default="fp16",
@@ -497,7 +610,7 @@ def build_parser():
                    "(default %(default)s)")
     p.add_argument("--max-tokens", type=int, default=64,
                    help="output tokens per request (default %(default)s)")
-    p.add_argument("--repeats", type=int, default=2,
+    p.add_argument("--repeats", type=int, default=5,
                    help="runs per server and configuration (default "
                    "%(default)s)")
     p.add_argument("--timeout", type=float, default=1800.0,
@@ -533,6 +646,8 @@ def main(argv=None):
         args.corpus = None
         rng = random.Random(args.seed)
         raw, results = [], []
+        if args.llama_bench:
+            run_llama_bench(args)
         if args.prefix_hits > 0:
             hit_results = [(n, measure_hits(args, n, rng)) for n in prompts]
             print_hits_table(args, hit_results)

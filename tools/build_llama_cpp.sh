@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
-# Builds llama.cpp's command-line tools (llama-server, llama-perplexity,
-# llama-quantize, llama-cli) from the llama.cpp vendored in the PyPI sdist of
-# llama-cpp-python, at the version requirements-bench.txt pins, with the same
-# GGML CPU flags deploy/setup.sh passes to the pip build of that package. So
-# the llama-server that tools/bench_vs_llama_server.py runs is the llama.cpp
-# behind the Python reference and peer of docs/PERFORMANCE.md.
+# Builds llama.cpp's command-line tools (llama-server, llama-bench,
+# llama-perplexity, llama-quantize, llama-cli) from the llama.cpp vendored in
+# the PyPI sdist of llama-cpp-python, at the version requirements-bench.txt
+# pins: the code behind the Python reference, built the way llama.cpp's users
+# build it (../shared/FAIR-BENCH.md: the peer at its best), in two variants
+# that tools/bench_vs_llama_server.py both runs, keeping the better per point:
 #
-#   tools/build_llama_cpp.sh      binaries in build-llama/bin/
+#   default   llama.cpp's own defaults (GGML_NATIVE=ON, i.e. -march=native;
+#             OpenMP on)                                  -> build-llama/bin/
+#   noomp     the same without OpenMP (ggml's own thread pool, whose polling
+#             and barriers behave differently on 2 shared vCPUs)
+#                                                         -> build-llama-noomp/bin/
+#
+#   tools/build_llama_cpp.sh [default|noomp|all]          (default: default)
 #
 # CMake + Ninja, Release, static libraries, only the needed targets; no CURL,
 # no OpenSSL, no web UI (nothing is fetched at build time). A quick no-op when
@@ -15,16 +21,25 @@
 # Environment:
 #   KVSERVE_LLAMA_SDIST      an already downloaded llama_cpp_python-VER.tar.gz
 #                            (default: pip download into build-llama/sdist/)
-#   KVSERVE_LLAMA_BUILD_DIR  where to build (default: $ROOT/build-llama)
+#   KVSERVE_LLAMA_BUILD_DIR  where to build the default variant (default:
+#                            $ROOT/build-llama; noomp: the same + "-noomp")
 #   KVSERVE_LLAMA_JOBS       parallel compile jobs (default: nproc)
 #   KVSERVE_VENV             the project's Python environment (default .venv)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-OUT="${KVSERVE_LLAMA_BUILD_DIR:-$ROOT/build-llama}"
+BASE="${KVSERVE_LLAMA_BUILD_DIR:-$ROOT/build-llama}"
 VENV="${KVSERVE_VENV:-$ROOT/.venv}"
 JOBS="${KVSERVE_LLAMA_JOBS:-$(nproc)}"
-TARGETS=(llama-server llama-perplexity llama-quantize llama-cli)
+TARGETS=(llama-server llama-bench llama-perplexity llama-quantize llama-cli)
+VARIANT="${1:-default}"
+case "$VARIANT" in
+  all)
+    "$0" default && exec "$0" noomp ;;
+  default) OUT="$BASE"; VARIANT_FLAGS=() ;;
+  noomp) OUT="$BASE-noomp"; VARIANT_FLAGS=(-DGGML_OPENMP=OFF) ;;
+  *) echo "usage: tools/build_llama_cpp.sh [default|noomp|all]" >&2; exit 2 ;;
+esac
 
 step() { echo "setup: $*"; }
 fail() { echo "setup: FAILED: $*" >&2; exit 1; }
@@ -34,10 +49,9 @@ VERSION="$(sed -n 's/^llama-cpp-python==\([^[:space:]]*\).*/\1/p' \
 [ -n "$VERSION" ] ||
   fail "no 'llama-cpp-python==VERSION' pin in $ROOT/requirements-bench.txt"
 
-# The GGML flags deploy/setup.sh also gives the llama-cpp-python build
-# (AVX-512 on, AMX off, less what this CPU lacks).
-read -r -a GGML_FLAGS <<< "$("$ROOT/deploy/ggml_flags.sh")" ||
-  fail "deploy/ggml_flags.sh"
+# llama.cpp's defaults for the CPU (GGML_NATIVE=ON); only what the build
+# needs beyond them: static, Release, no network or web UI.
+GGML_FLAGS=("${VARIANT_FLAGS[@]}")
 LLAMA_FLAGS=(
   -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF
   -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF
@@ -45,6 +59,7 @@ LLAMA_FLAGS=(
   -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON
 )
 STAMP_TEXT="llama-cpp-python==$VERSION
+variant: $VARIANT
 targets: ${TARGETS[*]}
 flags: ${GGML_FLAGS[*]} ${LLAMA_FLAGS[*]}"
 STAMP="$OUT/stamp"
@@ -55,7 +70,7 @@ up_to_date() {
   for t in "${TARGETS[@]}"; do [ -x "$OUT/bin/$t" ] || return 1; done
 }
 if up_to_date; then
-  step "llama.cpp from llama-cpp-python==$VERSION is built ($OUT/bin)"
+  step "llama.cpp ($VARIANT) from llama-cpp-python==$VERSION is built ($OUT/bin)"
   exit 0
 fi
 
@@ -70,7 +85,9 @@ fi
 mkdir -p "$OUT"
 rm -f "$STAMP"
 
-sdist="${KVSERVE_LLAMA_SDIST:-$OUT/sdist/llama_cpp_python-$VERSION.tar.gz}"
+# One download serves both variants: the sdist lives beside the default's.
+SDIST_DIR="$BASE/sdist"
+sdist="${KVSERVE_LLAMA_SDIST:-$SDIST_DIR/llama_cpp_python-$VERSION.tar.gz}"
 if [ ! -f "$sdist" ]; then
   [ -z "${KVSERVE_LLAMA_SDIST:-}" ] ||
     fail "KVSERVE_LLAMA_SDIST=$KVSERVE_LLAMA_SDIST is not a file"
@@ -78,7 +95,7 @@ if [ ! -f "$sdist" ]; then
     fail "no Python environment at $VENV (run deploy/setup.sh)"
   step "downloading the llama-cpp-python==$VERSION sdist"
   "$VENV/bin/python" -m pip --disable-pip-version-check download -q \
-    --no-binary :all: --no-deps "llama-cpp-python==$VERSION" -d "$OUT/sdist" ||
+    --no-binary :all: --no-deps "llama-cpp-python==$VERSION" -d "$SDIST_DIR" ||
     fail "pip download llama-cpp-python==$VERSION"
   [ -f "$sdist" ] || fail "pip download did not produce $sdist"
 fi
@@ -93,7 +110,7 @@ if [ ! -f "$src/CMakeLists.txt" ]; then
     fail "unpacking $sdist (no llama_cpp_python-$VERSION/vendor/llama.cpp in it?)"
 fi
 
-step "building llama.cpp (${TARGETS[*]}) from llama-cpp-python==$VERSION, $JOBS jobs"
+step "building llama.cpp, $VARIANT (${TARGETS[*]}) from llama-cpp-python==$VERSION, $JOBS jobs"
 start=$SECONDS
 cmake -S "$src" -B "$OUT" -G Ninja -Wno-dev "${GGML_FLAGS[@]}" "${LLAMA_FLAGS[@]}" \
   >"$OUT/configure.log" 2>&1 ||
