@@ -14,6 +14,14 @@
 #
 #   tools/build_llama_cpp.sh [default|noomp|all]          (default: default)
 #
+# One deviation from the defaults, where it is needed to run at all: where
+# the CPU advertises AMX but the kernel does not grant its tiles (VMs: the
+# Intel Xeon VM of 2026-12-05), -march=native compiles ggml's AMX matmul and
+# llama-server dies with SIGSEGV in ggml_backend_amx_mul_mat on its first
+# batch; there the build adds -mno-amx-{tile,int8,bf16} (llama.cpp's users on
+# such a machine must do the same). KVSERVE_LLAMA_AMX=1 keeps AMX, for a
+# machine whose kernel enables it (then it is the peer's best).
+#
 # CMake + Ninja, Release, static libraries, only the needed targets; no CURL,
 # no OpenSSL, no web UI (nothing is fetched at build time). A quick no-op when
 # the binaries exist and build-llama/stamp records the same version and flags.
@@ -50,8 +58,12 @@ VERSION="$(sed -n 's/^llama-cpp-python==\([^[:space:]]*\).*/\1/p' \
   fail "no 'llama-cpp-python==VERSION' pin in $ROOT/requirements-bench.txt"
 
 # llama.cpp's defaults for the CPU (GGML_NATIVE=ON); only what the build
-# needs beyond them: static, Release, no network or web UI.
+# needs beyond them: static, Release, no network or web UI; AMX off (above).
 GGML_FLAGS=("${VARIANT_FLAGS[@]}")
+if [ "${KVSERVE_LLAMA_AMX:-0}" != 1 ] && grep -qw amx_tile /proc/cpuinfo 2>/dev/null; then
+  NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+  GGML_FLAGS+=("-DCMAKE_C_FLAGS=$NO_AMX" "-DCMAKE_CXX_FLAGS=$NO_AMX")
+fi
 LLAMA_FLAGS=(
   -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF
   -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF
