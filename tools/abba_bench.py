@@ -15,13 +15,14 @@ change on the engine's hot path is within noise when the ranges overlap.
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests", "server"))
+import fair_bench  # noqa: E402
 from kvserve_process import KvserveProcess  # noqa: E402
 
 
@@ -63,18 +64,19 @@ def main():
     args = p.parse_args()
     res = {"A": ([], []), "B": ([], [])}
     for _ in range(args.rounds):
-        for tag in ("A", "B", "B", "A"):
+        for tag in (fair_bench.abba_order("AB", 0) +
+                    fair_bench.abba_order("AB", 1)):
             tpot, tput = run(args.a if tag == "A" else args.b, args)
             res[tag][0].append(tpot)
             res[tag][1].append(tput)
             print(f"{tag}: batch-1 TPOT {tpot:.3f} ms, {args.streams} streams "
                   f"{tput:.1f} tok/s", flush=True)
     for tag in "AB":
-        tpots, tputs = res[tag]
-        print(f"{tag}: batch-1 TPOT ms min/median/max {min(tpots):.2f} / "
-              f"{statistics.median(tpots):.2f} / {max(tpots):.2f}; "
-              f"{args.streams} streams tok/s {min(tputs):.0f} / "
-              f"{statistics.median(tputs):.0f} / {max(tputs):.0f}")
+        tpot_med, tpot_lo, tpot_hi = fair_bench.spread(res[tag][0])
+        tput_med, tput_lo, tput_hi = fair_bench.spread(res[tag][1])
+        print(f"{tag}: batch-1 TPOT ms min/median/max {tpot_lo:.2f} / "
+              f"{tpot_med:.2f} / {tpot_hi:.2f}; {args.streams} streams tok/s "
+              f"{tput_lo:.0f} / {tput_med:.0f} / {tput_hi:.0f}")
     return 0
 
 

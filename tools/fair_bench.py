@@ -1,6 +1,7 @@
 """The statistics and checks of a comparison with another engine, as
 ../shared/FAIR-BENCH.md asks for them, kept apart from the harness
-(tools/bench_vs_llama_server.py) so that they are tested on their own
+(tools/bench_vs_llama_server.py; tools/abba_bench.py uses the order and
+the spread too) so that they are tested on their own
 (tests/tools/fair_bench_test.py):
 
   - abba_order: the servers of one repeat, in A B B A order over repeats;
