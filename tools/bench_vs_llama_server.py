@@ -55,6 +55,14 @@ differ. Prints one Markdown table; --json OUT writes the raw per-request
 records. --llama-bench first runs `llama-bench -p 512 -n 128 -t N` of each
 peer build on the same file: llama.cpp's kernels without the server.
 
+--request-rate R[,R...] runs the Poisson sweep instead of all-at-once
+streams: per run --num-requests requests sent at exponential gaps of mean
+1/R (tools/fair_bench.py poisson_arrivals; open loop: a send does not wait
+for earlier answers), the same schedule and prompts for every server of a
+run, on servers sized for --streams concurrent sequences (llama-server -np,
+kvserve --max-num-seqs; more queue). Recorded per run: TTFT and TPOT p50
+and p99, output tok/s.
+
 --prefix-hits K measures prefix-cache hits instead, at 1 stream: per run a
 new prompt, sent once cold and then K times again exactly (the multi-turn
 case: the whole prompt re-sent), each server in turn; recorded per server are
@@ -64,6 +72,8 @@ usage.prompt_tokens_details.cached_tokens).
 
     .venv/bin/python tools/bench_vs_llama_server.py --llama-bench \\
         --streams 1,4,16,32,64 --prompt-tokens 64,4096 --max-tokens 64
+    .venv/bin/python tools/bench_vs_llama_server.py --streams 8 \\
+        --request-rate 0.5,1,2 --num-requests 32 --prompt-tokens 256
     .venv/bin/python tools/bench_vs_llama_server.py --prefix-hits 8 \\
         --prompt-tokens 1300 --max-tokens 8 --repeats 3
 """
@@ -114,6 +124,19 @@ def parse_ints(flag, text):
     if not values or min(values) < 1:
         raise BenchError(f"{flag}: expected positive integers, got {text!r}")
     return values
+
+
+def parse_rates(text):
+    """--request-rate: comma-separated requests per second, each > 0."""
+    if not text:
+        return []
+    try:
+        rates = [float(x) for x in text.split(",") if x]
+    except ValueError as e:
+        raise BenchError(f"--request-rate: {e}") from e
+    if any(r <= 0 for r in rates):
+        raise BenchError("--request-rate: every rate must be > 0")
+    return rates
 
 
 def free_port():
@@ -302,9 +325,19 @@ async def one_request(port, prompt, max_tokens, timeout):
     return rec
 
 
-async def drive(port, prompts, max_tokens, timeout):
-    return await asyncio.gather(*(one_request(port, p, max_tokens, timeout)
-                                  for p in prompts))
+async def drive(port, prompts, max_tokens, timeout, arrivals=None):
+    """All prompts at once, or each at its time in `arrivals` (seconds from
+    the start: an open-loop load that does not wait for answers)."""
+    if arrivals is None:
+        return await asyncio.gather(*(one_request(port, p, max_tokens, timeout)
+                                      for p in prompts))
+    start = time.perf_counter()
+
+    async def at(when, prompt):
+        await asyncio.sleep(max(0.0, start + when - time.perf_counter()))
+        return await one_request(port, prompt, max_tokens, timeout)
+
+    return await asyncio.gather(*(at(t, p) for t, p in zip(arrivals, prompts)))
 
 
 def check_run(name, records, prompt_len, max_tokens):
@@ -382,7 +415,9 @@ def compare_outputs(servers, peer, prompts, max_tokens):
     return {"agree": agree, "compared": n, "first_divergence": first}
 
 
-def measure_config(args, streams, prompt_len, rng, raw):
+def measure_config(args, streams, prompt_len, rng, raw, rate=0.0):
+    """One point: `streams` requests at once per run, or, with `rate`,
+    --num-requests arriving as a Poisson process on `streams` slots."""
     context = fair_bench.context_per_slot(prompt_len, args.max_tokens,
                                           CONTEXT_MARGIN)
     servers = start_servers(args, context, streams)
@@ -391,22 +426,28 @@ def measure_config(args, streams, prompt_len, rng, raw):
     try:
         prompts = []
         for rep_i in range(args.repeats):
+            count = args.num_requests if rate else streams
             prompts = [make_prompt(args.corpus, prompt_len, rng)
-                       for _ in range(streams)]
+                       for _ in range(count)]
+            arrivals = (fair_bench.poisson_arrivals(
+                rate, count, rng.randrange(1 << 30)) if rate else None)
             for name in fair_bench.abba_order(
                     ["kvserve"] + [n for n in names if n != "kvserve"],
                     rep_i):
                 records = asyncio.run(drive(servers[name].http_port, prompts,
-                                            args.max_tokens, args.timeout))
+                                            args.max_tokens, args.timeout,
+                                            arrivals))
                 check_run(name, records, prompt_len, args.max_tokens)
                 summary = run_summary(records)
                 runs[name].append(summary)
                 raw.append({"server": name, "streams": streams,
-                            "prompt_tokens": prompt_len, "repeat": rep_i,
+                            "prompt_tokens": prompt_len, "rate": rate,
+                            "repeat": rep_i,
                             "tok_s": summary["tok_s"],
                             "wall_s": summary["wall_s"], "requests": records})
-                print(f"streams {streams} prompt {prompt_len} rep {rep_i} "
-                      f"{name}: {summary['tok_s']:.1f} tok/s", flush=True)
+                print(f"streams {streams} prompt {prompt_len} rate {rate:g} "
+                      f"rep {rep_i} {name}: {summary['tok_s']:.1f} tok/s",
+                      flush=True)
         rss = {name: peak_rss_mib(servers[name].proc.pid) for name in names}
         peer = fair_bench.best_peer(
             {n: [r["tok_s"] for r in runs[n]] for n in names
@@ -493,6 +534,8 @@ def aggregate(runs, rss):
     return {"tok_s_runs": [r["tok_s"] for r in runs],
             "ttft_runs": [percentile(r["ttft_s"], 50) for r in runs],
             "tpot_runs": [percentile(r["tpot_s"], 50) for r in runs],
+            "ttft_p99_runs": [percentile(r["ttft_s"], 99) for r in runs],
+            "tpot_p99_runs": [percentile(r["tpot_s"], 99) for r in runs],
             "tpot_p90": percentile(tpot, 90), "peak_rss_mib": rss}
 
 
@@ -521,7 +564,7 @@ def print_table(args, results):
     print("| streams | prompt | server | out tok/s | TTFT p50 ms | "
           "TPOT p50 ms | TPOT p90 ms | peak RSS MiB |")
     print("|---|---|---|---|---|---|---|---|")
-    for (streams, prompt_len), res in results:
+    for (streams, prompt_len, _), res in results:
         lead = f"| {streams} | {prompt_len} |"
         for name in ["kvserve"] + [n for n in res
                                    if n not in ("kvserve", "peer", "ratios",
@@ -536,6 +579,33 @@ def print_table(args, results):
               f"{fmt(q['ttft'])} | {fmt(q['tpot'])} | | "
               f"{ratio(res['kvserve']['peak_rss_mib'], res[res['peer']]['peak_rss_mib'])} |")
         print(f"{lead} greedy ids | {ids_cell(res['ids'])} | | | | |")
+
+
+def print_rate_table(args, results):
+    """The Poisson sweep: latency percentiles at each arrival rate."""
+    print(f"\nkvserve vs llama-server, Poisson arrivals: "
+          f"{os.path.basename(args.model)}, {args.threads} threads, KV "
+          f"{args.kv_dtype}, {args.num_requests} requests per run, "
+          f"{args.max_tokens} tokens out, {args.repeats} runs each in A B B A "
+          "order (the same arrivals and prompts for every server of a "
+          "run); median [min-max] over runs\n")
+    fmt = fair_bench.fmt_spread
+    print("| rate req/s | slots | prompt | server | out tok/s | TTFT p50 ms | "
+          "TTFT p99 ms | TPOT p50 ms | TPOT p99 ms |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for (streams, prompt_len, rate), res in results:
+        lead = f"| {rate:g} | {streams} | {prompt_len} |"
+        for name in ["kvserve"] + [n for n in res
+                                   if n not in ("kvserve", "peer", "ratios",
+                                                "ids")]:
+            r = res[name]
+            best = " (best)" if name == res["peer"] else ""
+            print(f"{lead} {name}{best} | {fmt(r['tok_s_runs'], 1)} | "
+                  f"{fmt(r['ttft_runs'], 1)} | {fmt(r['ttft_p99_runs'], 1)} | "
+                  f"{fmt(r['tpot_runs'], 2)} | {fmt(r['tpot_p99_runs'], 2)} |")
+        q = res["ratios"]
+        print(f"{lead} kvserve/{res['peer']} | {fmt(q['tok_s'])} | "
+              f"{fmt(q['ttft'])} | | {fmt(q['tpot'])} | |")
 
 
 def run_llama_bench(args):
@@ -625,6 +695,13 @@ def build_parser():
                    "--rope-scale F; llama-server --rope-scaling linear "
                    "--rope-scale F), to run prompts past the model's "
                    "context (default 1: off)")
+    p.add_argument("--request-rate", default="", metavar="R[,R...]",
+                   help="Poisson sweep: per run --num-requests requests "
+                   "arriving at R per second (open loop), on --streams "
+                   "slots; prints TTFT and TPOT p50/p99 (default: off)")
+    p.add_argument("--num-requests", type=int, default=32,
+                   help="requests per run of the Poisson sweep (default "
+                   "%(default)s)")
     p.add_argument("--json", metavar="OUT",
                    help="write the raw results (every request) to OUT")
     return p
@@ -635,6 +712,9 @@ def main(argv=None):
     try:
         streams = parse_ints("--streams", args.streams)
         prompts = parse_ints("--prompt-tokens", args.prompt_tokens)
+        rates = parse_rates(args.request_rate)
+        if rates and args.num_requests < 1:
+            raise BenchError("--num-requests must be >= 1")
         if args.llama_flash_attn != "on" and args.kv_dtype in ("int8", "int4"):
             raise BenchError(f"--kv-dtype {args.kv_dtype} needs "
                              "--llama-flash-attn on (quantized V cache)")
@@ -654,18 +734,20 @@ def main(argv=None):
             return 0
         for prompt_len in prompts:
             for n in streams:
-                results.append(((n, prompt_len),
-                                measure_config(args, n, prompt_len, rng, raw)))
+                for rate in rates or [0.0]:
+                    results.append(((n, prompt_len, rate), measure_config(
+                        args, n, prompt_len, rng, raw, rate)))
     except BenchError as e:
         print(f"bench_vs_llama_server: error: {e}", file=sys.stderr)
         return 2
-    print_table(args, results)
+    (print_rate_table if rates else print_table)(args, results)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"args": {k: v for k, v in vars(args).items()
                                 if k != "corpus"},
-                       "results": [{"streams": n, "prompt_tokens": p, **r}
-                                   for (n, p), r in results],
+                       "results": [{"streams": n, "prompt_tokens": p,
+                                    "rate": q, **r}
+                                   for (n, p, q), r in results],
                        "runs": raw}, f, indent=1)
     return 0
 

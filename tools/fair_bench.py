@@ -11,9 +11,11 @@ the spread too) so that they are tested on their own
   - best_peer: the peer build with the best median figure at a point;
   - compare_ids: where two engines' greedy token ids agree;
   - verdict: a goal judged on a range ("met", "at the goal, within
-    noise", "not met").
+    noise", "not met");
+  - poisson_arrivals: the send times of an open-loop load at a rate.
 """
 
+import random
 import statistics
 
 SLOT_ALIGN = 256  # llama.cpp rounds each slot's context up to this
@@ -104,3 +106,18 @@ def fmt_spread(values, digits=2):
         return "-"
     med, lo, hi = s
     return f"{med:.{digits}f} [{lo:.{digits}f}-{hi:.{digits}f}]"
+
+
+def poisson_arrivals(rate, count, seed):
+    """`count` send times in seconds from 0, a Poisson process of `rate`
+    requests per second (exponential gaps, the first at 0): the open-loop
+    load of vLLM's and SGLang's serving benchmarks. The same seed gives the
+    same schedule, so every server of a repeat gets the same arrivals."""
+    if rate <= 0 or count < 1:
+        raise ValueError(f"rate {rate} and count {count} must be positive")
+    rng = random.Random(seed)
+    times, now = [], 0.0
+    for _ in range(count):
+        times.append(now)
+        now += rng.expovariate(rate)
+    return times

@@ -91,6 +91,18 @@ class FairBenchTest(unittest.TestCase):
         self.assertEqual(self.fb.verdict([1.1, 1.2], 1.0,
                                          higher_is_better=False), "not met")
 
+    def test_poisson_arrivals(self):
+        times = self.fb.poisson_arrivals(4.0, 4000, seed=1)
+        self.assertEqual(len(times), 4000)
+        self.assertEqual(times[0], 0.0)
+        self.assertEqual(times, sorted(times))
+        # Mean gap 1/rate: 4,000 gaps put the mean within ~5% of 0.25 s.
+        self.assertAlmostEqual(times[-1] / 3999, 0.25, delta=0.0125)
+        self.assertEqual(times, self.fb.poisson_arrivals(4.0, 4000, seed=1))
+        self.assertNotEqual(times, self.fb.poisson_arrivals(4.0, 4000, 2))
+        with self.assertRaises(ValueError):
+            self.fb.poisson_arrivals(0.0, 4, seed=1)
+
 
 def main():
     global ARGS
