@@ -611,8 +611,8 @@ def print_rate_table(args, results):
 def run_llama_bench(args):
     """llama-bench -p 512 -n 128 of each peer build on the model: prompt
     and generation tokens/s of llama.cpp's kernels alone."""
-    print(f"\nllama-bench -p 512 -n 128 -t {args.threads}: "
-          f"{os.path.basename(args.model)}\n")
+    print(f"\nllama-bench -p 512 -n 128 -t {args.threads} -r "
+          f"{args.llama_bench_repeats}: {os.path.basename(args.model)}\n")
     print("| build | pp512 tok/s | tg128 tok/s |")
     print("|---|---|---|")
     for binary in args.llama_servers:
@@ -621,7 +621,8 @@ def run_llama_bench(args):
             raise BenchError(f"{bench} missing: run tools/build_llama_cpp.sh")
         out = subprocess.run(
             [bench, "-m", args.model, "-p", "512", "-n", "128", "-t",
-             str(args.threads), "-o", "json"], capture_output=True, text=True,
+             str(args.threads), "-r", str(args.llama_bench_repeats), "-o",
+             "json"], capture_output=True, text=True,
             check=False, timeout=3600)
         if out.returncode != 0:
             raise BenchError(f"llama-bench failed: {out.stderr[-500:]}")
@@ -663,6 +664,9 @@ def build_parser():
     p.add_argument("--llama-bench", action="store_true",
                    help="first run llama-bench -p 512 -n 128 of each build "
                    "on the model (llama.cpp's kernels without the server)")
+    p.add_argument("--llama-bench-repeats", type=int, default=5,
+                   help="llama-bench -r: its repetitions per test (default "
+                   "%(default)s, llama-bench's own)")
     p.add_argument("--threads", type=int, default=2,
                    help="compute threads of each server (default 2)")
     p.add_argument("--kv-dtype", choices=sorted(LLAMA_KV_TYPE), default="fp16",

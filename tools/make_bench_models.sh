@@ -13,6 +13,10 @@
 # SHAPE: 1b (Llama-3.2-1B: hidden 2048, ffn 8192, 16 layers, 32 heads, 8 KV
 # heads), 3b (Llama-3.2-3B: 3072, 8192, 28, 24, 8), 8b (Llama-3-8B: 4096,
 # 14336, 32, 32, 8; the F16 file is 15 GiB, written through memory).
+# default: the default model (SmolLM2-135M, weights/) requantized from its
+# Q4_1 (llama-quantize --allow-requantize: the speed of a format, its quality
+# a Q4_1's at best), the formats llama.cpp handles best on x86:
+# build-llama/models/smollm2-135m-FMT.gguf.
 # Files: build-llama/models/llama-SHAPE-{Q4_K_M,Q8_0,Q4_0}.gguf (the F16
 # intermediate is removed). A file that exists is kept. Needs deploy/setup.sh
 # and tools/build_llama_cpp.sh (llama-quantize). Environment: KVSERVE_VENV
@@ -34,7 +38,7 @@ shape_args() {
     1b) echo "--hidden 2048 --ffn 8192 --layers 16 --heads 32 --kv-heads 8" ;;
     3b) echo "--hidden 3072 --ffn 8192 --layers 28 --heads 24 --kv-heads 8" ;;
     8b) echo "--hidden 4096 --ffn 14336 --layers 32 --heads 32 --kv-heads 8" ;;
-    *) fail "unknown shape '$1' (1b, 3b, 8b)" ;;
+    *) fail "unknown shape '$1' (default, 1b, 3b, 8b)" ;;
   esac
 }
 
@@ -42,6 +46,19 @@ mkdir -p "$OUT"
 shapes=("$@")
 [ ${#shapes[@]} -gt 0 ] || shapes=(1b 3b)
 for shape in "${shapes[@]}"; do
+  if [ "$shape" = default ]; then
+    src="$ROOT/weights/SmolLM2-135M-Instruct.Q4_1.gguf"
+    [ -f "$src" ] || fail "$src missing: run deploy/setup.sh"
+    for fmt in "${FORMATS[@]}"; do
+      out="$OUT/smollm2-135m-$fmt.gguf"
+      [ -f "$out" ] && { echo "make_bench_models: $out exists"; continue; }
+      "$QUANTIZE" --allow-requantize "$src" "$out.tmp" "$fmt" >"$out.log" 2>&1 ||
+        fail "llama-quantize $fmt (see $out.log)"
+      mv "$out.tmp" "$out"
+      echo "make_bench_models: $out ($(du -h "$out" | cut -f1))"
+    done
+    continue
+  fi
   read -r -a sargs <<< "$(shape_args "$shape")"
   f16="$OUT/llama-$shape-F16.gguf"
   for fmt in "${FORMATS[@]}"; do
