@@ -8,6 +8,10 @@
 //       m=1); GFLOPs = 2 m rows cols / best_us.
 //   DecodeSweep/<path>/m:<m>   one forward's matmuls: best_ms per call = per
 //       token at m=1; PrefillSweep likewise for prefill chunks.
+//   ShapeSweep/<shape>/<type>/m:1   the matmuls of a Llama-3.2-1B or -3B
+//       shape's layers in one type, distinct weights (0.5-3 GiB: out of any
+//       cache), at batch 1: GiBps = GGUF bytes / best time, to set beside
+//       memory_bandwidth_bench's read rate (the decode kernels' ceiling).
 //
 // NOTE: counters use the fastest iteration, not the mean: the build machine
 // is shared, and interference only ever adds time. Run with
@@ -210,6 +214,43 @@ void BM_Sweep(benchmark::State& state, MatMulPath path, int64_t m,
   state.counters["GFLOPs"] = flops * 1e-9 / best;
 }
 
+// A Llama shape's fused per-layer matrices (rows x cols: QKV, O, gate+up,
+// down), as CpuLlamaModel packs them.
+struct LlamaShape {
+  const char* name;
+  int layers;
+  int64_t mats[4][2];
+};
+constexpr LlamaShape kLlamaShapes[] = {
+    {"llama-1b", 16, {{3072, 2048}, {2048, 2048}, {16384, 2048}, {2048, 8192}}},
+    {"llama-3b", 28, {{5120, 3072}, {3072, 3072}, {16384, 3072}, {3072, 8192}}},
+};
+
+void BM_ShapeSweep(benchmark::State& state, const LlamaShape& shape,
+                   GgmlType type) {
+  std::vector<PackedMatrix> mats;
+  double bytes = 0;
+  for (int l = 0; l < shape.layers; ++l) {
+    for (const auto& m : shape.mats) {
+      mats.push_back(MakePacked(type, m[0], m[1], 200 + l, PackOptions{}));
+      bytes += static_cast<double>(RowBytes(type, m[1]) * m[0]);
+    }
+  }
+  const std::vector<float> x = RandomActs(8192);
+  std::vector<float> y(16384);
+  double best = 1e30;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (const PackedMatrix& w : mats) {
+      MatMulWithPath(x.data(), 1, w, y.data(), MatMulPath::kInt8Vnni);
+    }
+    benchmark::DoNotOptimize(y.data());
+    best = std::min(best, Seconds(std::chrono::steady_clock::now() - t0));
+  }
+  state.counters["best_ms"] = best * 1e3;
+  state.counters["GiBps"] = bytes / (1024.0 * 1024 * 1024) / best;
+}
+
 void RegisterAll() {
   struct Shape {
     GgmlType type;
@@ -240,6 +281,18 @@ void RegisterAll() {
             ->Unit(benchmark::kMicrosecond)
             ->UseRealTime();
       }
+    }
+  }
+  for (const LlamaShape& shape : kLlamaShapes) {
+    for (GgmlType type : {GgmlType::kQ4_K, GgmlType::kQ6_K, GgmlType::kQ8_0}) {
+      benchmark::RegisterBenchmark(
+          absl::StrCat("ShapeSweep/", shape.name, "/",
+                       std::string(TypeName(type)), "/m:1")
+              .c_str(),
+          BM_ShapeSweep, shape, type)
+          ->Unit(benchmark::kMillisecond)
+          ->UseRealTime()
+          ->Iterations(10);
     }
   }
   for (MatMulPath p : {MatMulPath::kAuto, MatMulPath::kInt8Vnni}) {
