@@ -6,8 +6,12 @@ by the rules of ../shared/FAIR-BENCH.md (statistics in tools/fair_bench.py).
 The servers run as real processes on free loopback ports: kvserve's daemon
 (build/server/kvserve, started as the tests start it) and llama-server in
 each of its builds (tools/build_llama_cpp.sh: llama.cpp's own defaults in
-build-llama/, and without OpenMP in build-llama-noomp/); at each point the
-peer's best build (best median output tok/s) is the one compared. For each
+build-llama/, and without OpenMP in build-llama-noomp/), each with flash
+attention on and off where the KV type allows both (-fa: on a CPU, off is
+2.7x faster at batch 1 past a 4K context, on can win at short ones); at each
+point each figure is compared with the peer configuration best at it (best
+median output tok/s, TTFT, TPOT: a ratio row names the configuration where
+it is not the throughput best). For each
 prompt length and stream count, all are started with matching settings:
 
   threads      kvserve --threads N; llama-server -t N -tb N
@@ -21,9 +25,9 @@ prompt length and stream count, all are started with matching settings:
                the GGUF's trained context): contexts past the model's own,
                e.g. 16K on an 8K model
   KV type      kvserve --kv-cache-dtype fp16|int8|int4|f32; llama-server
-               -ctk/-ctv f16|q8_0|q4_0|f32, with flash attention
-               (-fa on: llama.cpp needs it for a quantized V cache;
-               --llama-flash-attn off for fp16/f32)
+               -ctk/-ctv f16|q8_0|q4_0|f32; -fa on and off for f16/f32
+               (--llama-flash-attn), on alone for q8_0/q4_0 (llama.cpp
+               needs it for a quantized V cache)
   caching      kvserve prefix caching on (its default); llama-server's default
                cache_prompt, with its host-memory prompt cache off
                (--cache-ram 0). Every request's prompt starts with random
@@ -222,11 +226,11 @@ def peer_name(binary):
     return os.path.basename(os.path.dirname(os.path.dirname(binary)))
 
 
-def llama_command(args, binary, context, streams):
+def llama_command(args, binary, flash_attn, context, streams):
     kv = LLAMA_KV_TYPE[args.kv_dtype]
     return [binary, "-m", args.model, "-t", str(args.threads),
             "-tb", str(args.threads), "-c", str(context * streams), "-np",
-            str(streams), "-ctk", kv, "-ctv", kv, "-fa", args.llama_flash_attn,
+            str(streams), "-ctk", kv, "-ctv", kv, "-fa", flash_attn,
             "--cache-ram", "0", "--no-webui"] + llama_rope_flags(args)
 
 
@@ -372,13 +376,23 @@ def warm_up(port, corpus, max_tokens):
     asyncio.run(drive(port, [corpus[:16]], min(4, max_tokens), 120))
 
 
+def peer_variants(args):
+    """(name, binary, -fa) of every peer configuration: each build, with
+    each --llama-flash-attn setting ("build-llama", or "build-llama fa=off"
+    where several settings are compared)."""
+    fas = args.flash_attn_settings
+    return [(peer_name(b) + (f" fa={fa}" if len(fas) > 1 else ""), b, fa)
+            for b in args.llama_servers for fa in fas]
+
+
 def start_servers(args, context, streams):
-    """kvserve and every peer build, by name ("kvserve", "build-llama", ...)."""
+    """kvserve and every peer configuration, by name ("kvserve",
+    "build-llama", ...)."""
     servers = {}
     try:
-        for binary in args.llama_servers:
-            servers[peer_name(binary)] = LlamaServerProcess(
-                llama_command(args, binary, context, streams))
+        for name, binary, fa in peer_variants(args):
+            servers[name] = LlamaServerProcess(
+                llama_command(args, binary, fa, context, streams))
         servers["kvserve"] = start_kvserve(args, context, streams)
     except BaseException:
         for server in servers.values():
@@ -459,13 +473,20 @@ def measure_config(args, streams, prompt_len, rng, raw, rate=0.0):
             server.kill()
     result = {name: aggregate(runs[name], rss[name]) for name in names}
     result["peer"] = peer
+    # Each figure against the peer configuration best at it: the fastest
+    # output is not always the fastest decode (flash attention on prefills
+    # faster and decodes slower past a few thousand tokens of context).
+    peers = [n for n in names if n != "kvserve"]
+    result["peer_for"] = {
+        "tok_s": peer,
+        "ttft": fair_bench.best_peer(
+            {n: result[n]["ttft_runs"] for n in peers}, False),
+        "tpot": fair_bench.best_peer(
+            {n: result[n]["tpot_runs"] for n in peers}, False)}
     result["ratios"] = {
-        "tok_s": fair_bench.paired_ratios(result["kvserve"]["tok_s_runs"],
-                                          result[peer]["tok_s_runs"]),
-        "tpot": fair_bench.paired_ratios(result["kvserve"]["tpot_runs"],
-                                         result[peer]["tpot_runs"]),
-        "ttft": fair_bench.paired_ratios(result["kvserve"]["ttft_runs"],
-                                         result[peer]["ttft_runs"])}
+        key: fair_bench.paired_ratios(result["kvserve"][f"{key}_runs"],
+                                      result[who][f"{key}_runs"])
+        for key, who in result["peer_for"].items()}
     result["ids"] = ids
     return result
 
@@ -553,13 +574,24 @@ def ids_cell(ids):
     return f"{ids['agree']}/{ids['compared']} streams agree{where}"
 
 
+def ratio_cells(res, key):
+    """A paired ratio's spread, naming the peer configuration it is
+    against where that is not the output-throughput best."""
+    who = res["peer_for"][key]
+    cell_text = fair_bench.fmt_spread(res["ratios"][key])
+    return cell_text if who == res["peer"] else f"{cell_text} (vs {who})"
+
+
+SERVER_KEYS = ("kvserve", "peer", "peer_for", "ratios", "ids")
+
+
 def print_table(args, results):
     print(f"\nkvserve vs llama-server: {os.path.basename(args.model)}, "
           f"{args.threads} threads, KV {args.kv_dtype} (llama.cpp "
           f"{LLAMA_KV_TYPE[args.kv_dtype]}, -fa {args.llama_flash_attn}), "
           f"{args.max_tokens} tokens out, {args.repeats} runs each in A B B A "
           "order; median [min-max] over runs; ratios paired per run against "
-          "the peer's best build\n")
+          "the peer configuration best at each figure\n")
     fmt = fair_bench.fmt_spread
     print("| streams | prompt | server | out tok/s | TTFT p50 ms | "
           "TPOT p50 ms | TPOT p90 ms | peak RSS MiB |")
@@ -567,16 +599,14 @@ def print_table(args, results):
     for (streams, prompt_len, _), res in results:
         lead = f"| {streams} | {prompt_len} |"
         for name in ["kvserve"] + [n for n in res
-                                   if n not in ("kvserve", "peer", "ratios",
-                                                "ids")]:
+                                   if n not in SERVER_KEYS]:
             r = res[name]
             best = " (best)" if name == res["peer"] else ""
             print(f"{lead} {name}{best} | {fmt(r['tok_s_runs'], 1)} | "
                   f"{fmt(r['ttft_runs'], 1)} | {fmt(r['tpot_runs'], 2)} | "
                   f"{cell(r['tpot_p90'], 2)} | {cell(r['peak_rss_mib'], 0)} |")
-        q = res["ratios"]
-        print(f"{lead} kvserve/{res['peer']} | {fmt(q['tok_s'])} | "
-              f"{fmt(q['ttft'])} | {fmt(q['tpot'])} | | "
+        print(f"{lead} kvserve/{res['peer']} | {ratio_cells(res, 'tok_s')} | "
+              f"{ratio_cells(res, 'ttft')} | {ratio_cells(res, 'tpot')} | | "
               f"{ratio(res['kvserve']['peak_rss_mib'], res[res['peer']]['peak_rss_mib'])} |")
         print(f"{lead} greedy ids | {ids_cell(res['ids'])} | | | | |")
 
@@ -596,40 +626,43 @@ def print_rate_table(args, results):
     for (streams, prompt_len, rate), res in results:
         lead = f"| {rate:g} | {streams} | {prompt_len} |"
         for name in ["kvserve"] + [n for n in res
-                                   if n not in ("kvserve", "peer", "ratios",
-                                                "ids")]:
+                                   if n not in SERVER_KEYS]:
             r = res[name]
             best = " (best)" if name == res["peer"] else ""
             print(f"{lead} {name}{best} | {fmt(r['tok_s_runs'], 1)} | "
                   f"{fmt(r['ttft_runs'], 1)} | {fmt(r['ttft_p99_runs'], 1)} | "
                   f"{fmt(r['tpot_runs'], 2)} | {fmt(r['tpot_p99_runs'], 2)} |")
-        q = res["ratios"]
-        print(f"{lead} kvserve/{res['peer']} | {fmt(q['tok_s'])} | "
-              f"{fmt(q['ttft'])} | | {fmt(q['tpot'])} | |")
+        print(f"{lead} kvserve/{res['peer']} | {ratio_cells(res, 'tok_s')} | "
+              f"{ratio_cells(res, 'ttft')} | | {ratio_cells(res, 'tpot')} | |")
 
 
 def run_llama_bench(args):
-    """llama-bench -p 512 -n 128 of each peer build on the model: prompt
-    and generation tokens/s of llama.cpp's kernels alone."""
-    print(f"\nllama-bench -p 512 -n 128 -t {args.threads} -r "
+    """llama-bench -p 512 -n 128 of each peer build and -fa setting on the
+    model: prompt and generation tokens/s of llama.cpp's kernels alone."""
+    fa = ",".join(args.flash_attn_settings)
+    print(f"\nllama-bench -p 512 -n 128 -t {args.threads} -fa {fa} -r "
           f"{args.llama_bench_repeats}: {os.path.basename(args.model)}\n")
-    print("| build | pp512 tok/s | tg128 tok/s |")
-    print("|---|---|---|")
+    print("| build | -fa | pp512 tok/s | tg128 tok/s |")
+    print("|---|---|---|---|")
     for binary in args.llama_servers:
         bench = os.path.join(os.path.dirname(binary), "llama-bench")
         if not os.path.isfile(bench):
             raise BenchError(f"{bench} missing: run tools/build_llama_cpp.sh")
         out = subprocess.run(
             [bench, "-m", args.model, "-p", "512", "-n", "128", "-t",
-             str(args.threads), "-r", str(args.llama_bench_repeats), "-o",
-             "json"], capture_output=True, text=True,
-            check=False, timeout=3600)
+             str(args.threads), "-fa", fa, "-r",
+             str(args.llama_bench_repeats), "-o", "json"],
+            capture_output=True, text=True, check=False, timeout=3600)
         if out.returncode != 0:
             raise BenchError(f"llama-bench failed: {out.stderr[-500:]}")
-        rows = json.loads(out.stdout)
-        speed = {("pp" if r["n_prompt"] else "tg"): r["avg_ts"] for r in rows}
-        print(f"| {peer_name(binary)} | {cell(speed.get('pp'), 1)} | "
-              f"{cell(speed.get('tg'), 1)} |")
+        speed = {}
+        for r in json.loads(out.stdout):
+            on = "on" if r.get("flash_attn") in (True, 1, "on") else "off"
+            speed.setdefault(on, {})["pp" if r["n_prompt"] else "tg"] = (
+                r["avg_ts"])
+        for on, sp in speed.items():
+            print(f"| {peer_name(binary)} | {on} | {cell(sp.get('pp'), 1)} | "
+                  f"{cell(sp.get('tg'), 1)} |")
 
 
 def check_binaries(args):
@@ -671,11 +704,12 @@ def build_parser():
                    help="compute threads of each server (default 2)")
     p.add_argument("--kv-dtype", choices=sorted(LLAMA_KV_TYPE), default="fp16",
                    help="KV cache type (default fp16 = llama.cpp f16)")
-    p.add_argument("--llama-flash-attn", choices=("on", "off", "auto"),
-                   default="on",
-                   help="llama-server -fa (default on; off only with "
-                   "--kv-dtype fp16 or f32: llama.cpp's quantized V cache "
-                   "needs flash attention)")
+    p.add_argument("--llama-flash-attn", default="",
+                   help="llama-server -fa settings compared, comma-separated "
+                   "(on, off, auto), each a peer configuration of every "
+                   "build (default: on,off with --kv-dtype fp16 or f32, on "
+                   "otherwise: llama.cpp's quantized V cache needs flash "
+                   "attention)")
     p.add_argument("--streams", default="1,4,16,32,64",
                    help="concurrent streams per run, comma-separated "
                    "(default %(default)s)")
@@ -719,7 +753,17 @@ def main(argv=None):
         rates = parse_rates(args.request_rate)
         if rates and args.num_requests < 1:
             raise BenchError("--num-requests must be >= 1")
-        if args.llama_flash_attn != "on" and args.kv_dtype in ("int8", "int4"):
+        if not args.llama_flash_attn:
+            args.llama_flash_attn = ("on,off" if args.kv_dtype in
+                                     ("fp16", "f32") else "on")
+        args.flash_attn_settings = [
+            x for x in args.llama_flash_attn.split(",") if x]
+        if (not args.flash_attn_settings or
+                set(args.flash_attn_settings) - {"on", "off", "auto"}):
+            raise BenchError("--llama-flash-attn: on, off, auto or a "
+                             "comma-separated list of them")
+        if (args.flash_attn_settings != ["on"] and
+                args.kv_dtype in ("int8", "int4")):
             raise BenchError(f"--kv-dtype {args.kv_dtype} needs "
                              "--llama-flash-attn on (quantized V cache)")
         if args.max_tokens < 2 or args.repeats < 1 or args.threads < 1:

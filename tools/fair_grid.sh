@@ -15,8 +15,9 @@
 #   shapes, and a Poisson sweep on the 1B shape.
 #
 # Each point is one run of the harness (5 A B B A repeats, both llama.cpp
-# builds, f16 KV both sides); its table goes to OUTDIR/NAME.md (default
-# build-llama/grid-DATE), the grid's wall time to OUTDIR/time.txt. Needs
+# builds, each with -fa on and off, f16 KV both sides); its table goes to
+# OUTDIR/NAME.md (default build-llama/grid-DATE), the grid's wall time to
+# OUTDIR/time.txt. Needs
 # deploy/setup.sh --bench (llama.cpp builds) and tools/make_bench_models.sh
 # default 1b 3b 8b.
 set -euo pipefail
