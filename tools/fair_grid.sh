@@ -5,21 +5,21 @@
 #
 #   tools/fair_grid.sh [headline|full] [OUTDIR]
 #
-# headline (about an hour on a 2-vCPU VM): the Llama-3.2-1B shape in Q4_K_M
-#   and Q8_0 at 1 and 16 streams, with llama-bench; the 3B shape in Q4_K_M
-#   and Q8_0 and the Llama-3-8B shape in Q4_K_M at batch 1; the default model
-#   requantized to Q8_0 and Q4_0 at 1 and 32 streams; the 1B shape at a
-#   4K-token prompt, batch 1.
-# full (hours; in the background, never in CI): the headline, then an 8K
-#   prompt on the 1B shape, the 3B shape at 16 streams, Q4_0 of the 1B and 3B
-#   shapes, and a Poisson sweep on the 1B shape.
+# headline (about an hour on a 2-vCPU VM, estimated from its points' times): the Llama-3.2-1B shape in
+#   Q4_K_M at 1 and 16 streams and at a 4K-token prompt, in Q8_0 at batch 1;
+#   the 3B shape and the Llama-3-8B shape in Q4_K_M at batch 1; the default
+#   model requantized to Q8_0 at 32 streams; llama-bench on the 1B files.
+# full (hours; in the background, never in CI): the headline, then the 1B
+#   Q8_0 at 16 streams, the 3B shape in Q8_0, the default model in Q8_0 at
+#   batch 1 and in Q4_0, an 8K prompt on the 1B shape, the 3B shape at 16
+#   streams, Q4_0 of the 1B and 3B shapes, and a Poisson sweep on the 1B
+#   shape.
 #
 # Each point is one run of the harness (5 A B B A repeats, both llama.cpp
 # builds, each with -fa on and off, f16 KV both sides); its table goes to
 # OUTDIR/NAME.md (default build-llama/grid-DATE), the grid's wall time to
-# OUTDIR/time.txt. Needs
-# deploy/setup.sh --bench (llama.cpp builds) and tools/make_bench_models.sh
-# default 1b 3b 8b.
+# OUTDIR/time.txt. Needs deploy/setup.sh --bench (llama.cpp builds) and
+# tools/make_bench_models.sh default 1b 3b 8b.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -42,14 +42,16 @@ point() {  # NAME MODEL ARGS...
 
 start=$SECONDS
 point 1b-q4km llama-1b-Q4_K_M.gguf --llama-bench --streams 1,16 --prompt-tokens 128 --max-tokens 64
-point 1b-q8 llama-1b-Q8_0.gguf --llama-bench --streams 1,16 --prompt-tokens 128 --max-tokens 64
-point 3b-q4km llama-3b-Q4_K_M.gguf --llama-bench --llama-bench-repeats 2 --streams 1 --prompt-tokens 128 --max-tokens 64
-point 3b-q8 llama-3b-Q8_0.gguf --llama-bench --llama-bench-repeats 2 --streams 1 --prompt-tokens 128 --max-tokens 64
-point 8b-q4km llama-8b-Q4_K_M.gguf --streams 1 --prompt-tokens 128 --max-tokens 32
-point default-q8 smollm2-135m-Q8_0.gguf --streams 1,32 --prompt-tokens 128 --max-tokens 64
-point default-q4 smollm2-135m-Q4_0.gguf --streams 1,32 --prompt-tokens 128 --max-tokens 64
 point 1b-q4km-4k llama-1b-Q4_K_M.gguf --streams 1 --prompt-tokens 4096 --max-tokens 32
+point 1b-q8 llama-1b-Q8_0.gguf --llama-bench --streams 1 --prompt-tokens 128 --max-tokens 64
+point 3b-q4km llama-3b-Q4_K_M.gguf --streams 1 --prompt-tokens 128 --max-tokens 64
+point 8b-q4km llama-8b-Q4_K_M.gguf --streams 1 --prompt-tokens 128 --max-tokens 32
+point default-q8-32 smollm2-135m-Q8_0.gguf --streams 32 --prompt-tokens 128 --max-tokens 64
 if [ "$GRID" = full ]; then
+  point 1b-q8-16 llama-1b-Q8_0.gguf --streams 16 --prompt-tokens 128 --max-tokens 64
+  point 3b-q8 llama-3b-Q8_0.gguf --llama-bench --llama-bench-repeats 2 --streams 1 --prompt-tokens 128 --max-tokens 64
+  point default-q8-1 smollm2-135m-Q8_0.gguf --streams 1 --prompt-tokens 128 --max-tokens 64
+  point default-q4 smollm2-135m-Q4_0.gguf --streams 1,32 --prompt-tokens 128 --max-tokens 64
   point 1b-q4km-8k llama-1b-Q4_K_M.gguf --streams 1 --prompt-tokens 8192 --max-tokens 32
   point 3b-q4km-16 llama-3b-Q4_K_M.gguf --streams 16 --prompt-tokens 128 --max-tokens 64
   point 1b-q4 llama-1b-Q4_0.gguf --llama-bench --streams 1,16 --prompt-tokens 128 --max-tokens 64
