@@ -585,6 +585,13 @@ def ratio_cells(res, key):
 SERVER_KEYS = ("kvserve", "peer", "peer_for", "ratios", "ids")
 
 
+def server_rows(res):
+    """(row label, figures) of kvserve then each peer configuration of a
+    point, the output-throughput best marked."""
+    for name in ["kvserve"] + [n for n in res if n not in SERVER_KEYS]:
+        yield name + (" (best)" if name == res["peer"] else ""), res[name]
+
+
 def print_table(args, results):
     print(f"\nkvserve vs llama-server: {os.path.basename(args.model)}, "
           f"{args.threads} threads, KV {args.kv_dtype} (llama.cpp "
@@ -598,11 +605,8 @@ def print_table(args, results):
     print("|---|---|---|---|---|---|---|---|")
     for (streams, prompt_len, _), res in results:
         lead = f"| {streams} | {prompt_len} |"
-        for name in ["kvserve"] + [n for n in res
-                                   if n not in SERVER_KEYS]:
-            r = res[name]
-            best = " (best)" if name == res["peer"] else ""
-            print(f"{lead} {name}{best} | {fmt(r['tok_s_runs'], 1)} | "
+        for label, r in server_rows(res):
+            print(f"{lead} {label} | {fmt(r['tok_s_runs'], 1)} | "
                   f"{fmt(r['ttft_runs'], 1)} | {fmt(r['tpot_runs'], 2)} | "
                   f"{cell(r['tpot_p90'], 2)} | {cell(r['peak_rss_mib'], 0)} |")
         print(f"{lead} kvserve/{res['peer']} | {ratio_cells(res, 'tok_s')} | "
@@ -625,11 +629,8 @@ def print_rate_table(args, results):
     print("|---|---|---|---|---|---|---|---|---|")
     for (streams, prompt_len, rate), res in results:
         lead = f"| {rate:g} | {streams} | {prompt_len} |"
-        for name in ["kvserve"] + [n for n in res
-                                   if n not in SERVER_KEYS]:
-            r = res[name]
-            best = " (best)" if name == res["peer"] else ""
-            print(f"{lead} {name}{best} | {fmt(r['tok_s_runs'], 1)} | "
+        for label, r in server_rows(res):
+            print(f"{lead} {label} | {fmt(r['tok_s_runs'], 1)} | "
                   f"{fmt(r['ttft_runs'], 1)} | {fmt(r['ttft_p99_runs'], 1)} | "
                   f"{fmt(r['tpot_runs'], 2)} | {fmt(r['tpot_p99_runs'], 2)} |")
         print(f"{lead} kvserve/{res['peer']} | {ratio_cells(res, 'tok_s')} | "
