@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -60,6 +61,7 @@ struct ServeFlags {
   double drain_timeout = 30;
   double stall_timeout = 30;
   int64_t fault_step_delay_ms = 0;
+  std::string kv_tier_faults = "none";
   std::string log_level = "info";
   // Security flags (docs/SECURITY.md).
   int64_t max_request_bytes = 4 << 20, max_prompt_tokens = 0;
@@ -218,6 +220,10 @@ void RegisterFlags(ServeFlags* f, CliArgs* args) {
             "fault injection for tests only: every engine step sleeps this "
             "many ms, like a stalled device (default 0 = off)",
             0, 3600 * 1000);
+  args->String("kv-tier-inject-faults", &f->kv_tier_faults,
+               "fault injection for tests only: every KV disk tier write "
+               "fails with enospc, erofs or eio, or every read with "
+               "read-eio (default none)");
   args->String("log-level", &f->log_level,
                "trace, debug, info, warn, error, critical, off (default "
                "info)");
@@ -266,6 +272,21 @@ absl::Status FinishFlags(ServeFlags* f) {
   e.max_queued_requests = static_cast<int32_t>(f->max_queued_requests);
   e.max_model_len = static_cast<int32_t>(f->max_model_len);
   e.fault_step_delay = absl::Milliseconds(f->fault_step_delay_ms);
+  const std::string& faults = f->kv_tier_faults;
+  if (faults == "enospc") {
+    e.kv_tiers.inject_write_errno = ENOSPC;
+  } else if (faults == "erofs") {
+    e.kv_tiers.inject_write_errno = EROFS;
+  } else if (faults == "eio") {
+    e.kv_tiers.inject_write_errno = EIO;
+  } else if (faults == "read-eio") {
+    e.kv_tiers.inject_read_errno = EIO;
+  } else if (faults != "none") {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--kv-tier-inject-faults: '%s' must be none, enospc, erofs, eio or "
+        "read-eio",
+        faults));
+  }
   static constexpr const char* kLevels[] = {"trace", "debug",    "info", "warn",
                                             "error", "critical", "off"};
   for (const char* level : kLevels) {

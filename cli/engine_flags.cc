@@ -106,6 +106,15 @@ void RegisterPoolFlags(EngineFlags* f, CliArgs* args) {
                absl::StrCat("auto (per victim, the cheaper of recompute and "
                             "swap), recompute, or swap (default ",
                             f->preemption_mode, ")"));
+  args->String("kv-disk-cache", &f->kv_disk_cache,
+               "a directory for KV blocks below the pool: prefixes written "
+               "through to it are loaded back after eviction or a restart "
+               "(CPU backend; the directory must be this user's and not "
+               "writable by others; default off)");
+  args->Bytes("kv-disk-cache-bytes", &f->kv_disk_cache_bytes,
+              "bytes --kv-disk-cache may hold, least recently used blocks "
+              "evicted first (default 10% of its file system, at most "
+              "64GiB)");
 }
 
 void RegisterSimFlags(EngineFlags* f, CliArgs* args) {
@@ -222,6 +231,11 @@ absl::Status ApplyEngineFlags(const EngineFlags& f, uint32_t groups,
         f.swap_space_bytes >= 0 ? f.swap_space_bytes : DefaultSwapSpaceBytes();
     KV_ASSIGN_OR_RETURN(s.preemption_mode,
                         scheduler::ParsePreemptionMode(f.preemption_mode));
+    e->kv_tiers.disk_dir = f.kv_disk_cache;
+    e->kv_tiers.disk_bytes = f.kv_disk_cache_bytes;
+    if (f.kv_disk_cache_bytes < 0) {
+      return absl::InvalidArgumentError("--kv-disk-cache-bytes: must be >= 0");
+    }
   }
   return absl::OkStatus();
 }

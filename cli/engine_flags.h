@@ -30,6 +30,8 @@ struct EngineFlags {
   double kv_cache_fraction = 0, gpu_memory_fraction = 0;
   int64_t swap_space_bytes = -1;  // -1: DefaultSwapSpaceBytes()
   std::string preemption_mode;
+  std::string kv_disk_cache;
+  int64_t kv_disk_cache_bytes = 0;
   engine::SimConfig sim;  // gpu and tp come from --device
   int64_t sim_seed = 0;
   // --sim-*-efficiency, --sim-host-us-per-seq: into sim's optionals.
@@ -47,7 +49,8 @@ enum EngineFlagGroup : uint32_t {
   // --prefix-caching
   kBatchFlags = 1u << 2,
   // --kv-cache-bytes, --kv-cache-fraction, --gpu-memory-fraction,
-  // --swap-space-bytes, --preemption-mode
+  // --swap-space-bytes, --preemption-mode, --kv-disk-cache,
+  // --kv-disk-cache-bytes
   kPoolFlags = 1u << 3,
   // --sim-weight-bytes, --sim-*-efficiency, --sim-host-us-per-seq,
   // --sim-profile

@@ -47,8 +47,10 @@ absl::StatusOr<scheduler::SchedulerConfig> Engine::Impl::SchedulerConfigFor()
   // the scheduler's bound only backs it up.
   sc.max_queued_requests = std::max(config_.max_queued_requests, 1) * 2 + 64;
   sc.max_model_len = max_model_len_;
-  // Cached KV is only valid for the weights that computed it.
-  sc.model_id = model_.path;
+  // Cached KV is only valid for the weights that computed it: with tiers,
+  // whose blocks outlive the process, the weights' content and the KV
+  // format (kvtier/block_key.h); else the file.
+  sc.model_id = tiers_ ? tiers_->model_id() : model_.path;
   // Preemption cost model: recompute = tokens x seconds per prefill token;
   // swap = block bytes / copy bandwidth, one way (the scheduler counts
   // out and back in).
@@ -94,11 +96,28 @@ absl::Status Engine::Impl::Init(
         absl::ToInt64Milliseconds(config_.fault_step_delay));
   }
   const ModelBackend& backend_ref = runner_->backend();
+  if (!config_.kv_tiers.disk_dir.empty()) {
+    if (registry) tier_metrics_ = std::make_unique<TierMetrics>(*registry);
+    std::function<void(double)> observe_store;
+    if (tier_metrics_) {
+      observe_store = [m = tier_metrics_.get()](double s) {
+        m->ObserveStore(s);
+      };
+    }
+    KV_ASSIGN_OR_RETURN(tiers_, KvTiers::Create(
+                                    config_.kv_tiers, model_, backend_ref,
+                                    [this] {
+                                      absl::MutexLock lock(&mu_);
+                                      tier_wake_ = true;
+                                    },
+                                    std::move(observe_store)));
+  }
   const int32_t num_blocks = backend_ref.num_blocks();
   const int64_t per_token =
       backend_ref.bytes_per_block() / config_.scheduler.block_size;
   KV_ASSIGN_OR_RETURN(scheduler::SchedulerConfig sc, SchedulerConfigFor());
   KV_ASSIGN_OR_RETURN(scheduler_, scheduler::Scheduler::Create(sc));
+  if (tiers_) tiers_->Attach(scheduler_.get());
 
   info_.name = c.name;
   info_.path = model_.path;
@@ -318,6 +337,9 @@ void Engine::Abort(RequestId id) { impl_->Abort(id); }
 void Engine::Start() { impl_->Resume(); }
 void Engine::Pause() { impl_->Pause(); }
 void Engine::Drain(absl::Duration timeout) { impl_->Drain(timeout); }
+int64_t Engine::FlushKvTiers(absl::Time deadline) {
+  return impl_->FlushKvTiers(deadline);
+}
 const ModelInfo& Engine::model_info() const { return impl_->info(); }
 const models::Tokenizer& Engine::tokenizer() const {
   return *impl_->model().tokenizer;

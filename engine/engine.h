@@ -41,6 +41,21 @@ struct KvState;
 // The engine's configuration, typed and with the only defaults there are:
 // the serve flags start from these values, and `scheduler` is the
 // scheduler's own configuration with its defaults.
+// KV tiers below the pool (engine/kv_tiers.h): off while disk_dir is empty.
+struct KvTierConfig {
+  std::string disk_dir;    // --kv-disk-cache
+  int64_t disk_bytes = 0;  // --kv-disk-cache-bytes; 0: 10% of the disk
+  int32_t load_threads = 2;
+  // A load may take this many times the predicted recompute (at least
+  // min_load_deadline) before the request computes the rest itself.
+  double load_deadline_factor = 2.0;
+  absl::Duration min_load_deadline = absl::Milliseconds(20);
+  // Fault injection (--kv-tier-inject-faults): every disk write or read
+  // fails with this errno; 0: none.
+  int32_t inject_write_errno = 0;
+  int32_t inject_read_errno = 0;
+};
+
 struct EngineConfig {
   // Scheduling: block_size, max_num_seqs, max_num_batched_tokens,
   // watermark, policy, kv_reservation, enable_prefix_caching,
@@ -66,6 +81,7 @@ struct EngineConfig {
   // Fault injection for tests (--fault-step-delay-ms): every engine step
   // sleeps this long before its forward, like a stalled device. Zero: off.
   absl::Duration fault_step_delay = absl::ZeroDuration();
+  KvTierConfig kv_tiers;
 };
 
 // Static facts about the loaded model and cache, for GetModelInfo and logs.
@@ -168,6 +184,9 @@ class Engine {
   // Stops admitting (Submit returns UNAVAILABLE), lets in-flight requests
   // finish until `timeout`, cancels the rest. Returns when all are done.
   void Drain(absl::Duration timeout);
+  // Writes what the KV tiers have queued until `deadline` (a shutdown's
+  // drain budget); returns the blocks dropped. 0 without tiers.
+  int64_t FlushKvTiers(absl::Time deadline);
   // Stops admitting at once (Submit returns UNAVAILABLE); Drain waits.
   void BeginDrain() { draining_.store(true); }
   bool draining() const { return draining_.load(); }

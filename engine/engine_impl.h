@@ -15,9 +15,11 @@
 #include "engine/engine.h"
 #include "engine/engine_metrics.h"
 #include "engine/kv_state.h"
+#include "engine/kv_tiers.h"
 #include "engine/live_request.h"
 #include "engine/runner/model_backend.h"
 #include "engine/runner/model_runner.h"
+#include "engine/tier_metrics.h"
 #include "scheduler/scheduler.h"
 
 namespace kvserve::engine {
@@ -59,6 +61,11 @@ class Engine::Impl {
   absl::StatusOr<std::shared_ptr<StreamState>> Submit(RequestSpec spec);
   void Abort(RequestId id);
   void Drain(absl::Duration timeout);
+  // Writes what the KV tiers have queued, up to `deadline`; the blocks
+  // dropped. Any thread.
+  int64_t FlushKvTiers(absl::Time deadline) {
+    return tiers_ ? tiers_->Flush(deadline) : 0;
+  }
 
   const ModelInfo& info() const { return info_; }
   const LoadedModel& model() const { return model_; }
@@ -81,6 +88,8 @@ class Engine::Impl {
   void Loop();
   bool TakeInbox(Inbox* inbox);
   void Admit(std::unique_ptr<LiveRequest> r);
+  // Requests whose tier load ended enter the scheduler.
+  void AdmitLoaded();
   // One iteration of the engine loop: schedule, run the step on the model
   // runner, feed its tokens back to the scheduler, emit and finish.
   void Step();
@@ -159,6 +168,12 @@ class Engine::Impl {
   ModelInfo info_;
   std::unique_ptr<ModelRunner> runner_;
   std::unique_ptr<scheduler::Scheduler> scheduler_;
+  // With tiers and a registry; before tiers_, whose writer thread reports
+  // to it, so it outlives that thread.
+  std::unique_ptr<TierMetrics> tier_metrics_;
+  // The KV tiers (null when off). After runner_: destroyed first, since its
+  // loads write into the backend's KV.
+  std::unique_ptr<KvTiers> tiers_;
   std::unique_ptr<EngineMetrics> metrics_;
   int32_t max_model_len_ = 0;
 
@@ -174,6 +189,8 @@ class Engine::Impl {
   absl::flat_hash_map<std::string, int64_t> tenant_queued_ ABSL_GUARDED_BY(mu_);
   // Until Resume(), for an engine started paused.
   bool paused_ ABSL_GUARDED_BY(mu_) = false;
+  // A tier load ended (set by a loader thread).
+  bool tier_wake_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<RequestId> next_id_{1};
 
   // Engine thread only: Loop binds `loop_owner_`, and the methods that

@@ -21,8 +21,8 @@ constexpr absl::Duration kIdleWait = absl::Milliseconds(50);
 bool Engine::Impl::TakeInbox(Inbox* inbox) {
   absl::MutexLock lock(&mu_);
   auto has_input = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    return stop_ ||
-           (!paused_ && (!inbox_.adds.empty() || !inbox_.aborts.empty()));
+    return stop_ || (!paused_ && (!inbox_.adds.empty() ||
+                                  !inbox_.aborts.empty() || tier_wake_));
   };
   if (!scheduler_->has_work()) {
     mu_.AwaitWithTimeout(absl::Condition(&has_input), kIdleWait);
@@ -34,6 +34,7 @@ bool Engine::Impl::TakeInbox(Inbox* inbox) {
   };
   mu_.Await(absl::Condition(&released));
   inbox_taken_ = clock_->Now();
+  tier_wake_ = false;
   std::swap(*inbox, inbox_);
   return !stop_;
 }
@@ -57,9 +58,25 @@ void Engine::Impl::Admit(std::unique_ptr<LiveRequest> r) {
                       MinTokensStops(r->spec, *model_.tokenizer),
                       r->spec.prompt_tokens, r->pending_forks > 0);
   AddLive(id, std::move(r));
+  // A prompt the KV tiers hold waits for its load (AdmitLoaded).
+  if (tiers_ && tiers_->MaybeLoad(req, clock_->Now())) return;
   absl::Status s = scheduler_->AddRequest(std::move(req));
   if (!s.ok())
     FinishRequest(id, FinishReason::kError, std::string(s.message()));
+}
+
+void Engine::Impl::AdmitLoaded() {
+  if (!tiers_) return;
+  for (KvTiers::Ready& ready : tiers_->TakeReady()) {
+    auto it = live_reqs_.find(ready.id);
+    if (it == live_reqs_.end()) continue;  // ended while loading
+    it->second->tier_prompt_tokens = ready.tier_tokens;
+    if (tier_metrics_) tier_metrics_->ObserveLoad(ready.load_seconds);
+    absl::Status s = scheduler_->AddRequest(std::move(ready.request));
+    if (!s.ok()) {
+      FinishRequest(ready.id, FinishReason::kError, std::string(s.message()));
+    }
+  }
 }
 
 void Engine::Impl::Loop() {
@@ -71,6 +88,7 @@ void Engine::Impl::Loop() {
   // TakeInbox holds a paused engine (start_paused, Pause) until released.
   while (TakeInbox(&inbox)) {
     for (auto& r : inbox.adds) Admit(std::move(r));
+    AdmitLoaded();
     // Before the aborts: gRPC also cancels a call whose deadline passed,
     // and that is a deadline, not a client cancel.
     ExpireDeadlines();
@@ -99,6 +117,8 @@ void Engine::Impl::Loop() {
   std::vector<RequestId> ids;
   for (const auto& [id, r] : live_reqs_) ids.push_back(id);
   for (RequestId id : ids) FinishRequest(id, FinishReason::kCancelled);
+  // Loads write into the pool: joined before the backend can go.
+  if (tiers_) tiers_->Stop();
   PublishStats(0, 0);
 }
 
@@ -193,6 +213,8 @@ void Engine::Impl::Step() {
   if (!result.status.ok()) FailStep(out, result.status);
   std::vector<scheduler::FinishedRequest> finished =
       scheduler_->UpdateFromOutput(out, result.tokens);
+  // Write-through of the blocks just registered, before any can be reused.
+  if (tiers_) tiers_->StoreNewlyCached();
   if (result.status.ok()) Deliver(out, result);
   RetireFinished(finished);
   EndStep(out, result, t0);
@@ -366,8 +388,10 @@ void Engine::Impl::MaybeBuildKvState() {
   const absl::Duration interval =
       now - wanted > kKvStateInterest ? kKvStateIdleInterval : kKvStateInterval;
   if (now - kv_state_built_ < interval) return;
-  auto st = std::make_shared<const KvState>(BuildKvState(
-      *scheduler_, info_.kv_dtype, info_.kv_bytes_per_block, WrittenSlots()));
+  KvState state = BuildKvState(*scheduler_, info_.kv_dtype,
+                               info_.kv_bytes_per_block, WrittenSlots());
+  if (tiers_) state.tiers.push_back(tiers_->StateOf());
+  auto st = std::make_shared<const KvState>(std::move(state));
   kv_state_built_ = now;
   absl::MutexLock lock(&kv_state_mu_);
   kv_state_ = std::move(st);
@@ -394,6 +418,11 @@ KvUsage Engine::Impl::KvUsageOf(const LiveRequest& r, double queued_seconds,
   kv.swapped_in_bytes = s.swapped_in_blocks * block_bytes;
   kv.queued_seconds = queued_seconds;
   kv.preempted_seconds = r.preempted_seconds;
+  // Loaded blocks are matched first-come like any cached block: the split
+  // credits the disk with at most what its load brought in.
+  kv.cached_tokens_disk =
+      std::min(r.tier_prompt_tokens, r.cached_prompt_tokens);
+  kv.cached_tokens_device = r.cached_prompt_tokens - kv.cached_tokens_disk;
   if (r.preempted_at != absl::InfinitePast()) {
     kv.preempted_seconds += SecondsBetween(r.preempted_at, now);
   }
@@ -454,6 +483,7 @@ void Engine::Impl::PublishStats(double step_seconds, int64_t tokens) {
                             runner_->backend().num_swap_slots());
     if (tokens > 0) metrics_->ObserveStep(step_seconds, tokens);
   }
+  if (tier_metrics_) tier_metrics_->Publish(tiers_->stats());
   absl::MutexLock lock(&stats_mu_);
   stats_.running = s.num_running;
   stats_.waiting = s.num_waiting;

@@ -34,6 +34,18 @@ struct KvStateRequest {
   int32_t blocks = 0, swap_slots = 0, preemptions = 0;
 };
 
+// One KV tier below the pool (engine/kv_tiers.h).
+struct KvStateTier {
+  std::string name;  // "disk"
+  std::string path;  // its directory
+  bool healthy = true;
+  int64_t blocks = 0, bytes = 0, capacity_bytes = 0;
+  int64_t loading_requests = 0;
+  // Cumulative since start.
+  int64_t hits = 0, misses = 0, stores = 0, stores_dropped = 0, evictions = 0,
+          errors = 0, loads = 0;
+};
+
 struct KvState {
   absl::Time time;
   kvcache::KvDtype kv_dtype = kvcache::KvDtype::kBF16;
@@ -57,6 +69,7 @@ struct KvState {
   int64_t evictions = 0;
   int64_t preemptions_recompute = 0, preemptions_swap = 0;
   int64_t swapped_out_blocks = 0, swapped_in_blocks = 0;
+  std::vector<KvStateTier> tiers;  // none when the tiers are off
 };
 
 // Reads `scheduler` (engine thread only). `written_slots` is the KV

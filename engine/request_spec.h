@@ -82,6 +82,12 @@ struct KvUsage {
   int64_t swapped_in_bytes = 0;
   double queued_seconds = 0;     // arrival -> first scheduled
   double preempted_seconds = 0;  // preempted -> scheduled again, summed
+  // The cached prompt tokens (Usage::cached_prompt_tokens) by where they
+  // were found: in the pool, or loaded from the disk tier for this request.
+  // Not summed over completions: a usage takes the split of the completion
+  // with the most cached tokens, as it takes their count.
+  int32_t cached_tokens_device = 0;
+  int32_t cached_tokens_disk = 0;
 };
 
 struct Usage {

@@ -81,10 +81,16 @@ void StreamState::Finish(int32_t index, FinishReason reason, const Usage& usage,
     // The prompt is shared: counted once.
     total_usage_.prompt_tokens =
         std::max(total_usage_.prompt_tokens, usage.prompt_tokens);
+    const bool most_cached =
+        usage.cached_prompt_tokens >= total_usage_.cached_prompt_tokens;
     total_usage_.cached_prompt_tokens =
         std::max(total_usage_.cached_prompt_tokens, usage.cached_prompt_tokens);
     total_usage_.completion_tokens += usage.completion_tokens;
     AddKvUsage(usage.kv, &total_usage_.kv);
+    if (most_cached) {
+      total_usage_.kv.cached_tokens_device = usage.kv.cached_tokens_device;
+      total_usage_.kv.cached_tokens_disk = usage.kv.cached_tokens_disk;
+    }
   }
   Deliver();
 }

@@ -2,6 +2,7 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -45,6 +46,22 @@ BlockHash HashBlockTokens(BlockHash parent, BlockHash ns,
   Store(FromXxh(XXH3_128bits(tokens.data(), tokens.size() * sizeof(int32_t))),
         words + 4);
   return FromXxh(XXH3_128bits(words, sizeof(words)));
+}
+
+std::vector<BlockHash> ChainBlockHashes(absl::Span<const int32_t> tokens,
+                                        BlockHash ns, int block_size,
+                                        int64_t max_blocks, BlockHash parent) {
+  std::vector<BlockHash> keys;
+  if (block_size <= 0) return keys;
+  const int64_t full = static_cast<int64_t>(tokens.size()) / block_size;
+  const int64_t n = std::min(full, std::max<int64_t>(max_blocks, 0));
+  keys.reserve(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    parent =
+        HashBlockTokens(parent, ns, tokens.subspan(i * block_size, block_size));
+    keys.push_back(parent);
+  }
+  return keys;
 }
 
 }  // namespace kvserve::kvcache

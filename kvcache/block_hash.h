@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
@@ -37,6 +38,12 @@ inline constexpr BlockHash kNoParentHash = 0;
 // XXH3-128 of (parent, namespace, the block's token ids).
 [[nodiscard]] BlockHash HashBlockTokens(BlockHash parent, BlockHash ns,
                                         absl::Span<const int32_t> tokens);
+
+// The keys of the full blocks of `tokens` (at most `max_blocks`), chained
+// from `parent`: what the pool and the KV tiers look a prefix up by.
+[[nodiscard]] std::vector<BlockHash> ChainBlockHashes(
+    absl::Span<const int32_t> tokens, BlockHash ns, int block_size,
+    int64_t max_blocks, BlockHash parent = kNoParentHash);
 
 // The signature of HashBlockTokens; tests substitute a colliding one.
 using BlockHashFn = BlockHash (*)(BlockHash parent, BlockHash ns,

@@ -256,6 +256,10 @@ void KvCacheManager::CacheComputedBlocks(RequestId request,
     if (!pool_.block_hash(block).has_value() && pool_.CacheBlock(block, hash)) {
       // active -> active (hashed): remember what it holds for hit checks.
       index_.Index(block, table.last_hash, ns, block_tokens);
+      if (record_newly_cached_) {
+        newly_cached_.push_back(
+            {block, hash, table.last_hash, ns, block_tokens});
+      }
     }
     table.last_hash = hash;
     table.num_hashed = i + 1;
@@ -284,6 +288,70 @@ void KvCacheManager::CachePartialBlock(RequestId request,
   std::vector<int32_t> block_tokens(len);
   tokens.Copy(idx * block_size_, len, block_tokens.data());
   index_.Index(block, table.last_hash, ns, block_tokens);
+}
+
+void KvCacheManager::set_record_newly_cached(bool on) {
+  record_newly_cached_ = on;
+  if (!on) newly_cached_.clear();
+}
+
+std::vector<CachedBlockRecord> KvCacheManager::TakeNewlyCached() {
+  std::vector<CachedBlockRecord> out;
+  out.swap(newly_cached_);
+  return out;
+}
+
+std::optional<std::vector<BlockId>> KvCacheManager::ReserveForLoad(
+    int64_t load, absl::Span<const BlockId> matched, int32_t n,
+    int32_t keep_free) {
+  owner_.CheckOwner("KvCacheManager");
+  KV_CHECK(!loads_.contains(load), "tier load ", load, " exists");
+  int32_t evictable = 0;
+  for (const BlockId b : matched) {
+    if (pool_.ref_count(b) == 0) ++evictable;
+  }
+  if (n <= 0 ||
+      int64_t{pool_.num_free()} - evictable - n < int64_t{keep_free}) {
+    return std::nullopt;
+  }
+  // Touch first: the matched blocks leave the free queue before TakeFresh
+  // pops (and may evict) from its head.
+  pool_.Touch(matched);
+  LoadHold& hold = loads_[load];
+  hold.matched.assign(matched.begin(), matched.end());
+  hold.fresh = TakeFresh(n, EvictReason::kAdmit);
+  return hold.fresh;
+}
+
+int32_t KvCacheManager::FinishLoad(int64_t load, int32_t verified,
+                                   BlockHash parent, BlockHash ns,
+                                   absl::Span<const int32_t> tokens) {
+  owner_.CheckOwner("KvCacheManager");
+  auto it = loads_.find(load);
+  if (it == loads_.end()) return 0;
+  LoadHold hold = std::move(it->second);
+  loads_.erase(it);
+  verified =
+      std::clamp<int32_t>(verified, 0, static_cast<int32_t>(hold.fresh.size()));
+  KV_CHECK(tokens.size() >= static_cast<size_t>(verified) * block_size_,
+           "FinishLoad: ", tokens.size(), " tokens for ", verified, " blocks");
+  int32_t registered = 0;
+  for (int32_t i = 0; i < verified; ++i) {
+    const absl::Span<const int32_t> bt =
+        tokens.subspan(static_cast<size_t>(i) * block_size_, block_size_);
+    const BlockHash hash = hash_fn_(parent, ns, bt);
+    if (pool_.CacheBlock(hold.fresh[i], hash)) {
+      index_.Index(hold.fresh[i], parent, ns, bt);
+      ++registered;
+    }
+    parent = hash;
+  }
+  // Last first, as Free does: a chain's tail is evicted before its head.
+  std::vector<BlockId> release(hold.matched.begin(), hold.matched.end());
+  release.insert(release.end(), hold.fresh.begin(), hold.fresh.end());
+  std::reverse(release.begin(), release.end());
+  pool_.Free(release);
+  return registered;
 }
 
 void KvCacheManager::ReleasePinned() {
@@ -402,6 +470,10 @@ absl::Status KvCacheManager::CheckInvariants() const {
     }
   }
   for (const BlockId b : pinned_) ++holders[b];
+  for (const auto& [id, hold] : loads_) {
+    for (const BlockId b : hold.matched) ++holders[b];
+    for (const BlockId b : hold.fresh) ++holders[b];
+  }
   KV_RETURN_IF_ERROR(swap_.CheckInvariants());
   std::vector<bool> slot_held(swap_.num_slots(), false);
   int32_t slots_held = 0;

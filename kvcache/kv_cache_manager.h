@@ -46,10 +46,17 @@
 // and the swapped request only drops its reference (it gets private copies
 // back on swap-in).
 //
+// KV tiers (kvtier/): CacheComputedBlocks can record each block it
+// registers (TakeNewlyCached) for the engine to copy down. A tier load holds
+// the pool blocks it matched and fresh blocks for what it reads
+// (ReserveForLoad) outside any table; FinishLoad registers the verified ones
+// under their keys, as if computed and freed, and releases the rest, so a
+// request admitted after it finds them like any cached prefix.
+//
 // Invariants (CheckInvariants verifies them):
 //   - the pool's invariants hold;
 //   - every block's ref count equals the number of block tables holding it
-//     plus its pins (tables and pins are the only owners of references);
+//     plus its pins and tier-load holds (the only owners of references);
 //   - no table is empty (a request with no blocks has no table);
 //   - a table's hashed blocks are a prefix of it;
 //   - the swap space's invariants hold; every used slot belongs to exactly
@@ -77,6 +84,15 @@ namespace kvserve::kvcache {
 
 // Scheduler-assigned request id (scheduler::RequestId is this type).
 using RequestId = int64_t;
+
+// A block CacheComputedBlocks registered: what a KV tier stores it under.
+struct CachedBlockRecord {
+  BlockId block = kNoBlock;
+  BlockHash key = 0;
+  BlockHash parent = 0;
+  BlockHash ns = 0;
+  std::vector<int32_t> tokens;
+};
 
 // KV occupancy in blocks. active + cached_evictable + free_uncached == total.
 struct KvUsage {
@@ -240,6 +256,32 @@ class KvCacheManager {
   void CacheComputedBlocks(RequestId request, const TokenSequence& tokens,
                            int32_t num_computed_tokens, BlockHash ns);
 
+  // --- KV tiers ---------------------------------------------------------
+  // Records every block CacheComputedBlocks registers from now on (off:
+  // stops and drops the record).
+  void set_record_newly_cached(bool on);
+  // The blocks registered since the last call, in order.
+  [[nodiscard]] std::vector<CachedBlockRecord> TakeNewlyCached();
+  // For tier load `load`: holds the `matched` blocks (a FindCachedPrefix
+  // match, so loading cannot evict them) and takes `n` fresh blocks to read
+  // into, leaving at least `keep_free` free. Returns the fresh blocks;
+  // nullopt, changing nothing, when they do not fit. Precondition: `load`
+  // holds nothing.
+  [[nodiscard]] std::optional<std::vector<BlockId>> ReserveForLoad(
+      int64_t load, absl::Span<const BlockId> matched, int32_t n,
+      int32_t keep_free);
+  // Ends `load`: its first `verified` fresh blocks (full blocks of `tokens`,
+  // block_size each, chained from `parent` under `ns`) are registered as
+  // cached, as CacheComputedBlocks would (not recorded as newly cached);
+  // then every block it holds is released, the last first. A key another
+  // block already caches leaves its block unregistered. Returns the blocks
+  // registered. No-op for an unknown `load`.
+  int32_t FinishLoad(int64_t load, int32_t verified, BlockHash parent,
+                     BlockHash ns, absl::Span<const int32_t> tokens);
+  [[nodiscard]] int32_t num_loads() const {
+    return static_cast<int32_t>(loads_.size());
+  }
+
   // Releases every block of `request`, tail-first (so its tail is evicted
   // before its head), and forgets its table; frees its swap slots if it is
   // swapped out. Returns the number of blocks in the table (0 for a request
@@ -314,7 +356,14 @@ class KvCacheManager {
   // What each block holds and the tail index (prefix_index.h).
   PrefixIndex index_;
   std::vector<BlockId> pinned_;  // tail sources of pending copies
-  ThreadOwner owner_;            // the one thread that may mutate
+  struct LoadHold {
+    std::vector<BlockId> matched;
+    std::vector<BlockId> fresh;
+  };
+  absl::flat_hash_map<int64_t, LoadHold> loads_;  // tier loads in flight
+  bool record_newly_cached_ = false;
+  std::vector<CachedBlockRecord> newly_cached_;
+  ThreadOwner owner_;  // the one thread that may mutate
 };
 
 }  // namespace kvserve::kvcache

@@ -355,6 +355,9 @@ class Scheduler {
   [[nodiscard]] SchedulerStats stats() const;
   [[nodiscard]] const SchedulerConfig& config() const { return config_; }
   [[nodiscard]] const kvcache::KvCacheManager& kv_cache() const { return kv_; }
+  // The KV tiers' access (engine/kv_tiers.h): loads into the pool outside
+  // any request and the record of newly cached blocks; nothing else.
+  [[nodiscard]] kvcache::KvCacheManager& kv_cache_for_tiers() { return kv_; }
   // Reports every eviction of a cached block from now on.
   void SetEvictionObserver(kvcache::EvictionObserver observer) {
     kv_.set_eviction_observer(std::move(observer));

@@ -233,6 +233,14 @@ void Daemon::Shutdown(absl::Duration drain_timeout) {
     spdlog::info("draining: {} running, {} waiting, timeout {}", s.running,
                  s.waiting, absl::FormatDuration(drain_timeout));
     engine_->Drain(drain_timeout);
+    // What the finished requests left for the KV tiers, in what the drain
+    // left of its budget (at least a second).
+    const int64_t dropped = engine_->FlushKvTiers(
+        std::max(t0 + drain_timeout, absl::Now() + absl::Seconds(1)));
+    if (dropped > 0) {
+      spdlog::warn("kv tiers: {} queued blocks not written at shutdown",
+                   dropped);
+    }
   }
   // One deadline for both front ends' last writes.
   const absl::Time close_by = absl::Now() + kShutdownGrace;

@@ -87,6 +87,25 @@ std::string KvStateJson(const engine::KvState& s, const std::string& model_name,
         {"swapped_out_blocks", s.swapped_out_blocks},
         {"swapped_in_blocks", s.swapped_in_blocks}}},
   };
+  json tiers = json::array();
+  for (const engine::KvStateTier& t : s.tiers) {
+    tiers.push_back({{"name", t.name},
+                     // Where prompts are stored: an admin's view only.
+                     {"path", tenant == nullptr ? t.path : ""},
+                     {"healthy", t.healthy},
+                     {"blocks", t.blocks},
+                     {"bytes", t.bytes},
+                     {"capacity_bytes", t.capacity_bytes},
+                     {"loading_requests", t.loading_requests},
+                     {"hits", t.hits},
+                     {"misses", t.misses},
+                     {"stores", t.stores},
+                     {"stores_dropped", t.stores_dropped},
+                     {"evictions", t.evictions},
+                     {"errors", t.errors},
+                     {"loads", t.loads}});
+  }
+  j["tiers"] = std::move(tiers);
   return j.dump();
 }
 

@@ -47,7 +47,12 @@ json KvUsageJson(const engine::KvUsage& kv) {
           {"swapped_out_bytes", kv.swapped_out_bytes},
           {"swapped_in_bytes", kv.swapped_in_bytes},
           {"queued_seconds", kv.queued_seconds},
-          {"preempted_seconds", kv.preempted_seconds}};
+          {"preempted_seconds", kv.preempted_seconds},
+          {"cached_tokens_by_tier",
+           {{"device", kv.cached_tokens_device},
+            {"host", 0},
+            {"disk", kv.cached_tokens_disk},
+            {"remote", 0}}}};
 }
 
 json UsageJson(const engine::Usage& u) {

@@ -71,6 +71,9 @@ void ToProto(const engine::StreamDelta& delta,
     k->set_swapped_in_bytes(kv.swapped_in_bytes);
     k->set_queued_seconds(kv.queued_seconds);
     k->set_preempted_seconds(kv.preempted_seconds);
+    v1::CachedTokensByTier* tiers = k->mutable_cached_tokens_by_tier();
+    tiers->set_device(kv.cached_tokens_device);
+    tiers->set_disk(kv.cached_tokens_disk);
   }
   v1::Timings* timings = out->mutable_timings();
   timings->set_queue_seconds(delta.timings.queue_seconds);

@@ -4,11 +4,12 @@
 Each source folder is a room (one CMake library); a room may include its
 own headers and those of the rooms below it, never one above or beside:
 
-  cli -> server -> engine -> engine/runner -> {scheduler, models/cpu,
-                                               models/cuda, models/sim}
+  cli -> server -> engine -> engine/runner -> {scheduler, kvtier,
+                                               models/cpu, models/cuda,
+                                               models/sim}
   models/cpu, models/cuda -> models/loader -> models/tokenizer -> models
   models/sim -> models
-  scheduler -> kvcache;  models -> kvcache -> common
+  scheduler -> kvcache;  kvtier -> kvcache;  models -> kvcache -> common
 
 `server` also reaches the generated protocol headers (`kvserve/v1/...`),
 but never a device's kernels (models/cpu, models/cuda): the engine's
@@ -41,7 +42,9 @@ DIRECT = {
     "models/cuda": ["models/loader"],
     "models/sim": ["models"],
     "scheduler": ["kvcache"],
-    "engine/runner": ["scheduler", "models/cpu", "models/cuda", "models/sim"],
+    "kvtier": ["kvcache"],
+    "engine/runner": ["scheduler", "kvtier", "models/cpu", "models/cuda",
+                      "models/sim"],
     "engine": ["engine/runner"],
     "proto": [],
     "server": ["engine", "proto"],
@@ -56,6 +59,7 @@ FORBIDDEN = {
 TEST_AREAS = {
     "common": ["common"],
     "kvcache": ["kvcache"],
+    "kvtier": ["kvtier"],
     "models": ["models/cpu", "models/cuda", "models/sim"],
     "scheduler": ["scheduler"],
     "engine": ["engine"],

@@ -79,6 +79,13 @@ class CpuBackend final : public ModelBackend {
   absl::Status CopyBlocks(absl::Span<const BlockMove> moves) override;
   absl::Status SwapOut(absl::Span<const BlockMove> moves) override;
   absl::Status SwapIn(absl::Span<const BlockMove> moves) override;
+  std::vector<kvtier::Piece> KvBlockPieces(int32_t block) const override;
+  // NOTE: bump when a kernel change alters the KV bytes a forward stores:
+  // the disk tier's old blocks then miss instead of serving stale numerics.
+  std::string kv_numerics_version() const override { return "cpu-n1"; }
+  std::string kv_layout_version() const override {
+    return "cpu-layer-kv-rows-v1";
+  }
 
  private:
   // A swap slot: one block of every layer, K then V per layer.
@@ -188,6 +195,21 @@ absl::Status CpuBackend::SwapOut(absl::Span<const BlockMove> moves) {
     }
   }
   return absl::OkStatus();
+}
+
+std::vector<kvtier::Piece> CpuBackend::KvBlockPieces(int32_t block) const {
+  if (block < 0 || block >= num_blocks()) return {};
+  const models::KvCacheView& v = kv_->view();
+  const int64_t n = v.BlockBytes();
+  std::vector<kvtier::Piece> pieces;
+  pieces.reserve(2 * v.k.size());
+  for (size_t l = 0; l < v.k.size(); ++l) {
+    pieces.push_back({reinterpret_cast<uint8_t*>(v.k[l] + block * n),
+                      static_cast<size_t>(n)});
+    pieces.push_back({reinterpret_cast<uint8_t*>(v.v[l] + block * n),
+                      static_cast<size_t>(n)});
+  }
+  return pieces;
 }
 
 absl::Status CpuBackend::SwapIn(absl::Span<const BlockMove> moves) {

@@ -22,6 +22,7 @@
 #include "engine/runner/device.h"
 #include "kvcache/block_pool.h"
 #include "kvcache/kv_sizing.h"
+#include "kvtier/block_codec.h"
 #include "models/forward_batch.h"
 #include "scheduler/scheduler_config.h"
 
@@ -94,6 +95,19 @@ class ModelBackend {
   // Swap slot src -> KV block dst.
   [[nodiscard]] virtual absl::Status SwapIn(
       absl::Span<const BlockMove> moves) = 0;
+
+  // KV tiers: block `block`'s bytes where the KV lives in host memory, in
+  // the tier payload order (per layer its K then its V slab: a swap slot's
+  // layout); empty where it does not (then the tiers are refused).
+  [[nodiscard]] virtual std::vector<kvtier::Piece> KvBlockPieces(
+      int32_t /*block*/) const {
+    return {};
+  }
+  // What those bytes depend on besides the model and dtype: the kernels'
+  // KV numerics version (bumped when a change alters stored KV bytes) and
+  // the layout's name. Salted into every tier key.
+  [[nodiscard]] virtual std::string kv_numerics_version() const { return ""; }
+  [[nodiscard]] virtual std::string kv_layout_version() const { return ""; }
 };
 
 // Builds the backend for `config.device` ("auto": CUDA when the build has it

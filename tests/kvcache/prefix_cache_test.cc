@@ -372,3 +372,75 @@ TEST_F(PrefixCacheTest, APopularBlocksChildrenStayFoundThroughChurn) {
 
 }  // namespace
 }  // namespace kvserve::kvcache
+
+namespace kvserve::kvcache {
+namespace {
+
+// A tier load: the matched prefix is held (loading cannot evict it),
+// verified blocks become cached under their chain keys, the rest is freed,
+// and a request admitted afterwards matches pool + loaded blocks.
+TEST_F(PrefixCacheTest, TierLoadRegistersVerifiedBlocksAsCached) {
+  kv_.set_record_newly_cached(true);
+  const std::vector<int32_t> prompt = Iota(100, 21);  // 5 full blocks
+  // Request 1 computes the first 2 blocks, then ends: they stay cached.
+  EXPECT_EQ(Prefill(kv_, 1, Iota(100, 9)), 0);
+  const std::vector<CachedBlockRecord> rec = kv_.TakeNewlyCached();
+  ASSERT_EQ(rec.size(), 2u);
+  EXPECT_EQ(rec[1].parent, rec[0].key);
+  EXPECT_EQ(rec[1].tokens, Iota(104, 4));
+  kv_.Free(1);
+  const PrefixMatch m = kv_.FindCachedPrefix(Seq(prompt), kNs, false);
+  ASSERT_EQ(m.blocks.size(), 2u);
+  // A load of blocks 2..4 (3 fresh), of which 2 verify.
+  const std::optional<std::vector<BlockId>> fresh =
+      kv_.ReserveForLoad(7, m.blocks, 3, /*keep_free=*/1);
+  ASSERT_TRUE(fresh.has_value());
+  EXPECT_EQ(kv_.num_loads(), 1);
+  ASSERT_INVARIANTS(kv_);
+  // Too big a load changes nothing.
+  EXPECT_FALSE(kv_.ReserveForLoad(8, {}, 20, 0).has_value());
+  EXPECT_EQ(kv_.num_loads(), 1);
+  const std::vector<BlockHash> keys = ChainBlockHashes(prompt, kNs, 4, 5);
+  EXPECT_EQ(kv_.FinishLoad(7, 2, keys[1], kNs,
+                           absl::MakeConstSpan(prompt).subspan(8)),
+            2);
+  EXPECT_EQ(kv_.num_loads(), 0);
+  ASSERT_INVARIANTS(kv_);
+  // Loaded blocks are not recorded for a store.
+  EXPECT_THAT(kv_.TakeNewlyCached(), IsEmpty());
+  const PrefixMatch after = kv_.FindCachedPrefix(Seq(prompt), kNs);
+  EXPECT_EQ(after.blocks.size(), 4u);
+  EXPECT_EQ(after.blocks[2], (*fresh)[0]);
+  EXPECT_EQ(after.blocks[3], (*fresh)[1]);
+  EXPECT_EQ(kv_.pool().block_hash((*fresh)[0]), keys[2]);
+  EXPECT_FALSE(kv_.pool().block_hash((*fresh)[2]).has_value());
+  EXPECT_EQ(kv_.num_free_blocks(), 11);
+  // An unknown load is a no-op.
+  EXPECT_EQ(kv_.FinishLoad(99, 1, 0, kNs, prompt), 0);
+}
+
+TEST(ChainBlockHashesTest, EqualsTheChainOfHashBlockTokens) {
+  std::vector<int32_t> tokens(70);
+  for (int i = 0; i < 70; ++i) tokens[i] = i * 3;
+  const BlockHash ns = NamespaceHash("m", "salt");
+  const std::vector<BlockHash> keys =
+      ChainBlockHashes(tokens, ns, 16, /*max_blocks=*/100);
+  ASSERT_EQ(keys.size(), 4u);  // full blocks only
+  BlockHash parent = kNoParentHash;
+  for (int i = 0; i < 4; ++i) {
+    parent = HashBlockTokens(parent, ns,
+                             absl::MakeConstSpan(tokens).subspan(i * 16, 16));
+    EXPECT_EQ(keys[i], parent) << i;
+  }
+  EXPECT_EQ(ChainBlockHashes(tokens, ns, 16, 2).size(), 2u);
+  EXPECT_TRUE(ChainBlockHashes(tokens, ns, 16, 0).empty());
+  // Continued from a parent: the tail of the same chain.
+  const std::vector<BlockHash> tail = ChainBlockHashes(
+      absl::MakeConstSpan(tokens).subspan(32), ns, 16, 100, keys[1]);
+  ASSERT_EQ(tail.size(), 2u);
+  EXPECT_EQ(tail[0], keys[2]);
+  EXPECT_EQ(tail[1], keys[3]);
+}
+
+}  // namespace
+}  // namespace kvserve::kvcache

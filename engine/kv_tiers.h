@@ -1,0 +1,117 @@
+// KvTiers: the engine's side of the KV tiers below the pool (kvtier/).
+//
+// Stores (write-through): after each step, the blocks the prefix cache
+// registered are copied out of the pool on the engine thread (a memcpy per
+// layer slab) and queued for the disk writer; a queue that is full drops
+// the block, counted, never waits.
+//
+// Loads: a new request's full prompt blocks are looked up past the pool's
+// own match (same chain keys); when the disk holds a run of them, the
+// tiers hold the request back (its loading state), lend fresh pool blocks
+// to a loader thread and let the engine keep stepping. When the load
+// completes (or its deadline passes) the verified blocks are registered as
+// cached and the request enters the scheduler, whose prefix match then
+// finds them like any cached prefix. The step never waits on a disk.
+//
+// Keys: the scheduler's model id becomes kvtier::ModelIdFor(salt), the salt
+// covering the weights' fingerprint and the KV format, so the pool's chain
+// keys are the tier keys. Engine thread only, but for the wake callback.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "engine/engine.h"
+#include "engine/kv_state.h"
+#include "engine/runner/model_backend.h"
+#include "kvtier/disk_tier.h"
+#include "kvtier/tier_loader.h"
+#include "scheduler/scheduler.h"
+
+namespace kvserve::engine {
+
+struct KvTierStats {
+  kvtier::DiskTierStats disk;
+  int64_t loading_requests = 0;
+  int64_t loads = 0;            // loads started
+  int64_t loaded_blocks = 0;    // verified and registered
+  int64_t load_deadlines = 0;   // loads cut short by their deadline
+  int64_t skipped_slower = 0;   // not loaded: predicted slower than compute
+  int64_t skipped_no_room = 0;  // not loaded: no free pool blocks
+  double load_seconds_per_block = 0;
+};
+
+class KvTiers {
+ public:
+  // A request whose load ended: it enters the scheduler now.
+  struct Ready {
+    RequestId id = 0;
+    std::unique_ptr<scheduler::Request> request;
+    int32_t tier_tokens = 0;  // prompt tokens its load registered
+    double load_seconds = 0;
+  };
+
+  // Opens the configured tiers for `model` on `backend`. FailedPrecondition
+  // when the backend's KV is not in host memory; the disk tier's errors.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<KvTiers>> Create(
+      const KvTierConfig& config, const LoadedModel& model,
+      const ModelBackend& backend, std::function<void()> wake,
+      std::function<void(double)> observe_store = nullptr);
+  ~KvTiers();
+
+  // The prefix cache's model id under the tiers' salt.
+  [[nodiscard]] const std::string& model_id() const { return model_id_; }
+  // Before the first request: the scheduler whose pool the tiers fill.
+  void Attach(scheduler::Scheduler* scheduler);
+
+  // Starts a load of r's prompt blocks past the pool's match when the disk
+  // holds some; true: the tiers keep `r` until TakeReady hands it back.
+  [[nodiscard]] bool MaybeLoad(std::unique_ptr<scheduler::Request>& r,
+                               absl::Time now);
+  [[nodiscard]] std::vector<Ready> TakeReady();
+  // Copies the newly cached blocks down (after each step's registration).
+  void StoreNewlyCached();
+  // Waits for queued stores up to `deadline`; returns the blocks dropped.
+  int64_t Flush(absl::Time deadline);
+  // Cancels and joins the loads (before the backend's memory goes).
+  void Stop();
+
+  [[nodiscard]] KvTierStats stats() const;
+  // The disk tier for /v1/kv/state.
+  [[nodiscard]] KvStateTier StateOf() const;
+  [[nodiscard]] int64_t loading() const {
+    return static_cast<int64_t>(loading_.size());
+  }
+
+ private:
+  struct Loading {
+    std::unique_ptr<scheduler::Request> request;
+    int32_t first_block = 0;  // the pool's match
+    kvcache::BlockHash parent = kvcache::kNoParentHash;
+    kvcache::BlockHash ns = 0;
+  };
+  KvTiers(const KvTierConfig& config, const ModelBackend& backend,
+          kvtier::BlockFormat format);
+
+  const KvTierConfig config_;
+  const ModelBackend& backend_;
+  const kvtier::BlockFormat format_;
+  const kvtier::Key salt_;
+  const std::string model_id_;
+  scheduler::Scheduler* scheduler_ = nullptr;
+  std::unique_ptr<kvtier::DiskTier> disk_;
+  std::unique_ptr<kvtier::TierLoader> loader_;
+  absl::flat_hash_map<RequestId, Loading> loading_;
+  // Namespace -> scope tag of the requests seen (a block's file name and
+  // purge tag); bounded.
+  absl::flat_hash_map<kvcache::BlockHash, uint64_t> scope_tags_;
+  KvTierStats stats_;
+};
+
+}  // namespace kvserve::engine

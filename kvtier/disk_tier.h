@@ -1,0 +1,159 @@
+// The disk tier: KV blocks as files under one directory, written through
+// by a writer thread from copies the engine hands it, read and verified by
+// whichever thread loads them, indexed in memory and bounded by bytes
+// (LRU, disk_index.h). The files outlive the process: a restarted daemon
+// indexes the directory (names and one stat per file) and serves them.
+//
+// Layout: DIR/kvserve-v1/<salt>/<key[0:2]>/<block file> (block_key.h,
+// block_codec.h), directories 0700, files 0600. DIR must be a directory
+// owned by this user and writable by no one else: the files hold prompts.
+//
+// Two daemons may share DIR: writes are a private temporary file renamed
+// into place; a daemon finds the other's files when a probe misses its
+// index (one stat), and a file removed under it is an `absent` miss.
+//
+// Faults never reach a request: a write that fails (disk full, read-only,
+// vanished directory) drops the block, counts it and pauses writes with a
+// backoff (1 s doubling to 60 s), logged once per change of state; a read
+// that fails is a miss. Thread-safe.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "kvtier/block_codec.h"
+#include "kvtier/disk_index.h"
+
+namespace kvserve::kvtier {
+
+struct DiskTierOptions {
+  std::string dir;
+  uint64_t capacity_bytes = 0;
+  int max_queued_blocks = 64;
+  // Fault injection (tests, the hidden --kv-tier-inject-faults): every write
+  // or read fails with this errno; 0 for none.
+  int inject_write_errno = 0;
+  int inject_read_errno = 0;
+  // Called on the writer thread with each written block's seconds.
+  std::function<void(double)> observe_store;
+};
+
+// One block to write: its header (the checksum is the writer's) and a copy
+// of its payload.
+struct StoreItem {
+  BlockHeader header;
+  uint64_t scope_tag = 0;
+  std::vector<uint8_t> payload;
+};
+
+enum class DropReason { kQueueFull, kUnhealthy, kError };
+inline constexpr int kNumDropReasons = 3;
+
+struct DiskTierStats {
+  uint64_t blocks = 0;
+  uint64_t bytes = 0;
+  uint64_t capacity_bytes = 0;
+  bool writable = true;  // false while writes back off after an error
+  uint64_t queued = 0;
+  uint64_t hits = 0;
+  std::array<uint64_t, kNumMissReasons> misses{};
+  uint64_t stores = 0;
+  std::array<uint64_t, kNumDropReasons> stores_dropped{};
+  uint64_t evictions = 0;
+  uint64_t errors = 0;  // failed system calls
+  uint64_t indexed_at_start = 0;
+  double index_seconds = 0;
+};
+
+class DiskTier {
+ public:
+  // Checks and indexes `options.dir` for blocks of `salt`. FailedPrecondition
+  // naming the directory when it is not one, is a symlink, belongs to
+  // another user or is writable by others; InvalidArgument for a zero
+  // capacity or a capacity below one block.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<DiskTier>> Open(
+      const DiskTierOptions& options, Key salt, Key fingerprint,
+      uint64_t payload_bytes);
+  ~DiskTier();
+  DiskTier(const DiskTier&) = delete;
+  DiskTier& operator=(const DiskTier&) = delete;
+
+  // How many of `keys` (a chain, first block first) the tier holds in a
+  // run from the first: the index, then one stat per block another daemon
+  // may have written.
+  [[nodiscard]] int64_t Probe(absl::Span<const Key> keys, uint64_t scope_tag,
+                              uint64_t salt_tag);
+  // Whether the index holds `key` (no file access).
+  [[nodiscard]] bool Contains(Key key) const;
+  // Queues a block for writing; false (counted) when the queue is full or
+  // writes are paused. A key already held is skipped (true).
+  bool Store(StoreItem item);
+  // Reads the block `want` names into `dst` (pieces summing to the payload
+  // size) and verifies it; nullopt on a hit. On a miss `dst` holds garbage;
+  // content failures delete the file.
+  [[nodiscard]] std::optional<MissReason> Load(const Expected& want,
+                                               uint64_t scope_tag,
+                                               absl::Span<const Piece> dst);
+  // Waits for the queue to drain, up to `deadline`; what is still queued
+  // then is dropped. Returns the blocks dropped.
+  int64_t Flush(absl::Time deadline);
+  // Deletes every block whose tags match (nullopt matches all); returns how
+  // many.
+  int64_t Purge(std::optional<uint64_t> scope_tag,
+                std::optional<uint64_t> salt_tag);
+
+  [[nodiscard]] DiskTierStats stats() const;
+  [[nodiscard]] const std::string& root() const { return root_; }
+  [[nodiscard]] uint64_t stored_block_bytes() const {
+    return index_.entry_bytes();
+  }
+  [[nodiscard]] uint64_t payload_bytes() const { return payload_bytes_; }
+
+ private:
+  DiskTier(const DiskTierOptions& options, Key salt, Key fingerprint,
+           uint64_t payload_bytes, std::string root);
+
+  absl::Status Scan();
+  void WriterLoop();
+  // Writes one block file; 0 or the errno of the failing call.
+  int WriteFile(const StoreItem& item);
+  void OnWriteError(int err);
+  void OnWriteOk();
+  void Unlink(const BlockName& name);
+  std::string PathOf(const BlockName& name) const;
+  void CountMiss(MissReason r);
+
+  const DiskTierOptions options_;
+  const Key salt_;
+  const Key fingerprint_;
+  const uint64_t payload_bytes_;
+  const std::string root_;  // DIR/kvserve-v1/<salt>
+
+  mutable std::mutex mu_;
+  std::condition_variable wake_;  // the writer: work or stop
+  std::condition_variable idle_;  // Flush: the queue drained
+  DiskIndex index_;
+  std::deque<StoreItem> queue_;
+  bool writing_ = false;
+  bool stop_ = false;
+  absl::Time paused_until_ = absl::InfinitePast();
+  absl::Duration backoff_ = absl::ZeroDuration();
+  DiskTierStats stats_;
+  uint64_t tmp_counter_ = 0;
+  std::thread writer_;
+};
+
+}  // namespace kvserve::kvtier

@@ -1,0 +1,83 @@
+// Loads of KV blocks from a tier into memory the caller lends (pool blocks
+// no request holds yet), on worker threads, so the engine's step never
+// waits on a disk. A job reads its blocks in chain order and stops at the
+// first miss (later keys chain on it) or at its deadline; its result says
+// how many blocks were verified, and the caller's `wake` runs on the worker
+// when a result is ready.
+//
+// Thread contract: the workers write only the pieces a job names, and only
+// until its result is posted; TakeDone's lock orders those writes before
+// the caller reads them. Destruction cancels queued jobs and joins the
+// workers: destroy the loader before the memory its jobs write to.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "kvtier/block_codec.h"
+#include "kvtier/disk_tier.h"
+
+namespace kvserve::kvtier {
+
+struct LoadBlock {
+  Key key = 0;
+  Key parent = 0;
+  std::vector<int32_t> tokens;
+  std::vector<Piece> dst;  // where its payload goes
+};
+
+struct LoadJob {
+  int64_t id = 0;
+  Key ns = 0;
+  uint64_t scope_tag = 0;
+  absl::Time deadline = absl::InfiniteFuture();
+  std::vector<LoadBlock> blocks;
+};
+
+struct LoadResult {
+  int64_t id = 0;
+  int32_t verified = 0;            // blocks[0, verified) hold their KV
+  std::optional<MissReason> stop;  // why it stopped short, if it did
+  double seconds = 0;
+};
+
+class TierLoader {
+ public:
+  TierLoader(DiskTier* disk, Key salt, int threads, std::function<void()> wake);
+  ~TierLoader();
+  TierLoader(const TierLoader&) = delete;
+  TierLoader& operator=(const TierLoader&) = delete;
+
+  void Start(LoadJob job);
+  // Results posted since the last call.
+  [[nodiscard]] std::vector<LoadResult> TakeDone();
+  // Jobs started and not yet taken by TakeDone.
+  [[nodiscard]] int64_t in_flight() const;
+  // Mean seconds per loaded block, exponentially weighted (0: none yet).
+  [[nodiscard]] double seconds_per_block() const;
+
+ private:
+  void Work();
+  LoadResult Run(const LoadJob& job) const;
+
+  DiskTier* const disk_;
+  const Key salt_;
+  const std::function<void()> wake_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<LoadJob> queue_;
+  std::vector<LoadResult> done_;
+  int64_t in_flight_ = 0;
+  double seconds_per_block_ = 0;
+  bool stop_ = false;
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace kvserve::kvtier
