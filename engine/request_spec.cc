@@ -53,6 +53,8 @@ void AddKvUsage(const KvUsage& part, KvUsage* sum) {
   sum->swapped_in_bytes += part.swapped_in_bytes;
   sum->queued_seconds += part.queued_seconds;
   sum->preempted_seconds += part.preempted_seconds;
+  sum->cached_tokens_device += part.cached_tokens_device;
+  sum->cached_tokens_disk += part.cached_tokens_disk;
 }
 
 }  // namespace kvserve::engine

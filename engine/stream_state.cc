@@ -86,11 +86,11 @@ void StreamState::Finish(int32_t index, FinishReason reason, const Usage& usage,
     total_usage_.cached_prompt_tokens =
         std::max(total_usage_.cached_prompt_tokens, usage.cached_prompt_tokens);
     total_usage_.completion_tokens += usage.completion_tokens;
+    const KvUsage before = total_usage_.kv;
     AddKvUsage(usage.kv, &total_usage_.kv);
-    if (most_cached) {
-      total_usage_.kv.cached_tokens_device = usage.kv.cached_tokens_device;
-      total_usage_.kv.cached_tokens_disk = usage.kv.cached_tokens_disk;
-    }
+    const KvUsage& split = most_cached ? usage.kv : before;
+    total_usage_.kv.cached_tokens_device = split.cached_tokens_device;
+    total_usage_.kv.cached_tokens_disk = split.cached_tokens_disk;
   }
   Deliver();
 }
