@@ -62,6 +62,7 @@ struct ServeFlags {
   double stall_timeout = 30;
   int64_t fault_step_delay_ms = 0;
   std::string kv_tier_faults = "none";
+  bool kv_debug_invariants = false;
   std::string log_level = "info";
   // Security flags (docs/SECURITY.md).
   int64_t max_request_bytes = 4 << 20, max_prompt_tokens = 0;
@@ -220,6 +221,9 @@ void RegisterFlags(ServeFlags* f, CliArgs* args) {
             "fault injection for tests only: every engine step sleeps this "
             "many ms, like a stalled device (default 0 = off)",
             0, 3600 * 1000);
+  args->Bool("kv-debug-invariants", &f->kv_debug_invariants,
+             "for tests: check the KV cache's invariants after every step "
+             "and abort on a broken one (always on in debug builds)");
   args->String("kv-tier-inject-faults", &f->kv_tier_faults,
                "fault injection for tests only: every KV disk tier write "
                "fails with enospc, erofs or eio, or every read with "
@@ -272,6 +276,7 @@ absl::Status FinishFlags(ServeFlags* f) {
   e.max_queued_requests = static_cast<int32_t>(f->max_queued_requests);
   e.max_model_len = static_cast<int32_t>(f->max_model_len);
   e.fault_step_delay = absl::Milliseconds(f->fault_step_delay_ms);
+  e.debug_invariants = f->kv_debug_invariants;
   const std::string& faults = f->kv_tier_faults;
   if (faults == "enospc") {
     e.kv_tiers.inject_write_errno = ENOSPC;

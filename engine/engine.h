@@ -82,6 +82,9 @@ struct EngineConfig {
   // sleeps this long before its forward, like a stalled device. Zero: off.
   absl::Duration fault_step_delay = absl::ZeroDuration();
   KvTierConfig kv_tiers;
+  // Checks the KV invariants after every step (always on in debug and
+  // sanitizer builds; --kv-debug-invariants): a broken one aborts.
+  bool debug_invariants = false;
 };
 
 // Static facts about the loaded model and cache, for GetModelInfo and logs.

@@ -259,6 +259,18 @@ void Engine::Impl::RetireFinished(
 
 void Engine::Impl::EndStep(const scheduler::SchedulerOutput& out,
                            const StepResult& result, absl::Time t0) {
+  // The pool, the prefix index, the swap space and the tier loads agree
+  // after every step (debug and sanitizer builds, or --kv-debug-invariants).
+  if (KV_DCHECK_IS_ON || config_.debug_invariants) {
+    const absl::Status s = scheduler_->CheckInvariants();
+    KV_CHECK(s.ok(), "KV invariants broken after step ", out.step, ": ",
+             s.ToString());
+    if (tiers_) {
+      const absl::Status t = tiers_->CheckInvariants();
+      KV_CHECK(t.ok(), "KV tier invariants broken after step ", out.step, ": ",
+               t.ToString());
+    }
+  }
   PublishStats(SecondsBetween(t0, clock_->Now()), out.total_num_tokens);
   if (step_observer_) {
     // The whole loop turn: what the next step waits for.

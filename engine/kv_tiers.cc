@@ -138,14 +138,16 @@ bool KvTiers::MaybeLoad(std::unique_ptr<scheduler::Request>& r,
   scope_tags_[ns] = scope_tag;
   const kvcache::TokenSequence tokens = r->tokens();
   const int32_t block = sc.block_size;
-  const int32_t max_blocks = std::max(0, tokens.size() - 1) / block;
+  // Every full block of the prompt: the one holding its last token too,
+  // which the scheduler then takes as a cached tail (all but that token).
+  const int32_t full_blocks = tokens.size() / block;
   const kvcache::KvCacheManager& kv = scheduler_->kv_cache();
   const kvcache::PrefixMatch match =
       kv.FindCachedPrefix(tokens, ns, /*allow_tail=*/false);
   const auto m = static_cast<int32_t>(match.blocks.size());
-  if (m >= max_blocks) return false;
+  if (m >= full_blocks) return false;
   const std::vector<kvcache::BlockHash> keys =
-      kvcache::ChainBlockHashes(tokens.prompt, ns, block, max_blocks);
+      kvcache::ChainBlockHashes(tokens.prompt, ns, block, full_blocks);
   int32_t k = static_cast<int32_t>(disk_->Probe(
       absl::MakeConstSpan(keys).subspan(m), scope_tag, kvtier::SaltTag(ns)));
   if (k <= 0) return false;
@@ -263,6 +265,23 @@ KvTierStats KvTiers::stats() const {
     s.load_seconds_per_block = loader_->seconds_per_block();
   }
   return s;
+}
+
+absl::Status KvTiers::CheckInvariants() const {
+  const int32_t loads = scheduler_->kv_cache().num_loads();
+  if (loads != static_cast<int32_t>(loading_.size())) {
+    return absl::InternalError(absl::StrCat(loading_.size(),
+                                            " requests loading, ", loads,
+                                            " loads holding pool blocks"));
+  }
+  if (disk_ != nullptr) {
+    const kvtier::DiskTierStats d = disk_->stats();
+    if (d.bytes != d.blocks * disk_->stored_block_bytes()) {
+      return absl::InternalError(absl::StrCat(
+          "disk tier: ", d.blocks, " blocks in ", d.bytes, " bytes"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 KvStateTier KvTiers::StateOf() const {

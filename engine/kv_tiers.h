@@ -83,6 +83,9 @@ class KvTiers {
   void Stop();
 
   [[nodiscard]] KvTierStats stats() const;
+  // Every held request has a load in the pool and vice versa; the disk
+  // index's bytes are its blocks'.
+  [[nodiscard]] absl::Status CheckInvariants() const;
   // The disk tier for /v1/kv/state.
   [[nodiscard]] KvStateTier StateOf() const;
   [[nodiscard]] int64_t loading() const {

@@ -2,12 +2,14 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <utility>
 
@@ -25,6 +27,8 @@ constexpr absl::Duration kFirstBackoff = absl::Seconds(1);
 constexpr absl::Duration kMaxBackoff = absl::Seconds(60);
 constexpr absl::Duration kStaleTmp = absl::Hours(1);
 constexpr int kMaxIov = 1024;
+constexpr size_t kMaxTouched = 1 << 16;
+constexpr auto kTouchDelay = std::chrono::seconds(1);
 
 // Creates `path` 0700 if absent; an existing one must be a directory.
 int MakeDir(const std::string& path) {
@@ -296,10 +300,26 @@ bool DiskTier::Store(StoreItem item) {
 }
 
 void DiskTier::WriterLoop() {
+  // The lowest priority: on a machine whose cores the forward keeps busy,
+  // writes take what the compute threads leave, not time from their steps
+  // (a queue that then fills drops blocks, counted).
+  setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), 19);
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
-    wake_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    // Touches wait for a store or a second: never in a load's way.
+    wake_.wait_for(lock, kTouchDelay, [&] { return stop_ || !queue_.empty(); });
     if (stop_) return;
+    if (queue_.empty()) {
+      if (touched_.empty()) continue;
+      std::vector<BlockName> touched;
+      touched.swap(touched_);
+      lock.unlock();
+      for (const BlockName& n : touched) {
+        utimensat(AT_FDCWD, PathOf(n).c_str(), nullptr, 0);
+      }
+      lock.lock();
+      continue;
+    }
     StoreItem item = std::move(queue_.front());
     queue_.pop_front();
     if (index_.Contains(item.header.key)) {
@@ -434,37 +454,36 @@ std::optional<MissReason> DiskTier::Load(const Expected& want,
     int fd;
     ~FdCloser() { close(fd); }
   } closer{fd};
-  struct stat st;
-  if (fstat(fd, &st) != 0) return miss(MissReason::kUnavailable, false);
+  // One read of the header and the payload, straight into `dst` (lent
+  // memory: garbage there on a miss is never used). A torn file is short.
   uint8_t header[kHeaderBytes];
-  std::vector<iovec> hv = {{header, kHeaderBytes}};
-  if (const int err = ReadAll(fd, hv, 0); err != 0) {
-    return miss(err < 0 ? MissReason::kChecksum : MissReason::kUnavailable,
-                err < 0);
-  }
-  if (std::optional<MissReason> r =
-          CheckHeader(header, static_cast<uint64_t>(st.st_size), want)) {
-    return miss(*r, true);
-  }
   std::vector<iovec> iov;
-  iov.reserve(dst.size());
+  iov.reserve(dst.size() + 1);
+  iov.push_back({header, kHeaderBytes});
   uint64_t total = 0;
   for (const Piece& p : dst) {
     iov.push_back({p.data, p.bytes});
     total += p.bytes;
   }
   if (total != payload_bytes_) return miss(MissReason::kFingerprint, false);
-  if (const int err = ReadAll(fd, std::move(iov), kHeaderBytes); err != 0) {
+  if (const int err = ReadAll(fd, std::move(iov), 0); err != 0) {
     return miss(err < 0 ? MissReason::kChecksum : MissReason::kUnavailable,
                 err < 0);
+  }
+  if (std::optional<MissReason> r =
+          CheckHeader(header, index_.entry_bytes(), want)) {
+    return miss(*r, true);
   }
   ChecksumCheck check(header);
   for (const Piece& p : dst) check.Add(p.data, p.bytes);
   if (!check.Matches()) return miss(MissReason::kChecksum, true);
-  futimens(fd, nullptr);  // recency that survives a restart
-  std::lock_guard<std::mutex> lock(mu_);
-  if (!index_.Touch(name.key)) index_.Insert(name);
-  ++stats_.hits;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!index_.Touch(name.key)) index_.Insert(name);
+    ++stats_.hits;
+    // The writer sets its mtime when it next runs (at most kTouchDelay).
+    if (touched_.size() < kMaxTouched) touched_.push_back(name);
+  }
   return std::nullopt;
 }
 

@@ -147,6 +147,9 @@ class DiskTier {
   std::condition_variable idle_;  // Flush: the queue drained
   DiskIndex index_;
   std::deque<StoreItem> queue_;
+  // Blocks loaded since the writer last ran: it sets their mtimes, so the
+  // LRU order survives a restart without a metadata write on the load path.
+  std::vector<BlockName> touched_;
   bool writing_ = false;
   bool stop_ = false;
   absl::Time paused_until_ = absl::InfinitePast();

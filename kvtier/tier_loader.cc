@@ -1,5 +1,6 @@
 #include "kvtier/tier_loader.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/time/clock.h"
@@ -9,8 +10,11 @@ namespace kvserve::kvtier {
 
 TierLoader::TierLoader(DiskTier* disk, Key salt, int threads,
                        std::function<void()> wake)
-    : disk_(disk), salt_(salt), wake_(std::move(wake)) {
-  for (int i = 0; i < std::max(threads, 1); ++i) {
+    : disk_(disk),
+      salt_(salt),
+      wake_(std::move(wake)),
+      threads_(std::max(threads, 1)) {
+  for (int i = 0; i < threads_; ++i) {
     workers_.emplace_back([this] { Work(); });
   }
 }
@@ -26,12 +30,25 @@ TierLoader::~TierLoader() {
 }
 
 void TierLoader::Start(LoadJob job) {
+  // Parts of at least kMinPart blocks: a short load is not worth a hand-off.
+  constexpr size_t kMinPart = 16;
+  const size_t n = job.blocks.size();
+  const size_t parts = std::clamp<size_t>(n / kMinPart, 1, threads_);
+  auto run = std::make_shared<Running>();
+  run->job = std::move(job);
+  run->start = absl::Now();
+  run->parts_left = static_cast<int>(parts);
+  run->verified.assign(parts, 0);
+  run->stop.assign(parts, std::nullopt);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back(std::move(job));
+    for (size_t i = 0; i < parts; ++i) {
+      queue_.push_back(
+          {run, static_cast<int>(i), n * i / parts, n * (i + 1) / parts});
+    }
     ++in_flight_;
   }
-  cv_.notify_one();
+  cv_.notify_all();
 }
 
 std::vector<LoadResult> TierLoader::TakeDone() {
@@ -57,11 +74,16 @@ void TierLoader::Work() {
   while (true) {
     cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
     if (stop_) return;
-    LoadJob job = std::move(queue_.front());
+    Part part = std::move(queue_.front());
     queue_.pop_front();
     lock.unlock();
-    LoadResult r = Run(job);
+    const auto [verified, stop] = RunPart(part);
     lock.lock();
+    Running& run = *part.run;
+    run.verified[part.index] = verified;
+    run.stop[part.index] = stop;
+    if (--run.parts_left > 0) continue;
+    const LoadResult r = Finish(run);
     if (r.verified > 0) {
       constexpr double kWeight = 0.2;
       const double per = r.seconds / r.verified;
@@ -77,25 +99,37 @@ void TierLoader::Work() {
   }
 }
 
-LoadResult TierLoader::Run(const LoadJob& job) const {
-  const absl::Time t0 = absl::Now();
-  LoadResult r;
-  r.id = job.id;
-  for (const LoadBlock& b : job.blocks) {
-    if (absl::Now() >= job.deadline) {
-      r.stop = MissReason::kDeadline;
-      break;
-    }
+std::pair<int32_t, std::optional<MissReason>> TierLoader::RunPart(
+    const Part& p) const {
+  const LoadJob& job = p.run->job;
+  int32_t verified = 0;
+  for (size_t i = p.begin; i < p.end; ++i) {
+    if (absl::Now() >= job.deadline) return {verified, MissReason::kDeadline};
+    const LoadBlock& b = job.blocks[i];
     const Expected want{salt_,  b.key,    b.parent,
                         job.ns, b.tokens, disk_->payload_bytes()};
     if (std::optional<MissReason> miss =
             disk_->Load(want, job.scope_tag, b.dst)) {
-      r.stop = miss;
+      return {verified, miss};
+    }
+    ++verified;
+  }
+  return {verified, std::nullopt};
+}
+
+LoadResult TierLoader::Finish(const Running& run) {
+  LoadResult r;
+  r.id = run.job.id;
+  // Verified from the first block on: the first part that stopped short
+  // ends the run.
+  for (size_t i = 0; i < run.verified.size(); ++i) {
+    r.verified += run.verified[i];
+    if (run.stop[i].has_value()) {
+      r.stop = run.stop[i];
       break;
     }
-    ++r.verified;
   }
-  r.seconds = SecondsSince(t0);
+  r.seconds = SecondsSince(run.start);
   return r;
 }
 

@@ -1,9 +1,10 @@
 // Loads of KV blocks from a tier into memory the caller lends (pool blocks
 // no request holds yet), on worker threads, so the engine's step never
-// waits on a disk. A job reads its blocks in chain order and stops at the
-// first miss (later keys chain on it) or at its deadline; its result says
-// how many blocks were verified, and the caller's `wake` runs on the worker
-// when a result is ready.
+// waits on a disk. A job's blocks are split into one contiguous part per
+// worker (a long prompt loads on every core); a part reads in chain order
+// and stops at its first miss or at the deadline. The result counts the
+// blocks verified from the first on, up to the first that was not (later
+// keys chain on it); the caller's `wake` runs on the worker that posts it.
 //
 // Thread contract: the workers write only the pieces a job names, and only
 // until its result is posted; TakeDone's lock orders those writes before
@@ -15,9 +16,11 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -64,20 +67,37 @@ class TierLoader {
   [[nodiscard]] double seconds_per_block() const;
 
  private:
+  // A job in flight and its parts' outcomes.
+  struct Running {
+    LoadJob job;
+    absl::Time start;
+    int parts_left = 0;
+    std::vector<int32_t> verified;  // per part
+    std::vector<std::optional<MissReason>> stop;
+  };
+  struct Part {
+    std::shared_ptr<Running> run;
+    int index = 0;
+    size_t begin = 0, end = 0;  // blocks [begin, end)
+  };
+
   void Work();
-  LoadResult Run(const LoadJob& job) const;
+  // Loads part p's blocks; returns how many verified and why it stopped.
+  std::pair<int32_t, std::optional<MissReason>> RunPart(const Part& p) const;
+  static LoadResult Finish(const Running& run);
 
   DiskTier* const disk_;
   const Key salt_;
   const std::function<void()> wake_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<LoadJob> queue_;
+  std::deque<Part> queue_;
   std::vector<LoadResult> done_;
   int64_t in_flight_ = 0;
   double seconds_per_block_ = 0;
   bool stop_ = false;
   std::vector<std::thread> workers_;
+  int threads_ = 1;
 };
 
 }  // namespace kvserve::kvtier

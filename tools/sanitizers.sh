@@ -12,7 +12,7 @@
 #         each, default 60) from its seed corpus in tests/fuzz/corpus/.
 #   tidy  tools/clang_tidy.sh over the project's sources (.clang-tidy).
 #   tsan  gcc build with ThreadSanitizer in build-tsan; runs the engine,
-#         scheduler and server tests.
+#         scheduler, kvtier and server tests.
 #
 #   tools/sanitizers.sh [STAGE...]     default: asan fuzz tidy tsan
 #
@@ -90,7 +90,7 @@ stage_tsan() {
   # The server e2e tests spawn the kvserve binary: build it sanitized too.
   local targets=(kvserve)
   for f in tests/engine/*_test.cc tests/scheduler/*_test.cc \
-           tests/server/*_test.cc; do
+           tests/kvtier/*_test.cc tests/server/*_test.cc; do
     case "$f" in *_gpu_test.cc) continue ;; esac
     targets+=("$(basename "$f" .cc)")
   done
@@ -104,7 +104,7 @@ stage_tsan() {
   local rc=0
   TSAN_OPTIONS="$TSAN_OPTIONS:log_path=$reports/tsan" \
     ctest --test-dir build-tsan --output-on-failure -j "$JOBS" \
-    -L '^(engine|scheduler|server)$' -LE 'gpu|python' || rc=$?
+    -L '^(engine|scheduler|kvtier|server)$' -LE 'gpu|python' || rc=$?
   if compgen -G "$reports/tsan.*" >/dev/null; then
     cat "$reports"/tsan.*
     echo "tsan: reports above (build-tsan/tsan-reports/)"

@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""A soak of the KV cache with the disk tier through the real daemon, its
+invariants checked after every step (--kv-debug-invariants: a broken one
+aborts the daemon and fails every request after it).
+
+Eight clients send prompts built from six shared 256-token system prompts
+and twenty user tails (so they repeat), some with n = 2 (copy-on-write
+forks), some with a cache_salt, into a pool too small for them (preemption
+by swap and by recompute) over a disk tier too small for them (evictions),
+and the daemon is restarted twice on the same directory (SIGTERM). Every
+greedy output of a prompt equals its first one, before or after a restart,
+from the pool, from disk or computed. At the end, idle: no KV block held,
+no load pending, and each mechanism seen at least once.
+
+    kv_tier_soak_test.py --binary build/server/kvserve --source-dir .
+
+Cost: KVSERVE_SOAK_SECONDS (default 60) plus three daemon starts; the
+recorded run is KVSERVE_SOAK_SECONDS=1800.
+"""
+
+import os
+import random
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kvserve_process import (KvserveProcess, counter,  # noqa: E402
+                             metric_sum, run_unittests, token_ids)
+
+ARGS = None
+PB = None
+PB_GRPC = None
+SECONDS = float(os.environ.get("KVSERVE_SOAK_SECONDS", "60"))
+SYSTEMS = [token_ids(900 + i, 256) for i in range(6)]
+TAILS = [token_ids(950 + i, 16 + 9 * i) for i in range(20)]
+
+
+class Server(KvserveProcess):
+    def __init__(self, disk):
+        # int8 KV, 195,840 bytes a block: 85 blocks for eight requests of
+        # up to 32; 16 swap slots; 122 block files on disk.
+        super().__init__(ARGS.binary, ARGS.source_dir, "--threads", "2",
+                         "--kv-cache-bytes", "16MiB", "--swap-space-bytes",
+                         "3MiB", "--max-model-len", "1024", "--max-num-seqs",
+                         "8", "--kv-disk-cache", disk,
+                         "--kv-disk-cache-bytes", "24MiB",
+                         "--kv-debug-invariants")
+        import grpc
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.grpc_port}")
+        self.stub = PB_GRPC.KvServeStub(self.channel)
+
+    def generate(self, ids, n, max_tokens, salt):
+        req = PB.GenerateRequest(
+            prompt_token_ids=PB.TokenIds(ids=ids), n=n, cache_salt=salt,
+            sampling=PB.SamplingParams(temperature=0, max_tokens=max_tokens,
+                                       ignore_eos=True))
+        out = [[] for _ in range(n)]
+        usage = None
+        for msg in self.stub.Generate(req, timeout=300):
+            out[msg.index].extend(msg.token_ids)
+            if msg.HasField("usage"):
+                usage = msg.usage
+        return out, usage
+
+    def stop(self):
+        self.channel.close()
+        self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(timeout=120)
+        self.kill()
+        return code
+
+
+class SoakTest(unittest.TestCase):
+    def test_soak(self):
+        disk = tempfile.mkdtemp(prefix="kvserve_soak_")
+        first = {}          # (prompt key, n, max_tokens, salt) -> outputs
+        lock = threading.Lock()
+        errors = []
+        seen = {"disk_hits": 0, "requests": 0}
+        try:
+            for epoch in range(3):
+                server = Server(disk)
+                end = time.monotonic() + SECONDS / 3
+                try:
+                    def client(seed, server=server, end=end):
+                        rng = random.Random(seed)
+                        while time.monotonic() < end and not errors:
+                            s, t = rng.randrange(6), rng.randrange(20)
+                            n = 2 if rng.random() < 0.25 else 1
+                            max_tokens = rng.choice((4, 16, 40))
+                            salt = "b" if rng.random() < 0.2 else ""
+                            key = (s, t, n, max_tokens, salt)
+                            try:
+                                out, usage = server.generate(
+                                    SYSTEMS[s] + TAILS[t], n, max_tokens,
+                                    salt)
+                            except Exception as e:  # noqa: BLE001
+                                errors.append(f"{key}: {e}")
+                                return
+                            with lock:
+                                seen["requests"] += 1
+                                seen["disk_hits"] += (
+                                    usage.kv.cached_tokens_by_tier.disk > 0)
+                                if key not in first:
+                                    first[key] = out
+                                elif first[key] != out:
+                                    errors.append(f"{key}: output changed")
+
+                    threads = [threading.Thread(target=client,
+                                                args=(epoch * 100 + i,))
+                               for i in range(8)]
+                    for th in threads:
+                        th.start()
+                    for th in threads:
+                        th.join()
+                    self.assertEqual(errors, [])
+                    # Idle: nothing held, nothing loading.
+                    m = server.wait_metrics(lambda m: counter(
+                        m, "kvserve_kv_blocks", state="active") == 0)
+                    self.assertEqual(
+                        counter(m, "kvserve_kv_blocks", state="active"), 0)
+                    self.assertEqual(counter(
+                        m, "kvserve_kv_tier_loading_requests", tier="disk"),
+                        0)
+                    self.assertGreater(metric_sum(
+                        m, "kvserve_preemptions_total"), 0)
+                    if epoch == 0:
+                        self.assertGreater(counter(
+                            m, "kvserve_kv_tier_evictions_total",
+                            tier="disk"), 0)
+                finally:
+                    code = server.stop()
+                self.assertEqual(code, 0, server.text()[-2000:])
+            self.assertGreater(seen["disk_hits"], 0)
+            print(f"soak: {seen['requests']} requests, "
+                  f"{seen['disk_hits']} with disk hits, "
+                  f"{len(first)} distinct prompts", flush=True)
+        finally:
+            shutil.rmtree(disk, ignore_errors=True)
+
+
+def setup(args, pb, pb_grpc):
+    global ARGS, PB, PB_GRPC
+    ARGS, PB, PB_GRPC = args, pb, pb_grpc
+
+
+if __name__ == "__main__":
+    sys.exit(run_unittests(__doc__, setup))
