@@ -48,6 +48,8 @@ void Engine::Impl::FirstScheduled(const scheduler::ScheduledRequest& s,
   }
   if (r.first_scheduled != absl::InfinitePast()) return;
   r.first_scheduled = t0;
+  // Its table holds what its tier load brought in now.
+  if (tiers_) tiers_->Release(s.id);
   ReleaseQueued(r);
   // Read now: a request finished by length is gone from the scheduler by
   // the time FinishRequest runs.

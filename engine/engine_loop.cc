@@ -67,6 +67,7 @@ void Engine::Impl::Admit(std::unique_ptr<LiveRequest> r) {
 
 void Engine::Impl::AdmitLoaded() {
   if (!tiers_) return;
+  tiers_->ReleaseStale(absl::Now());
   for (KvTiers::Ready& ready : tiers_->TakeReady()) {
     auto it = live_reqs_.find(ready.id);
     if (it == live_reqs_.end()) continue;  // ended while loading
@@ -339,6 +340,7 @@ void Engine::Impl::FinishRequest(RequestId id, FinishReason reason,
 void Engine::Impl::CloseRequest(RequestId id, FinishReason reason,
                                 const scheduler::FinishedRequest* record,
                                 const std::string& error) {
+  if (tiers_) tiers_->Release(id);
   auto it = live_reqs_.find(id);
   LiveRequest& r = *it->second;
   if (record != nullptr) {

@@ -216,11 +216,26 @@ std::vector<KvTiers::Ready> KvTiers::TakeReady() {
         res.id, res.verified, l.parent, l.ns,
         tokens.prompt.subspan(static_cast<size_t>(l.first_block) * block));
     stats_.loaded_blocks += registered;
+    held_[res.id] = absl::Now();
     if (res.stop == kvtier::MissReason::kDeadline) ++stats_.load_deadlines;
     ready.push_back(
         {res.id, std::move(l.request), registered * block, res.seconds});
   }
   return ready;
+}
+
+void KvTiers::Release(RequestId id) {
+  if (held_.empty() || held_.erase(id) == 0) return;
+  scheduler_->kv_cache_for_tiers().ReleaseLoad(id);
+}
+
+void KvTiers::ReleaseStale(absl::Time now) {
+  constexpr absl::Duration kMaxHold = absl::Seconds(2);
+  std::vector<RequestId> stale;
+  for (const auto& [id, since] : held_) {
+    if (now - since > kMaxHold) stale.push_back(id);
+  }
+  for (RequestId id : stale) Release(id);
 }
 
 void KvTiers::StoreNewlyCached() {
@@ -269,10 +284,10 @@ KvTierStats KvTiers::stats() const {
 
 absl::Status KvTiers::CheckInvariants() const {
   const int32_t loads = scheduler_->kv_cache().num_loads();
-  if (loads != static_cast<int32_t>(loading_.size())) {
-    return absl::InternalError(absl::StrCat(loading_.size(),
-                                            " requests loading, ", loads,
-                                            " loads holding pool blocks"));
+  if (loads != static_cast<int32_t>(loading_.size() + held_.size())) {
+    return absl::InternalError(
+        absl::StrCat(loading_.size(), " requests loading and ", held_.size(),
+                     " loaded, but ", loads, " loads holding pool blocks"));
   }
   if (disk_ != nullptr) {
     const kvtier::DiskTierStats d = disk_->stats();

@@ -75,6 +75,11 @@ class KvTiers {
   [[nodiscard]] bool MaybeLoad(std::unique_ptr<scheduler::Request>& r,
                                absl::Time now);
   [[nodiscard]] std::vector<Ready> TakeReady();
+  // Lets go of the blocks a finished load holds for request `id`: once it
+  // is scheduled (its table holds them), ends, or waited longer than
+  // kMaxHold (so holds never starve the pool). Cheap when nothing is held.
+  void Release(RequestId id);
+  void ReleaseStale(absl::Time now);
   // Copies the newly cached blocks down (after each step's registration).
   void StoreNewlyCached();
   // Waits for queued stores up to `deadline`; returns the blocks dropped.
@@ -111,6 +116,8 @@ class KvTiers {
   std::unique_ptr<kvtier::DiskTier> disk_;
   std::unique_ptr<kvtier::TierLoader> loader_;
   absl::flat_hash_map<RequestId, Loading> loading_;
+  // Loaded, waiting in the scheduler: since when their blocks are held.
+  absl::flat_hash_map<RequestId, absl::Time> held_;
   // Namespace -> scope tag of the requests seen (a block's file name and
   // purge tag); bounded.
   absl::flat_hash_map<kvcache::BlockHash, uint64_t> scope_tags_;

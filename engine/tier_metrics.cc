@@ -70,6 +70,15 @@ TierMetrics::TierMetrics(prometheus::Registry& r) {
                    "Requests whose prefix a tier loaded (or tried to)");
   loaded_blocks_ = Counter(r, "kvserve_kv_tier_loaded_blocks_total",
                            "KV blocks tier loads put into the pool");
+  auto& skipped = BuildCounter()
+                      .Name("kvserve_kv_tier_loads_skipped_total")
+                      .Help(
+                          "Prompts a tier held but did not load: no_room (no "
+                          "free pool blocks to load into), slower (its "
+                          "measured load time above the predicted recompute)")
+                      .Register(r);
+  skipped_no_room_ = &skipped.Add({{"tier", "disk"}, {"reason", "no_room"}});
+  skipped_slower_ = &skipped.Add({{"tier", "disk"}, {"reason", "slower"}});
   const prometheus::Histogram::BucketBoundaries buckets = {
       0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
       0.025,  0.05,    0.1,    0.25,  0.5,    1.0,   2.5};
@@ -115,6 +124,10 @@ void TierMetrics::Publish(const KvTierStats& s) {
   Advance(loads_, static_cast<uint64_t>(s.loads), &loads_last_);
   Advance(loaded_blocks_, static_cast<uint64_t>(s.loaded_blocks),
           &loaded_last_);
+  Advance(skipped_no_room_, static_cast<uint64_t>(s.skipped_no_room),
+          &no_room_last_);
+  Advance(skipped_slower_, static_cast<uint64_t>(s.skipped_slower),
+          &slower_last_);
 }
 
 }  // namespace kvserve::engine

@@ -43,12 +43,15 @@ class TierMetrics {
   prometheus::Counter* errors_;
   prometheus::Counter* loads_;
   prometheus::Counter* loaded_blocks_;
+  prometheus::Counter* skipped_no_room_;
+  prometheus::Counter* skipped_slower_;
   prometheus::Histogram* load_seconds_;
   prometheus::Histogram* store_seconds_;
 
   // What the counters last published.
   uint64_t hits_last_ = 0, stores_last_ = 0, evictions_last_ = 0,
-           errors_last_ = 0, loads_last_ = 0, loaded_last_ = 0;
+           errors_last_ = 0, loads_last_ = 0, loaded_last_ = 0,
+           no_room_last_ = 0, slower_last_ = 0;
   std::array<uint64_t, kvtier::kNumMissReasons> misses_last_{};
   std::array<uint64_t, kvtier::kNumDropReasons> dropped_last_{};
 };

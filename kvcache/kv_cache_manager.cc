@@ -329,8 +329,7 @@ int32_t KvCacheManager::FinishLoad(int64_t load, int32_t verified,
   owner_.CheckOwner("KvCacheManager");
   auto it = loads_.find(load);
   if (it == loads_.end()) return 0;
-  LoadHold hold = std::move(it->second);
-  loads_.erase(it);
+  LoadHold& hold = it->second;
   verified =
       std::clamp<int32_t>(verified, 0, static_cast<int32_t>(hold.fresh.size()));
   KV_CHECK(tokens.size() >= static_cast<size_t>(verified) * block_size_,
@@ -346,12 +345,26 @@ int32_t KvCacheManager::FinishLoad(int64_t load, int32_t verified,
     }
     parent = hash;
   }
+  // What did not verify holds garbage: free (unhashed) now, last first.
+  std::vector<BlockId> unverified(hold.fresh.begin() + verified,
+                                  hold.fresh.end());
+  std::reverse(unverified.begin(), unverified.end());
+  pool_.Free(unverified);
+  hold.fresh.resize(verified);
+  return registered;
+}
+
+void KvCacheManager::ReleaseLoad(int64_t load) {
+  owner_.CheckOwner("KvCacheManager");
+  auto it = loads_.find(load);
+  if (it == loads_.end()) return;
   // Last first, as Free does: a chain's tail is evicted before its head.
-  std::vector<BlockId> release(hold.matched.begin(), hold.matched.end());
-  release.insert(release.end(), hold.fresh.begin(), hold.fresh.end());
+  std::vector<BlockId> release = std::move(it->second.matched);
+  release.insert(release.end(), it->second.fresh.begin(),
+                 it->second.fresh.end());
+  loads_.erase(it);
   std::reverse(release.begin(), release.end());
   pool_.Free(release);
-  return registered;
 }
 
 void KvCacheManager::ReleasePinned() {

@@ -273,11 +273,16 @@ class KvCacheManager {
   // Ends `load`: its first `verified` fresh blocks (full blocks of `tokens`,
   // block_size each, chained from `parent` under `ns`) are registered as
   // cached, as CacheComputedBlocks would (not recorded as newly cached);
-  // then every block it holds is released, the last first. A key another
-  // block already caches leaves its block unregistered. Returns the blocks
-  // registered. No-op for an unknown `load`.
+  // the other fresh blocks are released. The matched and verified blocks
+  // stay held under `load` until ReleaseLoad (so that nothing evicts them
+  // before their request is admitted). A key another block already caches
+  // leaves its block unregistered. Returns the blocks registered. No-op for
+  // an unknown `load`.
   int32_t FinishLoad(int64_t load, int32_t verified, BlockHash parent,
                      BlockHash ns, absl::Span<const int32_t> tokens);
+  // Releases every block `load` holds, the last first (cached ones become
+  // evictable). No-op for an unknown `load`.
+  void ReleaseLoad(int64_t load);
   [[nodiscard]] int32_t num_loads() const {
     return static_cast<int32_t>(loads_.size());
   }

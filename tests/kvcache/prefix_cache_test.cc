@@ -404,6 +404,13 @@ TEST_F(PrefixCacheTest, TierLoadRegistersVerifiedBlocksAsCached) {
   EXPECT_EQ(kv_.FinishLoad(7, 2, keys[1], kNs,
                            absl::MakeConstSpan(prompt).subspan(8)),
             2);
+  // Held until released: the matched 2 and the verified 2; the third is
+  // free again.
+  EXPECT_EQ(kv_.num_loads(), 1);
+  ASSERT_INVARIANTS(kv_);
+  EXPECT_EQ(kv_.pool().ref_count((*fresh)[0]), 1);
+  EXPECT_EQ(kv_.pool().ref_count((*fresh)[2]), 0);
+  kv_.ReleaseLoad(7);
   EXPECT_EQ(kv_.num_loads(), 0);
   ASSERT_INVARIANTS(kv_);
   // Loaded blocks are not recorded for a store.
