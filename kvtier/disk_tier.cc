@@ -79,45 +79,23 @@ absl::Status CheckRoot(const std::string& dir) {
   return absl::OkStatus();
 }
 
-// Writes every byte of `iov` at `offset`; 0 or errno.
-int WriteAll(int fd, std::vector<iovec> iov, off_t offset) {
-  size_t i = 0;
-  while (i < iov.size()) {
-    const int n = static_cast<int>(std::min<size_t>(iov.size() - i, kMaxIov));
-    const ssize_t w = pwritev(fd, iov.data() + i, n, offset);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return errno;
-    }
-    if (w == 0) return EIO;
-    offset += w;
-    size_t left = static_cast<size_t>(w);
-    while (i < iov.size() && left >= iov[i].iov_len) {
-      left -= iov[i].iov_len;
-      ++i;
-    }
-    if (left > 0) {
-      iov[i].iov_base = static_cast<char*>(iov[i].iov_base) + left;
-      iov[i].iov_len -= left;
-    }
-  }
-  return 0;
-}
+using VectorIo = ssize_t (*)(int, const iovec*, int, off_t);
 
-// Reads exactly the bytes of `iov` at `offset`; 0, errno, or -1 on a short
-// file.
-int ReadAll(int fd, std::vector<iovec> iov, off_t offset) {
+// Moves every byte of `iov` at `offset` with `io` (preadv or pwritev),
+// resuming after short transfers; 0, errno, or -1 when `io` moves nothing
+// (a read past the end of a short file).
+int TransferAll(VectorIo io, int fd, std::vector<iovec> iov, off_t offset) {
   size_t i = 0;
   while (i < iov.size()) {
     const int n = static_cast<int>(std::min<size_t>(iov.size() - i, kMaxIov));
-    const ssize_t r = preadv(fd, iov.data() + i, n, offset);
-    if (r < 0) {
+    const ssize_t done = io(fd, iov.data() + i, n, offset);
+    if (done < 0) {
       if (errno == EINTR) continue;
       return errno;
     }
-    if (r == 0) return -1;
-    offset += r;
-    size_t left = static_cast<size_t>(r);
+    if (done == 0) return -1;
+    offset += done;
+    size_t left = static_cast<size_t>(done);
     while (i < iov.size() && left >= iov[i].iov_len) {
       left -= iov[i].iov_len;
       ++i;
@@ -390,7 +368,8 @@ int DiskTier::WriteFile(const StoreItem& item) {
       {header, kHeaderBytes},
       {const_cast<uint8_t*>(item.payload.data()), item.payload.size()}};
   if (pad > 0) iov.push_back({const_cast<uint8_t*>(kZeros.data()), pad});
-  int err = WriteAll(fd, std::move(iov), 0);
+  int err = TransferAll(&pwritev, fd, std::move(iov), 0);
+  if (err < 0) err = EIO;  // a write that moved nothing
   if (close(fd) != 0 && err == 0) err = errno;
   if (err == 0 && rename(tmp.c_str(), PathOf(name).c_str()) != 0) err = errno;
   if (err != 0) unlink(tmp.c_str());
@@ -466,7 +445,7 @@ std::optional<MissReason> DiskTier::Load(const Expected& want,
     total += p.bytes;
   }
   if (total != payload_bytes_) return miss(MissReason::kFingerprint, false);
-  if (const int err = ReadAll(fd, std::move(iov), 0); err != 0) {
+  if (const int err = TransferAll(&preadv, fd, std::move(iov), 0); err != 0) {
     return miss(err < 0 ? MissReason::kChecksum : MissReason::kUnavailable,
                 err < 0);
   }
