@@ -1,13 +1,17 @@
 #include "cli/engine_flags.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "cli/kv_dtype_flag.h"
 #include "cli/sim_profile.h"
 #include "common/status_macros.h"
 #include "common/system.h"
+#include "kvtier/redis_client.h"
+#include "models/loader/mapped_file.h"
 #include "scheduler/scheduler_config.h"
 
 namespace kvserve::cli {
@@ -115,6 +119,25 @@ void RegisterPoolFlags(EngineFlags* f, CliArgs* args) {
               "bytes --kv-disk-cache may hold, least recently used blocks "
               "evicted first (default 10% of its file system, at most "
               "64GiB)");
+  args->String("kv-remote-cache", &f->kv_remote_cache,
+               "redis://HOST[:PORT][/DB]: a Redis or Valkey that replicas "
+               "share KV blocks through, below the pool and the disk (CPU "
+               "backend; no TLS: a private network or a TLS tunnel; needs a "
+               "password; default off)");
+  args->String("kv-remote-cache-user", &f->kv_remote_cache_user,
+               "the ACL user of --kv-remote-cache (default: the default "
+               "user)");
+  args->String("kv-remote-cache-password-file",
+               &f->kv_remote_cache_password_file,
+               "a file holding --kv-remote-cache's password (its first "
+               "line); else the environment variable KVSERVE_REDIS_PASSWORD");
+  args->Int("kv-remote-cache-timeout-ms", &f->kv_remote_cache_timeout_ms,
+            "bound on one round trip to --kv-remote-cache (default 500)", 1,
+            60000);
+  args->Int("kv-remote-cache-ttl", &f->kv_remote_cache_ttl,
+            "seconds a stored block lives in --kv-remote-cache (default 0: "
+            "no expiry; let the store's maxmemory-policy allkeys-lru evict)",
+            0, int64_t{10} * 365 * 86400);
 }
 
 void RegisterSimFlags(EngineFlags* f, CliArgs* args) {
@@ -154,6 +177,36 @@ void RegisterSimPaceFlags(EngineFlags* f, CliArgs* args) {
                          "(default ",
                          f->sim_seed, ")"),
             0, INT64_MAX);
+}
+
+// The remote tier's target and credentials: the password from a file or
+// the environment, never a flag value (it would show in `ps`).
+absl::Status ApplyRemoteCacheFlags(const EngineFlags& f,
+                                   engine::KvTierConfig* t) {
+  t->remote_url = f.kv_remote_cache;
+  t->remote_user = f.kv_remote_cache_user;
+  t->remote_timeout = absl::Milliseconds(f.kv_remote_cache_timeout_ms);
+  t->remote_ttl_seconds = f.kv_remote_cache_ttl;
+  if (f.kv_remote_cache.empty()) return absl::OkStatus();
+  KV_RETURN_IF_ERROR(kvtier::ParseRedisUrl(f.kv_remote_cache).status());
+  if (!f.kv_remote_cache_password_file.empty()) {
+    absl::StatusOr<std::string> text =
+        models::ReadFileToString(f.kv_remote_cache_password_file);
+    if (!text.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--kv-remote-cache-password-file: ", text.status().message()));
+    }
+    t->remote_password = std::string(
+        absl::StripAsciiWhitespace(text->substr(0, text->find('\n'))));
+  } else if (const char* env = std::getenv("KVSERVE_REDIS_PASSWORD")) {
+    t->remote_password = env;
+  }
+  if (t->remote_password.empty()) {
+    return absl::InvalidArgumentError(
+        "--kv-remote-cache: the store holds prompts and needs a password: "
+        "--kv-remote-cache-password-file FILE or KVSERVE_REDIS_PASSWORD");
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -236,6 +289,7 @@ absl::Status ApplyEngineFlags(const EngineFlags& f, uint32_t groups,
     if (f.kv_disk_cache_bytes < 0) {
       return absl::InvalidArgumentError("--kv-disk-cache-bytes: must be >= 0");
     }
+    KV_RETURN_IF_ERROR(ApplyRemoteCacheFlags(f, &e->kv_tiers));
   }
   return absl::OkStatus();
 }

@@ -32,6 +32,11 @@ struct EngineFlags {
   std::string preemption_mode;
   std::string kv_disk_cache;
   int64_t kv_disk_cache_bytes = 0;
+  std::string kv_remote_cache;  // redis://HOST:PORT[/DB]
+  std::string kv_remote_cache_user;
+  std::string kv_remote_cache_password_file;
+  int64_t kv_remote_cache_timeout_ms = 500;
+  int64_t kv_remote_cache_ttl = 0;
   engine::SimConfig sim;  // gpu and tp come from --device
   int64_t sim_seed = 0;
   // --sim-*-efficiency, --sim-host-us-per-seq: into sim's optionals.

@@ -96,13 +96,12 @@ absl::Status Engine::Impl::Init(
         absl::ToInt64Milliseconds(config_.fault_step_delay));
   }
   const ModelBackend& backend_ref = runner_->backend();
-  if (!config_.kv_tiers.disk_dir.empty()) {
-    if (registry) tier_metrics_ = std::make_unique<TierMetrics>(*registry);
-    std::function<void(double)> observe_store;
-    if (tier_metrics_) {
-      observe_store = [m = tier_metrics_.get()](double s) {
-        m->ObserveStore(s);
-      };
+  if (!config_.kv_tiers.disk_dir.empty() ||
+      !config_.kv_tiers.remote_url.empty()) {
+    if (registry) {
+      tier_metrics_ = std::make_unique<TierMetrics>(
+          *registry, !config_.kv_tiers.disk_dir.empty(),
+          !config_.kv_tiers.remote_url.empty());
     }
     KV_ASSIGN_OR_RETURN(tiers_, KvTiers::Create(
                                     config_.kv_tiers, model_, backend_ref,
@@ -110,7 +109,7 @@ absl::Status Engine::Impl::Init(
                                       absl::MutexLock lock(&mu_);
                                       tier_wake_ = true;
                                     },
-                                    std::move(observe_store)));
+                                    tier_metrics_.get()));
   }
   const int32_t num_blocks = backend_ref.num_blocks();
   const int64_t per_token =

@@ -41,10 +41,16 @@ struct KvState;
 // The engine's configuration, typed and with the only defaults there are:
 // the serve flags start from these values, and `scheduler` is the
 // scheduler's own configuration with its defaults.
-// KV tiers below the pool (engine/kv_tiers.h): off while disk_dir is empty.
+// KV tiers below the pool (engine/kv_tiers.h): off while disk_dir and
+// remote_url are both empty.
 struct KvTierConfig {
-  std::string disk_dir;    // --kv-disk-cache
-  int64_t disk_bytes = 0;  // --kv-disk-cache-bytes; 0: 10% of the disk
+  std::string disk_dir;         // --kv-disk-cache
+  int64_t disk_bytes = 0;       // --kv-disk-cache-bytes; 0: 10% of the disk
+  std::string remote_url;       // --kv-remote-cache redis://HOST:PORT[/DB]
+  std::string remote_user;      // --kv-remote-cache-user (ACL), or default
+  std::string remote_password;  // from a file or KVSERVE_REDIS_PASSWORD
+  absl::Duration remote_timeout = absl::Milliseconds(500);
+  int64_t remote_ttl_seconds = 0;  // --kv-remote-cache-ttl; 0: none
   int32_t load_threads = 2;
   // A load may take this many times the predicted recompute (at least
   // min_load_deadline) before the request computes the rest itself.

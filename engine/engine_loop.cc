@@ -71,7 +71,8 @@ void Engine::Impl::AdmitLoaded() {
   for (KvTiers::Ready& ready : tiers_->TakeReady()) {
     auto it = live_reqs_.find(ready.id);
     if (it == live_reqs_.end()) continue;  // ended while loading
-    it->second->tier_prompt_tokens = ready.tier_tokens;
+    it->second->disk_prompt_tokens = ready.disk_tokens;
+    it->second->remote_prompt_tokens = ready.remote_tokens;
     if (tier_metrics_) tier_metrics_->ObserveLoad(ready.load_seconds);
     absl::Status s = scheduler_->AddRequest(std::move(ready.request));
     if (!s.ok()) {
@@ -404,7 +405,7 @@ void Engine::Impl::MaybeBuildKvState() {
   if (now - kv_state_built_ < interval) return;
   KvState state = BuildKvState(*scheduler_, info_.kv_dtype,
                                info_.kv_bytes_per_block, WrittenSlots());
-  if (tiers_) state.tiers.push_back(tiers_->StateOf());
+  if (tiers_) state.tiers = tiers_->StateOf();
   auto st = std::make_shared<const KvState>(std::move(state));
   kv_state_built_ = now;
   absl::MutexLock lock(&kv_state_mu_);
@@ -433,10 +434,14 @@ KvUsage Engine::Impl::KvUsageOf(const LiveRequest& r, double queued_seconds,
   kv.queued_seconds = queued_seconds;
   kv.preempted_seconds = r.preempted_seconds;
   // Loaded blocks are matched first-come like any cached block: the split
-  // credits the disk with at most what its load brought in.
+  // credits each tier with at most what its load brought in (the disk's
+  // blocks come first in the prompt).
   kv.cached_tokens_disk =
-      std::min(r.tier_prompt_tokens, r.cached_prompt_tokens);
-  kv.cached_tokens_device = r.cached_prompt_tokens - kv.cached_tokens_disk;
+      std::min(r.disk_prompt_tokens, r.cached_prompt_tokens);
+  kv.cached_tokens_remote = std::min(
+      r.remote_prompt_tokens, r.cached_prompt_tokens - kv.cached_tokens_disk);
+  kv.cached_tokens_device =
+      r.cached_prompt_tokens - kv.cached_tokens_disk - kv.cached_tokens_remote;
   if (r.preempted_at != absl::InfinitePast()) {
     kv.preempted_seconds += SecondsBetween(r.preempted_at, now);
   }

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
+#include "engine/tier_metrics.h"
 #include "kvcache/block_hash.h"
 #include "kvcache/kv_sizing.h"
 #include "kvtier/block_key.h"
@@ -50,12 +51,14 @@ std::string ConfigSalt(const models::ModelConfig& c) {
 absl::StatusOr<std::unique_ptr<KvTiers>> KvTiers::Create(
     const KvTierConfig& config, const LoadedModel& model,
     const ModelBackend& backend, std::function<void()> wake,
-    std::function<void(double)> observe_store) {
+    TierMetrics* metrics) {
+  const char* flag =
+      config.disk_dir.empty() ? "--kv-remote-cache" : "--kv-disk-cache";
   const std::vector<kvtier::Piece> pieces = backend.KvBlockPieces(0);
   if (pieces.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "--kv-disk-cache: the ", std::string(backend.device_name()),
-        " backend's KV is not in host memory; the disk tier runs on the CPU "
+        flag, ": the ", std::string(backend.device_name()),
+        " backend's KV is not in host memory; the KV tiers run on the CPU "
         "backend"));
   }
   uint64_t payload = 0;
@@ -80,11 +83,32 @@ absl::StatusOr<std::unique_ptr<KvTiers>> KvTiers::Create(
   f.layout = backend.kv_layout_version();
   f.payload_bytes = payload;
   if (f.block_size > kvtier::kMaxBlockTokens) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "--kv-disk-cache: --block-size %d is over the tier's %d tokens",
-        f.block_size, kvtier::kMaxBlockTokens));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: --block-size %d is over the tier's %d tokens",
+                        flag, f.block_size, kvtier::kMaxBlockTokens));
   }
   std::unique_ptr<KvTiers> t(new KvTiers(config, backend, f));
+  if (!config.disk_dir.empty())
+    KV_RETURN_IF_ERROR(t->OpenDisk(config, metrics));
+  if (!config.remote_url.empty()) {
+    KV_RETURN_IF_ERROR(t->OpenRemote(config, metrics));
+  }
+  t->loader_ = std::make_unique<kvtier::TierLoader>(
+      t->disk_.get(), t->remote_.get(), t->salt_, config.load_threads,
+      std::move(wake));
+  spdlog::info(
+      "kv tiers: disk {}, remote {}; model fingerprint {} ({}, {:.1f} of "
+      "{:.1f} MiB read in {:.3f} s); {} bytes per block ({}, {})",
+      t->disk_ ? t->disk_->root() : "off",
+      t->remote_ ? t->remote_->Describe() : "off", kvtier::Hex128(fp.hash),
+      fp.full ? "full" : "sampled", fp.hashed / 1048576.0, fp.bytes / 1048576.0,
+      SecondsSince(t0), payload, f.kv_dtype, f.numerics);
+  return t;
+}
+
+absl::Status KvTiers::OpenDisk(const KvTierConfig& config,
+                               TierMetrics* metrics) {
+  const uint64_t payload = format_.payload_bytes;
   kvtier::DiskTierOptions o;
   o.dir = config.disk_dir;
   o.capacity_bytes = static_cast<uint64_t>(
@@ -95,19 +119,38 @@ absl::StatusOr<std::unique_ptr<KvTiers>> KvTiers::Create(
       64, (uint64_t{256} << 20) / std::max<uint64_t>(payload, 1)));
   o.inject_write_errno = config.inject_write_errno;
   o.inject_read_errno = config.inject_read_errno;
-  o.observe_store = std::move(observe_store);
-  KV_ASSIGN_OR_RETURN(t->disk_,
-                      kvtier::DiskTier::Open(o, t->salt_, fp.hash, payload));
-  t->loader_ = std::make_unique<kvtier::TierLoader>(
-      t->disk_.get(), t->salt_, config.load_threads, std::move(wake));
-  spdlog::info(
-      "kv tiers: disk {} ({:.1f} GiB); model fingerprint {} ({}, {:.1f} of "
-      "{:.1f} MiB read in {:.3f} s); {} bytes per block ({}, {})",
-      t->disk_->root(), o.capacity_bytes / 1073741824.0,
-      kvtier::Hex128(fp.hash), fp.full ? "full" : "sampled",
-      fp.hashed / 1048576.0, fp.bytes / 1048576.0, SecondsSince(t0), payload,
-      f.kv_dtype, f.numerics);
-  return t;
+  if (metrics != nullptr) {
+    o.observe_store = [metrics](double s) {
+      metrics->ObserveStore(TierMetrics::kDisk, s);
+    };
+  }
+  KV_ASSIGN_OR_RETURN(
+      disk_, kvtier::DiskTier::Open(o, salt_, format_.fingerprint, payload));
+  spdlog::info("kv disk tier: {} ({:.1f} GiB)", disk_->root(),
+               o.capacity_bytes / 1073741824.0);
+  return absl::OkStatus();
+}
+
+absl::Status KvTiers::OpenRemote(const KvTierConfig& config,
+                                 TierMetrics* metrics) {
+  kvtier::RemoteTierOptions o;
+  KV_ASSIGN_OR_RETURN(o.target, kvtier::ParseRedisUrl(config.remote_url));
+  o.auth = {config.remote_user, config.remote_password};
+  o.timeout = config.remote_timeout;
+  o.ttl_seconds = config.remote_ttl_seconds;
+  const uint64_t payload = format_.payload_bytes;
+  o.max_queued_blocks = static_cast<int>(std::max<uint64_t>(
+      64, (uint64_t{256} << 20) / std::max<uint64_t>(payload, 1)));
+  if (metrics != nullptr) {
+    o.observe_store = [metrics](double s) {
+      metrics->ObserveStore(TierMetrics::kRemote, s);
+    };
+  }
+  KV_ASSIGN_OR_RETURN(remote_, kvtier::RemoteTier::Open(
+                                   o, salt_, format_.fingerprint, payload));
+  spdlog::info("kv remote tier: {} ({})", remote_->Describe(),
+               remote_->healthy() ? "reachable" : "unreachable now, retried");
+  return absl::OkStatus();
 }
 
 KvTiers::KvTiers(const KvTierConfig& config, const ModelBackend& backend,
@@ -125,6 +168,18 @@ void KvTiers::Stop() { loader_.reset(); }
 void KvTiers::Attach(scheduler::Scheduler* scheduler) {
   scheduler_ = scheduler;
   scheduler_->kv_cache_for_tiers().set_record_newly_cached(true);
+}
+
+int32_t KvTiers::PlanLoad(absl::Span<const kvcache::BlockHash> keys,
+                          uint64_t scope_tag, kvcache::BlockHash ns,
+                          int32_t* disk_blocks) {
+  *disk_blocks = disk_ == nullptr ? 0
+                                  : static_cast<int32_t>(disk_->Probe(
+                                        keys, scope_tag, kvtier::SaltTag(ns)));
+  // The remote is asked for the rest by the load itself (its GETs).
+  const auto n = static_cast<int32_t>(keys.size());
+  if (remote_ != nullptr && remote_->healthy()) return n;
+  return *disk_blocks;
 }
 
 bool KvTiers::MaybeLoad(std::unique_ptr<scheduler::Request>& r,
@@ -148,8 +203,9 @@ bool KvTiers::MaybeLoad(std::unique_ptr<scheduler::Request>& r,
   if (m >= full_blocks) return false;
   const std::vector<kvcache::BlockHash> keys =
       kvcache::ChainBlockHashes(tokens.prompt, ns, block, full_blocks);
-  int32_t k = static_cast<int32_t>(disk_->Probe(
-      absl::MakeConstSpan(keys).subspan(m), scope_tag, kvtier::SaltTag(ns)));
+  int32_t kd = 0;
+  int32_t k =
+      PlanLoad(absl::MakeConstSpan(keys).subspan(m), scope_tag, ns, &kd);
   if (k <= 0) return false;
   const double recompute_block = sc.recompute_seconds_per_token * block;
   const double per_block = loader_->seconds_per_block();
@@ -170,6 +226,7 @@ bool KvTiers::MaybeLoad(std::unique_ptr<scheduler::Request>& r,
     ++stats_.skipped_no_room;
     return false;
   }
+  kd = std::min(kd, k);
   const RequestId id = r->id();
   std::optional<std::vector<kvcache::BlockId>> fresh =
       scheduler_->kv_cache_for_tiers().ReserveForLoad(
@@ -186,6 +243,9 @@ bool KvTiers::MaybeLoad(std::unique_ptr<scheduler::Request>& r,
   job.deadline =
       now + std::max(config_.min_load_deadline,
                      absl::Seconds(config_.load_deadline_factor * predicted));
+  Loading l{std::move(r), m, m == 0 ? kvcache::kNoParentHash : keys[m - 1], ns,
+            kd};
+  l.scope_tag = scope_tag;
   for (int32_t i = 0; i < k; ++i) {
     kvtier::LoadBlock b;
     b.key = keys[m + i];
@@ -193,10 +253,14 @@ bool KvTiers::MaybeLoad(std::unique_ptr<scheduler::Request>& r,
     b.tokens.assign(tokens.prompt.begin() + (m + i) * block,
                     tokens.prompt.begin() + (m + i + 1) * block);
     b.dst = backend_.KvBlockPieces((*fresh)[i]);
+    b.remote = i >= kd;
+    if (disk_ != nullptr && remote_ != nullptr) {
+      l.keys.push_back(b.key);
+      l.fresh.push_back((*fresh)[i]);
+    }
     job.blocks.push_back(std::move(b));
   }
-  loading_[id] = {std::move(r), m,
-                  m == 0 ? kvcache::kNoParentHash : keys[m - 1], ns};
+  loading_[id] = std::move(l);
   ++stats_.loads;
   loader_->Start(std::move(job));
   return true;
@@ -217,9 +281,21 @@ std::vector<KvTiers::Ready> KvTiers::TakeReady() {
         tokens.prompt.subspan(static_cast<size_t>(l.first_block) * block));
     stats_.loaded_blocks += registered;
     held_[res.id] = absl::Now();
-    if (res.stop == kvtier::MissReason::kDeadline) ++stats_.load_deadlines;
-    ready.push_back(
-        {res.id, std::move(l.request), registered * block, res.seconds});
+    if (res.stop == kvtier::MissReason::kDeadline) {
+      ++(res.verified >= l.disk_blocks ? stats_.remote_load_deadlines
+                                       : stats_.load_deadlines);
+    }
+    const int32_t from_disk = std::min(registered, l.disk_blocks);
+    // What the remote brought in goes to the disk too.
+    for (int32_t j = from_disk;
+         j < registered && j < static_cast<int32_t>(l.keys.size()); ++j) {
+      const auto begin = tokens.prompt.begin() + (l.first_block + j) * block;
+      (void)disk_->Store(
+          ItemOf(l.fresh[j], l.keys[j], j == 0 ? l.parent : l.keys[j - 1], l.ns,
+                 l.scope_tag, std::vector<int32_t>(begin, begin + block)));
+    }
+    ready.push_back({res.id, std::move(l.request), from_disk * block,
+                     (registered - from_disk) * block, res.seconds});
   }
   return ready;
 }
@@ -238,43 +314,62 @@ void KvTiers::ReleaseStale(absl::Time now) {
   for (RequestId id : stale) Release(id);
 }
 
+kvtier::StoreItem KvTiers::ItemOf(kvcache::BlockId block,
+                                  kvcache::BlockHash key,
+                                  kvcache::BlockHash parent,
+                                  kvcache::BlockHash ns, uint64_t scope_tag,
+                                  std::vector<int32_t> tokens) const {
+  kvtier::StoreItem item;
+  item.header.salt = salt_;
+  item.header.fingerprint = format_.fingerprint;
+  item.header.key = key;
+  item.header.parent = parent;
+  item.header.ns = ns;
+  item.header.payload_bytes = format_.payload_bytes;
+  item.header.created_unix_ns = absl::ToUnixNanos(absl::Now());
+  item.header.writer_pid = static_cast<uint32_t>(getpid());
+  item.header.tokens = std::move(tokens);
+  item.scope_tag = scope_tag;
+  auto payload = std::make_shared<std::vector<uint8_t>>(format_.payload_bytes);
+  uint8_t* out = payload->data();
+  for (const kvtier::Piece& p : backend_.KvBlockPieces(block)) {
+    std::memcpy(out, p.data, p.bytes);
+    out += p.bytes;
+  }
+  item.payload = std::move(payload);
+  return item;
+}
+
 void KvTiers::StoreNewlyCached() {
-  if (disk_ == nullptr) return;
   std::vector<kvcache::CachedBlockRecord> records =
       scheduler_->kv_cache_for_tiers().TakeNewlyCached();
-  const uint64_t now_ns = absl::ToUnixNanos(absl::Now());
   for (kvcache::CachedBlockRecord& rec : records) {
     auto tag = scope_tags_.find(rec.ns);
-    // A namespace no longer known, or a block the disk has.
-    if (tag == scope_tags_.end() || disk_->Contains(rec.key)) continue;
-    kvtier::StoreItem item;
-    item.header.salt = salt_;
-    item.header.fingerprint = format_.fingerprint;
-    item.header.key = rec.key;
-    item.header.parent = rec.parent;
-    item.header.ns = rec.ns;
-    item.header.payload_bytes = format_.payload_bytes;
-    item.header.created_unix_ns = now_ns;
-    item.header.writer_pid = static_cast<uint32_t>(getpid());
-    item.header.tokens = std::move(rec.tokens);
-    item.scope_tag = tag->second;
-    item.payload.resize(format_.payload_bytes);
-    uint8_t* out = item.payload.data();
-    for (const kvtier::Piece& p : backend_.KvBlockPieces(rec.block)) {
-      std::memcpy(out, p.data, p.bytes);
-      out += p.bytes;
+    if (tag == scope_tags_.end()) continue;  // a namespace no longer known
+    const bool to_disk = disk_ != nullptr && !disk_->Contains(rec.key);
+    if (!to_disk && remote_ == nullptr) continue;
+    kvtier::StoreItem item = ItemOf(rec.block, rec.key, rec.parent, rec.ns,
+                                    tag->second, std::move(rec.tokens));
+    if (remote_ != nullptr) {
+      (void)remote_->Store(to_disk ? item : std::move(item));
     }
-    (void)disk_->Store(std::move(item));
+    if (to_disk) (void)disk_->Store(std::move(item));
   }
 }
 
 int64_t KvTiers::Flush(absl::Time deadline) {
-  return disk_ == nullptr ? 0 : disk_->Flush(deadline);
+  int64_t dropped = 0;
+  if (disk_ != nullptr) dropped += disk_->Flush(deadline);
+  if (remote_ != nullptr) dropped += remote_->Flush(deadline);
+  return dropped;
 }
 
 KvTierStats KvTiers::stats() const {
   KvTierStats s = stats_;
+  s.has_disk = disk_ != nullptr;
+  s.has_remote = remote_ != nullptr;
   if (disk_ != nullptr) s.disk = disk_->stats();
+  if (remote_ != nullptr) s.remote = remote_->stats();
   s.loading_requests = static_cast<int64_t>(loading_.size());
   if (loader_ != nullptr) {
     s.load_seconds_per_block = loader_->seconds_per_block();
@@ -299,28 +394,47 @@ absl::Status KvTiers::CheckInvariants() const {
   return absl::OkStatus();
 }
 
-KvStateTier KvTiers::StateOf() const {
-  const KvTierStats s = stats();
-  const kvtier::DiskTierStats& d = s.disk;
+namespace {
+
+KvStateTier StateOfTier(std::string name, std::string path,
+                        const kvtier::TierStats& d, int64_t deadlines) {
   KvStateTier t;
-  t.name = "disk";
-  t.path = disk_ == nullptr ? "" : disk_->root();
-  t.healthy = d.writable;
+  t.name = std::move(name);
+  t.path = std::move(path);
+  t.healthy = d.healthy;
   t.blocks = static_cast<int64_t>(d.blocks);
   t.bytes = static_cast<int64_t>(d.bytes);
   t.capacity_bytes = static_cast<int64_t>(d.capacity_bytes);
-  t.loading_requests = s.loading_requests;
   t.hits = static_cast<int64_t>(d.hits);
   for (uint64_t m : d.misses) t.misses += static_cast<int64_t>(m);
-  t.misses += s.load_deadlines;
+  t.misses += deadlines;
   t.stores = static_cast<int64_t>(d.stores);
   for (uint64_t n : d.stores_dropped) {
     t.stores_dropped += static_cast<int64_t>(n);
   }
   t.evictions = static_cast<int64_t>(d.evictions);
   t.errors = static_cast<int64_t>(d.errors);
-  t.loads = s.loads;
   return t;
+}
+
+}  // namespace
+
+std::vector<KvStateTier> KvTiers::StateOf() const {
+  const KvTierStats s = stats();
+  std::vector<KvStateTier> out;
+  if (disk_ != nullptr) {
+    out.push_back(StateOfTier("disk", disk_->root(), s.disk, s.load_deadlines));
+  }
+  if (remote_ != nullptr) {
+    out.push_back(StateOfTier("remote", remote_->Describe(), s.remote,
+                              s.remote_load_deadlines));
+  }
+  // Loads span the tiers: the first tier carries them.
+  if (!out.empty()) {
+    out[0].loading_requests = s.loading_requests;
+    out[0].loads = s.loads;
+  }
+  return out;
 }
 
 }  // namespace kvserve::engine

@@ -1,17 +1,23 @@
 // KvTiers: the engine's side of the KV tiers below the pool (kvtier/).
 //
+// Two tiers, either or both: the disk (kvtier/disk_tier.h) and a remote
+// Redis/Valkey that replicas share (kvtier/remote_tier.h).
+//
 // Stores (write-through): after each step, the blocks the prefix cache
 // registered are copied out of the pool on the engine thread (a memcpy per
-// layer slab) and queued for the disk writer; a queue that is full drops
-// the block, counted, never waits.
+// layer slab, one copy shared by both tiers) and queued for each tier's
+// writer; a queue that is full drops the block, counted, never waits.
+// Blocks loaded from the remote tier are written to the disk too.
 //
 // Loads: a new request's full prompt blocks are looked up past the pool's
-// own match (same chain keys); when the disk holds a run of them, the
-// tiers hold the request back (its loading state), lend fresh pool blocks
-// to a loader thread and let the engine keep stepping. When the load
-// completes (or its deadline passes) the verified blocks are registered as
-// cached and the request enters the scheduler, whose prefix match then
-// finds them like any cached prefix. The step never waits on a disk.
+// own match (same chain keys): the disk's run from its index, then, when a
+// remote tier is on and healthy, the rest from the remote (its GETs are
+// the probe). The tiers hold the request back (its loading state), lend
+// fresh pool blocks to a loader thread and let the engine keep stepping.
+// When the load completes (or its deadline passes) the verified blocks are
+// registered as cached and the request enters the scheduler, whose prefix
+// match then finds them like any cached prefix. The step never waits on a
+// disk or a network.
 //
 // Keys: the scheduler's model id becomes kvtier::ModelIdFor(salt), the salt
 // covering the weights' fingerprint and the KV format, so the pool's chain
@@ -27,21 +33,28 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "engine/engine.h"
 #include "engine/kv_state.h"
 #include "engine/runner/model_backend.h"
 #include "kvtier/disk_tier.h"
+#include "kvtier/remote_tier.h"
 #include "kvtier/tier_loader.h"
 #include "scheduler/scheduler.h"
 
 namespace kvserve::engine {
 
+class TierMetrics;
+
 struct KvTierStats {
-  kvtier::DiskTierStats disk;
+  bool has_disk = false, has_remote = false;
+  kvtier::TierStats disk;
+  kvtier::TierStats remote;
   int64_t loading_requests = 0;
-  int64_t loads = 0;            // loads started
-  int64_t loaded_blocks = 0;    // verified and registered
-  int64_t load_deadlines = 0;   // loads cut short by their deadline
+  int64_t loads = 0;           // loads started
+  int64_t loaded_blocks = 0;   // verified and registered
+  int64_t load_deadlines = 0;  // loads cut short by their deadline (disk)
+  int64_t remote_load_deadlines = 0;  // ... while reading the remote
   int64_t skipped_slower = 0;   // not loaded: predicted slower than compute
   int64_t skipped_no_room = 0;  // not loaded: no free pool blocks
   double load_seconds_per_block = 0;
@@ -53,7 +66,8 @@ class KvTiers {
   struct Ready {
     RequestId id = 0;
     std::unique_ptr<scheduler::Request> request;
-    int32_t tier_tokens = 0;  // prompt tokens its load registered
+    int32_t disk_tokens = 0;  // prompt tokens its load registered, by tier
+    int32_t remote_tokens = 0;
     double load_seconds = 0;
   };
 
@@ -62,7 +76,7 @@ class KvTiers {
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<KvTiers>> Create(
       const KvTierConfig& config, const LoadedModel& model,
       const ModelBackend& backend, std::function<void()> wake,
-      std::function<void(double)> observe_store = nullptr);
+      TierMetrics* metrics = nullptr);
   ~KvTiers();
 
   // The prefix cache's model id under the tiers' salt.
@@ -91,8 +105,8 @@ class KvTiers {
   // Every held request has a load in the pool and vice versa; the disk
   // index's bytes are its blocks'.
   [[nodiscard]] absl::Status CheckInvariants() const;
-  // The disk tier for /v1/kv/state.
-  [[nodiscard]] KvStateTier StateOf() const;
+  // The tiers for /v1/kv/state.
+  [[nodiscard]] std::vector<KvStateTier> StateOf() const;
   [[nodiscard]] int64_t loading() const {
     return static_cast<int64_t>(loading_.size());
   }
@@ -103,9 +117,32 @@ class KvTiers {
     int32_t first_block = 0;  // the pool's match
     kvcache::BlockHash parent = kvcache::kNoParentHash;
     kvcache::BlockHash ns = 0;
+    int32_t disk_blocks = 0;  // the job's first blocks come from the disk
+    // With both tiers on, the job's keys and pool blocks: what the remote
+    // brings in is written to the disk once verified.
+    std::vector<kvcache::BlockHash> keys;
+    std::vector<kvcache::BlockId> fresh;
+    uint64_t scope_tag = 0;
   };
   KvTiers(const KvTierConfig& config, const ModelBackend& backend,
           kvtier::BlockFormat format);
+
+  [[nodiscard]] absl::Status OpenDisk(const KvTierConfig& config,
+                                      TierMetrics* metrics);
+  [[nodiscard]] absl::Status OpenRemote(const KvTierConfig& config,
+                                        TierMetrics* metrics);
+  // How many of the prompt's blocks [m, full) to load, from which tiers;
+  // 0 when none.
+  [[nodiscard]] int32_t PlanLoad(absl::Span<const kvcache::BlockHash> keys,
+                                 uint64_t scope_tag, kvcache::BlockHash ns,
+                                 int32_t* disk_blocks);
+  // A copy of pool block `block` as a tier's store item.
+  [[nodiscard]] kvtier::StoreItem ItemOf(kvcache::BlockId block,
+                                         kvcache::BlockHash key,
+                                         kvcache::BlockHash parent,
+                                         kvcache::BlockHash ns,
+                                         uint64_t scope_tag,
+                                         std::vector<int32_t> tokens) const;
 
   const KvTierConfig config_;
   const ModelBackend& backend_;
@@ -114,6 +151,7 @@ class KvTiers {
   const std::string model_id_;
   scheduler::Scheduler* scheduler_ = nullptr;
   std::unique_ptr<kvtier::DiskTier> disk_;
+  std::unique_ptr<kvtier::RemoteTier> remote_;
   std::unique_ptr<kvtier::TierLoader> loader_;
   absl::flat_hash_map<RequestId, Loading> loading_;
   // Loaded, waiting in the scheduler: since when their blocks are held.

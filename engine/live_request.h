@@ -27,8 +27,10 @@ struct LiveRequest {
   int32_t completion_tokens = 0;
   // Prompt tokens served from the prefix cache (read when first scheduled).
   int32_t cached_prompt_tokens = 0;
-  // Prompt tokens a KV tier load put into the pool for it (engine/kv_tiers.h).
-  int32_t tier_prompt_tokens = 0;
+  // Prompt tokens a KV tier load put into the pool for it, by tier
+  // (engine/kv_tiers.h).
+  int32_t disk_prompt_tokens = 0;
+  int32_t remote_prompt_tokens = 0;
   // Completion index in the shared stream (n > 1), and children this
   // request (index 0) still has to fork once its prompt is computed.
   int32_t index = 0;

@@ -55,6 +55,7 @@ void AddKvUsage(const KvUsage& part, KvUsage* sum) {
   sum->preempted_seconds += part.preempted_seconds;
   sum->cached_tokens_device += part.cached_tokens_device;
   sum->cached_tokens_disk += part.cached_tokens_disk;
+  sum->cached_tokens_remote += part.cached_tokens_remote;
 }
 
 }  // namespace kvserve::engine

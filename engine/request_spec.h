@@ -83,12 +83,14 @@ struct KvUsage {
   double queued_seconds = 0;     // arrival -> first scheduled
   double preempted_seconds = 0;  // preempted -> scheduled again, summed
   // The cached prompt tokens (Usage::cached_prompt_tokens) by where they
-  // were found: in the pool, or loaded from the disk tier for this request.
+  // were found: in the pool, or loaded from the disk or the remote tier for
+  // this request.
   // Summed over prompts like their count; over the completions of one
   // prompt, which share it, the split of the one with the most cached
   // tokens (StreamState), as their count is its.
   int32_t cached_tokens_device = 0;
   int32_t cached_tokens_disk = 0;
+  int32_t cached_tokens_remote = 0;
 };
 
 struct Usage {

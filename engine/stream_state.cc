@@ -91,6 +91,7 @@ void StreamState::Finish(int32_t index, FinishReason reason, const Usage& usage,
     const KvUsage& split = most_cached ? usage.kv : before;
     total_usage_.kv.cached_tokens_device = split.cached_tokens_device;
     total_usage_.kv.cached_tokens_disk = split.cached_tokens_disk;
+    total_usage_.kv.cached_tokens_remote = split.cached_tokens_remote;
   }
   Deliver();
 }

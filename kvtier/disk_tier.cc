@@ -360,13 +360,13 @@ int DiskTier::WriteFile(const StoreItem& item) {
   }
   if (fd < 0) return errno;
   uint8_t header[kHeaderBytes];
-  const ConstPiece payload{item.payload.data(), item.payload.size()};
+  const std::vector<uint8_t>& bytes = *item.payload;
+  const ConstPiece payload{bytes.data(), bytes.size()};
   EncodeHeader(item.header, absl::MakeConstSpan(&payload, 1), header);
   static const std::vector<uint8_t> kZeros(kFileAlign, 0);
-  const size_t pad = index_.entry_bytes() - kHeaderBytes - item.payload.size();
-  std::vector<iovec> iov = {
-      {header, kHeaderBytes},
-      {const_cast<uint8_t*>(item.payload.data()), item.payload.size()}};
+  const size_t pad = index_.entry_bytes() - kHeaderBytes - bytes.size();
+  std::vector<iovec> iov = {{header, kHeaderBytes},
+                            {const_cast<uint8_t*>(bytes.data()), bytes.size()}};
   if (pad > 0) iov.push_back({const_cast<uint8_t*>(kZeros.data()), pad});
   int err = TransferAll(&pwritev, fd, std::move(iov), 0);
   if (err < 0) err = EIO;  // a write that moved nothing
@@ -379,12 +379,12 @@ int DiskTier::WriteFile(const StoreItem& item) {
 void DiskTier::OnWriteError(int err) {
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.errors;
-  const bool was_writable = stats_.writable;
+  const bool was_writable = stats_.healthy;
   backoff_ = backoff_ == absl::ZeroDuration()
                  ? kFirstBackoff
                  : std::min(backoff_ * 2, kMaxBackoff);
   paused_until_ = absl::Now() + backoff_;
-  stats_.writable = false;
+  stats_.healthy = false;
   if (was_writable) {
     spdlog::warn(
         "kv disk tier {}: write failed ({}); blocks are dropped, not "
@@ -399,10 +399,10 @@ void DiskTier::OnWriteError(int err) {
 
 void DiskTier::OnWriteOk() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!stats_.writable) {
+  if (!stats_.healthy) {
     spdlog::info("kv disk tier {}: writes succeed again", root_);
   }
-  stats_.writable = true;
+  stats_.healthy = true;
   backoff_ = absl::ZeroDuration();
 }
 
@@ -513,7 +513,7 @@ DiskTierStats DiskTier::stats() const {
   s.blocks = index_.size();
   s.bytes = index_.bytes();
   s.queued = queue_.size();
-  s.writable = s.writable && absl::Now() >= paused_until_;
+  s.healthy = s.healthy && absl::Now() >= paused_until_;
   return s;
 }
 

@@ -36,6 +36,7 @@
 #include "absl/types/span.h"
 #include "kvtier/block_codec.h"
 #include "kvtier/disk_index.h"
+#include "kvtier/tier.h"
 
 namespace kvserve::kvtier {
 
@@ -51,32 +52,7 @@ struct DiskTierOptions {
   std::function<void(double)> observe_store;
 };
 
-// One block to write: its header (the checksum is the writer's) and a copy
-// of its payload.
-struct StoreItem {
-  BlockHeader header;
-  uint64_t scope_tag = 0;
-  std::vector<uint8_t> payload;
-};
-
-enum class DropReason { kQueueFull, kUnhealthy, kError };
-inline constexpr int kNumDropReasons = 3;
-
-struct DiskTierStats {
-  uint64_t blocks = 0;
-  uint64_t bytes = 0;
-  uint64_t capacity_bytes = 0;
-  bool writable = true;  // false while writes back off after an error
-  uint64_t queued = 0;
-  uint64_t hits = 0;
-  std::array<uint64_t, kNumMissReasons> misses{};
-  uint64_t stores = 0;
-  std::array<uint64_t, kNumDropReasons> stores_dropped{};
-  uint64_t evictions = 0;
-  uint64_t errors = 0;  // failed system calls
-  uint64_t indexed_at_start = 0;
-  double index_seconds = 0;
-};
+using DiskTierStats = TierStats;
 
 class DiskTier {
  public:

@@ -8,9 +8,10 @@
 
 namespace kvserve::kvtier {
 
-TierLoader::TierLoader(DiskTier* disk, Key salt, int threads,
-                       std::function<void()> wake)
+TierLoader::TierLoader(DiskTier* disk, RemoteTier* remote, Key salt,
+                       int threads, std::function<void()> wake)
     : disk_(disk),
+      remote_(remote),
       salt_(salt),
       wake_(std::move(wake)),
       threads_(std::max(threads, 1)) {
@@ -103,9 +104,21 @@ std::pair<int32_t, std::optional<MissReason>> TierLoader::RunPart(
     const Part& p) const {
   const LoadJob& job = p.run->job;
   int32_t verified = 0;
-  for (size_t i = p.begin; i < p.end; ++i) {
+  for (size_t i = p.begin; i < p.end;) {
     if (absl::Now() >= job.deadline) return {verified, MissReason::kDeadline};
     const LoadBlock& b = job.blocks[i];
+    if (b.remote) {
+      // The run of remote blocks goes as pipelined chunks.
+      size_t j = i;
+      while (j < p.end && job.blocks[j].remote) ++j;
+      const auto [n, miss] =
+          remote_->LoadRun(absl::MakeConstSpan(job.blocks).subspan(i, j - i),
+                           job.ns, job.scope_tag, job.deadline);
+      verified += n;
+      if (miss.has_value()) return {verified, miss};
+      i = j;
+      continue;
+    }
     const Expected want{salt_,  b.key,    b.parent,
                         job.ns, b.tokens, disk_->payload_bytes()};
     if (std::optional<MissReason> miss =
@@ -113,6 +126,7 @@ std::pair<int32_t, std::optional<MissReason>> TierLoader::RunPart(
       return {verified, miss};
     }
     ++verified;
+    ++i;
   }
   return {verified, std::nullopt};
 }

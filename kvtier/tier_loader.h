@@ -1,6 +1,6 @@
-// Loads of KV blocks from a tier into memory the caller lends (pool blocks
-// no request holds yet), on worker threads, so the engine's step never
-// waits on a disk. A job's blocks are split into one contiguous part per
+// Loads of KV blocks from the tiers (disk, remote) into memory the caller lends
+// (pool blocks no request holds yet), on worker threads, so the engine's step
+// never waits on a disk. A job's blocks are split into one contiguous part per
 // worker (a long prompt loads on every core); a part reads in chain order
 // and stops at its first miss or at the deadline. The result counts the
 // blocks verified from the first on, up to the first that was not (later
@@ -26,15 +26,10 @@
 #include "absl/time/time.h"
 #include "kvtier/block_codec.h"
 #include "kvtier/disk_tier.h"
+#include "kvtier/remote_tier.h"
+#include "kvtier/tier.h"
 
 namespace kvserve::kvtier {
-
-struct LoadBlock {
-  Key key = 0;
-  Key parent = 0;
-  std::vector<int32_t> tokens;
-  std::vector<Piece> dst;  // where its payload goes
-};
 
 struct LoadJob {
   int64_t id = 0;
@@ -53,7 +48,9 @@ struct LoadResult {
 
 class TierLoader {
  public:
-  TierLoader(DiskTier* disk, Key salt, int threads, std::function<void()> wake);
+  // Either tier may be null when no block of a job names it.
+  TierLoader(DiskTier* disk, RemoteTier* remote, Key salt, int threads,
+             std::function<void()> wake);
   ~TierLoader();
   TierLoader(const TierLoader&) = delete;
   TierLoader& operator=(const TierLoader&) = delete;
@@ -87,6 +84,7 @@ class TierLoader {
   static LoadResult Finish(const Running& run);
 
   DiskTier* const disk_;
+  RemoteTier* const remote_;
   const Key salt_;
   const std::function<void()> wake_;
   mutable std::mutex mu_;

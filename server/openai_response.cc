@@ -52,7 +52,7 @@ json KvUsageJson(const engine::KvUsage& kv) {
            {{"device", kv.cached_tokens_device},
             {"host", 0},
             {"disk", kv.cached_tokens_disk},
-            {"remote", 0}}}};
+            {"remote", kv.cached_tokens_remote}}}};
 }
 
 json UsageJson(const engine::Usage& u) {

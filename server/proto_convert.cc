@@ -74,6 +74,7 @@ void ToProto(const engine::StreamDelta& delta,
     v1::CachedTokensByTier* tiers = k->mutable_cached_tokens_by_tier();
     tiers->set_device(kv.cached_tokens_device);
     tiers->set_disk(kv.cached_tokens_disk);
+    tiers->set_remote(kv.cached_tokens_remote);
   }
   v1::Timings* timings = out->mutable_timings();
   timings->set_queue_seconds(delta.timings.queue_seconds);

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -72,7 +73,7 @@ StoreItem Item(const Block& b, uint64_t scope_tag = 0) {
   it.header.payload_bytes = kPayload;
   it.header.tokens = b.tokens;
   it.scope_tag = scope_tag;
-  it.payload = b.payload;
+  it.payload = std::make_shared<const std::vector<uint8_t>>(b.payload);
   return it;
 }
 
@@ -246,7 +247,7 @@ TEST(DiskTierTest, WriteFaultsDropAndBackOff) {
   EXPECT_EQ(s.stores, 0u);
   EXPECT_EQ(s.errors, 1u);
   EXPECT_EQ(s.stores_dropped[static_cast<int>(DropReason::kError)], 1u);
-  EXPECT_FALSE(s.writable);
+  EXPECT_FALSE(s.healthy);
   // Paused: refused at once, counted, never queued.
   EXPECT_FALSE(t->Store(Item(MakeBlock(1))));
   s = t->stats();

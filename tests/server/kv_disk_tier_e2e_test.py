@@ -139,12 +139,10 @@ class DiskTierTest(unittest.TestCase):
             m = b.metrics()
             self.assertEqual(counter(m, "kvserve_kv_tier_hits_blocks_total",
                                      tier="disk"), 18 + 6)
-            self.assertEqual(counter(m, "kvserve_kv_tier_loads_total",
-                                     tier="disk"), 2)
+            self.assertEqual(counter(m, "kvserve_kv_tier_loads_total"), 2)
             self.assertGreater(counter(m, "kvserve_kv_tier_blocks",
                                        tier="disk"), 0)
-            self.assertIn("kvserve_kv_tier_load_seconds_count"
-                          '{tier="disk"}', m)
+            self.assertIn("kvserve_kv_tier_load_seconds_count", m)
             # Snapshots are rebuilt every ~200 ms while read.
             deadline = time.monotonic() + 10
             while True:

@@ -126,7 +126,7 @@ def parse_metrics(text):
 class KvserveProcess:
     """Starts `binary --model <default model> --port 0 --metrics-port 0`."""
 
-    def __init__(self, binary, source_dir, *extra, timeout=120):
+    def __init__(self, binary, source_dir, *extra, timeout=120, env=None):
         model = os.path.join(source_dir, "weights",
                              "SmolLM2-135M-Instruct.Q4_1.gguf")
         if not os.path.exists(model):
@@ -135,7 +135,7 @@ class KvserveProcess:
         cmd = [binary, "--model", model, "--port", "0",
                "--metrics-port", "0", *extra]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT)
+                                     stderr=subprocess.STDOUT, env=env)
         self.output = []
         self.cond = threading.Condition()
         self.eof = False

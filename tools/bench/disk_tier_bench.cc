@@ -48,7 +48,8 @@ StoreItem Item(int i) {
   it.header.ns = kNs;
   it.header.payload_bytes = kPayload;
   it.header.tokens.assign(16, i);
-  it.payload.assign(kPayload, static_cast<uint8_t>(i));
+  it.payload = std::make_shared<const std::vector<uint8_t>>(
+      kPayload, static_cast<uint8_t>(i));
   return it;
 }
 
