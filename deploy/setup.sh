@@ -53,7 +53,7 @@ APT_PACKAGES=(
   protobuf-compiler libspdlog-dev libfmt-dev nlohmann-json3-dev libpcre2-dev
   libxxhash-dev libhwy-dev libboost-dev libboost-context-dev prometheus-cpp-dev
   libssl-dev openssl libgtest-dev libgmock-dev libbenchmark-dev
-  python3 python3-venv
+  libhiredis-dev python3 python3-venv
 )
 if [ "$WITH_TEST" = 1 ]; then
   APT_PACKAGES+=(clang libclang-rt-14-dev clang-tidy clang-format prometheus
@@ -61,6 +61,9 @@ if [ "$WITH_TEST" = 1 ]; then
   # Headless chromium runs the KV cache page (GET /ui) in
   # tests/server/kv_ui_browser_test.py.
   APT_PACKAGES+=(chromium)
+  # The KV remote tier's tests start their own redis-server (with a
+  # password, on a free port).
+  APT_PACKAGES+=(redis-server)
 fi
 if [ "$WITH_BENCH" = 1 ]; then
   APT_PACKAGES+=(linux-perf)
@@ -80,8 +83,11 @@ if [ ${#missing[@]} -gt 0 ]; then
     -y -qq --no-install-recommends "${missing[@]}" || fail "apt-get install"
   # `prometheus` is here for promtool only; where systemd runs, don't let its
   # server take port 9090 (kvserve's default metrics port).
+  # Likewise redis-server: the tests start their own, password-protected;
+  # an open one on 6379 is not wanted.
   if command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then
     $SUDO systemctl disable --now prometheus >/dev/null 2>&1 || true
+    $SUDO systemctl disable --now redis-server >/dev/null 2>&1 || true
   fi
 fi
 if [ "$APT_ONLY" = 1 ]; then step "ok (Debian packages only)"; exit 0; fi
