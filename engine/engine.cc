@@ -339,6 +339,12 @@ void Engine::Drain(absl::Duration timeout) { impl_->Drain(timeout); }
 int64_t Engine::FlushKvTiers(absl::Time deadline) {
   return impl_->FlushKvTiers(deadline);
 }
+
+absl::StatusOr<KvTierPurge> Engine::PurgeKvTiers(
+    std::optional<std::string> cache_scope,
+    std::optional<std::string> cache_salt) {
+  return impl_->PurgeKvTiers(std::move(cache_scope), std::move(cache_salt));
+}
 const ModelInfo& Engine::model_info() const { return impl_->info(); }
 const models::Tokenizer& Engine::tokenizer() const {
   return *impl_->model().tokenizer;

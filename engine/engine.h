@@ -62,6 +62,12 @@ struct KvTierConfig {
   int32_t inject_read_errno = 0;
 };
 
+// What PurgeKvTiers deleted, per tier.
+struct KvTierPurge {
+  int64_t disk_blocks = 0;
+  int64_t remote_blocks = 0;
+};
+
 struct EngineConfig {
   // Scheduling: block_size, max_num_seqs, max_num_batched_tokens,
   // watermark, policy, kv_reservation, enable_prefix_caching,
@@ -196,6 +202,13 @@ class Engine {
   // Writes what the KV tiers have queued until `deadline` (a shutdown's
   // drain budget); returns the blocks dropped. 0 without tiers.
   int64_t FlushKvTiers(absl::Time deadline);
+  // Deletes the KV tiers' blocks of one cache scope (nullopt: every
+  // scope), and of one cache_salt within it (nullopt: any), from the disk
+  // and the remote store. Thread-safe; the remote part waits on the store.
+  // FailedPrecondition without tiers; the store's error when it fails.
+  [[nodiscard]] absl::StatusOr<KvTierPurge> PurgeKvTiers(
+      std::optional<std::string> cache_scope,
+      std::optional<std::string> cache_salt);
   // Stops admitting at once (Submit returns UNAVAILABLE); Drain waits.
   void BeginDrain() { draining_.store(true); }
   bool draining() const { return draining_.load(); }

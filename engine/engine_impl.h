@@ -63,6 +63,15 @@ class Engine::Impl {
   void Drain(absl::Duration timeout);
   // Writes what the KV tiers have queued, up to `deadline`; the blocks
   // dropped. Any thread.
+  absl::StatusOr<KvTierPurge> PurgeKvTiers(
+      std::optional<std::string> cache_scope,
+      std::optional<std::string> cache_salt) {
+    if (!tiers_) {
+      return absl::FailedPreconditionError(
+          "no KV tiers: start with --kv-disk-cache or --kv-remote-cache");
+    }
+    return tiers_->Purge(cache_scope, cache_salt);
+  }
   int64_t FlushKvTiers(absl::Time deadline) {
     return tiers_ ? tiers_->Flush(deadline) : 0;
   }

@@ -357,6 +357,25 @@ void KvTiers::StoreNewlyCached() {
   }
 }
 
+absl::StatusOr<KvTierPurge> KvTiers::Purge(
+    const std::optional<std::string>& cache_scope,
+    const std::optional<std::string>& cache_salt) const {
+  std::optional<uint64_t> scope_tag, salt_tag;
+  if (cache_scope.has_value()) {
+    scope_tag = kvtier::ScopeTag(model_id_, *cache_scope);
+    if (cache_salt.has_value()) {
+      salt_tag = kvtier::SaltTag(
+          kvcache::NamespaceHash(model_id_, *cache_scope, *cache_salt));
+    }
+  }
+  KvTierPurge p;
+  if (disk_ != nullptr) p.disk_blocks = disk_->Purge(scope_tag, salt_tag);
+  if (remote_ != nullptr) {
+    KV_ASSIGN_OR_RETURN(p.remote_blocks, remote_->Purge(scope_tag, salt_tag));
+  }
+  return p;
+}
+
 int64_t KvTiers::Flush(absl::Time deadline) {
   int64_t dropped = 0;
   if (disk_ != nullptr) dropped += disk_->Flush(deadline);

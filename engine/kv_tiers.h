@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -98,6 +99,12 @@ class KvTiers {
   void StoreNewlyCached();
   // Waits for queued stores up to `deadline`; returns the blocks dropped.
   int64_t Flush(absl::Time deadline);
+  // Deletes the stored blocks of a cache scope (and salt within it);
+  // nullopt matches any. Any thread: the tiers are thread-safe and the
+  // tags depend only on the salt.
+  [[nodiscard]] absl::StatusOr<KvTierPurge> Purge(
+      const std::optional<std::string>& cache_scope,
+      const std::optional<std::string>& cache_salt) const;
   // Cancels and joins the loads (before the backend's memory goes).
   void Stop();
 

@@ -14,6 +14,7 @@
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "engine/kv_state.h"
+#include "server/kv_purge.h"
 #include "server/kv_state_json.h"
 #include "server/openai_specs.h"
 #include "server/openapi/openapi_spec.h"
@@ -97,6 +98,10 @@ void OpenAiApi::Mount(HttpRoutes& routes, std::function<OpenAiApi*()> api) {
              with_api([](OpenAiApi* self, std::shared_ptr<HttpExchange> ex) {
                self->HandleKvState(*ex);
              }));
+  routes.Add("POST", "/v1/kv/purge",
+             with_api([](OpenAiApi* self, std::shared_ptr<HttpExchange> ex) {
+               self->HandleKvPurge(*ex);
+             }));
   // The KV page: static, holds no data (what it shows needs the token).
   routes.Add("GET", "/ui", [](std::shared_ptr<HttpExchange> ex) {
     HttpResponse r;
@@ -148,6 +153,31 @@ void OpenAiApi::HandleKvState(HttpExchange& ex) const {
   r.body =
       KvStateJson(*state, model_name_,
                   tenant == nullptr || tenant->admin ? nullptr : &tenant->name);
+  r.headers.emplace_back("Cache-Control", "no-store");
+  ex.Respond(std::move(r));
+}
+
+void OpenAiApi::HandleKvPurge(HttpExchange& ex) const {
+  const TenantRef& tenant = ex.request().tenant;
+  if (tenant != nullptr && !tenant->admin) {
+    SendError(absl::PermissionDeniedError(
+                  "POST /v1/kv/purge: an admin token is required"),
+              ex);
+    return;
+  }
+  absl::StatusOr<KvPurgeRequest> req = ParseKvPurge(ex.request().body);
+  if (!req.ok()) {
+    SendError(req.status(), ex);
+    return;
+  }
+  absl::StatusOr<engine::KvTierPurge> done =
+      engine_->PurgeKvTiers(req->cache_scope, req->cache_salt);
+  if (!done.ok()) {
+    SendError(done.status(), ex);
+    return;
+  }
+  HttpResponse r;
+  r.body = KvPurgeJson(*done);
   r.headers.emplace_back("Cache-Control", "no-store");
   ex.Respond(std::move(r));
 }

@@ -51,6 +51,7 @@ class OpenAiApi {
   void HandleModels(HttpExchange& ex) const;
   // GET /v1/kv/state: the engine's latest KV snapshot.
   void HandleKvState(HttpExchange& ex) const;
+  void HandleKvPurge(HttpExchange& ex) const;
   // One spec per prompt (a batch has several), in prompt order, with
   // `tenant`'s policy applied (openai_specs.h); 404 for another model.
   [[nodiscard]] absl::StatusOr<std::vector<engine::RequestSpec>> BuildSpecs(

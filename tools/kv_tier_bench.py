@@ -17,12 +17,17 @@ one run:
   overhead: tiers on with no hits vs tiers off: TTFT of unique --overhead-
             tokens prompts and the output throughput of --streams
             concurrent unique requests, the two daemons alternated (A B B A).
+  --remote: the shared tier instead (a redis-server started here, with a
+            password): per --lengths, replica A computes a prompt cold,
+            replica B (running beside it, on the same store) serves it from
+            the store ("remote hit"), then from its own pool ("pool hit");
+            and the overhead figures with the remote tier on.
 
 Each figure is the median [min-max] over --repeats, every repeat a new
 prompt. Greedy outputs are checked equal between cold and disk runs.
 
     tools/kv_tier_bench.py --binary build/server/kvserve [--repeats 5]
-        [--lengths 4096,8000] [--streams 32] [--json out.json]
+        [--lengths 4096,8000] [--streams 32] [--remote] [--json out.json]
 
 Needs grpcio and grpcio-tools (deploy/setup.sh installs them).
 """
@@ -32,7 +37,9 @@ import json
 import os
 import shutil
 import signal
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -47,13 +54,40 @@ from kvserve_process import (KvserveProcess, compile_proto,  # noqa: E402
 PB = PB_GRPC = None
 
 
+class Redis:
+    """A redis-server on a free port, password in a file."""
+
+    def __init__(self, tmp):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.pwfile = os.path.join(tmp, "redis-password")
+        with open(self.pwfile, "w") as f:
+            f.write("bench-password\n")
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+             "--requirepass", "bench-password", "--save", "", "--appendonly",
+             "no", "--logfile", "/dev/null"])
+        time.sleep(0.5)
+
+    def args(self):
+        return ["--kv-remote-cache", f"redis://127.0.0.1:{self.port}",
+                "--kv-remote-cache-password-file", self.pwfile]
+
+    def stop(self):
+        self.proc.kill()
+        self.proc.wait()
+
+
 class Daemon(KvserveProcess):
-    def __init__(self, args, disk=None, pool_bytes=None):
+    def __init__(self, args, disk=None, pool_bytes=None, remote=None):
         extra = ["--threads", str(args.threads), "--kv-cache-bytes",
                  str(pool_bytes or args.kv_cache_bytes), "--max-model-len",
                  "8192"]
         if disk:
             extra += ["--kv-disk-cache", disk]
+        if remote:
+            extra += remote.args()
         super().__init__(args.binary, REPO, *extra)
         import grpc
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.grpc_port}")
@@ -142,7 +176,7 @@ def restart_point(args, length, repeat):
                     raise RuntimeError(f"{name}: no disk hit: {u}")
                 out[name] = ttft
                 out[f"{name}_load"] = d.metrics().get(
-                    'kvserve_kv_tier_load_seconds_sum{tier="disk"}', 0.0)
+                    "kvserve_kv_tier_load_seconds_sum", 0.0)
                 out["cached"] = u.cached_prompt_tokens
                 if drop:
                     out["pool_hit"], _, _ = d.generate(ids, args.max_tokens)
@@ -165,6 +199,30 @@ def restart_point(args, length, repeat):
         shutil.rmtree(disk, ignore_errors=True)
 
 
+def remote_point(args, redis, length, repeat):
+    """One repeat of the shared-store figures: A computes, B loads."""
+    ids = token_ids(3_000_000 + 1000 * length + repeat, length)
+    a = Daemon(args, remote=redis)
+    b = Daemon(args, remote=redis)
+    try:
+        cold, ref, u = a.generate(ids, args.max_tokens)
+        assert u.cached_prompt_tokens == 0, u
+        a.wait_writes()
+        hit, tokens, u = b.generate(ids, args.max_tokens)
+        if tokens != ref:
+            raise RuntimeError("remote hit: tokens differ from cold")
+        if u.kv.cached_tokens_by_tier.remote == 0:
+            raise RuntimeError(f"no remote hit: {u}")
+        pool, _, _ = b.generate(ids, args.max_tokens)
+        return {"cold": cold, "remote_hit": hit, "pool_hit": pool,
+                "remote_load": b.metrics().get(
+                    "kvserve_kv_tier_load_seconds_sum", 0.0),
+                "cached": u.kv.cached_tokens_by_tier.remote}
+    finally:
+        a.close()
+        b.close()
+
+
 def throughput(d, prompts, max_tokens):
     """Output tokens/s of all prompts at once, and the mean server TTFT."""
     results = [None] * len(prompts)
@@ -183,10 +241,11 @@ def throughput(d, prompts, max_tokens):
     return sum(len(r[1]) for r in results) / wall
 
 
-def overhead(args):
-    """Tiers on (no hits) vs off, A B B A."""
+def overhead(args, redis=None):
+    """Tiers on (no hits) vs off, A B B A: the disk tier, or the remote."""
     disk = tempfile.mkdtemp(prefix="kv_tier_bench_")
-    on, off = Daemon(args, disk), Daemon(args)
+    on = Daemon(args, remote=redis) if redis else Daemon(args, disk)
+    off = Daemon(args)
     res = {"on": {"ttft": [], "tok_s": []}, "off": {"ttft": [], "tok_s": []}}
     seed = [0]
 
@@ -238,11 +297,14 @@ def main():
     p.add_argument("--streams", type=int, default=32)
     p.add_argument("--max-tokens-streams", type=int, default=64)
     p.add_argument("--skip-overhead", action="store_true")
+    p.add_argument("--remote", action="store_true")
     p.add_argument("--json")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as out:
         PB, PB_GRPC = compile_proto(os.path.join(REPO, "proto"), out)
         result = {"restart": {}, "args": vars(args)}
+        if args.remote:
+            return remote_main(args, out, result)
         for length in (int(x) for x in args.lengths.split(",")):
             runs = [restart_point(args, length, r)
                     for r in range(args.repeats)]
@@ -284,6 +346,46 @@ def main():
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(result, f, indent=1)
+    return 0
+
+
+def remote_main(args, tmp, result):
+    redis = Redis(tmp)
+    result["remote"] = {}
+    try:
+        for length in (int(x) for x in args.lengths.split(",")):
+            runs = [remote_point(args, redis, length, r)
+                    for r in range(args.repeats)]
+            point = {k: summary([r[k] for r in runs])
+                     for k in ("cold", "remote_hit", "pool_hit",
+                               "remote_load")}
+            point["speedup"] = summary(
+                [r["cold"] / r["remote_hit"] for r in runs])
+            point["remote_over_pool"] = summary(
+                [r["remote_hit"] / r["pool_hit"] for r in runs])
+            point["cached"] = runs[0]["cached"]
+            result["remote"][length] = point
+            print(f"prompt {length}: cold on replica A "
+                  f"{fmt(point['cold'], 1e3)} ms, remote hit on replica B "
+                  f"{fmt(point['remote_hit'], 1e3)} ms "
+                  f"({fmt(point['speedup'])}x), then pool hit "
+                  f"{fmt(point['pool_hit'], 1e3)} ms; remote / pool "
+                  f"{fmt(point['remote_over_pool'], digits=2)}; load "
+                  f"{fmt(point['remote_load'], 1e3)} ms; "
+                  f"{point['cached']} tokens from the store", flush=True)
+        if not args.skip_overhead:
+            o = overhead(args, redis)
+            result["overhead_remote"] = o
+            r = o["ratio_on_off"]
+            print(f"remote tier on / off, no hits: TTFT "
+                  f"({args.overhead_tokens} tokens) "
+                  f"{fmt(r['ttft'], digits=3)}, {args.streams} streams out "
+                  f"tok/s {fmt(r['tok_s'], digits=3)}", flush=True)
+    finally:
+        redis.stop()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
     return 0
 
 

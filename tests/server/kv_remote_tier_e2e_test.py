@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 import unittest
+import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -103,16 +104,28 @@ class Server(KvserveProcess):
                 usage = msg.usage
         return tokens, usage
 
-    def complete(self, ids, max_tokens=6):
+    def complete(self, ids, max_tokens=6, **extra):
         body = json.dumps({"prompt": ids, "max_tokens": max_tokens,
                            "temperature": 0, "ignore_eos": True,
-                           "logprobs": 1}).encode()
+                           "logprobs": 1, **extra}).encode()
         req = urllib.request.Request(
             f"http://127.0.0.1:{self.http_port}/v1/completions", data=body,
             headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=120) as resp:
             out = json.loads(resp.read())
         return out["choices"][0]["logprobs"]["tokens"], out["usage"]
+
+    def purge(self, body):
+        """(HTTP status, JSON answer) of POST /v1/kv/purge."""
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{self.http_port}/v1/kv/purge",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
 
     def state(self):
         url = f"http://127.0.0.1:{self.http_port}/v1/kv/state"
@@ -273,6 +286,39 @@ class RemoteTierTest(unittest.TestCase):
                                      tier="remote"), 0)
         finally:
             b.close()
+
+    def test_admin_purge_deletes_a_salts_blocks_from_every_tier(self):
+        disk = os.path.join(self.tmp, "kv")
+        a = Server(self.redis, self.pwfile, "--kv-disk-cache", disk)
+        try:
+            a.complete(PROMPT, cache_salt="s1")
+            a.complete(token_ids(41, 300), cache_salt="s2")
+            m = a.wait_metrics(lambda m: counter(
+                m, "kvserve_kv_tier_stores_total", tier="remote") >= 36 and
+                counter(m, "kvserve_kv_tier_stores_total", tier="disk") >= 36)
+            stored = counter(m, "kvserve_kv_tier_stores_total", tier="remote")
+            code, out = a.purge({"cache_scope": "", "cache_salt": "s1"})
+            self.assertEqual(code, 200, out)
+            n1 = out["purged"]["remote"]
+            self.assertGreaterEqual(n1, 18)
+            self.assertEqual(out["purged"]["disk"], n1)
+            keys = self.redis.cli("--scan", "--pattern", "kvserve:v1:*")
+            self.assertEqual(len(keys.split()), stored - n1)
+            code, out = a.purge({"all": True})
+            self.assertEqual(code, 200, out)
+            self.assertEqual(out["purged"]["remote"], stored - n1)
+            self.assertEqual(self.redis.cli("--scan", "--pattern",
+                                            "kvserve:v1:*").split(), [])
+            for bad, field in (({"all": True, "tenant": "x"}, "exactly one"),
+                               ({"all": True, "cache_salt": "s"},
+                                "cache_salt"),
+                               ({"tenant": 3}, "tenant: must be a string"),
+                               ({"bogus": 1}, "bogus: unknown field")):
+                code, out = a.purge(bad)
+                self.assertEqual(code, 400, bad)
+                self.assertIn(field, out["error"]["message"])
+        finally:
+            a.close()
 
     def run_refused(self, *extra, env=None):
         model = os.path.join(ARGS.source_dir, "weights",
