@@ -15,6 +15,8 @@ DevTools Protocol (the websocket-client package):
   - with --auth-token-file, /ui loads without a token, the page asks for one
     when /v1/kv/state answers 401, refuses a wrong one, and polls and
     streams with the right one;
+  - with --kv-disk-cache, the tiers table shows the disk tier's row and
+    its stores growing as a request's blocks are written through;
   - no script error, console error or CSP violation on the page.
 
     kv_ui_browser_test.py --binary build/server/kvserve --source-dir .
@@ -293,6 +295,9 @@ class KvUiBrowserTest(unittest.TestCase):
         self.assertEqual(b.js("window.kvDrawnActive"), 0)
         self.assertEqual(b.js(text_of("kv-dtype")), "fp16")
         self.assertEqual(b.js(text_of("block-size")), "16")
+        # No tiers configured: no tiers table.
+        self.assertTrue(b.js("document.getElementById('tiers-section')"
+                             ".hidden"))
 
         b.js(send_js(PROMPT, 200))
         # One evaluation reads the numbers and the frame of the same poll.
@@ -317,6 +322,28 @@ class KvUiBrowserTest(unittest.TestCase):
                15, "blocks cached after the request")
         b.wait(f"{text_of('timeline')}.includes('finished 1 request')", 10,
                "the finished request in the timeline")
+        self.assertEqual(b.errors, [])
+
+    def test_the_disk_tier_shows_its_stores(self):
+        disk = os.path.join(self.tmp, "kv")
+        url = self.start("--kv-disk-cache", disk)
+        b = self.browser
+        b.navigate(url)
+        b.wait(f"{int_of('poll-count')} >= 1", 15, "first poll")
+        self.assertFalse(b.js("document.getElementById('tiers-section')"
+                              ".hidden"))
+        b.js(send_js(PROMPT * 3, 40))
+        # The prompt's full blocks are written through: the row counts them.
+        row = json.loads(b.wait("""(() => {
+          const tr = document.querySelector('#tiers tr[data-tier=disk]');
+          if (!tr) return false;
+          const cells = [...tr.cells].map((c) => c.textContent);
+          return Number(cells[7]) > 0 && JSON.stringify(cells);
+        })()""", 30, "stores in the tiers table"))
+        self.assertEqual(row[0], "disk")
+        self.assertEqual(row[1], "yes")
+        self.assertGreater(int(row[2]), 0)  # blocks
+        self.assertIn(disk, b.js(text_of("tiers-note")))
         self.assertEqual(b.errors, [])
 
     def test_token_is_asked_for_on_401(self):
