@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "cli/plan_roofline.h"
+#include "cli/plan_tiers.h"
 #include "common/cli_args.h"
 #include "common/status_macros.h"
 #include "common/strings.h"
@@ -123,6 +124,31 @@ void RegisterEfficiency(CliArgs* args, const char* name, double* out,
 
 // Registers every flag of `kvserve plan` on `args`, storing into `a`; the
 // order is the order of --help.
+void RegisterTierFlags(PlanFlags* f, CliArgs* args) {
+  auto bytes = [args](const char* name, int64_t* out, const char* help) {
+    args->Custom(name, "BYTES", help, "a byte size such as 64GiB",
+                 [out](const std::string& v) {
+                   absl::StatusOr<int64_t> b = ParseByteSize(v);
+                   if (b.ok()) *out = *b;
+                   return b.ok();
+                 });
+  };
+  bytes("host-cache-bytes", &f->host_cache_bytes,
+        "KV host tier per rank (pinned host memory, --gpu's link)");
+  bytes("disk-cache-bytes", &f->disk_cache_bytes,
+        "KV disk tier per rank (--kv-disk-cache-bytes)");
+  bytes("remote-cache-bytes", &f->remote_cache_bytes,
+        "KV remote tier (the store's maxmemory for this model)");
+  args->Float("disk-read-gbps", &f->disk_read_gbps,
+              "disk tier read rate, GB/s (default 2)", 0.001, 1000);
+  args->Float("remote-gbps", &f->remote_gbps,
+              "remote tier rate, GB/s (default 1.25: 10 GbE)", 0.001, 1000);
+  args->Float("prefill-tokens-per-second", &f->prefill_tokens_per_second,
+              "measured prefill rate, the recompute the tiers are compared "
+              "with when there is no --gpu roofline",
+              0, 1e9);
+}
+
 void RegisterPlanFlags(PlanArgs* a, CliArgs* args) {
   PlanFlags* f = &a->flags;
   args->SetUsageHeader(
@@ -197,6 +223,7 @@ void RegisterPlanFlags(PlanArgs* a, CliArgs* args) {
                            "of a step (default ",
                            models::sim::Efficiency{}.host_s_per_seq * 1e6, ")"),
               0, 1000);
+  RegisterTierFlags(f, args);
   args->Bool("json", &f->json, "print one JSON object");
   args->Bool("help", &f->help, "show this help (also -h)");
 }
@@ -546,6 +573,7 @@ std::string FormatPlan(const Plan& p) {
   if (const std::optional<PlanRoofline> r = ComputePlanRoofline(p)) {
     absl::StrAppend(&out, RooflineText(*r));
   }
+  absl::StrAppend(&out, TiersText(ComputePlanTiers(p)));
   for (const std::string& note : p.notes)
     absl::StrAppend(&out, Line("note", note));
   return out;
@@ -623,6 +651,9 @@ std::string FormatPlanJson(const Plan& p) {
   }
   if (const std::optional<PlanRoofline> r = ComputePlanRoofline(p)) {
     j["roofline"] = RooflineJson(*r);
+  }
+  if (std::vector<PlanTier> tiers = ComputePlanTiers(p); !tiers.empty()) {
+    j["tiers"] = TiersJson(tiers);
   }
   j["notes"] = p.notes;
   return j.dump() + "\n";

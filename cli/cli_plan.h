@@ -8,7 +8,10 @@
 //
 //   kvserve plan --model NAME|PATH [--kv-dtype bf16|fp16|fp8|int8|f32]
 //       [--context N] [--concurrency N] [--memory BYTES | --gpu NAME]
-//       [--tp N] [--block-size 16] [--mean-len N] [--weight-bytes X] [--json]
+//       [--tp N] [--block-size 16] [--mean-len N] [--weight-bytes X]
+//       [--host-cache-bytes B] [--disk-cache-bytes B] [--remote-cache-bytes B]
+//       [--disk-read-gbps X] [--remote-gbps X] [--prefill-tokens-per-second X]
+//       [--json]
 #pragma once
 
 #include <cstdint>
@@ -59,8 +62,16 @@ struct PlanFlags {
   double memory_efficiency = models::sim::Efficiency{}.memory;
   double flops_efficiency = models::sim::Efficiency{}.flops;
   double host_us_per_seq = models::sim::Efficiency{}.host_s_per_seq * 1e6;
-  bool json = false;  // --json
-  bool help = false;  // --help / -h
+  // The KV tiers below the pool (cli/plan_tiers.h): their sizes, and the
+  // rates that predict a load's time against recomputing.
+  int64_t host_cache_bytes = 0;          // --host-cache-bytes
+  int64_t disk_cache_bytes = 0;          // --disk-cache-bytes
+  int64_t remote_cache_bytes = 0;        // --remote-cache-bytes
+  double disk_read_gbps = 2.0;           // --disk-read-gbps
+  double remote_gbps = 1.25;             // --remote-gbps (10 GbE)
+  double prefill_tokens_per_second = 0;  // --prefill-tokens-per-second
+  bool json = false;                     // --json
+  bool help = false;                     // --help / -h
 };
 
 // Parses the flags after "plan" ("--flag value" or "--flag=value", `-h`)
