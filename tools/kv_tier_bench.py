@@ -37,9 +37,7 @@ import json
 import os
 import shutil
 import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -48,35 +46,10 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(REPO, "tests", "server"))
-from kvserve_process import (KvserveProcess, compile_proto,  # noqa: E402
-                             token_ids)
+from kvserve_process import (KvserveProcess, RedisServer,  # noqa: E402
+                             compile_proto, token_ids)
 
 PB = PB_GRPC = None
-
-
-class Redis:
-    """A redis-server on a free port, password in a file."""
-
-    def __init__(self, tmp):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.pwfile = os.path.join(tmp, "redis-password")
-        with open(self.pwfile, "w") as f:
-            f.write("bench-password\n")
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
-             "--requirepass", "bench-password", "--save", "", "--appendonly",
-             "no", "--logfile", "/dev/null"])
-        time.sleep(0.5)
-
-    def args(self):
-        return ["--kv-remote-cache", f"redis://127.0.0.1:{self.port}",
-                "--kv-remote-cache-password-file", self.pwfile]
-
-    def stop(self):
-        self.proc.kill()
-        self.proc.wait()
 
 
 class Daemon(KvserveProcess):
@@ -87,7 +60,7 @@ class Daemon(KvserveProcess):
         if disk:
             extra += ["--kv-disk-cache", disk]
         if remote:
-            extra += remote.args()
+            extra += remote.flags()
         super().__init__(args.binary, REPO, *extra)
         import grpc
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.grpc_port}")
@@ -350,7 +323,7 @@ def main():
 
 
 def remote_main(args, tmp, result):
-    redis = Redis(tmp)
+    redis = RedisServer(tmp)
     result["remote"] = {}
     try:
         for length in (int(x) for x in args.lengths.split(",")):

@@ -16,7 +16,6 @@ Cost: about 20 s (seven daemon starts of the default model).
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,64 +25,22 @@ import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kvserve_process import (KvserveProcess, counter,  # noqa: E402
-                             metric_sum, run_unittests, token_ids)
+from kvserve_process import (KvserveProcess, RedisServer,  # noqa: E402
+                             counter, metric_sum, run_unittests, token_ids)
 
 ARGS = None
 PB = None
 PB_GRPC = None
 PROMPT = token_ids(39, 300)  # 18 full blocks before its last token
 CACHED = 288
-PASSWORD = "e2e-redis-password"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Redis:
-    """A redis-server on a free port with a password (deploy/setup.sh
-    --test installs it)."""
-
-    def __init__(self):
-        self.port = free_port()
-        self.proc = None
-        self.start()
-
-    def start(self):
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
-             "--requirepass", PASSWORD, "--save", "", "--appendonly", "no",
-             "--logfile", "/dev/null"])
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            if self.cli("PING").strip() == "PONG":
-                return
-            time.sleep(0.05)
-        raise RuntimeError("redis-server did not start")
-
-    def cli(self, *args):
-        p = subprocess.run(["redis-cli", "-p", str(self.port), "--no-auth-"
-                            "warning", "-a", PASSWORD, *args],
-                           capture_output=True, text=True, timeout=30)
-        return p.stdout
-
-    def stop(self):
-        if self.proc:
-            self.proc.kill()
-            self.proc.wait()
-            self.proc = None
+PASSWORD = RedisServer.PASSWORD
 
 
 class Server(KvserveProcess):
     def __init__(self, redis, pwfile, *extra):
         super().__init__(ARGS.binary, ARGS.source_dir, "--threads", "2",
                          "--kv-cache-bytes", "64MiB", "--max-model-len",
-                         "1024", "--kv-remote-cache",
-                         f"redis://127.0.0.1:{redis.port}",
-                         "--kv-remote-cache-password-file", pwfile, *extra)
+                         "1024", *redis.flags(), *extra)
         import grpc
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.grpc_port}")
         self.stub = PB_GRPC.KvServeStub(self.channel)
@@ -142,10 +99,8 @@ class RemoteTierTest(unittest.TestCase):
         if shutil.which("redis-server") is None:
             self.fail("redis-server is missing: deploy/setup.sh --test")
         self.tmp = tempfile.mkdtemp(prefix="kvserve_remote_")
-        self.pwfile = os.path.join(self.tmp, "redis-password")
-        with open(self.pwfile, "w") as f:
-            f.write(PASSWORD + "\n")
-        self.redis = Redis()
+        self.redis = RedisServer(self.tmp)
+        self.pwfile = self.redis.pwfile
 
     def tearDown(self):
         self.redis.stop()

@@ -5,6 +5,7 @@ grpcio-tools."""
 import argparse
 import os
 import re
+import socket
 import subprocess
 import sys
 import tempfile
@@ -193,3 +194,50 @@ class KvserveProcess:
             if pred(m) or time.monotonic() > deadline:
                 return m
             time.sleep(0.05)  # poll interval, not synchronization
+
+
+class RedisServer:
+    """A redis-server on a free port of 127.0.0.1 with a password (also in
+    the file `pwfile`, for --kv-remote-cache-password-file), no
+    persistence; deploy/setup.sh --test installs it."""
+
+    PASSWORD = "kvserve-test-redis-password"
+
+    def __init__(self, tmp_dir):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.pwfile = os.path.join(tmp_dir, "redis-password")
+        with open(self.pwfile, "w") as f:
+            f.write(self.PASSWORD + "\n")
+        self.proc = None
+        self.start()
+
+    def start(self):
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+             "--requirepass", self.PASSWORD, "--save", "", "--appendonly",
+             "no", "--logfile", "/dev/null"])
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if self.cli("PING").strip() == "PONG":
+                return
+            time.sleep(0.05)
+        raise RuntimeError("redis-server did not start")
+
+    def cli(self, *args):
+        p = subprocess.run(["redis-cli", "-p", str(self.port),
+                            "--no-auth-warning", "-a", self.PASSWORD, *args],
+                           capture_output=True, text=True, timeout=30)
+        return p.stdout
+
+    def flags(self):
+        """kvserve's flags for this store."""
+        return ["--kv-remote-cache", f"redis://127.0.0.1:{self.port}",
+                "--kv-remote-cache-password-file", self.pwfile]
+
+    def stop(self):
+        if self.proc:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
