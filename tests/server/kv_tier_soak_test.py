@@ -1,16 +1,18 @@
 #!/usr/bin/env python3
-"""A soak of the KV cache with the disk tier through the real daemon, its
-invariants checked after every step (--kv-debug-invariants: a broken one
-aborts the daemon and fails every request after it).
+"""A soak of the KV cache with the disk and Redis tiers through the real
+daemon, its invariants checked after every step (--kv-debug-invariants: a
+broken one aborts the daemon and fails every request after it).
 
 Eight clients send prompts built from six shared 256-token system prompts
 and twenty user tails (so they repeat), some with n = 2 (copy-on-write
 forks), some with a cache_salt, into a pool too small for them (preemption
-by swap and by recompute) over a disk tier too small for them (evictions),
-and the daemon is restarted twice on the same directory (SIGTERM). Every
-greedy output of a prompt equals its first one, before or after a restart,
-from the pool, from disk or computed. At the end, idle: no KV block held,
-no load pending, and each mechanism seen at least once.
+by swap and by recompute) over a disk tier too small for them (evictions)
+and a Redis tier (a redis-server started here), and the daemon is
+restarted twice (SIGTERM): once on the same directory, then on an empty
+one, so what the pool lacks comes from Redis. Every greedy output of a
+prompt equals its first one, before or after a restart, from the pool,
+from disk, from Redis or computed. At the end, idle: no KV block held, no
+load pending, and each mechanism seen at least once.
 
     kv_tier_soak_test.py --binary build/server/kvserve --source-dir .
 
@@ -29,8 +31,8 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kvserve_process import (KvserveProcess, counter,  # noqa: E402
-                             metric_sum, run_unittests, token_ids)
+from kvserve_process import (KvserveProcess, RedisServer,  # noqa: E402
+                             counter, metric_sum, run_unittests, token_ids)
 
 ARGS = None
 PB = None
@@ -41,7 +43,7 @@ TAILS = [token_ids(950 + i, 16 + 9 * i) for i in range(20)]
 
 
 class Server(KvserveProcess):
-    def __init__(self, disk):
+    def __init__(self, disk, redis):
         # int8 KV, 195,840 bytes a block: 85 blocks for eight requests of
         # up to 32; 16 swap slots; 122 block files on disk.
         super().__init__(ARGS.binary, ARGS.source_dir, "--threads", "2",
@@ -49,7 +51,7 @@ class Server(KvserveProcess):
                          "3MiB", "--max-model-len", "1024", "--max-num-seqs",
                          "8", "--kv-disk-cache", disk,
                          "--kv-disk-cache-bytes", "24MiB",
-                         "--kv-debug-invariants")
+                         "--kv-debug-invariants", *redis.flags())
         import grpc
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.grpc_port}")
         self.stub = PB_GRPC.KvServeStub(self.channel)
@@ -77,14 +79,18 @@ class Server(KvserveProcess):
 
 class SoakTest(unittest.TestCase):
     def test_soak(self):
-        disk = tempfile.mkdtemp(prefix="kvserve_soak_")
+        tmp = tempfile.mkdtemp(prefix="kvserve_soak_")
+        redis = RedisServer(tmp)
         first = {}          # (prompt key, n, max_tokens, salt) -> outputs
         lock = threading.Lock()
         errors = []
-        seen = {"disk_hits": 0, "requests": 0, "checks": 0}
+        seen = {"disk_hits": 0, "remote_hits": 0, "requests": 0, "checks": 0}
         try:
             for epoch in range(3):
-                server = Server(disk)
+                # The last epoch on an empty disk: what the pool lacks
+                # comes from the Redis tier (and is written to the disk).
+                disk = os.path.join(tmp, "kv" if epoch < 2 else "kv2")
+                server = Server(disk, redis)
                 end = time.monotonic() + SECONDS / 3
                 try:
                     def client(seed, server=server, end=end):
@@ -106,6 +112,8 @@ class SoakTest(unittest.TestCase):
                                 seen["requests"] += 1
                                 seen["disk_hits"] += (
                                     usage.kv.cached_tokens_by_tier.disk > 0)
+                                seen["remote_hits"] += (
+                                    usage.kv.cached_tokens_by_tier.remote > 0)
                                 # Greedy: every completion, whatever its n,
                                 # salt or length, starts as the longest
                                 # seen for its prompt.
@@ -154,12 +162,15 @@ class SoakTest(unittest.TestCase):
                     code = server.stop()
                 self.assertEqual(code, 0, server.text()[-2000:])
             self.assertGreater(seen["disk_hits"], 0)
+            self.assertGreater(seen["remote_hits"], 0)
             print(f"soak: {seen['requests']} requests, "
                   f"{seen['disk_hits']} with disk hits, "
+                  f"{seen['remote_hits']} with remote hits, "
                   f"{seen['checks']} outputs checked against "
                   f"{len(first)} prompts' first", flush=True)
         finally:
-            shutil.rmtree(disk, ignore_errors=True)
+            redis.stop()
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def setup(args, pb, pb_grpc):
