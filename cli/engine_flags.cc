@@ -134,6 +134,11 @@ void RegisterPoolFlags(EngineFlags* f, CliArgs* args) {
   args->Int("kv-remote-cache-timeout-ms", &f->kv_remote_cache_timeout_ms,
             "bound on one round trip to --kv-remote-cache (default 500)", 1,
             60000);
+  args->String("kv-tier-encryption-key-file", &f->kv_tier_encryption_key_file,
+               "seal the disk and remote tiers' blocks (AES-256-GCM) with the "
+               "32-byte key in this file (raw or 64 hex digits; mode 600), so "
+               "a stolen disk or a shared store holds no readable prompts "
+               "(default off)");
   args->Int("kv-remote-cache-ttl", &f->kv_remote_cache_ttl,
             "seconds a stored block lives in --kv-remote-cache (default 0: "
             "no expiry; let the store's maxmemory-policy allkeys-lru evict)",
@@ -179,14 +184,22 @@ void RegisterSimPaceFlags(EngineFlags* f, CliArgs* args) {
             0, INT64_MAX);
 }
 
-// The remote tier's target and credentials: the password from a file or
-// the environment, never a flag value (it would show in `ps`).
+// The tiers' encryption key file, the remote tier's target and credentials:
+// the password from a file or the environment, never a flag value (it
+// would show in `ps`).
 absl::Status ApplyRemoteCacheFlags(const EngineFlags& f,
                                    engine::KvTierConfig* t) {
   t->remote_url = f.kv_remote_cache;
   t->remote_user = f.kv_remote_cache_user;
   t->remote_timeout = absl::Milliseconds(f.kv_remote_cache_timeout_ms);
   t->remote_ttl_seconds = f.kv_remote_cache_ttl;
+  t->encryption_key_file = f.kv_tier_encryption_key_file;
+  if (!t->encryption_key_file.empty() && f.kv_remote_cache.empty() &&
+      f.kv_disk_cache.empty()) {
+    return absl::InvalidArgumentError(
+        "--kv-tier-encryption-key-file: needs --kv-disk-cache or "
+        "--kv-remote-cache (it seals their blocks)");
+  }
   if (f.kv_remote_cache.empty()) return absl::OkStatus();
   KV_RETURN_IF_ERROR(kvtier::ParseRedisUrl(f.kv_remote_cache).status());
   if (!f.kv_remote_cache_password_file.empty()) {

@@ -37,6 +37,7 @@ struct EngineFlags {
   std::string kv_remote_cache_password_file;
   int64_t kv_remote_cache_timeout_ms = 500;
   int64_t kv_remote_cache_ttl = 0;
+  std::string kv_tier_encryption_key_file;
   engine::SimConfig sim;  // gpu and tp come from --device
   int64_t sim_seed = 0;
   // --sim-*-efficiency, --sim-host-us-per-seq: into sim's optionals.

@@ -51,6 +51,8 @@ struct KvTierConfig {
   std::string remote_password;  // from a file or KVSERVE_REDIS_PASSWORD
   absl::Duration remote_timeout = absl::Milliseconds(500);
   int64_t remote_ttl_seconds = 0;  // --kv-remote-cache-ttl; 0: none
+  // --kv-tier-encryption-key-file: blocks sealed at rest (AES-256-GCM).
+  std::string encryption_key_file;
   int32_t load_threads = 2;
   // A load may take this many times the predicted recompute (at least
   // min_load_deadline) before the request computes the rest itself.

@@ -87,7 +87,14 @@ absl::StatusOr<std::unique_ptr<KvTiers>> KvTiers::Create(
         absl::StrFormat("%s: --block-size %d is over the tier's %d tokens",
                         flag, f.block_size, kvtier::kMaxBlockTokens));
   }
+  std::shared_ptr<const kvtier::BlockCipher> cipher;
+  if (!config.encryption_key_file.empty()) {
+    KV_ASSIGN_OR_RETURN(
+        cipher, kvtier::BlockCipher::FromKeyFile(config.encryption_key_file));
+    f.encryption = cipher->id();
+  }
   std::unique_ptr<KvTiers> t(new KvTiers(config, backend, f));
+  t->cipher_ = std::move(cipher);
   if (!config.disk_dir.empty())
     KV_RETURN_IF_ERROR(t->OpenDisk(config, metrics));
   if (!config.remote_url.empty()) {
@@ -97,12 +104,14 @@ absl::StatusOr<std::unique_ptr<KvTiers>> KvTiers::Create(
       t->disk_.get(), t->remote_.get(), t->salt_, config.load_threads,
       std::move(wake));
   spdlog::info(
-      "kv tiers: disk {}, remote {}; model fingerprint {} ({}, {:.1f} of "
-      "{:.1f} MiB read in {:.3f} s); {} bytes per block ({}, {})",
+      "kv tiers: disk {}, remote {}, blocks {}; model fingerprint {} ({}, "
+      "{:.1f} of {:.1f} MiB read in {:.3f} s); {} bytes per block ({}, {})",
       t->disk_ ? t->disk_->root() : "off",
-      t->remote_ ? t->remote_->Describe() : "off", kvtier::Hex128(fp.hash),
-      fp.full ? "full" : "sampled", fp.hashed / 1048576.0, fp.bytes / 1048576.0,
-      SecondsSince(t0), payload, f.kv_dtype, f.numerics);
+      t->remote_ ? t->remote_->Describe() : "off",
+      t->cipher_ ? "sealed (" + t->cipher_->id() + ")" : "in the clear",
+      kvtier::Hex128(fp.hash), fp.full ? "full" : "sampled",
+      fp.hashed / 1048576.0, fp.bytes / 1048576.0, SecondsSince(t0), payload,
+      f.kv_dtype, f.numerics);
   return t;
 }
 
@@ -119,6 +128,7 @@ absl::Status KvTiers::OpenDisk(const KvTierConfig& config,
       64, (uint64_t{256} << 20) / std::max<uint64_t>(payload, 1)));
   o.inject_write_errno = config.inject_write_errno;
   o.inject_read_errno = config.inject_read_errno;
+  o.cipher = cipher_;
   if (metrics != nullptr) {
     o.observe_store = [metrics](double s) {
       metrics->ObserveStore(TierMetrics::kDisk, s);
@@ -138,6 +148,7 @@ absl::Status KvTiers::OpenRemote(const KvTierConfig& config,
   o.auth = {config.remote_user, config.remote_password};
   o.timeout = config.remote_timeout;
   o.ttl_seconds = config.remote_ttl_seconds;
+  o.cipher = cipher_;
   const uint64_t payload = format_.payload_bytes;
   o.max_queued_blocks = static_cast<int>(std::max<uint64_t>(
       64, (uint64_t{256} << 20) / std::max<uint64_t>(payload, 1)));

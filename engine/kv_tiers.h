@@ -157,6 +157,7 @@ class KvTiers {
   const kvtier::Key salt_;
   const std::string model_id_;
   scheduler::Scheduler* scheduler_ = nullptr;
+  std::shared_ptr<const kvtier::BlockCipher> cipher_;  // null: not sealed
   std::unique_ptr<kvtier::DiskTier> disk_;
   std::unique_ptr<kvtier::RemoteTier> remote_;
   std::unique_ptr<kvtier::TierLoader> loader_;

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "kvtier/block_cipher.h"
+
 namespace kvserve::kvtier {
 namespace {
 
@@ -21,7 +23,11 @@ constexpr size_t kOffPid = 112;
 constexpr size_t kOffTokens = 116;
 constexpr size_t kOffChecksum = 128;
 constexpr size_t kOffTokenIds = 144;
-static_assert(kOffTokenIds + 4 * kMaxBlockTokens <= kHeaderBytes);
+constexpr size_t kOffNonce = kHeaderBytes - 32;
+constexpr size_t kOffTag = kHeaderBytes - 16;
+constexpr size_t kAadBytes = kOffChecksum;
+static_assert(kOffTokenIds + 4 * kMaxBlockTokens <= kOffNonce);
+static_assert(kOffNonce + kNonceBytes <= kOffTag);
 
 template <typename T>
 void Put(uint8_t* out, size_t at, T v) {
@@ -77,12 +83,15 @@ uint64_t StoredBlockBytes(uint64_t payload_bytes) {
 
 struct ChecksumCheck::State : Xxh128 {};
 
-void EncodeHeader(const BlockHeader& h, absl::Span<const ConstPiece> payload,
-                  uint8_t* out) {
+namespace {
+
+// Every field but the checksum.
+void WriteFields(const BlockHeader& h, uint32_t flags, uint8_t* out) {
   std::memset(out, 0, kHeaderBytes);
   std::memcpy(out, kMagic, sizeof(kMagic));
   Put<uint16_t>(out, 8, kVersion);
   Put<uint16_t>(out, 10, static_cast<uint16_t>(kHeaderBytes));
+  Put<uint32_t>(out, 12, flags);
   PutKey(out, kOffSalt, h.salt);
   PutKey(out, kOffFingerprint, h.fingerprint);
   PutKey(out, kOffKey, h.key);
@@ -94,6 +103,10 @@ void EncodeHeader(const BlockHeader& h, absl::Span<const ConstPiece> payload,
   const size_t n = std::min<size_t>(h.tokens.size(), kMaxBlockTokens);
   Put<uint32_t>(out, kOffTokens, static_cast<uint32_t>(n));
   std::memcpy(out + kOffTokenIds, h.tokens.data(), n * sizeof(int32_t));
+}
+
+// The checksum of the header (its field still zero) and the payload.
+void WriteChecksum(absl::Span<const ConstPiece> payload, uint8_t* out) {
   Xxh128 s;
   XXH3_128bits_update(s.xxh, out, kHeaderBytes);
   for (const ConstPiece& p : payload) {
@@ -103,13 +116,57 @@ void EncodeHeader(const BlockHeader& h, absl::Span<const ConstPiece> payload,
   PutKey(out, kOffChecksum, absl::MakeUint128(d.high64, d.low64));
 }
 
+}  // namespace
+
+void EncodeHeader(const BlockHeader& h, absl::Span<const ConstPiece> payload,
+                  uint8_t* out) {
+  WriteFields(h, 0, out);
+  WriteChecksum(payload, out);
+}
+
+bool SealBlock(const BlockCipher& cipher, const BlockHeader& h,
+               absl::Span<uint8_t> payload, uint8_t* out) {
+  WriteFields(h, kFlagSealed, out);
+  const size_t n = Get<uint32_t>(out, kOffTokens);
+  const Piece pieces[] = {{out + kOffTokenIds, n * sizeof(int32_t)},
+                          {payload.data(), payload.size()}};
+  if (!cipher.Seal(absl::MakeConstSpan(out, kAadBytes), pieces, out + kOffNonce,
+                   out + kOffTag)) {
+    return false;
+  }
+  const ConstPiece sealed{payload.data(), payload.size()};
+  WriteChecksum(absl::MakeConstSpan(&sealed, 1), out);
+  return true;
+}
+
+std::optional<MissReason> OpenBlock(const BlockCipher& cipher, uint8_t* header,
+                                    absl::Span<const Piece> payload,
+                                    const Expected& want) {
+  const size_t n = Get<uint32_t>(header, kOffTokens);
+  std::vector<Piece> pieces;
+  pieces.reserve(payload.size() + 1);
+  pieces.push_back({header + kOffTokenIds, n * sizeof(int32_t)});
+  pieces.insert(pieces.end(), payload.begin(), payload.end());
+  if (!cipher.Open(absl::MakeConstSpan(header, kAadBytes), pieces,
+                   header + kOffNonce, header + kOffTag)) {
+    return MissReason::kChecksum;
+  }
+  if (n != want.tokens.size() ||
+      std::memcmp(header + kOffTokenIds, want.tokens.data(),
+                  n * sizeof(int32_t)) != 0) {
+    return MissReason::kTokens;
+  }
+  return std::nullopt;
+}
+
 std::optional<MissReason> CheckHeader(const uint8_t* header,
                                       uint64_t stored_bytes,
                                       const Expected& want) {
   if (std::memcmp(header, kMagic, sizeof(kMagic)) != 0 ||
       Get<uint16_t>(header, 8) != kVersion ||
       Get<uint16_t>(header, 10) != kHeaderBytes ||
-      Get<uint32_t>(header, 12) != 0 || GetKey(header, kOffSalt) != want.salt ||
+      Get<uint32_t>(header, 12) != (want.cipher != nullptr ? kFlagSealed : 0) ||
+      GetKey(header, kOffSalt) != want.salt ||
       Get<uint64_t>(header, kOffPayload) != want.payload_bytes) {
     return MissReason::kFingerprint;
   }
@@ -120,8 +177,10 @@ std::optional<MissReason> CheckHeader(const uint8_t* header,
   if (GetKey(header, kOffKey) != want.key ||
       GetKey(header, kOffParent) != want.parent ||
       GetKey(header, kOffNs) != want.ns || n != want.tokens.size() ||
-      std::memcmp(header + kOffTokenIds, want.tokens.data(),
-                  n * sizeof(int32_t)) != 0) {
+      // Sealed token ids are ciphertext: OpenBlock checks them.
+      (want.cipher == nullptr &&
+       std::memcmp(header + kOffTokenIds, want.tokens.data(),
+                   n * sizeof(int32_t)) != 0)) {
     return MissReason::kTokens;
   }
   return std::nullopt;

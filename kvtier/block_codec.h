@@ -13,8 +13,11 @@
 //   112   4     writer pid                   116 4   token count
 //   120   8     reserved (0)
 //   128   16    checksum: XXH3-128 of the header with this field zeroed,
-//               then the payload
-//   144   4*n   token ids (int32 little endian), zeros to 4096
+//               then the payload (as stored: sealed bytes when sealed)
+//   144   4*n   token ids (int32 little endian), zeros to 4064
+//   4064  12    sealed blocks (flags bit 0): the AES-256-GCM nonce
+//   4080  16    ... and its tag; bytes 0-127 are the additional data, the
+//               token ids and the payload the ciphertext (block_cipher.h)
 //   4096  P     payload (the backend's block layout), zeros to a 4 KiB
 //               multiple
 //
@@ -38,6 +41,9 @@ namespace kvserve::kvtier {
 inline constexpr size_t kHeaderBytes = 4096;
 inline constexpr size_t kFileAlign = 4096;
 inline constexpr int kMaxBlockTokens = 512;
+inline constexpr uint32_t kFlagSealed = 1;
+
+class BlockCipher;  // kvtier/block_cipher.h
 
 // Why a lookup did not become a hit. Every miss is counted by reason.
 enum class MissReason {
@@ -89,10 +95,28 @@ struct Expected {
   Key ns = 0;
   absl::Span<const int32_t> tokens;
   uint64_t payload_bytes = 0;
+  // Sealed blocks expected (and their token ids checked by OpenBlock); a
+  // plain block then misses as `fingerprint`, and the other way round.
+  const BlockCipher* cipher = nullptr;
 };
 
+// Writes the header of a sealed block into `out` (kHeaderBytes): its token
+// ids and `payload` (a private copy) are encrypted in place, the checksum
+// taken over the result. False on an OpenSSL failure.
+[[nodiscard]] bool SealBlock(const BlockCipher& cipher, const BlockHeader& h,
+                             absl::Span<uint8_t> payload, uint8_t* out);
+
+// A sealed block whose header and checksum passed: decrypts its token ids
+// (in `header`) and `payload` in place, then checks the tokens. nullopt on
+// a hit; `checksum` when the tag fails (another key, altered bytes),
+// `tokens` when they differ.
+[[nodiscard]] std::optional<MissReason> OpenBlock(
+    const BlockCipher& cipher, uint8_t* header, absl::Span<const Piece> payload,
+    const Expected& want);
+
 // Checks a header read from a stored block of `stored_bytes`: nullopt when
-// it matches (the payload's checksum still to be checked), else the miss.
+// it matches (the payload's checksum still to be checked, and for a sealed
+// block its tokens, by OpenBlock), else the miss.
 [[nodiscard]] std::optional<MissReason> CheckHeader(const uint8_t* header,
                                                     uint64_t stored_bytes,
                                                     const Expected& want);

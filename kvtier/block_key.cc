@@ -43,6 +43,8 @@ Key ModelKvSalt(const BlockFormat& f) {
   AppendField(&s, f.numerics);
   AppendField(&s, f.layout);
   AppendField(&s, absl::StrCat(f.payload_bytes));
+  // Only when on, so the salts of plain tiers stay what they were.
+  if (!f.encryption.empty()) AppendField(&s, f.encryption);
   const XXH128_hash_t h = XXH3_128bits(s.data(), s.size());
   return absl::MakeUint128(h.high64, h.low64);
 }

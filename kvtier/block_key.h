@@ -43,6 +43,9 @@ struct BlockFormat {
   std::string numerics;        // the backend's KV numerics version, "cpu-n1"
   std::string layout;          // the backend's block byte layout, "cpu-rows-v1"
   uint64_t payload_bytes = 0;  // one block's KV bytes, every layer
+  // BlockCipher::id() when blocks are sealed, else empty: a key of its own
+  // names its own blocks (another key's are never read, so never deleted).
+  std::string encryption;
 };
 
 [[nodiscard]] Key ModelKvSalt(const BlockFormat& format);

@@ -360,9 +360,22 @@ int DiskTier::WriteFile(const StoreItem& item) {
   }
   if (fd < 0) return errno;
   uint8_t header[kHeaderBytes];
-  const std::vector<uint8_t>& bytes = *item.payload;
-  const ConstPiece payload{bytes.data(), bytes.size()};
-  EncodeHeader(item.header, absl::MakeConstSpan(&payload, 1), header);
+  std::vector<uint8_t> sealed;
+  if (options_.cipher != nullptr) {
+    sealed = *item.payload;  // the payload is shared with other tiers
+    if (!SealBlock(*options_.cipher, item.header, absl::MakeSpan(sealed),
+                   header)) {
+      close(fd);
+      unlink(tmp.c_str());
+      return EIO;
+    }
+  }
+  const std::vector<uint8_t>& bytes =
+      options_.cipher != nullptr ? sealed : *item.payload;
+  if (options_.cipher == nullptr) {
+    const ConstPiece payload{bytes.data(), bytes.size()};
+    EncodeHeader(item.header, absl::MakeConstSpan(&payload, 1), header);
+  }
   static const std::vector<uint8_t> kZeros(kFileAlign, 0);
   const size_t pad = index_.entry_bytes() - kHeaderBytes - bytes.size();
   std::vector<iovec> iov = {{header, kHeaderBytes},
@@ -406,9 +419,11 @@ void DiskTier::OnWriteOk() {
   backoff_ = absl::ZeroDuration();
 }
 
-std::optional<MissReason> DiskTier::Load(const Expected& want,
+std::optional<MissReason> DiskTier::Load(const Expected& expected,
                                          uint64_t scope_tag,
                                          absl::Span<const Piece> dst) {
+  Expected want = expected;
+  want.cipher = options_.cipher.get();
   const BlockName name{want.key, scope_tag, SaltTag(want.ns)};
   auto miss = [&](MissReason r, bool remove) {
     if (remove) Unlink(name);
@@ -456,6 +471,12 @@ std::optional<MissReason> DiskTier::Load(const Expected& want,
   ChecksumCheck check(header);
   for (const Piece& p : dst) check.Add(p.data, p.bytes);
   if (!check.Matches()) return miss(MissReason::kChecksum, true);
+  if (want.cipher != nullptr) {
+    if (std::optional<MissReason> r =
+            OpenBlock(*want.cipher, header, dst, want)) {
+      return miss(*r, true);
+    }
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!index_.Touch(name.key)) index_.Insert(name);

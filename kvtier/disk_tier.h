@@ -34,6 +34,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "kvtier/block_cipher.h"
 #include "kvtier/block_codec.h"
 #include "kvtier/disk_index.h"
 #include "kvtier/tier.h"
@@ -50,6 +51,8 @@ struct DiskTierOptions {
   int inject_read_errno = 0;
   // Called on the writer thread with each written block's seconds.
   std::function<void(double)> observe_store;
+  // Non-null: blocks are sealed (block_cipher.h) and only sealed ones read.
+  std::shared_ptr<const BlockCipher> cipher;
 };
 
 using DiskTierStats = TierStats;

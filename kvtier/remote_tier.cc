@@ -176,19 +176,29 @@ std::optional<MissReason> RemoteTier::Verify(const redisReply& r,
   if (kind != ReplyKind::kString) return MissReason::kFingerprint;
   const absl::string_view v = StringOf(r);
   if (v.size() < kHeaderBytes) return MissReason::kChecksum;
-  const auto* header = reinterpret_cast<const uint8_t*>(v.data());
-  const Expected want{salt_, b.key, b.parent, ns, b.tokens, payload_bytes_};
+  // A copy: a sealed header's token ids are decrypted in place.
+  uint8_t header[kHeaderBytes];
+  std::memcpy(header, v.data(), kHeaderBytes);
+  const Expected want{salt_,
+                      b.key,
+                      b.parent,
+                      ns,
+                      b.tokens,
+                      payload_bytes_,
+                      options_.cipher.get()};
   if (std::optional<MissReason> m = CheckHeader(header, v.size(), want)) {
     return m;
   }
   ChecksumCheck check(header);
-  const uint8_t* src = header + kHeaderBytes;
+  const auto* src = reinterpret_cast<const uint8_t*>(v.data()) + kHeaderBytes;
   for (const Piece& p : b.dst) {
     std::memcpy(p.data, src, p.bytes);
     check.Add(p.data, p.bytes);
     src += p.bytes;
   }
   if (!check.Matches()) return MissReason::kChecksum;
+  if (want.cipher != nullptr)
+    return OpenBlock(*want.cipher, header, b.dst, want);
   return std::nullopt;
 }
 
@@ -344,9 +354,20 @@ absl::StatusOr<int> RemoteTier::WriteBatch(
     const StoreItem& it = batch[i];
     std::string v(stored, '\0');
     auto* out = reinterpret_cast<uint8_t*>(v.data());
-    const ConstPiece payload{it.payload->data(), it.payload->size()};
-    EncodeHeader(it.header, absl::MakeConstSpan(&payload, 1), out);
     std::memcpy(out + kHeaderBytes, it.payload->data(), it.payload->size());
+    if (options_.cipher != nullptr) {
+      if (!SealBlock(*options_.cipher, it.header,
+                     absl::MakeSpan(out + kHeaderBytes, it.payload->size()),
+                     out)) {
+        std::lock_guard<std::mutex> lock(mu_);
+        ++stats_.errors;
+        ++stats_.stores_dropped[static_cast<int>(DropReason::kError)];
+        continue;
+      }
+    } else {
+      const ConstPiece payload{it.payload->data(), it.payload->size()};
+      EncodeHeader(it.header, absl::MakeConstSpan(&payload, 1), out);
+    }
     values.push_back(std::move(v));
     which.push_back(i);
   }

@@ -36,6 +36,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "kvtier/block_cipher.h"
 #include "kvtier/redis_client.h"
 #include "kvtier/tier.h"
 
@@ -50,6 +51,8 @@ struct RemoteTierOptions {
   int max_queued_blocks = 64;
   int64_t ttl_seconds = 0;  // 0: none; the store's eviction policy rules
   std::function<void(double)> observe_store;  // writer thread, per block
+  // Non-null: values are sealed (block_cipher.h) and only sealed ones read.
+  std::shared_ptr<const BlockCipher> cipher;
 };
 
 class RemoteTier {

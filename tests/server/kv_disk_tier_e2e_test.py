@@ -4,11 +4,13 @@ SIGTERM writes what is queued and the restarted daemon serves the prompt
 from disk (exact cached_tokens and their split in both APIs, equal greedy
 tokens); kill -9 keeps what was written; two daemons share one directory;
 a corrupted file is a counted miss, deleted, never a wrong token; another
-KV format never hits; write faults and an unsafe directory.
+KV format never hits; sealed blocks (--kv-tier-encryption-key-file) hold no
+readable token and hit only under their key; write faults and an unsafe
+directory.
 
     kv_disk_tier_e2e_test.py --binary build/server/kvserve --source-dir .
 
-Cost: about 25 s (eight daemon starts of the default model).
+Cost: about 30 s (twelve daemon starts of the default model).
 """
 
 import json
@@ -16,6 +18,7 @@ import os
 import shutil
 import signal
 import stat
+import struct
 import subprocess
 import sys
 import tempfile
@@ -249,6 +252,51 @@ class DiskTierTest(unittest.TestCase):
             self.assertEqual(a.text().count("write failed"), 1)
         finally:
             a.close()
+
+    def test_sealed_blocks_hold_no_readable_prompt(self):
+        key1 = os.path.join(self.tmp, "key1")
+        key2 = os.path.join(self.tmp, "key2")
+        for path, byte in ((key1, "a1"), (key2, "b2")):
+            with open(path, "w") as f:
+                f.write(byte * 32 + "\n")
+            os.chmod(path, 0o600)
+        a = Server(self.disk, "--kv-tier-encryption-key-file", key1)
+        try:
+            reference, _ = a.generate(PROMPT)
+            self.assertIn("sealed (aes-256-gcm:", a.text())
+        finally:
+            a.stop()
+        files = block_files(self.disk)
+        self.assertGreaterEqual(len(files), 18)
+        needles = [struct.pack("<4i", *PROMPT[i:i + 4])
+                   for i in range(0, 288, 16)]
+        for f in files:
+            with open(f, "rb") as fh:
+                data = fh.read()
+            for n in needles:
+                self.assertNotIn(n, data, f)
+        # The same key: a hit. Another key, or none: another salt, no hit.
+        for key, cached in ((key1, CACHED), (key2, 0), (None, 0)):
+            extra = ["--kv-tier-encryption-key-file", key] if key else []
+            b = Server(self.disk, *extra)
+            try:
+                tokens, usage = b.generate(PROMPT)
+                self.assertEqual(tokens, reference)
+                self.assertEqual(usage.kv.cached_tokens_by_tier.disk, cached,
+                                 key)
+            finally:
+                b.stop()
+        # A key file others can read is refused.
+        os.chmod(key1, 0o644)
+        model = os.path.join(ARGS.source_dir, "weights",
+                             "SmolLM2-135M-Instruct.Q4_1.gguf")
+        proc = subprocess.run(
+            [ARGS.binary, "--model", model, "--port", "0", "--metrics-port",
+             "0", "--kv-disk-cache", self.disk,
+             "--kv-tier-encryption-key-file", key1], capture_output=True,
+            text=True, timeout=120)
+        self.assertNotEqual(proc.returncode, 0)
+        self.assertIn("chmod 600", proc.stdout + proc.stderr)
 
     def test_an_unsafe_directory_is_refused(self):
         os.makedirs(self.disk)

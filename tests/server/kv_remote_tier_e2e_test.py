@@ -5,17 +5,19 @@ prompt computed on one replica is a hit on another (equal greedy tokens,
 the split by tier in both APIs, metrics, /v1/kv/state); with the disk tier
 too, what the remote brings in is written to the disk; the store going
 down and coming back mid-run never fails a request; a corrupted value is a
-counted miss; no password, a password on the command line and a wrong
-password are refused or reported.
+counted miss; sealed values (--kv-tier-encryption-key-file) hold no
+readable token; an admin purge; no password, a password on the command
+line and a wrong password are refused or reported.
 
     kv_remote_tier_e2e_test.py --binary build/server/kvserve --source-dir .
 
-Cost: about 20 s (seven daemon starts of the default model).
+Cost: about 20 s (eleven daemon starts of the default model).
 """
 
 import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -274,6 +276,36 @@ class RemoteTierTest(unittest.TestCase):
                 self.assertIn(field, out["error"]["message"])
         finally:
             a.close()
+
+    def test_sealed_values_hold_no_readable_prompt(self):
+        key = os.path.join(self.tmp, "key")
+        with open(key, "w") as f:
+            f.write("c3" * 32 + "\n")
+        os.chmod(key, 0o600)
+        sealed = ("--kv-tier-encryption-key-file", key)
+        a = Server(self.redis, self.pwfile, *sealed)
+        b = Server(self.redis, self.pwfile, *sealed)
+        try:
+            reference, _ = a.generate(PROMPT)
+            a.wait_stored(18)
+            tokens, usage = b.generate(PROMPT)
+            self.assertEqual(tokens, reference)
+            self.assertEqual(usage.kv.cached_tokens_by_tier.remote, CACHED)
+        finally:
+            a.close()
+            b.close()
+        keys = self.redis.cli("--scan", "--pattern", "kvserve:v1:*").split()
+        self.assertGreaterEqual(len(keys), 18)
+        needles = [struct.pack("<4i", *PROMPT[i:i + 4])
+                   for i in range(0, CACHED, 16)]
+        for k in keys:
+            raw = subprocess.run(
+                ["redis-cli", "-p", str(self.redis.port), "--no-auth-warning",
+                 "-a", PASSWORD, "--raw", "GET", k], capture_output=True,
+                timeout=30).stdout
+            self.assertGreater(len(raw), 4096)
+            for n in needles:
+                self.assertNotIn(n, raw)
 
     def run_refused(self, *extra, env=None):
         model = os.path.join(ARGS.source_dir, "weights",
