@@ -1,8 +1,9 @@
 // The disk tier's costs (kvtier/disk_tier.h), on the default model's int8
 // block (195,840 bytes) in a temporary directory on this machine's disk:
-//   BM_LoadRun/T:  a 4K-token prompt's 256 blocks loaded and verified by T
+//   BM_LoadRun/T/S: a 4K-token prompt's 256 blocks loaded and verified by T
 //                  threads into memory already touched (files in the page
-//                  cache): the load part of a disk hit's TTFT;
+//                  cache): the load part of a disk hit's TTFT; S = 1: the
+//                  blocks sealed (AES-256-GCM, --kv-tier-encryption-key-file);
 //   BM_ReadOnly:   the same reads without the checksum;
 //   BM_Checksum:   XXH3-128 of the same bytes in memory;
 //   BM_IndexAtStart/N: DiskTier::Open of a directory of N block files.
@@ -19,6 +20,7 @@
 
 #include "absl/time/clock.h"
 #include "benchmark/benchmark.h"
+#include "kvtier/block_cipher.h"
 #include "kvtier/block_codec.h"
 #include "kvtier/disk_tier.h"
 
@@ -53,9 +55,13 @@ StoreItem Item(int i) {
   return it;
 }
 
-std::unique_ptr<DiskTier> Filled(const std::string& dir, int n) {
+std::unique_ptr<DiskTier> Filled(const std::string& dir, int n,
+                                 bool sealed = false) {
   DiskTierOptions o;
   o.dir = dir;
+  if (sealed) {
+    o.cipher = std::make_shared<const BlockCipher>(BlockCipher::KeyBytes{7});
+  }
   o.capacity_bytes = uint64_t{64} << 30;
   o.max_queued_blocks = 1 << 20;
   auto t = DiskTier::Open(o, kSalt, 0, kPayload);
@@ -67,7 +73,7 @@ std::unique_ptr<DiskTier> Filled(const std::string& dir, int n) {
 
 void BM_LoadRun(benchmark::State& state) {
   const std::string dir = TempDir();
-  std::unique_ptr<DiskTier> tier = Filled(dir, kBlocks);
+  std::unique_ptr<DiskTier> tier = Filled(dir, kBlocks, state.range(1) != 0);
   const int threads = static_cast<int>(state.range(0));
   std::vector<uint8_t> out(kPayload * kBlocks, 1);  // touched
   std::vector<std::vector<int32_t>> tokens(kBlocks);
@@ -93,8 +99,10 @@ void BM_LoadRun(benchmark::State& state) {
   fs::remove_all(dir);
 }
 BENCHMARK(BM_LoadRun)
-    ->Arg(1)
-    ->Arg(2)
+    ->Args({1, 0})
+    ->Args({2, 0})
+    ->Args({1, 1})
+    ->Args({2, 1})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 
