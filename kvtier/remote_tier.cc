@@ -71,8 +71,11 @@ RemoteTier::RemoteTier(const RemoteTierOptions& options, Key salt,
 
 RemoteTier::~RemoteTier() {
   {
+    // What Flush did not write is dropped: a slow store must not hold up
+    // the shutdown.
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
+    queue_.clear();
   }
   wake_.notify_all();
   if (writer_.joinable()) writer_.join();
