@@ -341,9 +341,9 @@ int64_t Engine::FlushKvTiers(absl::Time deadline) {
 }
 
 absl::StatusOr<KvTierPurge> Engine::PurgeKvTiers(
-    std::optional<std::string> cache_scope,
-    std::optional<std::string> cache_salt) {
-  return impl_->PurgeKvTiers(std::move(cache_scope), std::move(cache_salt));
+    const std::optional<std::string>& cache_scope,
+    const std::optional<std::string>& cache_salt) {
+  return impl_->PurgeKvTiers(cache_scope, cache_salt);
 }
 const ModelInfo& Engine::model_info() const { return impl_->info(); }
 const models::Tokenizer& Engine::tokenizer() const {

@@ -209,8 +209,8 @@ class Engine {
   // and the remote store. Thread-safe; the remote part waits on the store.
   // FailedPrecondition without tiers; the store's error when it fails.
   [[nodiscard]] absl::StatusOr<KvTierPurge> PurgeKvTiers(
-      std::optional<std::string> cache_scope,
-      std::optional<std::string> cache_salt);
+      const std::optional<std::string>& cache_scope,
+      const std::optional<std::string>& cache_salt);
   // Stops admitting at once (Submit returns UNAVAILABLE); Drain waits.
   void BeginDrain() { draining_.store(true); }
   bool draining() const { return draining_.load(); }

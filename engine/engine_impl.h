@@ -64,8 +64,8 @@ class Engine::Impl {
   // Writes what the KV tiers have queued, up to `deadline`; the blocks
   // dropped. Any thread.
   absl::StatusOr<KvTierPurge> PurgeKvTiers(
-      std::optional<std::string> cache_scope,
-      std::optional<std::string> cache_salt) {
+      const std::optional<std::string>& cache_scope,
+      const std::optional<std::string>& cache_salt) {
     if (!tiers_) {
       return absl::FailedPreconditionError(
           "no KV tiers: start with --kv-disk-cache or --kv-remote-cache");

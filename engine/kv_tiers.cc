@@ -157,8 +157,7 @@ absl::Status KvTiers::OpenRemote(const KvTierConfig& config,
       metrics->ObserveStore(TierMetrics::kRemote, s);
     };
   }
-  KV_ASSIGN_OR_RETURN(remote_, kvtier::RemoteTier::Open(
-                                   o, salt_, format_.fingerprint, payload));
+  KV_ASSIGN_OR_RETURN(remote_, kvtier::RemoteTier::Open(o, salt_, payload));
   spdlog::info("kv remote tier: {} ({})", remote_->Describe(),
                remote_->healthy() ? "reachable" : "unreachable now, retried");
   return absl::OkStatus();
@@ -254,8 +253,12 @@ bool KvTiers::MaybeLoad(std::unique_ptr<scheduler::Request>& r,
   job.deadline =
       now + std::max(config_.min_load_deadline,
                      absl::Seconds(config_.load_deadline_factor * predicted));
-  Loading l{std::move(r), m, m == 0 ? kvcache::kNoParentHash : keys[m - 1], ns,
-            kd};
+  Loading l;
+  l.request = std::move(r);
+  l.first_block = m;
+  l.parent = m == 0 ? kvcache::kNoParentHash : keys[m - 1];
+  l.ns = ns;
+  l.disk_blocks = kd;
   l.scope_tag = scope_tag;
   for (int32_t i = 0; i < k; ++i) {
     kvtier::LoadBlock b;
@@ -361,10 +364,15 @@ void KvTiers::StoreNewlyCached() {
     if (!to_disk && remote_ == nullptr) continue;
     kvtier::StoreItem item = ItemOf(rec.block, rec.key, rec.parent, rec.ns,
                                     tag->second, std::move(rec.tokens));
-    if (remote_ != nullptr) {
-      (void)remote_->Store(to_disk ? item : std::move(item));
+    // One copy of the bytes, shared by the tiers that write it.
+    if (remote_ != nullptr && to_disk) {
+      (void)remote_->Store(item);
+      (void)disk_->Store(std::move(item));
+    } else if (remote_ != nullptr) {
+      (void)remote_->Store(std::move(item));
+    } else {
+      (void)disk_->Store(std::move(item));
     }
-    if (to_disk) (void)disk_->Store(std::move(item));
   }
 }
 

@@ -39,8 +39,7 @@ uint64_t InfoField(absl::string_view info, absl::string_view name) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<RemoteTier>> RemoteTier::Open(
-    const RemoteTierOptions& options, Key salt, Key fingerprint,
-    uint64_t payload_bytes) {
+    const RemoteTierOptions& options, Key salt, uint64_t payload_bytes) {
   if (options.auth.password.empty()) {
     return absl::InvalidArgumentError(
         "--kv-remote-cache: the store holds prompts and needs a password: "
@@ -50,8 +49,7 @@ absl::StatusOr<std::unique_ptr<RemoteTier>> RemoteTier::Open(
   if (options.max_queued_blocks < 1) {
     return absl::InvalidArgumentError("remote tier: max_queued_blocks < 1");
   }
-  std::unique_ptr<RemoteTier> t(
-      new RemoteTier(options, salt, fingerprint, payload_bytes));
+  std::unique_ptr<RemoteTier> t(new RemoteTier(options, salt, payload_bytes));
   // One connection now, so a misconfiguration is logged at start; a store
   // that is down leaves the tier unhealthy, retried on use.
   absl::StatusOr<std::unique_ptr<RedisConnection>> c =
@@ -62,10 +60,9 @@ absl::StatusOr<std::unique_ptr<RemoteTier>> RemoteTier::Open(
 }
 
 RemoteTier::RemoteTier(const RemoteTierOptions& options, Key salt,
-                       Key fingerprint, uint64_t payload_bytes)
+                       uint64_t payload_bytes)
     : options_(options),
       salt_(salt),
-      fingerprint_(fingerprint),
       payload_bytes_(payload_bytes),
       prefix_(absl::StrCat("kvserve:v1:", Hex128(salt), ":")) {}
 
@@ -339,6 +336,8 @@ absl::StatusOr<int> RemoteTier::WriteBatch(
     std::unique_ptr<RedisConnection>& c, const std::vector<StoreItem>& batch) {
   std::vector<std::string> keys;
   std::vector<RedisCommand> cmds;
+  keys.reserve(batch.size());
+  cmds.reserve(batch.size());
   for (const StoreItem& it : batch) {
     keys.push_back(KeyOf(it.header.key, it.scope_tag, SaltTag(it.header.ns)));
   }

@@ -60,8 +60,7 @@ class RemoteTier {
   // InvalidArgument without a password (the store holds prompts). A store
   // that is down now is not an error: the tier starts unhealthy.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<RemoteTier>> Open(
-      const RemoteTierOptions& options, Key salt, Key fingerprint,
-      uint64_t payload_bytes);
+      const RemoteTierOptions& options, Key salt, uint64_t payload_bytes);
   ~RemoteTier();
   RemoteTier(const RemoteTier&) = delete;
   RemoteTier& operator=(const RemoteTier&) = delete;
@@ -93,7 +92,7 @@ class RemoteTier {
                                   uint64_t salt_tag) const;
 
  private:
-  RemoteTier(const RemoteTierOptions& options, Key salt, Key fingerprint,
+  RemoteTier(const RemoteTierOptions& options, Key salt,
              uint64_t payload_bytes);
 
   // A connection from the idle set or a new one (connecting within
@@ -122,7 +121,6 @@ class RemoteTier {
 
   const RemoteTierOptions options_;
   const Key salt_;
-  const Key fingerprint_;
   const uint64_t payload_bytes_;
   const std::string prefix_;  // kvserve:v1:<salt>:
 

@@ -158,7 +158,7 @@ std::unique_ptr<RemoteTier> OpenTier(int port,
   o.target = {"127.0.0.1", port, 0};
   o.auth = {"", password};
   o.timeout = absl::Milliseconds(300);
-  return *RemoteTier::Open(o, kSalt, 0, kPayload);
+  return *RemoteTier::Open(o, kSalt, kPayload);
 }
 
 absl::Time Soon() { return absl::Now() + absl::Seconds(5); }
@@ -247,7 +247,7 @@ TEST_F(RemoteTierTest, EveryMismatchIsACountedMissAndDeletesTheValue) {
 TEST_F(RemoteTierTest, NeedsAPasswordAndSaysWhenItIsWrong) {
   RemoteTierOptions o;
   o.target = {"127.0.0.1", server_.port(), 0};
-  EXPECT_EQ(RemoteTier::Open(o, kSalt, 0, kPayload).status().code(),
+  EXPECT_EQ(RemoteTier::Open(o, kSalt, kPayload).status().code(),
             absl::StatusCode::kInvalidArgument);
   auto bad =
       RedisConnection::Connect(o.target, {"", "wrong"}, absl::Seconds(1));

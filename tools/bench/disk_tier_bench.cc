@@ -80,6 +80,7 @@ void BM_LoadRun(benchmark::State& state) {
   for (int i = 0; i < kBlocks; ++i) tokens[i].assign(16, i);
   for (auto _ : state) {
     std::vector<std::thread> ts;
+    ts.reserve(threads);
     for (int t = 0; t < threads; ++t) {
       ts.emplace_back([&, t] {
         for (int i = kBlocks * t / threads; i < kBlocks * (t + 1) / threads;
@@ -121,6 +122,7 @@ void BM_LoadRunIntoPool(benchmark::State& state) {
   for (int i = 0; i < kBlocks; ++i) tokens[i].assign(16, i);
   for (auto _ : state) {
     std::vector<std::thread> ts;
+    ts.reserve(threads);
     for (int t = 0; t < threads; ++t) {
       ts.emplace_back([&, t] {
         std::vector<Piece> pieces(kSlabs);
