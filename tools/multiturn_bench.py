@@ -31,7 +31,7 @@ Ratios are paired per run.
 
     .venv/bin/python tools/multiturn_bench.py --repeats 3 [--users 16
         --turns 6 --system-tokens 2048 --user-tokens 256 --reply-tokens 64]
-        [--llama-server build-llama-noomp/bin/llama-server] [--json OUT]
+        [--llama-server BIN ...] [--json OUT]
 """
 
 import argparse
@@ -89,6 +89,7 @@ def budget(args, schedule):
 
 
 def start(name, args, ram, ctx, cache_mib, disk):
+    """A fresh server: kvserve+disk, kvserve, or llama-server:BINARY."""
     if name.startswith("kvserve"):
         extra = ["--model", args.model, "--threads", str(args.threads),
                  "--kv-cache-dtype", args.kv_dtype, "--kv-cache-bytes",
@@ -99,7 +100,7 @@ def start(name, args, ram, ctx, cache_mib, disk):
         return KvserveProcess(args.kvserve, ROOT, *extra)
     kv = LLAMA_KV_TYPE[args.kv_dtype]
     return LlamaServerProcess(
-        [args.llama_server, "-m", args.model, "-t", str(args.threads), "-tb",
+        [name.split(":", 1)[1], "-m", args.model, "-t", str(args.threads), "-tb",
          str(args.threads), "-c", str(ctx), "-np", "1", "-ctk", kv, "-ctv",
          kv, "-fa", "on", "--cache-ram", str(cache_mib), "--no-webui"])
 
@@ -138,8 +139,10 @@ def fmt(xs, scale=1.0, digits=0):
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--kvserve", default=DEFAULT_KVSERVE)
-    p.add_argument("--llama-server", default=os.path.join(
-        ROOT, "build-llama", "bin", "llama-server"))
+    p.add_argument("--llama-server", action="append",
+                   help="a llama-server binary (repeatable; default both "
+                   "builds of tools/build_llama_cpp.sh, with and without "
+                   "OpenMP: each ratio is against the faster per run)")
     p.add_argument("--model", default=DEFAULT_GGUF)
     p.add_argument("--kv-dtype", default="int8", choices=["int8", "fp16"])
     p.add_argument("--threads", type=int, default=2)
@@ -152,6 +155,9 @@ def main():
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--json")
     args = p.parse_args()
+    args.llama_server = args.llama_server or [
+        os.path.join(ROOT, d, "bin", "llama-server")
+        for d in ("build-llama", "build-llama-noomp")]
     schedule = conversations(args)
     ram, ctx, cache_mib, working, per_token = budget(args, schedule)
     print(f"{args.users} users x {args.turns} turns, system "
@@ -161,7 +167,8 @@ def main():
           f"kvserve pool; llama-server -c {ctx} "
           f"({ctx * per_token / 2**20:.1f} MiB) + --cache-ram {cache_mib}",
           flush=True)
-    names = ["kvserve+disk", "kvserve", "llama-server"]
+    llamas = [f"llama-server:{b}" for b in args.llama_server]
+    names = ["kvserve+disk", "kvserve", *llamas]
     runs = {n: [] for n in names}
     for r in range(args.repeats):
         for name in (names if r % 2 == 0 else names[::-1]):
@@ -175,7 +182,12 @@ def main():
     for key, label in (("p50", "all turns"), ("p50_later", "turns >= 1")):
         d = [x[key] for x in runs["kvserve+disk"]]
         k = [x[key] for x in runs["kvserve"]]
-        ll = [x[key] for x in runs["llama-server"]]
+        # The peer's best build in each run.
+        ll = [min(runs[n][r][key] for n in llamas)
+              for r in range(args.repeats)]
+        for n in llamas:
+            print(f"  {n}: {fmt([x[key] for x in runs[n]], 1e3)} ms",
+                  flush=True)
         print(f"TTFT p50 ({label}): kvserve+disk {fmt(d, 1e3)} ms, kvserve "
               f"{fmt(k, 1e3)} ms, llama-server {fmt(ll, 1e3)} ms; "
               f"no tier / disk {fmt([b / a for a, b in zip(d, k)], digits=2)}"
