@@ -181,16 +181,8 @@ class TierFuzzTest(unittest.TestCase):
                         return
                     user, prompt = todo.pop(0)
                     ns = user.namespace()
-                    own = seen.get(ns, [])
-                    allowed = max((common_prefix(prompt, q) for q in own),
-                                  default=0)
-                    other = max((common_prefix(prompt, q)
-                                 for k, qs in seen.items() if k != ns
-                                 for q in qs), default=0)
-                    seen.setdefault(ns, []).append(prompt)
-                allowed = min(allowed, len(prompt) - 1)
-                if user.tenant[2]:  # shared scope: whole blocks only
-                    allowed = allowed // BLOCK * BLOCK
+                    mine = len(seen.setdefault(ns, []))
+                    seen[ns].append(prompt)
                 try:
                     out, usage = d.generate(prompt, user.tenant[0],
                                             user.salt)
@@ -198,6 +190,19 @@ class TierFuzzTest(unittest.TestCase):
                     with lock:
                         errors.append(f"{user.tenant} {user.salt}: {e}")
                     return
+                # What could have been cached for it: any prompt of its
+                # namespace sent before it ended (clients run concurrently,
+                # so one picked later may have run first), none of others.
+                with lock:
+                    allowed = max((common_prefix(prompt, q)
+                                   for i, q in enumerate(seen[ns])
+                                   if i != mine), default=0)
+                    other = max((common_prefix(prompt, q)
+                                 for k, qs in seen.items() if k != ns
+                                 for q in qs), default=0)
+                allowed = min(allowed, len(prompt) - 1)
+                if user.tenant[2]:  # shared scope: whole blocks only
+                    allowed = allowed // BLOCK * BLOCK
                 cached = usage.cached_prompt_tokens
                 split = usage.kv.cached_tokens_by_tier
                 problems = []
