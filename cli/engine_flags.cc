@@ -110,19 +110,25 @@ void RegisterPoolFlags(EngineFlags* f, CliArgs* args) {
                absl::StrCat("auto (per victim, the cheaper of recompute and "
                             "swap), recompute, or swap (default ",
                             f->preemption_mode, ")"));
+  args->Bytes("kv-host-cache-bytes", &f->kv_host_cache_bytes,
+              "pinned host memory for KV blocks below a device pool (--device "
+              "cuda): prefixes written through to it are copied back after "
+              "eviction, and the disk and remote tiers stage through it "
+              "(needed by them on cuda); its own memory, not the swap "
+              "space's (default 0: off)");
   args->String("kv-disk-cache", &f->kv_disk_cache,
                "a directory for KV blocks below the pool: prefixes written "
                "through to it are loaded back after eviction or a restart "
-               "(CPU backend; the directory must be this user's and not "
-               "writable by others; default off)");
+               "(on cuda through --kv-host-cache-bytes; the directory must "
+               "be this user's and not writable by others; default off)");
   args->Bytes("kv-disk-cache-bytes", &f->kv_disk_cache_bytes,
               "bytes --kv-disk-cache may hold, least recently used blocks "
               "evicted first (default 10% of its file system, at most "
               "64GiB)");
   args->String("kv-remote-cache", &f->kv_remote_cache,
                "redis://HOST[:PORT][/DB]: a Redis or Valkey that replicas "
-               "share KV blocks through, below the pool and the disk (CPU "
-               "backend; no TLS: a private network or a TLS tunnel; needs a "
+               "share KV blocks through, below the pool and the disk (on "
+               "cuda through --kv-host-cache-bytes; no TLS: a private network or a TLS tunnel; needs a "
                "password; default off)");
   args->String("kv-remote-cache-user", &f->kv_remote_cache_user,
                "the ACL user of --kv-remote-cache (default: the default "
@@ -302,6 +308,10 @@ absl::Status ApplyEngineFlags(const EngineFlags& f, uint32_t groups,
     if (f.kv_disk_cache_bytes < 0) {
       return absl::InvalidArgumentError("--kv-disk-cache-bytes: must be >= 0");
     }
+    if (f.kv_host_cache_bytes < 0) {
+      return absl::InvalidArgumentError("--kv-host-cache-bytes: must be >= 0");
+    }
+    e->kv_tiers.host_bytes = f.kv_host_cache_bytes;
     KV_RETURN_IF_ERROR(ApplyRemoteCacheFlags(f, &e->kv_tiers));
   }
   return absl::OkStatus();

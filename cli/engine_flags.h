@@ -32,6 +32,7 @@ struct EngineFlags {
   std::string preemption_mode;
   std::string kv_disk_cache;
   int64_t kv_disk_cache_bytes = 0;
+  int64_t kv_host_cache_bytes = 0;  // --kv-host-cache-bytes
   std::string kv_remote_cache;  // redis://HOST:PORT[/DB]
   std::string kv_remote_cache_user;
   std::string kv_remote_cache_password_file;
@@ -55,8 +56,8 @@ enum EngineFlagGroup : uint32_t {
   // --prefix-caching
   kBatchFlags = 1u << 2,
   // --kv-cache-bytes, --kv-cache-fraction, --gpu-memory-fraction,
-  // --swap-space-bytes, --preemption-mode, --kv-disk-cache,
-  // --kv-disk-cache-bytes
+  // --swap-space-bytes, --preemption-mode, --kv-host-cache-bytes,
+  // --kv-disk-cache, --kv-disk-cache-bytes
   kPoolFlags = 1u << 3,
   // --sim-weight-bytes, --sim-*-efficiency, --sim-host-us-per-seq,
   // --sim-profile

@@ -31,6 +31,7 @@ BackendConfig BackendConfigFor(const EngineConfig& config) {
   bc.max_num_batched_tokens = config.scheduler.max_num_batched_tokens;
   bc.max_num_seqs = config.scheduler.max_num_seqs;
   bc.swap_space_bytes = config.swap_space_bytes;
+  bc.host_cache_bytes = config.kv_tiers.host_bytes;
   bc.kv_dtype = config.kv_cache_dtype;
   bc.sim = config.sim;
   return bc;
@@ -96,11 +97,12 @@ absl::Status Engine::Impl::Init(
         absl::ToInt64Milliseconds(config_.fault_step_delay));
   }
   const ModelBackend& backend_ref = runner_->backend();
-  if (!config_.kv_tiers.disk_dir.empty() ||
+  if (config_.kv_tiers.host_bytes > 0 || !config_.kv_tiers.disk_dir.empty() ||
       !config_.kv_tiers.remote_url.empty()) {
     if (registry) {
       tier_metrics_ = std::make_unique<TierMetrics>(
-          *registry, !config_.kv_tiers.disk_dir.empty(),
+          *registry, backend_ref.host_kv_copier() != nullptr,
+          !config_.kv_tiers.disk_dir.empty(),
           !config_.kv_tiers.remote_url.empty());
     }
     KV_ASSIGN_OR_RETURN(tiers_, KvTiers::Create(

@@ -44,6 +44,8 @@ struct KvState;
 // KV tiers below the pool (engine/kv_tiers.h): off while disk_dir and
 // remote_url are both empty.
 struct KvTierConfig {
+  // --kv-host-cache-bytes: pinned host slots under a device pool (CUDA).
+  int64_t host_bytes = 0;
   std::string disk_dir;         // --kv-disk-cache
   int64_t disk_bytes = 0;       // --kv-disk-cache-bytes; 0: 10% of the disk
   std::string remote_url;       // --kv-remote-cache redis://HOST:PORT[/DB]
@@ -66,6 +68,7 @@ struct KvTierConfig {
 
 // What PurgeKvTiers deleted, per tier.
 struct KvTierPurge {
+  int64_t host_blocks = 0;
   int64_t disk_blocks = 0;
   int64_t remote_blocks = 0;
 };

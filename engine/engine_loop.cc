@@ -25,7 +25,10 @@ bool Engine::Impl::TakeInbox(Inbox* inbox) {
                                   !inbox_.aborts.empty() || tier_wake_));
   };
   if (!scheduler_->has_work()) {
-    mu_.AwaitWithTimeout(absl::Condition(&has_input), kIdleWait);
+    // Host cache copies are polled: soon, while one is in flight.
+    const bool copying = tiers_ && tiers_->copies_in_flight();
+    mu_.AwaitWithTimeout(absl::Condition(&has_input),
+                         copying ? absl::Milliseconds(1) : kIdleWait);
   }
   // A paused engine (start_paused, Pause) takes nothing until released,
   // however it woke.
@@ -71,6 +74,7 @@ void Engine::Impl::AdmitLoaded() {
   for (KvTiers::Ready& ready : tiers_->TakeReady()) {
     auto it = live_reqs_.find(ready.id);
     if (it == live_reqs_.end()) continue;  // ended while loading
+    it->second->host_prompt_tokens = ready.host_tokens;
     it->second->disk_prompt_tokens = ready.disk_tokens;
     it->second->remote_prompt_tokens = ready.remote_tokens;
     if (tier_metrics_) tier_metrics_->ObserveLoad(ready.load_seconds);
@@ -434,14 +438,15 @@ KvUsage Engine::Impl::KvUsageOf(const LiveRequest& r, double queued_seconds,
   kv.queued_seconds = queued_seconds;
   kv.preempted_seconds = r.preempted_seconds;
   // Loaded blocks are matched first-come like any cached block: the split
-  // credits each tier with at most what its load brought in (the disk's
-  // blocks come first in the prompt).
-  kv.cached_tokens_disk =
-      std::min(r.disk_prompt_tokens, r.cached_prompt_tokens);
-  kv.cached_tokens_remote = std::min(
-      r.remote_prompt_tokens, r.cached_prompt_tokens - kv.cached_tokens_disk);
-  kv.cached_tokens_device =
-      r.cached_prompt_tokens - kv.cached_tokens_disk - kv.cached_tokens_remote;
+  // credits each tier with at most what its load brought in (the host's
+  // blocks come first in the prompt, then the disk's).
+  int32_t left = r.cached_prompt_tokens;
+  kv.cached_tokens_host = std::min(r.host_prompt_tokens, left);
+  left -= kv.cached_tokens_host;
+  kv.cached_tokens_disk = std::min(r.disk_prompt_tokens, left);
+  left -= kv.cached_tokens_disk;
+  kv.cached_tokens_remote = std::min(r.remote_prompt_tokens, left);
+  kv.cached_tokens_device = left - kv.cached_tokens_remote;
   if (r.preempted_at != absl::InfinitePast()) {
     kv.preempted_seconds += SecondsBetween(r.preempted_at, now);
   }

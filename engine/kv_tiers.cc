@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <utility>
@@ -52,17 +53,28 @@ absl::StatusOr<std::unique_ptr<KvTiers>> KvTiers::Create(
     const KvTierConfig& config, const LoadedModel& model,
     const ModelBackend& backend, std::function<void()> wake,
     TierMetrics* metrics) {
-  const char* flag =
-      config.disk_dir.empty() ? "--kv-remote-cache" : "--kv-disk-cache";
+  const char* flag = !config.disk_dir.empty()     ? "--kv-disk-cache"
+                     : !config.remote_url.empty() ? "--kv-remote-cache"
+                                                  : "--kv-host-cache-bytes";
   const std::vector<kvtier::Piece> pieces = backend.KvBlockPieces(0);
-  if (pieces.empty()) {
+  HostKvCopier* copier = backend.host_kv_copier();
+  uint64_t payload = 0;
+  if (!pieces.empty()) {
+    if (config.host_bytes > 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--kv-host-cache-bytes: the ", std::string(backend.device_name()),
+          " backend's KV pool is in host memory already (size it with "
+          "--kv-cache-bytes); the host cache is for --device cuda"));
+    }
+    for (const kvtier::Piece& p : pieces) payload += p.bytes;
+  } else if (copier != nullptr) {
+    payload = static_cast<uint64_t>(copier->slot_bytes());
+  } else {
     return absl::FailedPreconditionError(absl::StrCat(
         flag, ": the ", std::string(backend.device_name()),
-        " backend's KV is not in host memory; the KV tiers run on the CPU "
-        "backend"));
+        " backend's KV is in device memory: its tiers stage through a host "
+        "cache; set --kv-host-cache-bytes"));
   }
-  uint64_t payload = 0;
-  for (const kvtier::Piece& p : pieces) payload += p.bytes;
   const absl::Time t0 = absl::Now();
   KV_ASSIGN_OR_RETURN(
       models::ModelFingerprint fp,
@@ -95,17 +107,25 @@ absl::StatusOr<std::unique_ptr<KvTiers>> KvTiers::Create(
   }
   std::unique_ptr<KvTiers> t(new KvTiers(config, backend, f));
   t->cipher_ = std::move(cipher);
+  if (copier != nullptr) {
+    t->copier_ = copier;
+    t->host_ = std::make_unique<kvtier::HostTier>(copier->num_slots(),
+                                                  payload);
+  }
   if (!config.disk_dir.empty())
     KV_RETURN_IF_ERROR(t->OpenDisk(config, metrics));
   if (!config.remote_url.empty()) {
     KV_RETURN_IF_ERROR(t->OpenRemote(config, metrics));
   }
+  t->wake_ = wake;
   t->loader_ = std::make_unique<kvtier::TierLoader>(
       t->disk_.get(), t->remote_.get(), t->salt_, config.load_threads,
       std::move(wake));
   spdlog::info(
-      "kv tiers: disk {}, remote {}, blocks {}; model fingerprint {} ({}, "
-      "{:.1f} of {:.1f} MiB read in {:.3f} s); {} bytes per block ({}, {})",
+      "kv tiers: host {}, disk {}, remote {}, blocks {}; model fingerprint {} "
+      "({}, {:.1f} of {:.1f} MiB read in {:.3f} s); {} bytes per block ({}, "
+      "{})",
+      t->host_ ? absl::StrCat(copier->num_slots(), " slots") : "off",
       t->disk_ ? t->disk_->root() : "off",
       t->remote_ ? t->remote_->Describe() : "off",
       t->cipher_ ? "sealed (" + t->cipher_->id() + ")" : "in the clear",
@@ -213,16 +233,36 @@ bool KvTiers::MaybeLoad(std::unique_ptr<scheduler::Request>& r,
   if (m >= full_blocks) return false;
   const std::vector<kvcache::BlockHash> keys =
       kvcache::ChainBlockHashes(tokens.prompt, ns, block, full_blocks);
+  const kvcache::BlockHash parent = m == 0 ? kvcache::kNoParentHash
+                                           : keys[m - 1];
+  // The host cache's run first (in memory, verified against the tokens),
+  // then the disk's and the remote's.
+  std::vector<int32_t> host_run;
+  if (host_ != nullptr) {
+    host_run = host_->Probe(absl::MakeConstSpan(keys).subspan(m), parent, ns,
+                            tokens.prompt.subspan(m * block), block);
+  }
+  auto unpin_from = [&](size_t from) {
+    for (size_t i = from; i < host_run.size(); ++i) host_->Unpin(host_run[i]);
+    host_run.resize(std::min(from, host_run.size()));
+  };
+  const auto kh = static_cast<int32_t>(host_run.size());
   int32_t kd = 0;
-  int32_t k =
-      PlanLoad(absl::MakeConstSpan(keys).subspan(m), scope_tag, ns, &kd);
-  if (k <= 0) return false;
+  int32_t k = kh;
   const double recompute_block = sc.recompute_seconds_per_token * block;
   const double per_block = loader_->seconds_per_block();
-  if (per_block > 0 && recompute_block > 0 && per_block > recompute_block) {
-    ++stats_.skipped_slower;
-    return false;
+  if (m + kh < full_blocks) {
+    const int32_t below = PlanLoad(absl::MakeConstSpan(keys).subspan(m + kh),
+                                   scope_tag, ns, &kd);
+    if (below > 0 && per_block > 0 && recompute_block > 0 &&
+        per_block > recompute_block) {
+      ++stats_.skipped_slower;
+      kd = 0;
+    } else {
+      k += below;
+    }
   }
+  if (k <= 0) return false;
   // Leave room for the rest of the prompt and the watermark.
   int32_t evictable = 0;
   for (const kvcache::BlockId b : match.blocks) {
@@ -233,15 +273,18 @@ bool KvTiers::MaybeLoad(std::unique_ptr<scheduler::Request>& r,
   const int64_t room = int64_t{kv.num_free_blocks()} - evictable - rest;
   k = static_cast<int32_t>(std::min<int64_t>(k, room));
   if (k <= 0) {
+    unpin_from(0);
     ++stats_.skipped_no_room;
     return false;
   }
-  kd = std::min(kd, k);
+  unpin_from(k);
+  kd = std::min(kd, k - static_cast<int32_t>(host_run.size()));
   const RequestId id = r->id();
   std::optional<std::vector<kvcache::BlockId>> fresh =
       scheduler_->kv_cache_for_tiers().ReserveForLoad(
           id, match.blocks, k, static_cast<int32_t>(rest));
   if (!fresh.has_value()) {
+    unpin_from(0);
     ++stats_.skipped_no_room;
     return false;
   }
@@ -254,64 +297,97 @@ bool KvTiers::MaybeLoad(std::unique_ptr<scheduler::Request>& r,
       now + std::max(config_.min_load_deadline,
                      absl::Seconds(config_.load_deadline_factor * predicted));
   Loading l;
-  l.request = std::move(r);
   l.first_block = m;
-  l.parent = m == 0 ? kvcache::kNoParentHash : keys[m - 1];
+  l.parent = parent;
   l.ns = ns;
   l.disk_blocks = kd;
   l.scope_tag = scope_tag;
-  for (int32_t i = 0; i < k; ++i) {
+  l.host_slots = std::move(host_run);
+  l.start = now;
+  const auto first = static_cast<int32_t>(l.host_slots.size());
+  for (int32_t i = first; i < k; ++i) {
     kvtier::LoadBlock b;
     b.key = keys[m + i];
     b.parent = m + i == 0 ? kvcache::kNoParentHash : keys[m + i - 1];
     b.tokens.assign(tokens.prompt.begin() + (m + i) * block,
                     tokens.prompt.begin() + (m + i + 1) * block);
-    b.dst = backend_.KvBlockPieces((*fresh)[i]);
-    b.remote = i >= kd;
-    if (disk_ != nullptr && remote_ != nullptr) {
+    if (copier_ == nullptr) b.dst = backend_.KvBlockPieces((*fresh)[i]);
+    b.remote = i - first >= kd;
+    if (copier_ != nullptr || (disk_ != nullptr && remote_ != nullptr)) {
       l.keys.push_back(b.key);
       l.fresh.push_back((*fresh)[i]);
     }
     job.blocks.push_back(std::move(b));
   }
+  if (copier_ != nullptr && !StartDeviceLoad(l, job, *fresh)) {
+    scheduler_->kv_cache_for_tiers().ReleaseLoad(id);
+    ++stats_.skipped_no_room;
+    return false;
+  }
+  l.request = std::move(r);
+  l.loader_running = !job.blocks.empty();
   loading_[id] = std::move(l);
   ++stats_.loads;
-  loader_->Start(std::move(job));
+  if (!job.blocks.empty()) loader_->Start(std::move(job));
   return true;
 }
 
 std::vector<KvTiers::Ready> KvTiers::TakeReady() {
   std::vector<Ready> ready;
   if (loader_ == nullptr) return ready;
+  if (copier_ != nullptr) {
+    PollHostStores();
+    ApplyHostPurges();
+  }
   for (const kvtier::LoadResult& res : loader_->TakeDone()) {
     auto it = loading_.find(res.id);
     if (it == loading_.end()) continue;
-    Loading l = std::move(it->second);
-    loading_.erase(it);
-    const int32_t block = scheduler_->config().block_size;
-    const kvcache::TokenSequence tokens = l.request->tokens();
-    const int32_t registered = scheduler_->kv_cache_for_tiers().FinishLoad(
-        res.id, res.verified, l.parent, l.ns,
-        tokens.prompt.subspan(static_cast<size_t>(l.first_block) * block));
-    stats_.loaded_blocks += registered;
-    held_[res.id] = absl::Now();
+    Loading& l = it->second;
     if (res.stop == kvtier::MissReason::kDeadline) {
       ++(res.verified >= l.disk_blocks ? stats_.remote_load_deadlines
                                        : stats_.load_deadlines);
     }
-    const int32_t from_disk = std::min(registered, l.disk_blocks);
-    // What the remote brought in goes to the disk too.
-    for (int32_t j = from_disk;
-         j < registered && j < static_cast<int32_t>(l.keys.size()); ++j) {
-      const auto begin = tokens.prompt.begin() + (l.first_block + j) * block;
-      (void)disk_->Store(
-          ItemOf(l.fresh[j], l.keys[j], j == 0 ? l.parent : l.keys[j - 1], l.ns,
-                 l.scope_tag, std::vector<int32_t>(begin, begin + block)));
+    if (copier_ != nullptr) {
+      OnDeviceLoaded(l, res);
+      continue;
     }
-    ready.push_back({res.id, std::move(l.request), from_disk * block,
-                     (registered - from_disk) * block, res.seconds});
+    Loading done = std::move(l);
+    loading_.erase(it);
+    ready.push_back(Finish(res.id, done, res.verified, res.seconds));
   }
+  if (copier_ != nullptr) TakeDeviceReady(&ready);
   return ready;
+}
+
+KvTiers::Ready KvTiers::Finish(RequestId id, Loading& l, int32_t verified,
+                               double seconds) {
+  const int32_t block = scheduler_->config().block_size;
+  const kvcache::TokenSequence tokens = l.request->tokens();
+  const int32_t registered = scheduler_->kv_cache_for_tiers().FinishLoad(
+      id, verified, l.parent, l.ns,
+      tokens.prompt.subspan(static_cast<size_t>(l.first_block) * block));
+  stats_.loaded_blocks += registered;
+  held_[id] = absl::Now();
+  const auto kh = std::min(registered,
+                           static_cast<int32_t>(l.host_slots.size()));
+  const int32_t from_disk = std::min(registered - kh, l.disk_blocks);
+  // What the remote brought in goes to the disk too (on a device, the host
+  // cache hands it down when it commits).
+  for (int32_t j = from_disk; copier_ == nullptr && j < registered &&
+                              j < static_cast<int32_t>(l.keys.size());
+       ++j) {
+    const auto begin = tokens.prompt.begin() + (l.first_block + j) * block;
+    (void)disk_->Store(ItemOf(PayloadOfBlock(l.fresh[j]), l.keys[j],
+                              j == 0 ? l.parent : l.keys[j - 1], l.ns,
+                              l.scope_tag,
+                              std::vector<int32_t>(begin, begin + block)));
+  }
+  return {id,
+          std::move(l.request),
+          kh * block,
+          from_disk * block,
+          (registered - kh - from_disk) * block,
+          seconds};
 }
 
 void KvTiers::Release(RequestId id) {
@@ -328,11 +404,21 @@ void KvTiers::ReleaseStale(absl::Time now) {
   for (RequestId id : stale) Release(id);
 }
 
-kvtier::StoreItem KvTiers::ItemOf(kvcache::BlockId block,
-                                  kvcache::BlockHash key,
-                                  kvcache::BlockHash parent,
-                                  kvcache::BlockHash ns, uint64_t scope_tag,
-                                  std::vector<int32_t> tokens) const {
+std::shared_ptr<std::vector<uint8_t>> KvTiers::PayloadOfBlock(
+    kvcache::BlockId block) const {
+  auto payload = std::make_shared<std::vector<uint8_t>>(format_.payload_bytes);
+  uint8_t* out = payload->data();
+  for (const kvtier::Piece& p : backend_.KvBlockPieces(block)) {
+    std::memcpy(out, p.data, p.bytes);
+    out += p.bytes;
+  }
+  return payload;
+}
+
+kvtier::StoreItem KvTiers::ItemOf(
+    std::shared_ptr<std::vector<uint8_t>> payload, kvcache::BlockHash key,
+    kvcache::BlockHash parent, kvcache::BlockHash ns, uint64_t scope_tag,
+    std::vector<int32_t> tokens) const {
   kvtier::StoreItem item;
   item.header.salt = salt_;
   item.header.fingerprint = format_.fingerprint;
@@ -344,12 +430,6 @@ kvtier::StoreItem KvTiers::ItemOf(kvcache::BlockId block,
   item.header.writer_pid = static_cast<uint32_t>(getpid());
   item.header.tokens = std::move(tokens);
   item.scope_tag = scope_tag;
-  auto payload = std::make_shared<std::vector<uint8_t>>(format_.payload_bytes);
-  uint8_t* out = payload->data();
-  for (const kvtier::Piece& p : backend_.KvBlockPieces(block)) {
-    std::memcpy(out, p.data, p.bytes);
-    out += p.bytes;
-  }
   item.payload = std::move(payload);
   return item;
 }
@@ -357,22 +437,31 @@ kvtier::StoreItem KvTiers::ItemOf(kvcache::BlockId block,
 void KvTiers::StoreNewlyCached() {
   std::vector<kvcache::CachedBlockRecord> records =
       scheduler_->kv_cache_for_tiers().TakeNewlyCached();
+  if (copier_ != nullptr) {
+    StoreToHost(std::move(records));
+    return;
+  }
   for (kvcache::CachedBlockRecord& rec : records) {
     auto tag = scope_tags_.find(rec.ns);
     if (tag == scope_tags_.end()) continue;  // a namespace no longer known
-    const bool to_disk = disk_ != nullptr && !disk_->Contains(rec.key);
-    if (!to_disk && remote_ == nullptr) continue;
-    kvtier::StoreItem item = ItemOf(rec.block, rec.key, rec.parent, rec.ns,
-                                    tag->second, std::move(rec.tokens));
-    // One copy of the bytes, shared by the tiers that write it.
-    if (remote_ != nullptr && to_disk) {
-      (void)remote_->Store(item);
-      (void)disk_->Store(std::move(item));
-    } else if (remote_ != nullptr) {
-      (void)remote_->Store(std::move(item));
-    } else {
-      (void)disk_->Store(std::move(item));
+    if ((disk_ == nullptr || disk_->Contains(rec.key)) && remote_ == nullptr) {
+      continue;
     }
+    StoreBelow(ItemOf(PayloadOfBlock(rec.block), rec.key, rec.parent, rec.ns,
+                      tag->second, std::move(rec.tokens)));
+  }
+}
+
+void KvTiers::StoreBelow(kvtier::StoreItem item) {
+  const bool to_disk = disk_ != nullptr && !disk_->Contains(item.header.key);
+  // One copy of the bytes, shared by the tiers that write it.
+  if (remote_ != nullptr && to_disk) {
+    (void)remote_->Store(item);
+    (void)disk_->Store(std::move(item));
+  } else if (remote_ != nullptr) {
+    (void)remote_->Store(std::move(item));
+  } else if (to_disk) {
+    (void)disk_->Store(std::move(item));
   }
 }
 
@@ -388,6 +477,23 @@ absl::StatusOr<KvTierPurge> KvTiers::Purge(
     }
   }
   KvTierPurge p;
+  if (host_ != nullptr) {
+    auto purge = std::make_shared<HostPurge>();
+    purge->scope_tag = scope_tag;
+    purge->salt_tag = salt_tag;
+    std::future<int64_t> blocks = purge->blocks.get_future();
+    {
+      std::lock_guard<std::mutex> lock(purge_mu_);
+      host_purges_.push_back(purge);
+    }
+    wake_();
+    if (blocks.wait_for(std::chrono::seconds(5)) !=
+        std::future_status::ready) {
+      return absl::UnavailableError(
+          "the engine did not purge its host KV cache within 5 s; try again");
+    }
+    p.host_blocks = blocks.get();
+  }
   if (disk_ != nullptr) p.disk_blocks = disk_->Purge(scope_tag, salt_tag);
   if (remote_ != nullptr) {
     KV_ASSIGN_OR_RETURN(p.remote_blocks, remote_->Purge(scope_tag, salt_tag));
@@ -404,6 +510,8 @@ int64_t KvTiers::Flush(absl::Time deadline) {
 
 KvTierStats KvTiers::stats() const {
   KvTierStats s = stats_;
+  s.has_host = host_ != nullptr;
+  if (host_ != nullptr) s.host = host_->stats();
   s.has_disk = disk_ != nullptr;
   s.has_remote = remote_ != nullptr;
   if (disk_ != nullptr) s.disk = disk_->stats();
@@ -422,6 +530,7 @@ absl::Status KvTiers::CheckInvariants() const {
         absl::StrCat(loading_.size(), " requests loading and ", held_.size(),
                      " loaded, but ", loads, " loads holding pool blocks"));
   }
+  if (host_ != nullptr) KV_RETURN_IF_ERROR(host_->CheckInvariants());
   if (disk_ != nullptr) {
     const kvtier::DiskTierStats d = disk_->stats();
     if (d.bytes != d.blocks * disk_->stored_block_bytes()) {
@@ -460,6 +569,9 @@ KvStateTier StateOfTier(std::string name, std::string path,
 std::vector<KvStateTier> KvTiers::StateOf() const {
   const KvTierStats s = stats();
   std::vector<KvStateTier> out;
+  if (host_ != nullptr) {
+    out.push_back(StateOfTier("host", "pinned memory", s.host, 0));
+  }
   if (disk_ != nullptr) {
     out.push_back(StateOfTier("disk", disk_->root(), s.disk, s.load_deadlines));
   }

@@ -1,7 +1,13 @@
 // KvTiers: the engine's side of the KV tiers below the pool (kvtier/).
 //
-// Two tiers, either or both: the disk (kvtier/disk_tier.h) and a remote
-// Redis/Valkey that replicas share (kvtier/remote_tier.h).
+// Up to three tiers: on a device backend (CUDA) a host cache in pinned
+// memory (kvtier/host_tier.h, the bytes the backend's HostKvCopier moves),
+// the disk (kvtier/disk_tier.h) and a remote Redis/Valkey that replicas
+// share (kvtier/remote_tier.h). Where the pool is in host memory (CPU) the
+// lower tiers read and write pool blocks directly; on a device they stage
+// through the host cache (kv_tiers_host.cc): a block reaches the disk and
+// the remote from its host slot, and a disk or remote hit is read into
+// host slots, then copied to the device.
 //
 // Stores (write-through): after each step, the blocks the prefix cache
 // registered are copied out of the pool on the engine thread (a memcpy per
@@ -25,6 +31,9 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
+#include <future>
+#include <mutex>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -39,6 +48,7 @@
 #include "engine/kv_state.h"
 #include "engine/runner/model_backend.h"
 #include "kvtier/disk_tier.h"
+#include "kvtier/host_tier.h"
 #include "kvtier/remote_tier.h"
 #include "kvtier/tier_loader.h"
 #include "scheduler/scheduler.h"
@@ -48,7 +58,8 @@ namespace kvserve::engine {
 class TierMetrics;
 
 struct KvTierStats {
-  bool has_disk = false, has_remote = false;
+  bool has_host = false, has_disk = false, has_remote = false;
+  kvtier::TierStats host;
   kvtier::TierStats disk;
   kvtier::TierStats remote;
   int64_t loading_requests = 0;
@@ -67,7 +78,8 @@ class KvTiers {
   struct Ready {
     RequestId id = 0;
     std::unique_ptr<scheduler::Request> request;
-    int32_t disk_tokens = 0;  // prompt tokens its load registered, by tier
+    int32_t host_tokens = 0;  // prompt tokens its load registered, by tier
+    int32_t disk_tokens = 0;
     int32_t remote_tokens = 0;
     double load_seconds = 0;
   };
@@ -117,6 +129,10 @@ class KvTiers {
   [[nodiscard]] int64_t loading() const {
     return static_cast<int64_t>(loading_.size());
   }
+  // Host cache copies in flight (the engine polls them while idle).
+  [[nodiscard]] bool copies_in_flight() const {
+    return !host_stores_.empty() || device_loads_ > 0;
+  }
 
  private:
   struct Loading {
@@ -130,6 +146,20 @@ class KvTiers {
     std::vector<kvcache::BlockHash> keys;
     std::vector<kvcache::BlockId> fresh;
     uint64_t scope_tag = 0;
+    // On a device: the host cache's run (copied first), the slots the lower
+    // tiers' blocks are read into, and the copy to the pool in flight.
+    std::vector<int32_t> host_slots;
+    std::vector<int32_t> staged;
+    int32_t loaded = 0;  // lower-tier blocks verified
+    bool loader_running = false;
+    int64_t ticket = 0;
+    double loader_seconds = 0;
+    absl::Time start;
+  };
+  // Store copies to the host cache in flight, oldest first.
+  struct HostStore {
+    int64_t ticket = 0;
+    std::vector<int32_t> slots;
   };
   KvTiers(const KvTierConfig& config, const ModelBackend& backend,
           kvtier::BlockFormat format);
@@ -138,14 +168,35 @@ class KvTiers {
                                       TierMetrics* metrics);
   [[nodiscard]] absl::Status OpenRemote(const KvTierConfig& config,
                                         TierMetrics* metrics);
+  // kv_tiers_host.cc: the device path.
+  // Starts the copies of a load on a device; false when nothing started
+  // (every host pin and reservation undone).
+  [[nodiscard]] bool StartDeviceLoad(Loading& l, kvtier::LoadJob& job,
+                                     absl::Span<const kvcache::BlockId> fresh);
+  // A loader result of a device load: its verified blocks go to the pool.
+  void OnDeviceLoaded(Loading& l, const kvtier::LoadResult& res);
+  // Finished device loads, registered.
+  void TakeDeviceReady(std::vector<Ready>* ready);
+  // Starts copies of newly cached blocks to the host cache.
+  void StoreToHost(std::vector<kvcache::CachedBlockRecord> records);
+  // Commits the finished store copies and hands them to the lower tiers.
+  void PollHostStores();
+  // Registers the verified blocks of a finished load; its Ready.
+  Ready Finish(RequestId id, Loading& l, int32_t verified, double seconds);
+  // Queues `item` on the disk (when it lacks the block) and the remote.
+  void StoreBelow(kvtier::StoreItem item);
+  [[nodiscard]] std::shared_ptr<std::vector<uint8_t>> PayloadOfBlock(
+      kvcache::BlockId block) const;
+  [[nodiscard]] std::shared_ptr<std::vector<uint8_t>> PayloadOfSlot(
+      int32_t slot) const;
   // How many of the prompt's blocks [m, full) to load, from which tiers;
   // 0 when none.
   [[nodiscard]] int32_t PlanLoad(absl::Span<const kvcache::BlockHash> keys,
                                  uint64_t scope_tag, kvcache::BlockHash ns,
                                  int32_t* disk_blocks);
-  // A copy of pool block `block` as a tier's store item.
-  [[nodiscard]] kvtier::StoreItem ItemOf(kvcache::BlockId block,
-                                         kvcache::BlockHash key,
+  // A block's bytes as a tier's store item.
+  [[nodiscard]] kvtier::StoreItem ItemOf(
+      std::shared_ptr<std::vector<uint8_t>> payload, kvcache::BlockHash key,
                                          kvcache::BlockHash parent,
                                          kvcache::BlockHash ns,
                                          uint64_t scope_tag,
@@ -158,6 +209,20 @@ class KvTiers {
   const std::string model_id_;
   scheduler::Scheduler* scheduler_ = nullptr;
   std::shared_ptr<const kvtier::BlockCipher> cipher_;  // null: not sealed
+  // Purges of the host cache (engine thread only) asked from other threads:
+  // applied by TakeReady.
+  struct HostPurge {
+    std::optional<uint64_t> scope_tag, salt_tag;
+    std::promise<int64_t> blocks;
+  };
+  void ApplyHostPurges();
+  mutable std::mutex purge_mu_;
+  mutable std::vector<std::shared_ptr<HostPurge>> host_purges_;
+  std::function<void()> wake_;
+  HostKvCopier* copier_ = nullptr;  // a device backend's host cache
+  std::unique_ptr<kvtier::HostTier> host_;
+  std::deque<HostStore> host_stores_;
+  int32_t device_loads_ = 0;  // loads with a host copy in flight or queued
   std::unique_ptr<kvtier::DiskTier> disk_;
   std::unique_ptr<kvtier::RemoteTier> remote_;
   std::unique_ptr<kvtier::TierLoader> loader_;

@@ -31,6 +31,7 @@ struct LiveRequest {
   // (engine/kv_tiers.h).
   int32_t disk_prompt_tokens = 0;
   int32_t remote_prompt_tokens = 0;
+  int32_t host_prompt_tokens = 0;
   // Completion index in the shared stream (n > 1), and children this
   // request (index 0) still has to fork once its prompt is computed.
   int32_t index = 0;

@@ -56,6 +56,7 @@ void AddKvUsage(const KvUsage& part, KvUsage* sum) {
   sum->cached_tokens_device += part.cached_tokens_device;
   sum->cached_tokens_disk += part.cached_tokens_disk;
   sum->cached_tokens_remote += part.cached_tokens_remote;
+  sum->cached_tokens_host += part.cached_tokens_host;
 }
 
 }  // namespace kvserve::engine

@@ -89,6 +89,7 @@ struct KvUsage {
   // prompt, which share it, the split of the one with the most cached
   // tokens (StreamState), as their count is its.
   int32_t cached_tokens_device = 0;
+  int32_t cached_tokens_host = 0;
   int32_t cached_tokens_disk = 0;
   int32_t cached_tokens_remote = 0;
 };

@@ -90,6 +90,7 @@ void StreamState::Finish(int32_t index, FinishReason reason, const Usage& usage,
     AddKvUsage(usage.kv, &total_usage_.kv);
     const KvUsage& split = most_cached ? usage.kv : before;
     total_usage_.kv.cached_tokens_device = split.cached_tokens_device;
+    total_usage_.kv.cached_tokens_host = split.cached_tokens_host;
     total_usage_.kv.cached_tokens_disk = split.cached_tokens_disk;
     total_usage_.kv.cached_tokens_remote = split.cached_tokens_remote;
   }

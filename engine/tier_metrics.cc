@@ -112,7 +112,9 @@ void TierMetrics::Series::Publish(const kvtier::TierStats& s,
   Advance(errors, s.errors, &errors_last);
 }
 
-TierMetrics::TierMetrics(prometheus::Registry& r, bool disk, bool remote) {
+TierMetrics::TierMetrics(prometheus::Registry& r, bool host, bool disk,
+                         bool remote) {
+  if (host) series_[kHost].emplace(r, "host");
   if (disk) series_[kDisk].emplace(r, "disk");
   if (remote) series_[kRemote].emplace(r, "remote");
   loading_ =
@@ -139,6 +141,7 @@ TierMetrics::TierMetrics(prometheus::Registry& r, bool disk, bool remote) {
 }
 
 void TierMetrics::Publish(const KvTierStats& s) {
+  if (series_[kHost]) series_[kHost]->Publish(s.host, 0);
   if (series_[kDisk]) {
     series_[kDisk]->Publish(s.disk, static_cast<uint64_t>(s.load_deadlines));
   }

@@ -1,5 +1,5 @@
-// Prometheus metrics of the KV tiers, one series per tier (tier="disk",
-// "remote"): occupancy, health, hits, misses by reason, stores and dropped
+// Prometheus metrics of the KV tiers, one series per tier (tier="host",
+// "disk", "remote"): occupancy, health, hits, misses by reason, stores and dropped
 // stores by reason, evictions, errors, store latency; and of the loads,
 // which span the tiers: requests loading, loads, loaded blocks, loads
 // skipped, load latency. Publish turns KvTiers' cumulative counts into
@@ -20,9 +20,10 @@ namespace kvserve::engine {
 
 class TierMetrics {
  public:
-  enum Tier { kDisk = 0, kRemote = 1 };
+  enum Tier { kDisk = 0, kRemote = 1, kHost = 2 };
 
-  TierMetrics(prometheus::Registry& registry, bool disk, bool remote);
+  TierMetrics(prometheus::Registry& registry, bool host, bool disk,
+              bool remote);
 
   void Publish(const KvTierStats& s);
   // One load's wall time (any thread).
@@ -55,7 +56,7 @@ class TierMetrics {
     std::array<uint64_t, kvtier::kNumDropReasons> dropped_last{};
   };
 
-  std::array<std::optional<Series>, 2> series_;
+  std::array<std::optional<Series>, 3> series_;
   prometheus::Gauge* loading_;
   prometheus::Counter* loads_;
   prometheus::Counter* loaded_blocks_;

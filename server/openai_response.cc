@@ -50,7 +50,7 @@ json KvUsageJson(const engine::KvUsage& kv) {
           {"preempted_seconds", kv.preempted_seconds},
           {"cached_tokens_by_tier",
            {{"device", kv.cached_tokens_device},
-            {"host", 0},
+            {"host", kv.cached_tokens_host},
             {"disk", kv.cached_tokens_disk},
             {"remote", kv.cached_tokens_remote}}}};
 }

@@ -73,6 +73,7 @@ void ToProto(const engine::StreamDelta& delta,
     k->set_preempted_seconds(kv.preempted_seconds);
     v1::CachedTokensByTier* tiers = k->mutable_cached_tokens_by_tier();
     tiers->set_device(kv.cached_tokens_device);
+    tiers->set_host(kv.cached_tokens_host);
     tiers->set_disk(kv.cached_tokens_disk);
     tiers->set_remote(kv.cached_tokens_remote);
   }

@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "common/clock.h"
 #include "common/status_macros.h"
+#include "engine/runner/cuda_host_copier.h"
 #include "engine/runner/loaded_model.h"
 #include "engine/runner/platform.h"
 #include "kvcache/kv_sizing.h"
@@ -132,12 +133,20 @@ class CudaBackend final : public ModelBackend {
   absl::Status SwapIn(absl::Span<const BlockMove> moves) override {
     return Swap(moves, /*out=*/false);
   }
+  HostKvCopier* host_kv_copier() const override { return host_cache_.get(); }
+  // The KV tiers' keys: the bytes a block holds are the kernels' (bf16,
+  // e4m3, q8_0 values then scales), per layer its K then its V block.
+  std::string kv_numerics_version() const override { return "cuda-kv-1"; }
+  std::string kv_layout_version() const override {
+    return "cuda-planes-1";
+  }
 
  private:
   CudaBackend() = default;
   absl::Status Profile(const BackendConfig& config);
   absl::Status AllocateKv(const BackendConfig& config);
   absl::Status AllocateSwap(const BackendConfig& config);
+  absl::Status AllocateHostCache(const BackendConfig& config);
   absl::Status Swap(absl::Span<const BlockMove> moves, bool out);
   // Makes pairs_ / pairs_host_ hold at least `pairs` int pairs.
   absl::Status ReservePairs(int64_t pairs);
@@ -165,6 +174,8 @@ class CudaBackend final : public ModelBackend {
   // swap slot, so that a block crosses PCIe in one copy (not 2 x layers).
   mc::DeviceBuffer staging_;
   int64_t staging_blocks_ = 0;
+  // Last: its copies end before the KV and the stream go.
+  std::unique_ptr<HostKvCopier> host_cache_;
 };
 
 void CudaBackend::Fatal(const char* what, const absl::Status& st,
@@ -280,6 +291,26 @@ absl::Status CudaBackend::AllocateSwap(const BackendConfig& config) {
   return absl::OkStatus();
 }
 
+absl::Status CudaBackend::AllocateHostCache(const BackendConfig& config) {
+  if (config.host_cache_bytes <= 0) return absl::OkStatus();
+  const int64_t slots = config.host_cache_bytes / bytes_per_block_;
+  if (slots < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--kv-host-cache-bytes=", config.host_cache_bytes,
+        " is less than one KV block (", bytes_per_block_, " bytes)"));
+  }
+  // Before the KV blocks: the budget from free memory then counts the
+  // staging; the copier reads kv_ when it copies.
+  KV_ASSIGN_OR_RETURN(
+      host_cache_,
+      CreateCudaHostCopier(&kv_, 2 * model_->config().num_layers,
+                           block_bytes_,
+                           static_cast<int32_t>(std::min<int64_t>(
+                               slots, 1 << 30)),
+                           model_->stream()));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<ModelBackend>> CudaBackend::Create(
     const BackendConfig& config, LoadedModel* model) {
   KV_ASSIGN_OR_RETURN(
@@ -314,17 +345,20 @@ absl::StatusOr<std::unique_ptr<ModelBackend>> CudaBackend::Create(
   b->block_bytes_ = b->model_->BlockBytes(config.block_size, elem);
   b->bytes_per_block_ = 2LL * model->config.num_layers * b->block_bytes_;
   KV_RETURN_IF_ERROR(b->Profile(config));
+  KV_RETURN_IF_ERROR(b->AllocateHostCache(config));
   KV_RETURN_IF_ERROR(b->AllocateKv(config));
   KV_RETURN_IF_ERROR(b->AllocateSwap(config));
   spdlog::info(
       "CUDA backend on {} ({} SMs): weights {:.2f} GiB bf16, {} KV blocks of "
-      "{} tokens ({:.2f} GiB {}), {} swap slots, prefill {:.1f} us/token",
+      "{} tokens ({:.2f} GiB {}), {} swap slots, {} host cache slots, "
+      "prefill {:.1f} us/token",
       prop.name, prop.multiProcessorCount,
       b->model_->weight_bytes() / 1073741824.0, b->kv_.num_blocks,
       config.block_size,
       b->kv_.num_blocks * static_cast<double>(b->bytes_per_block_) /
           1073741824.0,
       kvcache::KvDtypeName(b->kv_dtype()), b->num_swap_slots_,
+      b->host_cache_ ? b->host_cache_->num_slots() : 0,
       b->seconds_per_prefill_token_ * 1e6);
   return std::unique_ptr<ModelBackend>(std::move(b));
 }

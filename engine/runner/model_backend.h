@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "engine/runner/device.h"
+#include "engine/runner/host_kv_copier.h"
 #include "kvcache/block_pool.h"
 #include "kvcache/kv_sizing.h"
 #include "kvtier/block_codec.h"
@@ -56,6 +57,9 @@ struct BackendConfig {
       scheduler::SchedulerConfig{}.max_num_batched_tokens;
   int32_t max_num_seqs = scheduler::SchedulerConfig{}.max_num_seqs;
   int64_t swap_space_bytes = 0;  // host swap space; 0 disables swapping
+  // Pinned host KV cache for the tiers where the pool is in device memory
+  // (--kv-host-cache-bytes; CUDA); its own memory, not the swap space's.
+  int64_t host_cache_bytes = 0;
   // KV element type; nullopt: the backend's default (CPU int8 or fp16,
   // DefaultCpuKvDtype; CUDA bf16).
   // A dtype the backend cannot store is refused at creation.
@@ -108,6 +112,11 @@ class ModelBackend {
   // the layout's name. Salted into every tier key.
   [[nodiscard]] virtual std::string kv_numerics_version() const { return ""; }
   [[nodiscard]] virtual std::string kv_layout_version() const { return ""; }
+  // Where the KV is in device memory: its host cache and the copies to and
+  // from it (null without --kv-host-cache-bytes, and on host backends).
+  [[nodiscard]] virtual HostKvCopier* host_kv_copier() const {
+    return nullptr;
+  }
 };
 
 // Builds the backend for `config.device` ("auto": CUDA when the build has it

@@ -2,14 +2,20 @@
 // one emulated device whose memory is host memory. Allocations are tracked,
 // start as 0xff bytes (NaN in bf16 and fp32, like the garbage of a fresh
 // cudaMalloc), and every copy or memset into or out of device memory is
-// checked against its allocation (cudaErrorInvalidValue outside it). Streams
-// and events exist but every call is synchronous: a kernel has finished when
-// its launch returns.
+// checked against its allocation (cudaErrorInvalidValue outside it). Every
+// call is synchronous (a kernel has finished when its launch returns) except
+// the copies on a stream marked with DeferCopies: those wait in the stream's
+// queue until something waits for them (a synchronize, an event synchronize
+// or query, a stream waiting on its event), so a missing wait shows up as
+// stale bytes. An event query that runs queued copies answers
+// cudaErrorNotReady once: a caller that polls must poll again.
 #include <cuda_runtime_api.h>
 
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -17,10 +23,14 @@
 #include "tests/support/cuda_emu/state.h"
 
 struct CUstream_st {
-  int id = 0;
+  bool deferred = false;
+  std::deque<std::function<void()>> ops;  // deferred copies, in order
+  uint64_t enqueued = 0, done = 0;
 };
 struct CUevent_st {
   std::chrono::steady_clock::time_point at;
+  CUstream_st* stream = nullptr;  // a deferred stream, or none (complete)
+  uint64_t seq = 0;               // complete once stream->done >= seq
 };
 
 namespace kvserve::cuda_emu {
@@ -108,6 +118,27 @@ uint64_t NextLaunchSeed() {
 
 }  // namespace kvserve::cuda_emu
 
+namespace kvserve::cuda_emu {
+
+void DeferCopies(cudaStream_t stream) { stream->deferred = true; }
+
+namespace {
+
+// Runs `s`'s queued copies up to number `upto`; false if none was queued.
+bool RunQueued(CUstream_st* s, uint64_t upto) {
+  if (s == nullptr || s->done >= upto) return false;
+  while (s->done < upto && !s->ops.empty()) {
+    std::function<void()> op = std::move(s->ops.front());
+    s->ops.pop_front();
+    op();
+    ++s->done;
+  }
+  return true;
+}
+
+}  // namespace
+}  // namespace kvserve::cuda_emu
+
 namespace emu = kvserve::cuda_emu;
 
 cudaError_t cudaMalloc(void** ptr, size_t size) {
@@ -177,8 +208,36 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t count,
 }
 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count,
-                            cudaMemcpyKind kind, cudaStream_t /*stream*/) {
-  return cudaMemcpy(dst, src, count, kind);
+                            cudaMemcpyKind kind, cudaStream_t stream) {
+  if (stream == nullptr || !stream->deferred) {
+    return cudaMemcpy(dst, src, count, kind);
+  }
+  // Arguments are checked now, as the runtime does; the bytes move later.
+  const bool dst_dev = kind == cudaMemcpyHostToDevice;
+  const bool src_dev = kind == cudaMemcpyDeviceToHost;
+  if ((kind != cudaMemcpyHostToDevice && kind != cudaMemcpyDeviceToHost) ||
+      dst == nullptr || src == nullptr || !emu::RangeOk(dst, count, dst_dev) ||
+      !emu::RangeOk(src, count, src_dev)) {
+    return emu::SetLastError(cudaErrorInvalidValue);
+  }
+  stream->ops.push_back([=] { std::memmove(dst, src, count); });
+  ++stream->enqueued;
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src,
+                              size_t spitch, size_t width, size_t height,
+                              cudaMemcpyKind kind, cudaStream_t stream) {
+  if (width > dpitch || width > spitch) {
+    return emu::SetLastError(cudaErrorInvalidPitchValue);
+  }
+  for (size_t r = 0; r < height; ++r) {
+    const cudaError_t err = cudaMemcpyAsync(
+        static_cast<char*>(dst) + r * dpitch,
+        static_cast<const char*>(src) + r * spitch, width, kind, stream);
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
 }
 
 cudaError_t cudaMemset(void* dst, int value, size_t count) {
@@ -204,10 +263,20 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream,
   return cudaStreamCreate(stream);
 }
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  if (stream != nullptr) emu::RunQueued(stream, stream->enqueued);
   delete stream;
   return cudaSuccess;
 }
-cudaError_t cudaStreamSynchronize(cudaStream_t /*stream*/) {
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  if (stream != nullptr) emu::RunQueued(stream, stream->enqueued);
+  return cudaSuccess;
+}
+// `stream`'s later work waits for `event`: a synchronous stream runs the
+// event's queued copies now; a deferred one runs them before its own.
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event,
+                                unsigned int /*flags*/) {
+  if (event->stream == nullptr || event->stream == stream) return cudaSuccess;
+  emu::RunQueued(event->stream, event->seq);
   return cudaSuccess;
 }
 cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
@@ -220,11 +289,21 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
   delete event;
   return cudaSuccess;
 }
-cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t /*stream*/) {
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   event->at = std::chrono::steady_clock::now();
+  const bool deferred = stream != nullptr && stream->deferred;
+  event->stream = deferred ? stream : nullptr;
+  event->seq = deferred ? stream->enqueued : 0;
   return cudaSuccess;
 }
-cudaError_t cudaEventSynchronize(cudaEvent_t /*event*/) { return cudaSuccess; }
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  emu::RunQueued(event->stream, event->seq);
+  return cudaSuccess;
+}
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+  return emu::RunQueued(event->stream, event->seq) ? cudaErrorNotReady
+                                                   : cudaSuccess;
+}
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start,
                                  cudaEvent_t end) {
   *ms = std::chrono::duration<float, std::milli>(end->at - start->at).count();

@@ -35,4 +35,8 @@ size_t FuncMaxDynamicSmem(const void* func);
 // A different seed for every launch (deterministic within a process).
 uint64_t NextLaunchSeed();
 
+// Makes `stream`'s copies deferred (runtime.cc): for a copy-only side
+// stream, so that tests see what a missing event wait would read on a GPU.
+void DeferCopies(cudaStream_t stream);
+
 }  // namespace kvserve::cuda_emu
