@@ -502,6 +502,9 @@ absl::StatusOr<KvTierPurge> KvTiers::Purge(
 }
 
 int64_t KvTiers::Flush(absl::Time deadline) {
+  while (pending_host_stores_.load() > 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));  // the engine thread polls them
+  }
   int64_t dropped = 0;
   if (disk_ != nullptr) dropped += disk_->Flush(deadline);
   if (remote_ != nullptr) dropped += remote_->Flush(deadline);

@@ -31,6 +31,7 @@
 #pragma once
 
 #include <cstdint>
+#include <atomic>
 #include <deque>
 #include <future>
 #include <mutex>
@@ -109,7 +110,9 @@ class KvTiers {
   void ReleaseStale(absl::Time now);
   // Copies the newly cached blocks down (after each step's registration).
   void StoreNewlyCached();
-  // Waits for queued stores up to `deadline`; returns the blocks dropped.
+  // Waits for queued stores up to `deadline` (the host cache's copies first:
+  // the engine thread hands them down as they finish); returns the blocks
+  // dropped.
   int64_t Flush(absl::Time deadline);
   // Deletes the stored blocks of a cache scope (and salt within it);
   // nullopt matches any. Any thread: the tiers are thread-safe and the
@@ -222,6 +225,8 @@ class KvTiers {
   HostKvCopier* copier_ = nullptr;  // a device backend's host cache
   std::unique_ptr<kvtier::HostTier> host_;
   std::deque<HostStore> host_stores_;
+  // Its size, for Flush on another thread.
+  std::atomic<int64_t> pending_host_stores_{0};
   int32_t device_loads_ = 0;  // loads with a host copy in flight or queued
   std::unique_ptr<kvtier::DiskTier> disk_;
   std::unique_ptr<kvtier::RemoteTier> remote_;

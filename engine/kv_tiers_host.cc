@@ -139,6 +139,7 @@ void KvTiers::StoreToHost(std::vector<kvcache::CachedBlockRecord> records) {
   }
   slots.resize(c->accepted);
   if (!slots.empty()) host_stores_.push_back({c->ticket, std::move(slots)});
+  pending_host_stores_.store(static_cast<int64_t>(host_stores_.size()));
 }
 
 void KvTiers::PollHostStores() {
@@ -154,6 +155,7 @@ void KvTiers::PollHostStores() {
     }
     host_stores_.pop_front();
   }
+  pending_host_stores_.store(static_cast<int64_t>(host_stores_.size()));
 }
 
 void KvTiers::ApplyHostPurges() {

@@ -37,11 +37,13 @@ NO_DEVICE = ("no CUDA device is visible", "has no CUDA support")
 
 
 class Server(KvserveProcess):
-    def __init__(self, *extra, kv_bytes=str(64 * BLOCK_BYTES)):
+    def __init__(self, *extra, kv_bytes=str(64 * BLOCK_BYTES),
+                 prefix_caching=False):
         super().__init__(ARGS.binary, ARGS.source_dir, "--device", "cuda",
                          "--kv-cache-bytes", kv_bytes, "--max-model-len",
                          "128", "--max-num-batched-tokens", "128",
-                         "--no-prefix-caching", *extra, timeout=900)
+                         *(() if prefix_caching else ("--no-prefix-caching",)),
+                         *extra, timeout=900)
         import grpc
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.grpc_port}")
         self.stub = PB_GRPC.KvServeStub(self.channel)
@@ -65,6 +67,28 @@ class Server(KvserveProcess):
 
     def generate_all(self, prompts):
         return run_concurrently(self.generate, prompts)
+
+    def generate_usage(self, ids, new=4):
+        """(greedy tokens, usage) of one request."""
+        sampling = PB.SamplingParams(temperature=0, max_tokens=new,
+                                     ignore_eos=True)
+        req = PB.GenerateRequest(prompt_token_ids=PB.TokenIds(ids=ids),
+                                 sampling=sampling)
+        out, usage = [], None
+        for msg in self.stub.Generate(req, timeout=900):
+            out.extend(msg.token_ids)
+            if msg.HasField("usage"):
+                usage = msg.usage
+        return out, usage
+
+    def stop(self):
+        """SIGTERM and wait for the exit (its drain flushes the tiers)."""
+        import signal
+        self.channel.close()
+        self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(timeout=300)
+        self.kill()
+        return code
 
 
 class CudaDeviceTest(unittest.TestCase):
@@ -183,6 +207,68 @@ class CudaDeviceTest(unittest.TestCase):
         self.check_swap_keeps_outputs(prompts, reference,
                                       str(10 * INT8_BLOCK_BYTES),
                                       "--kv-cache-dtype", "int8")
+
+    def test_host_cache_and_disk_tier_under_the_device_pool(self):
+        """--kv-host-cache-bytes: a prompt's blocks evicted from a small
+        device pool come back from pinned host slots (copied on the side
+        stream, which the emulator defers: a load used before its copy
+        finished would read stale bytes); the disk tier stages through the
+        host cache, so after a restart the prompt is a disk hit. Every hit
+        gives the greedy tokens of a pool hit, and the usage splits the
+        cached tokens by tier."""
+        import tempfile
+        prompt = token_ids(600, 64)  # 4 full blocks
+        floods = [token_ids(610 + i, 64) for i in range(3)]
+        tmp = tempfile.mkdtemp(prefix="kvserve-cuda-tiers-")
+        disk = os.path.join(tmp, "kv")
+        flags = ("--kv-host-cache-bytes", str(64 * BLOCK_BYTES),
+                 "--kv-disk-cache", disk)
+        server = Server(*flags, kv_bytes=str(12 * BLOCK_BYTES),
+                        prefix_caching=True)
+        try:
+            self.assertIn("64 host cache slots", server.text())
+            cold, usage = server.generate_usage(prompt)
+            self.assertEqual(usage.cached_prompt_tokens, 0)
+            pool_hit, usage = server.generate_usage(prompt)
+            cached = usage.cached_prompt_tokens
+            self.assertGreaterEqual(cached, 48)
+            self.assertEqual(usage.kv.cached_tokens_by_tier.device, cached)
+            self.assertEqual(pool_hit, cold)
+            for f in floods:  # 15 blocks through a 12-block pool
+                server.generate_usage(f)
+            host_hit, usage = server.generate_usage(prompt)
+            split = usage.kv.cached_tokens_by_tier
+            self.assertEqual(usage.cached_prompt_tokens, cached)
+            self.assertGreaterEqual(split.host, 48, str(usage))
+            self.assertEqual(split.host + split.device, cached)
+            self.assertEqual(host_hit, pool_hit)
+            # 16 full blocks computed (4 per prompt), each written to the
+            # host, then from there to the disk.
+            m = server.wait_metrics(lambda m: counter(
+                m, "kvserve_kv_tier_stores_total", tier="disk") >= 16,
+                timeout=120)
+            self.assertEqual(counter(m, "kvserve_kv_blocks", state="active"),
+                             0)
+            self.assertGreaterEqual(
+                counter(m, "kvserve_kv_tier_hits_blocks_total", tier="host"), 3)
+            self.assertGreaterEqual(
+                counter(m, "kvserve_kv_tier_stores_total", tier="host"), 16)
+            self.assertEqual(server.stop(), 0)
+            files = [f for _, _, fs in os.walk(disk) for f in fs]
+            self.assertGreaterEqual(len(files), 4)
+            server = Server(*flags, kv_bytes=str(12 * BLOCK_BYTES),
+                            prefix_caching=True)
+            disk_hit, usage = server.generate_usage(prompt)
+            split = usage.kv.cached_tokens_by_tier
+            self.assertEqual(usage.cached_prompt_tokens, cached)
+            self.assertEqual(split.disk, cached, str(usage))
+            self.assertEqual(disk_hit, pool_hit)
+            m = server.wait_metrics(lambda m: counter(
+                m, "kvserve_kv_blocks", state="active") == 0)
+            self.assertGreaterEqual(
+                counter(m, "kvserve_kv_tier_hits_blocks_total", tier="disk"), 3)
+        finally:
+            server.close()
 
     def test_int8_refuses_a_block_size_it_cannot_align(self):
         """int8 blocks must start 16-byte aligned: --block-size 2 (2 x 3 x
