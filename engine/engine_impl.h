@@ -68,7 +68,8 @@ class Engine::Impl {
       const std::optional<std::string>& cache_salt) {
     if (!tiers_) {
       return absl::FailedPreconditionError(
-          "no KV tiers: start with --kv-disk-cache or --kv-remote-cache");
+          "no KV tiers: start with --kv-host-cache-bytes (cuda), "
+          "--kv-disk-cache or --kv-remote-cache");
     }
     return tiers_->Purge(cache_scope, cache_salt);
   }

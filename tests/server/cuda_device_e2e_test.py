@@ -267,6 +267,21 @@ class CudaDeviceTest(unittest.TestCase):
                 m, "kvserve_kv_blocks", state="active") == 0)
             self.assertGreaterEqual(
                 counter(m, "kvserve_kv_tier_hits_blocks_total", tier="disk"), 3)
+            # The admin purge reaches the host cache (on the engine thread).
+            import json
+            import urllib.request
+            req = urllib.request.Request(
+                f"http://127.0.0.1:{server.http_port}/v1/kv/purge",
+                data=json.dumps({"all": True}).encode(), method="POST",
+                headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=60) as r:
+                purged = json.loads(r.read())["purged"]
+            self.assertGreaterEqual(purged["host"], 4, purged)
+            self.assertGreaterEqual(purged["disk"], 16, purged)
+            m = server.wait_metrics(lambda m: counter(
+                m, "kvserve_kv_tier_blocks", tier="host") == 0)
+            self.assertEqual(counter(m, "kvserve_kv_tier_blocks", tier="host"),
+                             0)
         finally:
             server.close()
 
