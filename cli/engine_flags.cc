@@ -128,7 +128,8 @@ void RegisterPoolFlags(EngineFlags* f, CliArgs* args) {
   args->String("kv-remote-cache", &f->kv_remote_cache,
                "redis://HOST[:PORT][/DB]: a Redis or Valkey that replicas "
                "share KV blocks through, below the pool and the disk (on "
-               "cuda through --kv-host-cache-bytes; no TLS: a private network or a TLS tunnel; needs a "
+               "cuda through --kv-host-cache-bytes; no TLS: a private network "
+               "or a TLS tunnel; needs a "
                "password; default off)");
   args->String("kv-remote-cache-user", &f->kv_remote_cache_user,
                "the ACL user of --kv-remote-cache (default: the default "

@@ -33,7 +33,7 @@ struct EngineFlags {
   std::string kv_disk_cache;
   int64_t kv_disk_cache_bytes = 0;
   int64_t kv_host_cache_bytes = 0;  // --kv-host-cache-bytes
-  std::string kv_remote_cache;  // redis://HOST:PORT[/DB]
+  std::string kv_remote_cache;      // redis://HOST:PORT[/DB]
   std::string kv_remote_cache_user;
   std::string kv_remote_cache_password_file;
   int64_t kv_remote_cache_timeout_ms = 500;

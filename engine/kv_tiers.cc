@@ -109,8 +109,7 @@ absl::StatusOr<std::unique_ptr<KvTiers>> KvTiers::Create(
   t->cipher_ = std::move(cipher);
   if (copier != nullptr) {
     t->copier_ = copier;
-    t->host_ = std::make_unique<kvtier::HostTier>(copier->num_slots(),
-                                                  payload);
+    t->host_ = std::make_unique<kvtier::HostTier>(copier->num_slots(), payload);
   }
   if (!config.disk_dir.empty())
     KV_RETURN_IF_ERROR(t->OpenDisk(config, metrics));
@@ -233,8 +232,8 @@ bool KvTiers::MaybeLoad(std::unique_ptr<scheduler::Request>& r,
   if (m >= full_blocks) return false;
   const std::vector<kvcache::BlockHash> keys =
       kvcache::ChainBlockHashes(tokens.prompt, ns, block, full_blocks);
-  const kvcache::BlockHash parent = m == 0 ? kvcache::kNoParentHash
-                                           : keys[m - 1];
+  const kvcache::BlockHash parent =
+      m == 0 ? kvcache::kNoParentHash : keys[m - 1];
   // The host cache's run first (in memory, verified against the tokens),
   // then the disk's and the remote's.
   std::vector<int32_t> host_run;
@@ -252,8 +251,8 @@ bool KvTiers::MaybeLoad(std::unique_ptr<scheduler::Request>& r,
   const double recompute_block = sc.recompute_seconds_per_token * block;
   const double per_block = loader_->seconds_per_block();
   if (m + kh < full_blocks) {
-    const int32_t below = PlanLoad(absl::MakeConstSpan(keys).subspan(m + kh),
-                                   scope_tag, ns, &kd);
+    const int32_t below =
+        PlanLoad(absl::MakeConstSpan(keys).subspan(m + kh), scope_tag, ns, &kd);
     if (below > 0 && per_block > 0 && recompute_block > 0 &&
         per_block > recompute_block) {
       ++stats_.skipped_slower;
@@ -368,8 +367,8 @@ KvTiers::Ready KvTiers::Finish(RequestId id, Loading& l, int32_t verified,
       tokens.prompt.subspan(static_cast<size_t>(l.first_block) * block));
   stats_.loaded_blocks += registered;
   held_[id] = absl::Now();
-  const auto kh = std::min(registered,
-                           static_cast<int32_t>(l.host_slots.size()));
+  const auto kh =
+      std::min(registered, static_cast<int32_t>(l.host_slots.size()));
   const int32_t from_disk = std::min(registered - kh, l.disk_blocks);
   // What the remote brought in goes to the disk too (on a device, the host
   // cache hands it down when it commits).
@@ -415,10 +414,11 @@ std::shared_ptr<std::vector<uint8_t>> KvTiers::PayloadOfBlock(
   return payload;
 }
 
-kvtier::StoreItem KvTiers::ItemOf(
-    std::shared_ptr<std::vector<uint8_t>> payload, kvcache::BlockHash key,
-    kvcache::BlockHash parent, kvcache::BlockHash ns, uint64_t scope_tag,
-    std::vector<int32_t> tokens) const {
+kvtier::StoreItem KvTiers::ItemOf(std::shared_ptr<std::vector<uint8_t>> payload,
+                                  kvcache::BlockHash key,
+                                  kvcache::BlockHash parent,
+                                  kvcache::BlockHash ns, uint64_t scope_tag,
+                                  std::vector<int32_t> tokens) const {
   kvtier::StoreItem item;
   item.header.salt = salt_;
   item.header.fingerprint = format_.fingerprint;
@@ -487,8 +487,7 @@ absl::StatusOr<KvTierPurge> KvTiers::Purge(
       host_purges_.push_back(purge);
     }
     wake_();
-    if (blocks.wait_for(std::chrono::seconds(5)) !=
-        std::future_status::ready) {
+    if (blocks.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
       return absl::UnavailableError(
           "the engine did not purge its host KV cache within 5 s; try again");
     }

@@ -30,13 +30,13 @@
 // keys are the tier keys. Engine thread only, but for the wake callback.
 #pragma once
 
-#include <cstdint>
 #include <atomic>
+#include <cstdint>
 #include <deque>
-#include <future>
-#include <mutex>
 #include <functional>
+#include <future>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -200,10 +200,8 @@ class KvTiers {
   // A block's bytes as a tier's store item.
   [[nodiscard]] kvtier::StoreItem ItemOf(
       std::shared_ptr<std::vector<uint8_t>> payload, kvcache::BlockHash key,
-                                         kvcache::BlockHash parent,
-                                         kvcache::BlockHash ns,
-                                         uint64_t scope_tag,
-                                         std::vector<int32_t> tokens) const;
+      kvcache::BlockHash parent, kvcache::BlockHash ns, uint64_t scope_tag,
+      std::vector<int32_t> tokens) const;
 
   const KvTierConfig config_;
   const ModelBackend& backend_;

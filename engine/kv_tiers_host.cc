@@ -34,8 +34,7 @@ bool KvTiers::StartDeviceLoad(Loading& l, kvtier::LoadJob& job,
   // evict a host block; a speculative remote read takes free slots only.
   for (size_t i = 0; i < job.blocks.size(); ++i) {
     kvtier::LoadBlock& b = job.blocks[i];
-    kvtier::HostTier::Entry e{b.key, b.parent, job.ns, job.scope_tag,
-                              b.tokens};
+    kvtier::HostTier::Entry e{b.key, b.parent, job.ns, job.scope_tag, b.tokens};
     const std::optional<int32_t> s =
         host_->Reserve(std::move(e), /*evict=*/!b.remote);
     if (!s.has_value()) {
@@ -47,8 +46,8 @@ bool KvTiers::StartDeviceLoad(Loading& l, kvtier::LoadJob& job,
     b.dst = {{copier_->slot(*s), static_cast<size_t>(format_.payload_bytes)}};
     l.staged.push_back(*s);
   }
-  l.disk_blocks = std::min(l.disk_blocks,
-                           static_cast<int32_t>(job.blocks.size()));
+  l.disk_blocks =
+      std::min(l.disk_blocks, static_cast<int32_t>(job.blocks.size()));
   if (l.host_slots.empty() && job.blocks.empty()) return false;
   std::vector<HostKvCopier::Move> moves;
   for (size_t i = 0; i < l.host_slots.size(); ++i) {
@@ -106,8 +105,7 @@ void KvTiers::TakeDeviceReady(std::vector<Ready>* ready) {
     --device_loads_;
     for (const int32_t s : l.host_slots) host_->Unpin(s);
     for (const int32_t s : l.staged) host_->Unpin(s);
-    const auto verified =
-        static_cast<int32_t>(l.host_slots.size()) + l.loaded;
+    const auto verified = static_cast<int32_t>(l.host_slots.size()) + l.loaded;
     ready->push_back(
         Finish(id, l, verified, absl::ToDoubleSeconds(absl::Now() - l.start)));
   }

@@ -1,6 +1,6 @@
 // Prometheus metrics of the KV tiers, one series per tier (tier="host",
-// "disk", "remote"): occupancy, health, hits, misses by reason, stores and dropped
-// stores by reason, evictions, errors, store latency; and of the loads,
+// "disk", "remote"): occupancy, health, hits, misses by reason, stores and
+// dropped stores by reason, evictions, errors, store latency; and of the loads,
 // which span the tiers: requests loading, loads, loaded blocks, loads
 // skipped, load latency. Publish turns KvTiers' cumulative counts into
 // counter increments; the engine thread calls it, the HTTP thread collects.

@@ -138,10 +138,10 @@ absl::Status HostTier::CheckInvariants() const {
   if (static_cast<int64_t>(free_.size()) + pending + ready_ != n ||
       static_cast<int64_t>(lru_.size()) != ready_ ||
       static_cast<int64_t>(map_.size()) != pending + ready_) {
-    return absl::InternalError(absl::StrCat(
-        "host tier: ", free_.size(), " free + ", pending, " pending + ",
-        ready_, " ready of ", n, " slots; ", lru_.size(), " in LRU, ",
-        map_.size(), " keys"));
+    return absl::InternalError(
+        absl::StrCat("host tier: ", free_.size(), " free + ", pending,
+                     " pending + ", ready_, " ready of ", n, " slots; ",
+                     lru_.size(), " in LRU, ", map_.size(), " keys"));
   }
   return absl::OkStatus();
 }

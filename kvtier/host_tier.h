@@ -47,7 +47,9 @@ class HostTier {
   void Commit(int32_t slot);
   // The copy did not happen or did not verify: the slot is free again.
   void Abandon(int32_t slot);
-  void DropStore(DropReason why) { ++stats_.stores_dropped[static_cast<int>(why)]; }
+  void DropStore(DropReason why) {
+    ++stats_.stores_dropped[static_cast<int>(why)];
+  }
 
   // The run of ready blocks for `keys` (a chain starting after `parent`),
   // whose token ids are `tokens` (block_size each, the first key's first),

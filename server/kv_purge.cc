@@ -50,11 +50,10 @@ absl::StatusOr<KvPurgeRequest> ParseKvPurge(absl::string_view body) {
 }
 
 std::string KvPurgeJson(const engine::KvTierPurge& p) {
-  return json{
-      {"purged",
-       {{"host", p.host_blocks},
-        {"disk", p.disk_blocks},
-        {"remote", p.remote_blocks}}}}
+  return json{{"purged",
+               {{"host", p.host_blocks},
+                {"disk", p.disk_blocks},
+                {"remote", p.remote_blocks}}}}
       .dump();
 }
 

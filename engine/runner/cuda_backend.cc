@@ -137,9 +137,7 @@ class CudaBackend final : public ModelBackend {
   // The KV tiers' keys: the bytes a block holds are the kernels' (bf16,
   // e4m3, q8_0 values then scales), per layer its K then its V block.
   std::string kv_numerics_version() const override { return "cuda-kv-1"; }
-  std::string kv_layout_version() const override {
-    return "cuda-planes-1";
-  }
+  std::string kv_layout_version() const override { return "cuda-planes-1"; }
 
  private:
   CudaBackend() = default;
@@ -302,12 +300,10 @@ absl::Status CudaBackend::AllocateHostCache(const BackendConfig& config) {
   // Before the KV blocks: the budget from free memory then counts the
   // staging; the copier reads kv_ when it copies.
   KV_ASSIGN_OR_RETURN(
-      host_cache_,
-      CreateCudaHostCopier(&kv_, 2 * model_->config().num_layers,
-                           block_bytes_,
-                           static_cast<int32_t>(std::min<int64_t>(
-                               slots, 1 << 30)),
-                           model_->stream()));
+      host_cache_, CreateCudaHostCopier(
+                       &kv_, 2 * model_->config().num_layers, block_bytes_,
+                       static_cast<int32_t>(std::min<int64_t>(slots, 1 << 30)),
+                       model_->stream()));
   return absl::OkStatus();
 }
 

@@ -70,7 +70,8 @@ class CudaHostCopier final : public HostKvCopier {
     cuda_emu::DeferCopies(copy_);
 #endif
     KV_CUDA_RETURN_IF_ERROR(cudaEventCreate(&mark_));
-    for (cudaEvent_t& e : gathered_) KV_CUDA_RETURN_IF_ERROR(cudaEventCreate(&e));
+    for (cudaEvent_t& e : gathered_)
+      KV_CUDA_RETURN_IF_ERROR(cudaEventCreate(&e));
     return absl::OkStatus();
   }
 
@@ -104,10 +105,10 @@ class CudaHostCopier final : public HostKvCopier {
       KV_CUDA_RETURN_IF_ERROR(cudaEventRecord(gathered_[r], model_));
       KV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_, gathered_[r], 0));
       for (int32_t i = 0; i < cn; ++i) {
-        KV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
-            slot(moves[c.accepted + i].dst),
-            staging + (first + i) * bytes_per_block_, bytes_per_block_,
-            cudaMemcpyDeviceToHost, copy_));
+        KV_CUDA_RETURN_IF_ERROR(
+            cudaMemcpyAsync(slot(moves[c.accepted + i].dst),
+                            staging + (first + i) * bytes_per_block_,
+                            bytes_per_block_, cudaMemcpyDeviceToHost, copy_));
       }
       KV_ASSIGN_OR_RETURN(region_ticket_[r], Record());
       c.ticket = region_ticket_[r];
@@ -166,10 +167,10 @@ class CudaHostCopier final : public HostKvCopier {
       const int32_t block = to_host ? m.src : m.dst;
       const int32_t s = to_host ? m.dst : m.src;
       if (block < 0 || block >= kv_->num_blocks || s < 0 || s >= slots_) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            to_host ? "CopyToHost" : "CopyFromHost", ": block ", block,
-            " / host slot ", s, " outside [0, ", kv_->num_blocks, ") / [0, ",
-            slots_, ")"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(to_host ? "CopyToHost" : "CopyFromHost", ": block ",
+                         block, " / host slot ", s, " outside [0, ",
+                         kv_->num_blocks, ") / [0, ", slots_, ")"));
       }
     }
     return absl::OkStatus();
@@ -220,9 +221,9 @@ int64_t CudaHostCopierStagingBytes(int64_t bytes_per_block, int32_t slots) {
 absl::StatusOr<std::unique_ptr<HostKvCopier>> CreateCudaHostCopier(
     const mc::CudaKvCache* kv, int num_planes, int64_t block_bytes,
     int32_t slots, void* model_stream) {
-  auto c = std::make_unique<CudaHostCopier>(
-      kv, num_planes, block_bytes, slots,
-      static_cast<cudaStream_t>(model_stream));
+  auto c =
+      std::make_unique<CudaHostCopier>(kv, num_planes, block_bytes, slots,
+                                       static_cast<cudaStream_t>(model_stream));
   KV_RETURN_IF_ERROR(c->Init());
   return std::unique_ptr<HostKvCopier>(std::move(c));
 }

@@ -114,9 +114,7 @@ class ModelBackend {
   [[nodiscard]] virtual std::string kv_layout_version() const { return ""; }
   // Where the KV is in device memory: its host cache and the copies to and
   // from it (null without --kv-host-cache-bytes, and on host backends).
-  [[nodiscard]] virtual HostKvCopier* host_kv_copier() const {
-    return nullptr;
-  }
+  [[nodiscard]] virtual HostKvCopier* host_kv_copier() const { return nullptr; }
 };
 
 // Builds the backend for `config.device` ("auto": CUDA when the build has it

@@ -55,8 +55,7 @@ TEST(CudaHostCopier, RoundTripsBlocksThroughPinnedSlots) {
   ASSERT_EQ(cudaMemcpy(kv_mem.as<void>(), init.data(), init.size(),
                        cudaMemcpyHostToDevice),
             cudaSuccess);
-  mc::CudaKvCache kv{kBlocks, 16, kv_mem.as<void>(), plane,
-                     mc::KvElem::kBf16};
+  mc::CudaKvCache kv{kBlocks, 16, kv_mem.as<void>(), plane, mc::KvElem::kBf16};
   cudaStream_t model = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&model, cudaStreamNonBlocking),
             cudaSuccess);

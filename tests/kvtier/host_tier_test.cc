@@ -16,7 +16,10 @@ Key K(uint64_t i) { return absl::MakeUint128(i, i + 1); }
 
 HostTier::Entry E(uint64_t i, uint64_t scope = 7) {
   // Block i of the chain 1, 2, 3...: parent i - 1, tokens {i, i}.
-  return {K(i), i == 1 ? Key{0} : K(i - 1), Key{99}, scope,
+  return {K(i),
+          i == 1 ? Key{0} : K(i - 1),
+          Key{99},
+          scope,
           {static_cast<int32_t>(i), static_cast<int32_t>(i)}};
 }
 
@@ -97,7 +100,7 @@ TEST(HostTierTest, EvictsLeastRecentlyUsedUnpinned) {
   EXPECT_FALSE(t.Reserve(E(5), false).has_value());
   t.Unpin(a);
   EXPECT_FALSE(t.Reserve(E(5), false).has_value());  // no free slot
-  EXPECT_TRUE(t.Reserve(E(5), true).has_value());     // evicts block 1
+  EXPECT_TRUE(t.Reserve(E(5), true).has_value());    // evicts block 1
   EXPECT_FALSE(t.Contains(K(1)));
   t.Abandon(*c);
   EXPECT_FALSE(t.Contains(K(3)));
