@@ -68,6 +68,7 @@ struct KvTierConfig {
 
 // What PurgeKvTiers deleted, per tier.
 struct KvTierPurge {
+  int64_t device_blocks = 0;  // unreferenced cached blocks of the pool
   int64_t host_blocks = 0;
   int64_t disk_blocks = 0;
   int64_t remote_blocks = 0;

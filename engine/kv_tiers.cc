@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -334,10 +335,8 @@ bool KvTiers::MaybeLoad(std::unique_ptr<scheduler::Request>& r,
 std::vector<KvTiers::Ready> KvTiers::TakeReady() {
   std::vector<Ready> ready;
   if (loader_ == nullptr) return ready;
-  if (copier_ != nullptr) {
-    PollHostStores();
-    ApplyHostPurges();
-  }
+  if (copier_ != nullptr) PollHostStores();
+  ApplyEnginePurges();
   for (const kvtier::LoadResult& res : loader_->TakeDone()) {
     auto it = loading_.find(res.id);
     if (it == loading_.end()) continue;
@@ -477,27 +476,51 @@ absl::StatusOr<KvTierPurge> KvTiers::Purge(
     }
   }
   KvTierPurge p;
-  if (host_ != nullptr) {
-    auto purge = std::make_shared<HostPurge>();
+  {
+    auto purge = std::make_shared<EnginePurge>();
     purge->scope_tag = scope_tag;
     purge->salt_tag = salt_tag;
-    std::future<int64_t> blocks = purge->blocks.get_future();
+    std::future<std::pair<int64_t, int64_t>> blocks =
+        purge->blocks.get_future();
     {
       std::lock_guard<std::mutex> lock(purge_mu_);
-      host_purges_.push_back(purge);
+      engine_purges_.push_back(purge);
     }
     wake_();
     if (blocks.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
       return absl::UnavailableError(
-          "the engine did not purge its host KV cache within 5 s; try again");
+          "the engine did not purge its KV pool within 5 s; try again");
     }
-    p.host_blocks = blocks.get();
+    std::tie(p.device_blocks, p.host_blocks) = blocks.get();
   }
   if (disk_ != nullptr) p.disk_blocks = disk_->Purge(scope_tag, salt_tag);
   if (remote_ != nullptr) {
     KV_ASSIGN_OR_RETURN(p.remote_blocks, remote_->Purge(scope_tag, salt_tag));
   }
   return p;
+}
+
+void KvTiers::ApplyEnginePurges() {
+  std::vector<std::shared_ptr<EnginePurge>> purges;
+  {
+    std::lock_guard<std::mutex> lock(purge_mu_);
+    purges.swap(engine_purges_);
+  }
+  for (const std::shared_ptr<EnginePurge>& p : purges) {
+    // The pool knows namespaces only: their scope tags are the ones seen.
+    auto match = [&](kvcache::BlockHash ns) {
+      if (p->salt_tag.has_value() && kvtier::SaltTag(ns) != *p->salt_tag) {
+        return false;
+      }
+      if (!p->scope_tag.has_value()) return true;
+      auto it = scope_tags_.find(ns);
+      return it != scope_tags_.end() && it->second == *p->scope_tag;
+    };
+    const int64_t pool = scheduler_->kv_cache_for_tiers().PurgeCached(match);
+    const int64_t host =
+        host_ == nullptr ? 0 : host_->Purge(p->scope_tag, p->salt_tag);
+    p->blocks.set_value({pool, host});
+  }
 }
 
 int64_t KvTiers::Flush(absl::Time deadline) {

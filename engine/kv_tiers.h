@@ -114,9 +114,10 @@ class KvTiers {
   // the engine thread hands them down as they finish); returns the blocks
   // dropped.
   int64_t Flush(absl::Time deadline);
-  // Deletes the stored blocks of a cache scope (and salt within it);
-  // nullopt matches any. Any thread: the tiers are thread-safe and the
-  // tags depend only on the salt.
+  // Deletes the stored blocks of a cache scope (and salt within it), and
+  // makes the pool's unreferenced blocks of it unfindable; nullopt matches
+  // any. Any thread: the disk and remote tiers are thread-safe, and the
+  // pool's and host cache's part waits for the engine thread (up to 5 s).
   [[nodiscard]] absl::StatusOr<KvTierPurge> Purge(
       const std::optional<std::string>& cache_scope,
       const std::optional<std::string>& cache_salt) const;
@@ -210,15 +211,15 @@ class KvTiers {
   const std::string model_id_;
   scheduler::Scheduler* scheduler_ = nullptr;
   std::shared_ptr<const kvtier::BlockCipher> cipher_;  // null: not sealed
-  // Purges of the host cache (engine thread only) asked from other threads:
-  // applied by TakeReady.
-  struct HostPurge {
+  // The pool's and the host cache's part of purges asked from other
+  // threads (both are engine thread only): applied by TakeReady.
+  struct EnginePurge {
     std::optional<uint64_t> scope_tag, salt_tag;
-    std::promise<int64_t> blocks;
+    std::promise<std::pair<int64_t, int64_t>> blocks;  // pool, host
   };
-  void ApplyHostPurges();
+  void ApplyEnginePurges();
   mutable std::mutex purge_mu_;
-  mutable std::vector<std::shared_ptr<HostPurge>> host_purges_;
+  mutable std::vector<std::shared_ptr<EnginePurge>> engine_purges_;
   std::function<void()> wake_;
   HostKvCopier* copier_ = nullptr;  // a device backend's host cache
   std::unique_ptr<kvtier::HostTier> host_;

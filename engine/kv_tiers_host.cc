@@ -156,15 +156,4 @@ void KvTiers::PollHostStores() {
   pending_host_stores_.store(static_cast<int64_t>(host_stores_.size()));
 }
 
-void KvTiers::ApplyHostPurges() {
-  std::vector<std::shared_ptr<HostPurge>> purges;
-  {
-    std::lock_guard<std::mutex> lock(purge_mu_);
-    purges.swap(host_purges_);
-  }
-  for (const std::shared_ptr<HostPurge>& p : purges) {
-    p->blocks.set_value(host_->Purge(p->scope_tag, p->salt_tag));
-  }
-}
-
 }  // namespace kvserve::engine

@@ -104,6 +104,16 @@ void BlockPool::Pin(BlockId block) {
   ++m.ref_count;
 }
 
+bool BlockPool::Uncache(BlockId block) {
+  CheckId(block);
+  BlockMeta& m = blocks_[block];
+  if (m.ref_count != 0 || !m.has_hash) return false;
+  m.has_hash = false;  // lazy deletion, as in Allocate
+  --num_cached_evictable_;
+  reuses_[block] = 0;
+  return true;
+}
+
 bool BlockPool::CacheBlock(BlockId block, BlockHash hash) {
   CheckId(block);
   BlockMeta& m = blocks_[block];

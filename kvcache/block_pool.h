@@ -142,6 +142,11 @@ class BlockPool {
   // `block` is active and has no hash (KV_CHECKed).
   bool CacheBlock(BlockId block, BlockHash hash);
 
+  // Drops the hash of evictable cached block `block` (a purge): it becomes
+  // plain free where it is in the queue, no longer findable. False, with
+  // nothing changed, for a block that is not cached with ref 0.
+  bool Uncache(BlockId block);
+
   // The block caching `hash`, active or evictable; nullopt when none
   // (including when the map entry for `hash` is stale). O(1), no side effect.
   // NOTE: callers must compare the block's tokens too: equal hashes do not

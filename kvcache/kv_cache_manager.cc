@@ -354,6 +354,20 @@ int32_t KvCacheManager::FinishLoad(int64_t load, int32_t verified,
   return registered;
 }
 
+int32_t KvCacheManager::PurgeCached(
+    absl::FunctionRef<bool(BlockHash ns)> match) {
+  int32_t dropped = 0;
+  for (BlockId b = 0; b < pool_.num_blocks(); ++b) {
+    if (pool_.ref_count_unchecked(b) != 0) continue;
+    const std::optional<BlockHash> ns = index_.live_ns(b);
+    if (!ns.has_value() || !match(*ns)) continue;
+    (void)pool_.Uncache(b);
+    index_.Invalidate(b);
+    ++dropped;
+  }
+  return dropped;
+}
+
 void KvCacheManager::ReleaseLoad(int64_t load) {
   owner_.CheckOwner("KvCacheManager");
   auto it = loads_.find(load);

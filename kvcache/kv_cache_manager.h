@@ -283,6 +283,11 @@ class KvCacheManager {
   // Releases every block `load` holds, the last first (cached ones become
   // evictable). No-op for an unknown `load`.
   void ReleaseLoad(int64_t load);
+  // A purge: every unreferenced block whose content is findable (a cached
+  // full block, or a tail) under a namespace `match` accepts stops being
+  // findable. Blocks in use are left to their requests. Returns how many
+  // were dropped. O(num_blocks).
+  int32_t PurgeCached(absl::FunctionRef<bool(BlockHash ns)> match);
   [[nodiscard]] int32_t num_loads() const {
     return static_cast<int32_t>(loads_.size());
   }

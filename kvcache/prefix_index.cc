@@ -60,6 +60,18 @@ bool PrefixIndex::Matches(BlockId block, BlockHash parent, BlockHash ns,
   return std::equal(tokens.begin(), tokens.end(), stored);
 }
 
+std::optional<BlockHash> PrefixIndex::live_ns(BlockId block) const {
+  if (content_len_[block] == 0) return std::nullopt;
+  const Content& c = content_[block];
+  auto it = children_.find(Key{c.parent, c.ns});
+  if (it == children_.end()) return std::nullopt;
+  const Child& child = it->second.entries[child_pos_[block]];
+  if (child.block != block || child.generation != generation_[block]) {
+    return std::nullopt;
+  }
+  return c.ns;
+}
+
 std::pair<BlockId, int32_t> PrefixIndex::LongestStart(
     BlockHash parent, BlockHash ns, absl::Span<const int32_t> want) const {
   auto it = children_.find(Key{parent, ns});

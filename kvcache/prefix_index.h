@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -48,6 +49,10 @@ class PrefixIndex {
   // many tokens it shares; {kNoBlock, 0} when none shares one.
   [[nodiscard]] std::pair<BlockId, int32_t> LongestStart(
       BlockHash parent, BlockHash ns, absl::Span<const int32_t> want) const;
+
+  // The namespace of `block`'s entry while it is valid (not handed out
+  // since it was indexed); nullopt otherwise.
+  [[nodiscard]] std::optional<BlockHash> live_ns(BlockId block) const;
 
   // Tokens `block`'s entry holds (0: not indexed).
   [[nodiscard]] int32_t content_len(BlockId block) const {

@@ -51,7 +51,8 @@ absl::StatusOr<KvPurgeRequest> ParseKvPurge(absl::string_view body) {
 
 std::string KvPurgeJson(const engine::KvTierPurge& p) {
   return json{{"purged",
-               {{"host", p.host_blocks},
+               {{"device", p.device_blocks},
+                {"host", p.host_blocks},
                 {"disk", p.disk_blocks},
                 {"remote", p.remote_blocks}}}}
       .dump();

@@ -17,7 +17,11 @@
 #include "models/cuda/kernels.h"
 #include "spdlog/spdlog.h"
 #ifdef KVSERVE_CUDA_EMU
-#include "tests/support/cuda_emu/state.h"
+// The SIMT emulator's hook (declared in tests/support/cuda_emu/state.h,
+// which the product may not include): defers `stream`'s copies.
+namespace kvserve::cuda_emu {
+void DeferCopies(cudaStream_t stream);
+}  // namespace kvserve::cuda_emu
 #endif
 
 namespace kvserve::engine {

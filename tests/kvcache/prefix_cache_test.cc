@@ -254,12 +254,12 @@ TEST_F(PrefixCacheTest, ForkedChildKeepsHashingFromParent) {
 // Request 1 computes all of `prompt`, registers its full blocks and its
 // partial last block, and ends.
 void ServeAndEnd(KvCacheManager& kv, RequestId id,
-                 const std::vector<int32_t>& prompt) {
-  const PrefixMatch m = kv.FindCachedPrefix(Seq(prompt), kNs);
+                 const std::vector<int32_t>& prompt, BlockHash ns = kNs) {
+  const PrefixMatch m = kv.FindCachedPrefix(Seq(prompt), ns);
   std::vector<BlockMove> copies;
   ASSERT_TRUE(kv.AllocateWithPrefix(id, m, prompt.size(), &copies));
-  kv.CacheComputedBlocks(id, Seq(prompt), prompt.size(), kNs);
-  kv.CachePartialBlock(id, Seq(prompt), prompt.size(), kNs);
+  kv.CacheComputedBlocks(id, Seq(prompt), prompt.size(), ns);
+  kv.CachePartialBlock(id, Seq(prompt), prompt.size(), ns);
   kv.Free(id);
   kv.ReleasePinned();
 }
@@ -332,6 +332,29 @@ TEST_F(PrefixCacheTest, AReallocatedTailIsNoLongerHit) {
   const PrefixMatch m = kv_.FindCachedPrefix(Seq(Iota(0, 10)), kNs);
   EXPECT_EQ(m.tail_block, kNoBlock);
   EXPECT_EQ(m.num_tokens, 0);  // the full blocks were evicted too
+  ASSERT_INVARIANTS(kv_);
+}
+
+TEST_F(PrefixCacheTest, APurgeDropsOneNamespacesUnreferencedBlocks) {
+  const BlockHash salted = NamespaceHash("model", "salt");
+  ServeAndEnd(kv_, 1, Iota(0, 10), kNs);     // 2 full blocks and a tail
+  ServeAndEnd(kv_, 2, Iota(0, 10), salted);  // the same under a salt
+  const std::vector<int32_t> live = Iota(100, 8);
+  Prefill(kv_, 3, live, kNs);  // held by a running request
+  ASSERT_EQ(kv_.FindCachedPrefix(Seq(Iota(0, 10)), kNs).num_tokens, 9);
+  const int32_t dropped =
+      kv_.PurgeCached([&](BlockHash ns) { return ns == kNs; });
+  EXPECT_EQ(dropped, 3);
+  ASSERT_INVARIANTS(kv_);
+  const PrefixMatch gone = kv_.FindCachedPrefix(Seq(Iota(0, 10)), kNs);
+  EXPECT_EQ(gone.num_tokens, 0);
+  EXPECT_EQ(gone.tail_block, kNoBlock);
+  EXPECT_EQ(kv_.FindCachedPrefix(Seq(Iota(0, 10)), salted).num_tokens, 9);
+  // Blocks in use stay (and stay findable for their namespace).
+  EXPECT_EQ(kv_.FindCachedPrefix(Seq(Concat(live, {1})), kNs).num_tokens, 8);
+  EXPECT_EQ(kv_.PurgeCached([](BlockHash) { return true; }), 3);
+  EXPECT_EQ(kv_.FindCachedPrefix(Seq(Iota(0, 10)), salted).num_tokens, 0);
+  EXPECT_EQ(kv_.pool().num_cached_evictable(), 0);
   ASSERT_INVARIANTS(kv_);
 }
 

@@ -259,6 +259,10 @@ class RemoteTierTest(unittest.TestCase):
             n1 = out["purged"]["remote"]
             self.assertGreaterEqual(n1, 18)
             self.assertEqual(out["purged"]["disk"], n1)
+            # The pool's unreferenced blocks of the salt go too: 19 full
+            # blocks and the tail of prompt and reply, not the other salt's.
+            self.assertEqual(out["purged"]["host"], 0)
+            self.assertTrue(18 <= out["purged"]["device"] <= 20, out)
             keys = self.redis.cli("--scan", "--pattern", "kvserve:v1:*")
             self.assertEqual(len(keys.split()), stored - n1)
             code, out = a.purge({"all": True})
@@ -266,6 +270,11 @@ class RemoteTierTest(unittest.TestCase):
             self.assertEqual(out["purged"]["remote"], stored - n1)
             self.assertEqual(self.redis.cli("--scan", "--pattern",
                                             "kvserve:v1:*").split(), [])
+            self.assertTrue(18 <= out["purged"]["device"] <= 20, out)
+            # Purged everywhere: the prompt is computed again.
+            _, usage = a.complete(PROMPT, cache_salt="s1")
+            self.assertEqual(usage["prompt_tokens_details"]["cached_tokens"],
+                             0, usage)
             for bad, field in (({"all": True, "tenant": "x"}, "exactly one"),
                                ({"all": True, "cache_salt": "s"},
                                 "cache_salt"),
