@@ -115,9 +115,18 @@ void KvTiers::StoreToHost(std::vector<kvcache::CachedBlockRecord> records) {
   PollHostStores();
   std::vector<HostKvCopier::Move> moves;
   std::vector<int32_t> slots;
+  // What the staging cannot take now is dropped before it takes a slot
+  // (and evicts a block for nothing).
+  const int32_t room = records.empty() ? 0 : copier_->store_capacity();
   for (kvcache::CachedBlockRecord& rec : records) {
     auto tag = scope_tags_.find(rec.ns);
     if (tag == scope_tags_.end()) continue;  // a namespace no longer known
+    if (static_cast<int32_t>(moves.size()) >= room) {
+      if (!host_->Contains(rec.key)) {
+        host_->DropStore(kvtier::DropReason::kQueueFull);
+      }
+      continue;
+    }
     const std::optional<int32_t> s = host_->Reserve(
         {rec.key, rec.parent, rec.ns, tag->second, std::move(rec.tokens)},
         /*evict=*/true);

@@ -122,6 +122,16 @@ class CudaHostCopier final : public HostKvCopier {
     return c;
   }
 
+  int32_t store_capacity() override {
+    int32_t n = 0;
+    for (int i = 0; i < kRegions; ++i) {
+      const int r = (next_region_ + i) % kRegions;
+      if (region_ticket_[r] != 0 && !CopyDone(region_ticket_[r])) break;
+      n += region_blocks_;
+    }
+    return n;
+  }
+
   absl::StatusOr<Copy> CopyFromHost(absl::Span<const Move> moves) override {
     KV_RETURN_IF_ERROR(Check(moves, /*to_host=*/false));
     if (moves.empty()) return Copy{last_ticket_, 0};

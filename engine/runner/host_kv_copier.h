@@ -47,6 +47,8 @@ class HostKvCopier {
   // in flight. Errors are the device's (fatal to the backend).
   [[nodiscard]] virtual absl::StatusOr<Copy> CopyToHost(
       absl::Span<const Move> moves) = 0;
+  // How many blocks CopyToHost would accept now (its free staging).
+  [[nodiscard]] virtual int32_t store_capacity() = 0;
   // Starts copies of slots into blocks (always accepts all).
   [[nodiscard]] virtual absl::StatusOr<Copy> CopyFromHost(
       absl::Span<const Move> moves) = 0;

@@ -102,6 +102,7 @@ TEST(CudaHostCopier, RoundTripsBlocksThroughPinnedSlots) {
     EXPECT_FALSE(copier.CopyFromHost({{6, 0}}).ok());
 #ifdef KVSERVE_CUDA_EMU
     // Four staging regions, none polled: the fifth store is refused.
+    EXPECT_EQ(copier.store_capacity(), 4 * 6);
     int accepted = 0;
     for (int i = 0; i < 5; ++i) {
       auto r = copier.CopyToHost({{i, i}});
@@ -109,6 +110,7 @@ TEST(CudaHostCopier, RoundTripsBlocksThroughPinnedSlots) {
       accepted += r->accepted;
     }
     EXPECT_EQ(accepted, 4);
+    EXPECT_LT(copier.store_capacity(), 4 * 6);  // regions still busy
 #endif
     ASSERT_TRUE(copier.WaitAll().ok());
   }
