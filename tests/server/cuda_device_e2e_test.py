@@ -82,13 +82,8 @@ class Server(KvserveProcess):
         return out, usage
 
     def stop(self):
-        """SIGTERM and wait for the exit (its drain flushes the tiers)."""
-        import signal
         self.channel.close()
-        self.proc.send_signal(signal.SIGTERM)
-        code = self.proc.wait(timeout=300)
-        self.kill()
-        return code
+        return self.terminate(timeout=300)
 
 
 class CudaDeviceTest(unittest.TestCase):

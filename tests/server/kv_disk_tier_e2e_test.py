@@ -54,9 +54,7 @@ class Server(KvserveProcess):
     def stop(self):
         """SIGTERM and wait for the exit (its drain flushes the tier)."""
         self.channel.close()
-        self.proc.send_signal(signal.SIGTERM)
-        self.assertexit = self.proc.wait(timeout=60)
-        self.kill()
+        self.assertexit = self.terminate(timeout=60)
 
     def generate(self, ids, max_tokens=6):
         req = PB.GenerateRequest(

@@ -24,7 +24,6 @@ the recorded run is KVSERVE_FUZZ_REQUESTS=10000 KVSERVE_FUZZ_USERS=200.
 import os
 import random
 import shutil
-import signal
 import sys
 import tempfile
 import threading
@@ -98,10 +97,7 @@ class Daemon(KvserveProcess):
 
     def stop(self):
         self.channel.close()
-        self.proc.send_signal(signal.SIGTERM)
-        code = self.proc.wait(timeout=120)
-        self.kill()
-        return code
+        return self.terminate()
 
 
 def common_prefix(a, b):

@@ -23,7 +23,6 @@ recorded run is KVSERVE_SOAK_SECONDS=1800.
 import os
 import random
 import shutil
-import signal
 import sys
 import tempfile
 import threading
@@ -71,10 +70,7 @@ class Server(KvserveProcess):
 
     def stop(self):
         self.channel.close()
-        self.proc.send_signal(signal.SIGTERM)
-        code = self.proc.wait(timeout=120)
-        self.kill()
-        return code
+        return self.terminate()
 
 
 class SoakTest(unittest.TestCase):

@@ -6,6 +6,7 @@ import argparse
 import os
 import re
 import socket
+import signal
 import subprocess
 import sys
 import tempfile
@@ -179,6 +180,14 @@ class KvserveProcess:
         self.proc.wait()
         self.reader.join(timeout=10)  # EOF follows the exit
         self.proc.stdout.close()
+
+    def terminate(self, timeout=120):
+        """SIGTERM (the drain flushes the KV tiers), waits for the exit;
+        returns its code."""
+        self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(timeout=timeout)
+        self.kill()
+        return code
 
     def metrics(self):
         """One scrape of /metrics (plain HTTP), parsed."""
