@@ -20,7 +20,8 @@ import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kvserve_process import (KvserveProcess, counter,  # noqa: E402
+from kvserve_process import (KvserveProcess, RedisServer,  # noqa: E402
+                             counter,
                              run_concurrently, run_unittests, token_ids)
 
 ARGS = None
@@ -203,21 +204,28 @@ class CudaDeviceTest(unittest.TestCase):
                                       str(10 * INT8_BLOCK_BYTES),
                                       "--kv-cache-dtype", "int8")
 
-    def test_host_cache_and_disk_tier_under_the_device_pool(self):
+    def test_host_cache_and_lower_tiers_under_the_device_pool(self):
         """--kv-host-cache-bytes: a prompt's blocks evicted from a small
         device pool come back from pinned host slots (copied on the side
         stream, which the emulator defers: a load used before its copy
-        finished would read stale bytes); the disk tier stages through the
-        host cache, so after a restart the prompt is a disk hit. Every hit
-        gives the greedy tokens of a pool hit, and the usage splits the
-        cached tokens by tier."""
+        finished would read stale bytes); the disk and Redis tiers stage
+        through the host cache, so after a restart the prompt is a disk hit,
+        and on a daemon with an empty disk a remote hit. Every hit gives the
+        greedy tokens of a pool hit, and the usage splits the cached tokens
+        by tier."""
+        import json
+        import shutil
         import tempfile
+        import urllib.request
+        if shutil.which("redis-server") is None:
+            self.fail("redis-server is missing: deploy/setup.sh --test")
         prompt = token_ids(600, 64)  # 4 full blocks
         floods = [token_ids(610 + i, 64) for i in range(3)]
         tmp = tempfile.mkdtemp(prefix="kvserve-cuda-tiers-")
-        disk = os.path.join(tmp, "kv")
-        flags = ("--kv-host-cache-bytes", str(64 * BLOCK_BYTES),
-                 "--kv-disk-cache", disk)
+        redis = RedisServer(tmp)
+        host = ("--kv-host-cache-bytes", str(64 * BLOCK_BYTES),
+                *redis.flags())
+        flags = (*host, "--kv-disk-cache", os.path.join(tmp, "kv"))
         server = Server(*flags, kv_bytes=str(12 * BLOCK_BYTES),
                         prefix_caching=True)
         try:
@@ -240,8 +248,9 @@ class CudaDeviceTest(unittest.TestCase):
             # 16 full blocks computed (4 per prompt), each written to the
             # host, then from there to the disk.
             m = server.wait_metrics(lambda m: counter(
-                m, "kvserve_kv_tier_stores_total", tier="disk") >= 16,
-                timeout=120)
+                m, "kvserve_kv_tier_stores_total", tier="disk") >= 16 and
+                counter(m, "kvserve_kv_tier_stores_total", tier="remote") >=
+                16, timeout=120)
             self.assertEqual(counter(m, "kvserve_kv_blocks", state="active"),
                              0)
             self.assertGreaterEqual(
@@ -249,8 +258,9 @@ class CudaDeviceTest(unittest.TestCase):
             self.assertGreaterEqual(
                 counter(m, "kvserve_kv_tier_stores_total", tier="host"), 16)
             self.assertEqual(server.stop(), 0)
-            files = [f for _, _, fs in os.walk(disk) for f in fs]
-            self.assertGreaterEqual(len(files), 4)
+            files = [f for _, _, fs in os.walk(os.path.join(tmp, "kv"))
+                     for f in fs]
+            self.assertGreaterEqual(len(files), 16)
             server = Server(*flags, kv_bytes=str(12 * BLOCK_BYTES),
                             prefix_caching=True)
             disk_hit, usage = server.generate_usage(prompt)
@@ -262,9 +272,22 @@ class CudaDeviceTest(unittest.TestCase):
                 m, "kvserve_kv_blocks", state="active") == 0)
             self.assertGreaterEqual(
                 counter(m, "kvserve_kv_tier_hits_blocks_total", tier="disk"), 3)
+            # A daemon with an empty disk: a remote hit through host slots,
+            # which the disk then gets too.
+            self.assertEqual(server.stop(), 0)
+            server = Server(*host, "--kv-disk-cache",
+                            os.path.join(tmp, "kv2"),
+                            kv_bytes=str(12 * BLOCK_BYTES),
+                            prefix_caching=True)
+            remote_hit, usage = server.generate_usage(prompt)
+            split = usage.kv.cached_tokens_by_tier
+            self.assertEqual(split.remote, cached, str(usage))
+            self.assertEqual(remote_hit, pool_hit)
+            m = server.wait_metrics(lambda m: counter(
+                m, "kvserve_kv_tier_stores_total", tier="disk") >= 3)
+            self.assertGreaterEqual(
+                counter(m, "kvserve_kv_tier_stores_total", tier="disk"), 3)
             # The admin purge reaches the host cache (on the engine thread).
-            import json
-            import urllib.request
             req = urllib.request.Request(
                 f"http://127.0.0.1:{server.http_port}/v1/kv/purge",
                 data=json.dumps({"all": True}).encode(), method="POST",
@@ -272,13 +295,15 @@ class CudaDeviceTest(unittest.TestCase):
             with urllib.request.urlopen(req, timeout=60) as r:
                 purged = json.loads(r.read())["purged"]
             self.assertGreaterEqual(purged["host"], 4, purged)
-            self.assertGreaterEqual(purged["disk"], 16, purged)
+            self.assertGreaterEqual(purged["disk"], 3, purged)
+            self.assertGreaterEqual(purged["remote"], 16, purged)
             m = server.wait_metrics(lambda m: counter(
                 m, "kvserve_kv_tier_blocks", tier="host") == 0)
             self.assertEqual(counter(m, "kvserve_kv_tier_blocks", tier="host"),
                              0)
         finally:
             server.close()
+            redis.stop()
 
     def test_int8_refuses_a_block_size_it_cannot_align(self):
         """int8 blocks must start 16-byte aligned: --block-size 2 (2 x 3 x
