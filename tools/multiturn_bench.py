@@ -31,7 +31,7 @@ Ratios are paired per run.
 
     .venv/bin/python tools/multiturn_bench.py --repeats 3 [--users 16
         --turns 6 --system-tokens 2048 --user-tokens 256 --reply-tokens 64]
-        [--llama-server BIN ...] [--json OUT]
+        [--llama-server BIN ... | --no-peer] [--json OUT]
 """
 
 import argparse
@@ -143,6 +143,10 @@ def main():
                    help="a llama-server binary (repeatable; default both "
                    "builds of tools/build_llama_cpp.sh, with and without "
                    "OpenMP: each ratio is against the faster per run)")
+    p.add_argument("--no-peer", action="store_true",
+                   help="kvserve with and without the disk tier only (the "
+                   "peer's run takes most of the time: repeats of the tier's "
+                   "own ratio)")
     p.add_argument("--model", default=DEFAULT_GGUF)
     p.add_argument("--kv-dtype", default="int8", choices=["int8", "fp16"])
     p.add_argument("--threads", type=int, default=2)
@@ -167,7 +171,8 @@ def main():
           f"kvserve pool; llama-server -c {ctx} "
           f"({ctx * per_token / 2**20:.1f} MiB) + --cache-ram {cache_mib}",
           flush=True)
-    llamas = [f"llama-server:{b}" for b in args.llama_server]
+    llamas = ([] if args.no_peer else
+              [f"llama-server:{b}" for b in args.llama_server])
     names = ["kvserve+disk", "kvserve", *llamas]
     runs = {n: [] for n in names}
     for r in range(args.repeats):
@@ -182,17 +187,19 @@ def main():
     for key, label in (("p50", "all turns"), ("p50_later", "turns >= 1")):
         d = [x[key] for x in runs["kvserve+disk"]]
         k = [x[key] for x in runs["kvserve"]]
-        # The peer's best build in each run.
-        ll = [min(runs[n][r][key] for n in llamas)
-              for r in range(args.repeats)]
-        for n in llamas:
-            print(f"  {n}: {fmt([x[key] for x in runs[n]], 1e3)} ms",
-                  flush=True)
-        print(f"TTFT p50 ({label}): kvserve+disk {fmt(d, 1e3)} ms, kvserve "
-              f"{fmt(k, 1e3)} ms, llama-server {fmt(ll, 1e3)} ms; "
-              f"no tier / disk {fmt([b / a for a, b in zip(d, k)], digits=2)}"
-              f"x, llama-server / disk "
-              f"{fmt([b / a for a, b in zip(d, ll)], digits=2)}x", flush=True)
+        line = (f"TTFT p50 ({label}): kvserve+disk {fmt(d, 1e3)} ms, kvserve "
+                f"{fmt(k, 1e3)} ms; no tier / disk "
+                f"{fmt([b / a for a, b in zip(d, k)], digits=2)}x")
+        if llamas:
+            # The peer's best build in each run.
+            ll = [min(runs[n][r][key] for n in llamas)
+                  for r in range(args.repeats)]
+            for n in llamas:
+                print(f"  {n}: {fmt([x[key] for x in runs[n]], 1e3)} ms",
+                      flush=True)
+            line += (f"; llama-server {fmt(ll, 1e3)} ms, llama-server / disk "
+                     f"{fmt([b / a for a, b in zip(d, ll)], digits=2)}x")
+        print(line, flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "ram": ram, "ctx": ctx,
