@@ -402,19 +402,18 @@ void KvTiers::ReleaseStale(absl::Time now) {
   for (RequestId id : stale) Release(id);
 }
 
-std::shared_ptr<std::vector<uint8_t>> KvTiers::PayloadOfBlock(
-    kvcache::BlockId block) const {
-  auto payload = std::make_shared<std::vector<uint8_t>>(format_.payload_bytes);
-  uint8_t* out = payload->data();
+KvTiers::Payload KvTiers::PayloadOfBlock(kvcache::BlockId block) const {
+  auto copy = std::make_shared<std::vector<uint8_t>>(format_.payload_bytes);
+  uint8_t* out = copy->data();
   for (const kvtier::Piece& p : backend_.KvBlockPieces(block)) {
     std::memcpy(out, p.data, p.bytes);
     out += p.bytes;
   }
-  return payload;
+  const absl::Span<const uint8_t> bytes = absl::MakeConstSpan(*copy);
+  return {bytes, std::move(copy)};
 }
 
-kvtier::StoreItem KvTiers::ItemOf(std::shared_ptr<std::vector<uint8_t>> payload,
-                                  kvcache::BlockHash key,
+kvtier::StoreItem KvTiers::ItemOf(Payload payload, kvcache::BlockHash key,
                                   kvcache::BlockHash parent,
                                   kvcache::BlockHash ns, uint64_t scope_tag,
                                   std::vector<int32_t> tokens) const {
@@ -429,7 +428,8 @@ kvtier::StoreItem KvTiers::ItemOf(std::shared_ptr<std::vector<uint8_t>> payload,
   item.header.writer_pid = static_cast<uint32_t>(getpid());
   item.header.tokens = std::move(tokens);
   item.scope_tag = scope_tag;
-  item.payload = std::move(payload);
+  item.payload = payload.bytes;
+  item.owner = std::move(payload.owner);
   return item;
 }
 

@@ -189,20 +189,30 @@ class KvTiers {
   Ready Finish(RequestId id, Loading& l, int32_t verified, double seconds);
   // Queues `item` on the disk (when it lacks the block) and the remote.
   void StoreBelow(kvtier::StoreItem item);
-  [[nodiscard]] std::shared_ptr<std::vector<uint8_t>> PayloadOfBlock(
-      kvcache::BlockId block) const;
-  [[nodiscard]] std::shared_ptr<std::vector<uint8_t>> PayloadOfSlot(
-      int32_t slot) const;
+  // A block's bytes for the writers, and what keeps them valid.
+  struct Payload {
+    absl::Span<const uint8_t> bytes;
+    std::shared_ptr<const void> owner;
+  };
+  // A copy of pool block `block` (host pools: a memcpy per layer slab).
+  [[nodiscard]] Payload PayloadOfBlock(kvcache::BlockId block) const;
+  // Host cache slot `slot` itself, pinned until the last writer lets go
+  // (no copy: on a GPU a step's blocks may be hundreds of MiB).
+  [[nodiscard]] Payload PayloadOfSlot(int32_t slot);
+  // Unpins the slots the writers let go of.
+  void UnpinReturnedSlots();
   // How many of the prompt's blocks [m, full) to load, from which tiers;
   // 0 when none.
   [[nodiscard]] int32_t PlanLoad(absl::Span<const kvcache::BlockHash> keys,
                                  uint64_t scope_tag, kvcache::BlockHash ns,
                                  int32_t* disk_blocks);
   // A block's bytes as a tier's store item.
-  [[nodiscard]] kvtier::StoreItem ItemOf(
-      std::shared_ptr<std::vector<uint8_t>> payload, kvcache::BlockHash key,
-      kvcache::BlockHash parent, kvcache::BlockHash ns, uint64_t scope_tag,
-      std::vector<int32_t> tokens) const;
+  [[nodiscard]] kvtier::StoreItem ItemOf(Payload payload,
+                                         kvcache::BlockHash key,
+                                         kvcache::BlockHash parent,
+                                         kvcache::BlockHash ns,
+                                         uint64_t scope_tag,
+                                         std::vector<int32_t> tokens) const;
 
   const KvTierConfig config_;
   const ModelBackend& backend_;
@@ -224,6 +234,12 @@ class KvTiers {
   HostKvCopier* copier_ = nullptr;  // a device backend's host cache
   std::unique_ptr<kvtier::HostTier> host_;
   std::deque<HostStore> host_stores_;
+  // Slots whose store items the writers released (any thread appends).
+  struct SlotReturns {
+    std::mutex mu;
+    std::vector<int32_t> slots;
+  };
+  std::shared_ptr<SlotReturns> slot_returns_ = std::make_shared<SlotReturns>();
   // Its size, for Flush on another thread.
   std::atomic<int64_t> pending_host_stores_{0};
   int32_t device_loads_ = 0;  // loads with a host copy in flight or queued

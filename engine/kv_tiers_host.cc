@@ -21,11 +21,25 @@
 
 namespace kvserve::engine {
 
-std::shared_ptr<std::vector<uint8_t>> KvTiers::PayloadOfSlot(
-    int32_t slot) const {
-  const uint8_t* src = copier_->slot(slot);
-  return std::make_shared<std::vector<uint8_t>>(src,
-                                                src + format_.payload_bytes);
+KvTiers::Payload KvTiers::PayloadOfSlot(int32_t slot) {
+  host_->Pin(slot);
+  const uint8_t* bytes = copier_->slot(slot);
+  std::shared_ptr<SlotReturns> returns = slot_returns_;
+  // Runs on whichever thread drops the last copy of the item.
+  std::shared_ptr<const void> lease(bytes, [returns, slot](const void*) {
+    std::lock_guard<std::mutex> lock(returns->mu);
+    returns->slots.push_back(slot);
+  });
+  return {absl::MakeConstSpan(bytes, format_.payload_bytes), std::move(lease)};
+}
+
+void KvTiers::UnpinReturnedSlots() {
+  std::vector<int32_t> slots;
+  {
+    std::lock_guard<std::mutex> lock(slot_returns_->mu);
+    slots.swap(slot_returns_->slots);
+  }
+  for (const int32_t s : slots) host_->Unpin(s);
 }
 
 bool KvTiers::StartDeviceLoad(Loading& l, kvtier::LoadJob& job,
@@ -150,6 +164,7 @@ void KvTiers::StoreToHost(std::vector<kvcache::CachedBlockRecord> records) {
 }
 
 void KvTiers::PollHostStores() {
+  UnpinReturnedSlots();
   while (!host_stores_.empty() &&
          copier_->CopyDone(host_stores_.front().ticket)) {
     for (const int32_t s : host_stores_.front().slots) {

@@ -362,7 +362,8 @@ int DiskTier::WriteFile(const StoreItem& item) {
   uint8_t header[kHeaderBytes];
   std::vector<uint8_t> sealed;
   if (options_.cipher != nullptr) {
-    sealed = *item.payload;  // the payload is shared with other tiers
+    // The payload is shared with other tiers: sealed in a copy.
+    sealed.assign(item.payload.begin(), item.payload.end());
     if (!SealBlock(*options_.cipher, item.header, absl::MakeSpan(sealed),
                    header)) {
       close(fd);
@@ -370,8 +371,8 @@ int DiskTier::WriteFile(const StoreItem& item) {
       return EIO;
     }
   }
-  const std::vector<uint8_t>& bytes =
-      options_.cipher != nullptr ? sealed : *item.payload;
+  const absl::Span<const uint8_t> bytes =
+      options_.cipher != nullptr ? absl::MakeConstSpan(sealed) : item.payload;
   if (options_.cipher == nullptr) {
     const ConstPiece payload{bytes.data(), bytes.size()};
     EncodeHeader(item.header, absl::MakeConstSpan(&payload, 1), header);

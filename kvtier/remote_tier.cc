@@ -356,10 +356,10 @@ absl::StatusOr<int> RemoteTier::WriteBatch(
     const StoreItem& it = batch[i];
     std::string v(stored, '\0');
     auto* out = reinterpret_cast<uint8_t*>(v.data());
-    std::memcpy(out + kHeaderBytes, it.payload->data(), it.payload->size());
+    std::memcpy(out + kHeaderBytes, it.payload.data(), it.payload.size());
     if (options_.cipher != nullptr) {
       if (!SealBlock(*options_.cipher, it.header,
-                     absl::MakeSpan(out + kHeaderBytes, it.payload->size()),
+                     absl::MakeSpan(out + kHeaderBytes, it.payload.size()),
                      out)) {
         std::lock_guard<std::mutex> lock(mu_);
         ++stats_.errors;
@@ -367,7 +367,7 @@ absl::StatusOr<int> RemoteTier::WriteBatch(
         continue;
       }
     } else {
-      const ConstPiece payload{it.payload->data(), it.payload->size()};
+      const ConstPiece payload{it.payload.data(), it.payload.size()};
       EncodeHeader(it.header, absl::MakeConstSpan(&payload, 1), out);
     }
     values.push_back(std::move(v));

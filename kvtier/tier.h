@@ -8,16 +8,20 @@
 #include <memory>
 #include <vector>
 
+#include "absl/types/span.h"
 #include "kvtier/block_codec.h"
 
 namespace kvserve::kvtier {
 
-// One block to store: its header (the checksum is the writer's) and a copy
-// of its payload, shared by the tiers that write it.
+// One block to store: its header (the checksum is the writer's) and its
+// payload, shared by the tiers that write it: the bytes stay valid (and
+// unchanged) while `owner` lives, and the last item copy that lets go of
+// it releases them (a buffer, or a host cache slot's pin).
 struct StoreItem {
   BlockHeader header;
   uint64_t scope_tag = 0;
-  std::shared_ptr<const std::vector<uint8_t>> payload;
+  absl::Span<const uint8_t> payload;
+  std::shared_ptr<const void> owner;
 };
 
 // One block to load: what it must verify against and where its payload

@@ -130,7 +130,9 @@ StoreItem Item(const Block& b, uint64_t scope_tag = 5) {
   it.header.payload_bytes = kPayload;
   it.header.tokens = b.tokens;
   it.scope_tag = scope_tag;
-  it.payload = std::make_shared<const std::vector<uint8_t>>(b.payload);
+  auto bytes = std::make_shared<const std::vector<uint8_t>>(b.payload);
+  it.payload = absl::MakeConstSpan(*bytes);
+  it.owner = std::move(bytes);
   return it;
 }
 
