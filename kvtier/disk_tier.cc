@@ -490,15 +490,9 @@ std::optional<MissReason> DiskTier::Load(const Expected& expected,
 
 int64_t DiskTier::Flush(absl::Time deadline) {
   std::unique_lock<std::mutex> lock(mu_);
-  while (!queue_.empty() || writing_) {
-    const absl::Duration left = deadline - absl::Now();
-    if (left <= absl::ZeroDuration()) break;
-    idle_.wait_for(lock, absl::ToChronoNanoseconds(
-                             std::min(left, absl::Milliseconds(50))));
-  }
-  const int64_t dropped = static_cast<int64_t>(queue_.size());
+  const int64_t dropped =
+      DrainWriteQueue(lock, idle_, queue_, writing_, deadline);
   stats_.stores_dropped[static_cast<int>(DropReason::kQueueFull)] += dropped;
-  queue_.clear();
   return dropped;
 }
 

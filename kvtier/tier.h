@@ -4,10 +4,14 @@
 #pragma once
 
 #include <array>
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <memory>
+#include <mutex>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "kvtier/block_codec.h"
 
@@ -53,5 +57,13 @@ struct TierStats {
   uint64_t indexed_at_start = 0;
   double index_seconds = 0;
 };
+
+// A tier's Flush: waits (under `lock`, woken through `idle`) until its
+// writer has taken every item of `queue` and `writing` is false, up to
+// `deadline`; what is still queued then is dropped. Returns how many.
+int64_t DrainWriteQueue(std::unique_lock<std::mutex>& lock,
+                        std::condition_variable& idle,
+                        std::deque<StoreItem>& queue, const bool& writing,
+                        absl::Time deadline);
 
 }  // namespace kvserve::kvtier
