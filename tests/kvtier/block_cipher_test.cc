@@ -180,7 +180,9 @@ TEST_F(KeyFileTest, TheDiskTierStoresOnlySealedBytes) {
   it.header.tokens = {777001, 777002};
   std::vector<uint8_t> plain(kPayload);
   for (size_t i = 0; i < kPayload; ++i) plain[i] = static_cast<uint8_t>(i * 3);
-  it.payload = std::make_shared<const std::vector<uint8_t>>(plain);
+  auto owned = std::make_shared<const std::vector<uint8_t>>(plain);
+  it.payload = absl::MakeConstSpan(*owned);
+  it.owner = std::move(owned);
   ASSERT_TRUE((*t)->Store(it));
   (*t)->Flush(absl::Now() + absl::Seconds(5));
   for (const auto& e : fs::recursive_directory_iterator(o.dir)) {

@@ -50,8 +50,10 @@ StoreItem Item(int i) {
   it.header.ns = kNs;
   it.header.payload_bytes = kPayload;
   it.header.tokens.assign(16, i);
-  it.payload = std::make_shared<const std::vector<uint8_t>>(
+  auto bytes = std::make_shared<const std::vector<uint8_t>>(
       kPayload, static_cast<uint8_t>(i));
+  it.payload = absl::MakeConstSpan(*bytes);
+  it.owner = std::move(bytes);
   return it;
 }
 
