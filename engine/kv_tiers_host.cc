@@ -20,6 +20,20 @@
 #include "spdlog/spdlog.h"
 
 namespace kvserve::engine {
+namespace {
+
+// A copy the device refused: its state is unknown, as after a failed
+// forward (the backend aborts there too).
+HostKvCopier::Copy OrDie(absl::StatusOr<HostKvCopier::Copy> c) {
+  if (!c.ok()) {
+    spdlog::critical("kv host cache: {}", c.status().ToString());
+    spdlog::default_logger()->flush();
+    std::abort();
+  }
+  return *c;
+}
+
+}  // namespace
 
 KvTiers::Payload KvTiers::PayloadOfSlot(int32_t slot) {
   host_->Pin(slot);
@@ -67,12 +81,8 @@ bool KvTiers::StartDeviceLoad(Loading& l, kvtier::LoadJob& job,
   for (size_t i = 0; i < l.host_slots.size(); ++i) {
     moves.push_back({l.host_slots[i], fresh[i]});
   }
-  absl::StatusOr<HostKvCopier::Copy> c = copier_->CopyFromHost(moves);
-  if (!c.ok()) {
-    spdlog::critical("kv host cache: {}", c.status().ToString());
-    std::abort();  // the backend's state is unknown
-  }
-  l.ticket = c->ticket;
+  const HostKvCopier::Copy c = OrDie(copier_->CopyFromHost(moves));
+  l.ticket = c.ticket;
   ++device_loads_;
   return true;
 }
@@ -99,12 +109,8 @@ void KvTiers::OnDeviceLoaded(Loading& l, const kvtier::LoadResult& res) {
     }
   }
   l.staged.resize(moves.size());
-  absl::StatusOr<HostKvCopier::Copy> c = copier_->CopyFromHost(moves);
-  if (!c.ok()) {
-    spdlog::critical("kv host cache: {}", c.status().ToString());
-    std::abort();
-  }
-  l.ticket = c->ticket;
+  const HostKvCopier::Copy c = OrDie(copier_->CopyFromHost(moves));
+  l.ticket = c.ticket;
 }
 
 void KvTiers::TakeDeviceReady(std::vector<Ready>* ready) {
@@ -149,17 +155,13 @@ void KvTiers::StoreToHost(std::vector<kvcache::CachedBlockRecord> records) {
     slots.push_back(*s);
   }
   if (moves.empty()) return;
-  absl::StatusOr<HostKvCopier::Copy> c = copier_->CopyToHost(moves);
-  if (!c.ok()) {
-    spdlog::critical("kv host cache: {}", c.status().ToString());
-    std::abort();
-  }
-  for (size_t i = c->accepted; i < slots.size(); ++i) {
+  const HostKvCopier::Copy c = OrDie(copier_->CopyToHost(moves));
+  for (size_t i = c.accepted; i < slots.size(); ++i) {
     host_->Abandon(slots[i]);
     host_->DropStore(kvtier::DropReason::kQueueFull);
   }
-  slots.resize(c->accepted);
-  if (!slots.empty()) host_stores_.push_back({c->ticket, std::move(slots)});
+  slots.resize(c.accepted);
+  if (!slots.empty()) host_stores_.push_back({c.ticket, std::move(slots)});
   pending_host_stores_.store(static_cast<int64_t>(host_stores_.size()));
 }
 
