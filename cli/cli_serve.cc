@@ -20,6 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "cli/engine_flags.h"
+#include "cli/kv_events_flags.h"
 #include "cli/logging.h"
 #include "common/cli_args.h"
 #include "common/parallel.h"
@@ -77,6 +78,7 @@ struct ServeFlags {
   // Parsed into the engine's enum by FinishFlags.
   std::string scheduling_policy{
       scheduler::SchedulingPolicyName(SchedulerDefaults().policy)};
+  KvEventsFlags kv_events;
   bool help = false;
 };
 
@@ -233,6 +235,7 @@ void RegisterFlags(ServeFlags* f, CliArgs* args) {
                "info)");
   RegisterSchedulerFlags(f, args);
   RegisterSecurityFlags(f, args);
+  RegisterKvEventsFlags(&f->kv_events, args);
   args->Bool("help", &f->help, "show this help");
 }
 
@@ -265,6 +268,12 @@ absl::Status FinishFlags(ServeFlags* f) {
   o.model = f->engine.model;
   engine::EngineConfig& e = o.engine;
   KV_RETURN_IF_ERROR(ApplyEngineFlags(f->engine, kAllEngineFlags, &e));
+  const std::string model_name =
+      o.served_model_name.empty()
+          ? o.model
+          : o.served_model_name.substr(0, o.served_model_name.find(','));
+  KV_RETURN_IF_ERROR(ApplyKvEventsFlags(f->kv_events, model_name,
+                                        f->metrics_port, &e.kv_events));
   scheduler::SchedulerConfig& s = e.scheduler;
   s.long_prefill_token_threshold =
       static_cast<int32_t>(f->long_prefill_token_threshold);

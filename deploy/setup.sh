@@ -53,7 +53,7 @@ APT_PACKAGES=(
   protobuf-compiler libspdlog-dev libfmt-dev nlohmann-json3-dev libpcre2-dev
   libxxhash-dev libhwy-dev libboost-dev libboost-context-dev prometheus-cpp-dev
   libssl-dev openssl libgtest-dev libgmock-dev libbenchmark-dev
-  libhiredis-dev python3 python3-venv
+  libhiredis-dev libzmq3-dev libmsgpack-cxx-dev python3 python3-venv
 )
 if [ "$WITH_TEST" = 1 ]; then
   APT_PACKAGES+=(clang libclang-rt-14-dev clang-tidy clang-format prometheus

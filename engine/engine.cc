@@ -119,6 +119,26 @@ absl::Status Engine::Impl::Init(
   KV_ASSIGN_OR_RETURN(scheduler::SchedulerConfig sc, SchedulerConfigFor());
   KV_ASSIGN_OR_RETURN(scheduler_, scheduler::Scheduler::Create(sc));
   if (tiers_) tiers_->Attach(scheduler_.get());
+  if (!config_.kv_events.endpoint.empty()) {
+    KV_ASSIGN_OR_RETURN(std::unique_ptr<kvevents::Publisher> publisher,
+                        kvevents::Publisher::Create(config_.kv_events));
+    kv_events_ = std::make_unique<KvEventRelay>(
+        std::move(publisher), sc.block_size,
+        kvcache::NamespaceHash(sc.model_id, "", ""));
+    kv_events_->Attach(&scheduler_->kv_cache_for_tiers());
+    if (registry) {
+      kv_event_metrics_ = std::make_unique<KvEventMetrics>(*registry);
+    }
+    spdlog::info("kv events: publishing on {} ({}), topic '{}'{}",
+                 config_.kv_events.endpoint,
+                 kvevents::Publisher::Binds(config_.kv_events.endpoint)
+                     ? "bound"
+                     : "connected",
+                 config_.kv_events.topic,
+                 config_.kv_events.replay_endpoint.empty()
+                     ? ""
+                     : ", replay on " + config_.kv_events.replay_endpoint);
+  }
 
   info_.name = c.name;
   info_.path = model_.path;
@@ -340,6 +360,15 @@ void Engine::Pause() { impl_->Pause(); }
 void Engine::Drain(absl::Duration timeout) { impl_->Drain(timeout); }
 int64_t Engine::FlushKvTiers(absl::Time deadline) {
   return impl_->FlushKvTiers(deadline);
+}
+
+absl::StatusOr<ResidentBlocks> Engine::KvEventResidentBlocks(
+    absl::Duration timeout) {
+  if (!impl_->kv_events()) {
+    return absl::FailedPreconditionError(
+        "no KV events: start with --kv-events-endpoint");
+  }
+  return impl_->kv_events()->ResidentHashes(timeout);
 }
 
 absl::StatusOr<KvTierPurge> Engine::PurgeKvTiers(

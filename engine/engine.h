@@ -27,6 +27,7 @@
 #include "engine/stream_state.h"
 #include "kvcache/kv_format.h"
 #include "kvcache/kv_sizing.h"
+#include "kvevents/publisher.h"
 #include "models/forward_batch.h"
 #include "scheduler/scheduler_config.h"
 
@@ -66,6 +67,14 @@ struct KvTierConfig {
   int32_t inject_read_errno = 0;
 };
 
+// What a router could know of the pool (KvEventResidentBlocks): the
+// findable full blocks of the namespace KV events announce, by wire hash.
+struct ResidentBlocks {
+  int32_t block_size = 0;
+  std::vector<uint64_t> hashes;
+  int64_t unannounced = 0;  // findable blocks of other namespaces
+};
+
 // What PurgeKvTiers deleted, per tier.
 struct KvTierPurge {
   int64_t device_blocks = 0;  // unreferenced cached blocks of the pool
@@ -100,6 +109,8 @@ struct EngineConfig {
   // sleeps this long before its forward, like a stalled device. Zero: off.
   absl::Duration fault_step_delay = absl::ZeroDuration();
   KvTierConfig kv_tiers;
+  // KV cache events for routers (--kv-events-endpoint; empty: none).
+  kvevents::PublisherOptions kv_events;
   // Checks the KV invariants after every step (always on in debug and
   // sanitizer builds; --kv-debug-invariants): a broken one aborts.
   bool debug_invariants = false;
@@ -208,6 +219,11 @@ class Engine {
   // Writes what the KV tiers have queued until `deadline` (a shutdown's
   // drain budget); returns the blocks dropped. 0 without tiers.
   int64_t FlushKvTiers(absl::Time deadline);
+  // The findable full blocks the KV events announce, by wire hash, as of
+  // the engine's next iteration (engine/kv_events.h). FailedPrecondition
+  // without --kv-events-endpoint.
+  [[nodiscard]] absl::StatusOr<ResidentBlocks> KvEventResidentBlocks(
+      absl::Duration timeout);
   // Deletes the KV tiers' blocks of one cache scope (nullopt: every
   // scope), and of one cache_salt within it (nullopt: any), from the disk
   // and the remote store. Thread-safe; the remote part waits on the store.

@@ -14,6 +14,8 @@
 #include "common/thread_owner.h"
 #include "engine/engine.h"
 #include "engine/engine_metrics.h"
+#include "engine/kv_event_metrics.h"
+#include "engine/kv_events.h"
 #include "engine/kv_state.h"
 #include "engine/kv_tiers.h"
 #include "engine/live_request.h"
@@ -78,6 +80,7 @@ class Engine::Impl {
   }
 
   const ModelInfo& info() const { return info_; }
+  KvEventRelay* kv_events() const { return kv_events_.get(); }
   const LoadedModel& model() const { return model_; }
   // The latest snapshot (null before the engine thread built one); asks
   // for fresh ones for a while. Any thread; never waits for the loop.
@@ -184,6 +187,9 @@ class Engine::Impl {
   // The KV tiers (null when off). After runner_: destroyed first, since its
   // loads write into the backend's KV.
   std::unique_ptr<KvTiers> tiers_;
+  // KV cache events (null when off) and their metrics.
+  std::unique_ptr<KvEventRelay> kv_events_;
+  std::unique_ptr<KvEventMetrics> kv_event_metrics_;
   std::unique_ptr<EngineMetrics> metrics_;
   int32_t max_model_len_ = 0;
 

@@ -113,6 +113,7 @@ void Engine::Impl::Loop() {
       PublishStats(0, 0);  // finishes outside a step still show in metrics
     }
     MaybeBuildKvState();
+    if (kv_events_) kv_events_->Relay();
   }
   // Stopping: cancel what is left (queued in the inbox or live).
   {
@@ -508,6 +509,7 @@ void Engine::Impl::PublishStats(double step_seconds, int64_t tokens) {
     if (tokens > 0) metrics_->ObserveStep(step_seconds, tokens);
   }
   if (tier_metrics_) tier_metrics_->Publish(tiers_->stats());
+  if (kv_event_metrics_) kv_event_metrics_->Publish(kv_events_->stats());
   absl::MutexLock lock(&stats_mu_);
   stats_.running = s.num_running;
   stats_.waiting = s.num_waiting;

@@ -54,7 +54,7 @@ std::vector<BlockId> BlockPool::Allocate(int32_t n, EvictReason reason) {
       ++evictions_[static_cast<int>(reason)];
       if (observer_) {
         observer_(
-            {reason,
+            {reason, hashes_[b],
              1e-9 * static_cast<double>(SteadyNanos() - cached_since_ns_[b]),
              reuses_[b]});
       }

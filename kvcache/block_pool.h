@@ -95,6 +95,7 @@ inline constexpr int kNumEvictReasons = 4;
 // One cached block reclaimed for new content.
 struct Eviction {
   EvictReason reason = EvictReason::kGrow;
+  BlockHash hash = 0;      // the content hash it lost
   double age_seconds = 0;  // since it last became evictable (ref 0, hashed)
   int32_t reuses = 0;      // prefix hits it served while hashed
 };

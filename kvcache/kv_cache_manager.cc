@@ -260,6 +260,10 @@ void KvCacheManager::CacheComputedBlocks(RequestId request,
         newly_cached_.push_back(
             {block, hash, table.last_hash, ns, block_tokens});
       }
+      if (record_events_) {
+        events_.push_back(
+            {KvEvent::Kind::kStored, hash, table.last_hash, ns, block_tokens});
+      }
     }
     table.last_hash = hash;
     table.num_hashed = i + 1;
@@ -293,6 +297,44 @@ void KvCacheManager::CachePartialBlock(RequestId request,
 void KvCacheManager::set_record_newly_cached(bool on) {
   record_newly_cached_ = on;
   if (!on) newly_cached_.clear();
+}
+
+void KvCacheManager::set_eviction_observer(EvictionObserver observer) {
+  eviction_observer_ = std::move(observer);
+  if (!eviction_observer_ && !record_events_) {
+    pool_.set_eviction_observer(nullptr);
+    return;
+  }
+  pool_.set_eviction_observer([this](const Eviction& e) {
+    if (record_events_) events_.push_back({KvEvent::Kind::kRemoved, e.hash});
+    if (eviction_observer_) eviction_observer_(e);
+  });
+}
+
+void KvCacheManager::set_record_events(bool on) {
+  record_events_ = on;
+  if (!on) events_.clear();
+  set_eviction_observer(std::move(eviction_observer_));
+}
+
+std::vector<KvEvent> KvCacheManager::TakeEvents() {
+  std::vector<KvEvent> out;
+  out.swap(events_);
+  return out;
+}
+
+std::vector<std::pair<BlockHash, BlockHash>> KvCacheManager::FindableBlocks()
+    const {
+  std::vector<std::pair<BlockHash, BlockHash>> out;
+  for (BlockId b = 0; b < pool_.num_blocks(); ++b) {
+    const std::optional<BlockHash> key = pool_.block_hash(b);
+    const std::optional<BlockHash> ns = index_.live_ns(b);
+    if (key.has_value() && ns.has_value() &&
+        index_.content_len(b) == block_size_) {
+      out.emplace_back(*key, *ns);
+    }
+  }
+  return out;
 }
 
 std::vector<CachedBlockRecord> KvCacheManager::TakeNewlyCached() {
@@ -342,6 +384,10 @@ int32_t KvCacheManager::FinishLoad(int64_t load, int32_t verified,
     if (pool_.CacheBlock(hold.fresh[i], hash)) {
       index_.Index(hold.fresh[i], parent, ns, bt);
       ++registered;
+      if (record_events_) {
+        events_.push_back({KvEvent::Kind::kStored, hash, parent, ns,
+                           std::vector<int32_t>(bt.begin(), bt.end())});
+      }
     }
     parent = hash;
   }
@@ -361,7 +407,10 @@ int32_t KvCacheManager::PurgeCached(
     if (pool_.ref_count_unchecked(b) != 0) continue;
     const std::optional<BlockHash> ns = index_.live_ns(b);
     if (!ns.has_value() || !match(*ns)) continue;
-    (void)pool_.Uncache(b);
+    const std::optional<BlockHash> key = pool_.block_hash(b);
+    if (pool_.Uncache(b) && record_events_) {
+      events_.push_back({KvEvent::Kind::kRemoved, *key});
+    }
     index_.Invalidate(b);
     ++dropped;
   }

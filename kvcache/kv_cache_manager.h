@@ -94,6 +94,20 @@ struct CachedBlockRecord {
   std::vector<int32_t> tokens;
 };
 
+// A change to what the pool's prefix cache can find, for KV events
+// (kvevents/): a full block registered under `key` (computed or loaded from
+// a tier; `parent` is the previous block's key, kNoParentHash for a
+// sequence's first), or a key no longer findable (evicted or purged; only
+// `key` is set).
+struct KvEvent {
+  enum class Kind : uint8_t { kStored, kRemoved };
+  Kind kind = Kind::kStored;
+  BlockHash key = 0;
+  BlockHash parent = 0;
+  BlockHash ns = 0;
+  std::vector<int32_t> tokens;
+};
+
 // KV occupancy in blocks. active + cached_evictable + free_uncached == total.
 struct KvUsage {
   int32_t total_blocks = 0;
@@ -319,9 +333,18 @@ class KvCacheManager {
     return static_cast<int32_t>(tables_.size());
   }
   [[nodiscard]] const BlockPool& pool() const { return pool_; }
-  void set_eviction_observer(EvictionObserver observer) {
-    pool_.set_eviction_observer(std::move(observer));
-  }
+  void set_eviction_observer(EvictionObserver observer);
+
+  // --- KV events --------------------------------------------------------
+  // Records every registration and loss of a full block's key from now on,
+  // in order (off: stops and drops the record).
+  void set_record_events(bool on);
+  // The changes since the last call, in the order they happened.
+  [[nodiscard]] std::vector<KvEvent> TakeEvents();
+  // Every full block the prefix cache can find now: {key, namespace}, in
+  // block id order. O(num_blocks).
+  [[nodiscard]] std::vector<std::pair<BlockHash, BlockHash>> FindableBlocks()
+      const;
 
   // Token slots written in active blocks, each block once however many
   // tables share it: a table's block i holds min(block_size, max(0,
@@ -373,7 +396,10 @@ class KvCacheManager {
   absl::flat_hash_map<int64_t, LoadHold> loads_;  // tier loads in flight
   bool record_newly_cached_ = false;
   std::vector<CachedBlockRecord> newly_cached_;
-  ThreadOwner owner_;  // the one thread that may mutate
+  bool record_events_ = false;
+  std::vector<KvEvent> events_;
+  EvictionObserver eviction_observer_;  // the caller's (metrics)
+  ThreadOwner owner_;                   // the one thread that may mutate
 };
 
 }  // namespace kvserve::kvcache

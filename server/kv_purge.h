@@ -6,9 +6,9 @@
 //   {"tenant": "alice", "cache_salt": "s1"}  one salt within the scope
 //   {"all": true}                            every block of this model
 //
-// Answer: {"purged": {"disk": N, "remote": M}}. The pool's own cached
-// blocks are not touched: they hit only within their scope and salt, and
-// leave with the process.
+// Answer: {"purged": {"device": D, "host": H, "disk": N, "remote": M}}:
+// the pool's unreferenced cached blocks of the scope stop being findable
+// too (blocks in use stay with their requests).
 #pragma once
 
 #include <optional>

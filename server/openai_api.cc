@@ -14,6 +14,7 @@
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "engine/kv_state.h"
+#include "server/kv_blocks.h"
 #include "server/kv_purge.h"
 #include "server/kv_state_json.h"
 #include "server/openai_specs.h"
@@ -98,6 +99,10 @@ void OpenAiApi::Mount(HttpRoutes& routes, std::function<OpenAiApi*()> api) {
              with_api([](OpenAiApi* self, std::shared_ptr<HttpExchange> ex) {
                self->HandleKvState(*ex);
              }));
+  routes.Add("GET", "/v1/kv/blocks",
+             with_api([](OpenAiApi* self, std::shared_ptr<HttpExchange> ex) {
+               self->HandleKvBlocks(*ex);
+             }));
   routes.Add("POST", "/v1/kv/purge",
              with_api([](OpenAiApi* self, std::shared_ptr<HttpExchange> ex) {
                self->HandleKvPurge(*ex);
@@ -178,6 +183,26 @@ void OpenAiApi::HandleKvPurge(HttpExchange& ex) const {
   }
   HttpResponse r;
   r.body = KvPurgeJson(*done);
+  r.headers.emplace_back("Cache-Control", "no-store");
+  ex.Respond(std::move(r));
+}
+
+void OpenAiApi::HandleKvBlocks(HttpExchange& ex) const {
+  const TenantRef& tenant = ex.request().tenant;
+  if (tenant != nullptr && !tenant->admin) {
+    SendError(absl::PermissionDeniedError(
+                  "GET /v1/kv/blocks: an admin token is required"),
+              ex);
+    return;
+  }
+  absl::StatusOr<engine::ResidentBlocks> blocks =
+      engine_->KvEventResidentBlocks(absl::Seconds(5));
+  if (!blocks.ok()) {
+    SendError(blocks.status(), ex);
+    return;
+  }
+  HttpResponse r;
+  r.body = KvBlocksJson(*blocks);
   r.headers.emplace_back("Cache-Control", "no-store");
   ex.Respond(std::move(r));
 }

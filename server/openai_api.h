@@ -52,6 +52,7 @@ class OpenAiApi {
   // GET /v1/kv/state: the engine's latest KV snapshot.
   void HandleKvState(HttpExchange& ex) const;
   void HandleKvPurge(HttpExchange& ex) const;
+  void HandleKvBlocks(HttpExchange& ex) const;
   // One spec per prompt (a batch has several), in prompt order, with
   // `tenant`'s policy applied (openai_specs.h); 404 for another model.
   [[nodiscard]] absl::StatusOr<std::vector<engine::RequestSpec>> BuildSpecs(

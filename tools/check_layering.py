@@ -4,12 +4,13 @@
 Each source folder is a room (one CMake library); a room may include its
 own headers and those of the rooms below it, never one above or beside:
 
-  cli -> server -> engine -> engine/runner -> {scheduler, kvtier,
+  cli -> server -> engine -> engine/runner -> {scheduler, kvtier, kvevents,
                                                models/cpu, models/cuda,
                                                models/sim}
   models/cpu, models/cuda -> models/loader -> models/tokenizer -> models
   models/sim -> models
-  scheduler -> kvcache;  kvtier -> kvcache;  models -> kvcache -> common
+  scheduler -> kvcache;  kvtier -> kvcache;  kvevents -> common
+  models -> kvcache -> common
 
 `server` also reaches the generated protocol headers (`kvserve/v1/...`),
 but never a device's kernels (models/cpu, models/cuda): the engine's
@@ -43,8 +44,9 @@ DIRECT = {
     "models/sim": ["models"],
     "scheduler": ["kvcache"],
     "kvtier": ["kvcache"],
-    "engine/runner": ["scheduler", "kvtier", "models/cpu", "models/cuda",
-                      "models/sim"],
+    "kvevents": ["common"],
+    "engine/runner": ["scheduler", "kvtier", "kvevents", "models/cpu",
+                      "models/cuda", "models/sim"],
     "engine": ["engine/runner"],
     "proto": [],
     "server": ["engine", "proto"],
@@ -60,6 +62,7 @@ TEST_AREAS = {
     "common": ["common"],
     "kvcache": ["kvcache"],
     "kvtier": ["kvtier"],
+    "kvevents": ["kvevents"],
     "models": ["models/cpu", "models/cuda", "models/sim"],
     "scheduler": ["scheduler"],
     "engine": ["engine"],

@@ -474,3 +474,64 @@ TEST(ChainBlockHashesTest, EqualsTheChainOfHashBlockTokens) {
 
 }  // namespace
 }  // namespace kvserve::kvcache
+
+namespace kvserve::kvcache {
+namespace {
+
+// KV events: each key that becomes findable is recorded once with its
+// parent and tokens, each one lost (eviction, purge) once, in order; and
+// FindableBlocks lists exactly the full blocks a prefix match could use.
+TEST_F(PrefixCacheTest, EventsRecordEveryFindableKeyGainedAndLost) {
+  kv_.set_record_events(true);
+  int evictions_seen = 0;
+  kv_.set_eviction_observer([&](const Eviction&) { ++evictions_seen; });
+  const std::vector<int32_t> a = Iota(0, 10);  // 2 full blocks + a tail
+  EXPECT_EQ(Prefill(kv_, 1, a), 0);
+  std::vector<KvEvent> ev = kv_.TakeEvents();
+  ASSERT_EQ(ev.size(), 2u);
+  const std::vector<BlockHash> keys = ChainBlockHashes(a, kNs, 4, 2);
+  EXPECT_EQ(ev[0].kind, KvEvent::Kind::kStored);
+  EXPECT_EQ(ev[0].key, keys[0]);
+  EXPECT_EQ(ev[0].parent, kNoParentHash);
+  EXPECT_EQ(ev[0].tokens, Iota(0, 4));
+  EXPECT_EQ(ev[1].parent, keys[0]);
+  EXPECT_EQ(ev[1].ns, kNs);
+  EXPECT_TRUE(kv_.TakeEvents().empty()) << "taken once";
+  // A hit registers nothing new.
+  EXPECT_EQ(Prefill(kv_, 2, Concat(Iota(0, 8), {70, 71})), 8);
+  EXPECT_TRUE(kv_.TakeEvents().empty());
+  kv_.Free(2);
+  kv_.Free(1);
+  EXPECT_EQ(kv_.FindableBlocks().size(), 2u);
+  EXPECT_EQ(kv_.FindableBlocks()[0].second, kNs);
+  // 11 blocks, 2 cached + 2 tails: a 44-token request evicts them all.
+  EXPECT_EQ(Prefill(kv_, 3, Iota(500, 44)), 0);
+  ev = kv_.TakeEvents();
+  int removed = 0, stored = 0;
+  for (const KvEvent& e : ev) {
+    if (e.kind == KvEvent::Kind::kRemoved) {
+      ++removed;
+      EXPECT_TRUE(e.key == keys[0] || e.key == keys[1]);
+      EXPECT_EQ(stored, 0) << "evictions come before the new registrations";
+    } else {
+      ++stored;
+    }
+  }
+  EXPECT_EQ(removed, 2) << "the tails had no key to lose";
+  EXPECT_EQ(stored, 11);
+  EXPECT_GE(evictions_seen, 2) << "the caller's observer still runs";
+  kv_.Free(3);
+  // A purge loses the keys it drops.
+  EXPECT_EQ(kv_.PurgeCached([](BlockHash) { return true; }), 11);
+  ev = kv_.TakeEvents();
+  EXPECT_EQ(ev.size(), 11u);
+  for (const KvEvent& e : ev) EXPECT_EQ(e.kind, KvEvent::Kind::kRemoved);
+  EXPECT_TRUE(kv_.FindableBlocks().empty());
+  kv_.set_record_events(false);
+  EXPECT_EQ(Prefill(kv_, 4, a), 0);
+  EXPECT_TRUE(kv_.TakeEvents().empty()) << "off: nothing recorded";
+  ASSERT_INVARIANTS(kv_);
+}
+
+}  // namespace
+}  // namespace kvserve::kvcache

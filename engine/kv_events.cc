@@ -1,0 +1,132 @@
+#include "engine/kv_events.h"
+
+#include <utility>
+#include <variant>
+
+#include "absl/time/clock.h"
+
+namespace kvserve::engine {
+
+using kvcache::KvEvent;
+using kvevents::BlockRemoved;
+using kvevents::BlockStored;
+
+KvEventRelay::KvEventRelay(std::unique_ptr<kvevents::Publisher> publisher,
+                           int32_t block_size, kvcache::BlockHash public_ns)
+    : publisher_(std::move(publisher)),
+      block_size_(block_size),
+      public_ns_(public_ns) {}
+
+void KvEventRelay::Attach(kvcache::KvCacheManager* kv) {
+  kv_ = kv;
+  kv_->set_record_events(true);
+  kvevents::EventBatch batch;
+  batch.ts = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
+  batch.events.emplace_back(kvevents::AllBlocksCleared{});
+  (void)publisher_->Publish(std::move(batch));
+}
+
+kvevents::EventBatch KvEventRelay::Collect(std::vector<KvEvent> events) {
+  kvevents::EventBatch batch;
+  batch.ts = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
+  int64_t stored = 0, removed = 0, unannounced = 0;
+  // Consecutive changes of one kind (and, for stores, of one chain) share
+  // an event, as vLLM's cache_full_blocks does.
+  for (KvEvent& e : events) {
+    if (e.kind == KvEvent::Kind::kRemoved) {
+      if (announced_.erase(e.key) == 0) continue;
+      ++removed;
+      auto* last = batch.events.empty()
+                       ? nullptr
+                       : std::get_if<BlockRemoved>(&batch.events.back());
+      if (last == nullptr) {
+        batch.events.emplace_back(BlockRemoved{});
+        last = &std::get<BlockRemoved>(batch.events.back());
+      }
+      last->hashes.push_back(WireHash(e.key));
+      continue;
+    }
+    if (e.ns != public_ns_) {
+      ++unannounced;
+      continue;
+    }
+    if (!announced_.insert(e.key).second) continue;
+    ++stored;
+    auto* last = batch.events.empty()
+                     ? nullptr
+                     : std::get_if<BlockStored>(&batch.events.back());
+    if (last == nullptr || last->hashes.back() != WireHash(e.parent)) {
+      BlockStored s;
+      if (e.parent != kvcache::kNoParentHash) s.parent = WireHash(e.parent);
+      s.block_size = block_size_;
+      batch.events.emplace_back(std::move(s));
+      last = &std::get<BlockStored>(batch.events.back());
+    }
+    last->hashes.push_back(WireHash(e.key));
+    last->token_ids.insert(last->token_ids.end(), e.tokens.begin(),
+                           e.tokens.end());
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.stored_blocks += stored;
+  stats_.removed_blocks += removed;
+  stats_.unannounced_blocks += unannounced;
+  stats_.announced_blocks = static_cast<int64_t>(announced_.size());
+  return batch;
+}
+
+void KvEventRelay::Relay() {
+  if (kv_ == nullptr) return;
+  std::vector<KvEvent> events = kv_->TakeEvents();
+  if (!events.empty()) {
+    kvevents::EventBatch batch = Collect(std::move(events));
+    if (!batch.events.empty()) (void)publisher_->Publish(std::move(batch));
+  }
+  AnswerDumps();
+}
+
+void KvEventRelay::AnswerDumps() {
+  std::vector<std::shared_ptr<std::promise<ResidentBlocks>>> dumps;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (dumps_.empty()) return;
+    dumps.swap(dumps_);
+  }
+  ResidentBlocks r;
+  r.block_size = block_size_;
+  for (const auto& [key, ns] : kv_->FindableBlocks()) {
+    if (ns == public_ns_) {
+      r.hashes.push_back(WireHash(key));
+    } else {
+      ++r.unannounced;
+    }
+  }
+  for (auto& d : dumps) d->set_value(r);
+}
+
+absl::StatusOr<ResidentBlocks> KvEventRelay::ResidentHashes(
+    absl::Duration timeout) {
+  auto p = std::make_shared<std::promise<ResidentBlocks>>();
+  std::future<ResidentBlocks> f = p->get_future();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    dumps_.push_back(std::move(p));
+  }
+  if (f.wait_for(absl::ToChronoMilliseconds(timeout)) !=
+      std::future_status::ready) {
+    return absl::DeadlineExceededError(
+        "the engine did not answer the resident blocks dump in time");
+  }
+  return f.get();
+}
+
+KvEventStats KvEventRelay::stats() const {
+  KvEventStats s;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    s = stats_;
+  }
+  s.publisher = publisher_->stats();
+  return s;
+}
+
+}  // namespace kvserve::engine

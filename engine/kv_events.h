@@ -1,0 +1,84 @@
+// KvEventRelay: the engine's side of KV cache events (kvevents/). After
+// every engine iteration it turns the KV manager's record of keys that
+// became findable or stopped being findable into one event batch for the
+// publisher: BlockStored for a run of full blocks of one chain (computed,
+// or loaded from a tier into the pool), BlockRemoved for evicted or purged
+// ones, AllBlocksCleared once at start (a restarted replica's index starts
+// empty). The medium is "GPU": the engine's pool, on every device.
+//
+// Scope: a router keys blocks by token ids alone, so it cannot tell a
+// tenant's private scope or a cache_salt from the shared default. Only
+// blocks of the default namespace (no tenant scope, no salt) are
+// announced; a private block announced would send other tenants to a
+// replica that cannot serve them a hit, and would tell the router (and
+// whoever reads the stream) that tenant's prompts. A removal is published
+// only for a key that was announced.
+//
+// Wire hashes are the low 64 bits of the pool's 128-bit chain keys.
+//
+// Engine thread only, but for ResidentHashes and stats.
+#pragma once
+
+#include <cstdint>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "engine/engine.h"
+#include "kvcache/block_hash.h"
+#include "kvcache/kv_cache_manager.h"
+#include "kvevents/publisher.h"
+
+namespace kvserve::engine {
+
+struct KvEventStats {
+  kvevents::PublisherStats publisher;
+  int64_t announced_blocks = 0;    // announced and not removed since
+  int64_t stored_blocks = 0;       // in BlockStored events, ever
+  int64_t removed_blocks = 0;      // in BlockRemoved events, ever
+  int64_t unannounced_blocks = 0;  // registered outside the default scope
+};
+
+class KvEventRelay {
+ public:
+  // `public_ns`: the namespace announced (the scheduler's default).
+  KvEventRelay(std::unique_ptr<kvevents::Publisher> publisher,
+               int32_t block_size, kvcache::BlockHash public_ns);
+
+  // Starts recording on `kv` (engine thread, before the first request) and
+  // queues AllBlocksCleared.
+  void Attach(kvcache::KvCacheManager* kv);
+  // Publishes what changed since the last call (nothing when nothing did),
+  // then answers pending ResidentHashes calls.
+  void Relay();
+  // Any thread: the resident blocks as of the engine's next iteration
+  // (after the events before it were queued). DeadlineExceeded after
+  // `timeout`.
+  [[nodiscard]] absl::StatusOr<ResidentBlocks> ResidentHashes(
+      absl::Duration timeout);
+  [[nodiscard]] KvEventStats stats() const;
+
+  [[nodiscard]] static uint64_t WireHash(kvcache::BlockHash key) {
+    return absl::Uint128Low64(key);
+  }
+
+ private:
+  kvevents::EventBatch Collect(std::vector<kvcache::KvEvent> events);
+  void AnswerDumps();
+
+  std::unique_ptr<kvevents::Publisher> publisher_;
+  const int32_t block_size_;
+  const kvcache::BlockHash public_ns_;
+  kvcache::KvCacheManager* kv_ = nullptr;
+  absl::flat_hash_set<kvcache::BlockHash> announced_;  // engine thread
+
+  mutable std::mutex mu_;
+  KvEventStats stats_;  // guarded by mu_ (but publisher)
+  std::vector<std::shared_ptr<std::promise<ResidentBlocks>>> dumps_;
+};
+
+}  // namespace kvserve::engine
