@@ -52,6 +52,9 @@ void Engine::Impl::Admit(std::unique_ptr<LiveRequest> r) {
   req->set_cache_salt(r->spec.cache_salt);
   const RequestTenant& t = r->spec.tenant;
   req->set_cache_scope(t.cache_scope, t.scope_shared);
+  if (kv_events_) {
+    kv_events_->NoteRequest(t.cache_scope, t.scope_shared, r->spec.cache_salt);
+  }
   req->set_tenant({t.name, t.weight, t.max_running});
   req->set_num_completions(r->spec.n);
   const RequestId id = r->id;

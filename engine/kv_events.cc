@@ -12,10 +12,19 @@ using kvevents::BlockRemoved;
 using kvevents::BlockStored;
 
 KvEventRelay::KvEventRelay(std::unique_ptr<kvevents::Publisher> publisher,
-                           int32_t block_size, kvcache::BlockHash public_ns)
+                           int32_t block_size, std::string model_id)
     : publisher_(std::move(publisher)),
       block_size_(block_size),
-      public_ns_(public_ns) {}
+      model_id_(std::move(model_id)) {
+  announced_ns_.insert(kvcache::NamespaceHash(model_id_, "", ""));
+}
+
+void KvEventRelay::NoteRequest(const std::string& cache_scope,
+                               bool scope_shared,
+                               const std::string& cache_salt) {
+  if (!cache_salt.empty() || (!cache_scope.empty() && !scope_shared)) return;
+  announced_ns_.insert(kvcache::NamespaceHash(model_id_, cache_scope, ""));
+}
 
 void KvEventRelay::Attach(kvcache::KvCacheManager* kv) {
   kv_ = kv;
@@ -46,7 +55,7 @@ kvevents::EventBatch KvEventRelay::Collect(std::vector<KvEvent> events) {
       last->hashes.push_back(WireHash(e.key));
       continue;
     }
-    if (e.ns != public_ns_) {
+    if (!announced_ns_.contains(e.ns)) {
       ++unannounced;
       continue;
     }
@@ -94,7 +103,7 @@ void KvEventRelay::AnswerDumps() {
   ResidentBlocks r;
   r.block_size = block_size_;
   for (const auto& [key, ns] : kv_->FindableBlocks()) {
-    if (ns == public_ns_) {
+    if (announced_ns_.contains(ns)) {
       r.hashes.push_back(WireHash(key));
     } else {
       ++r.unannounced;

@@ -7,12 +7,14 @@
 // empty). The medium is "GPU": the engine's pool, on every device.
 //
 // Scope: a router keys blocks by token ids alone, so it cannot tell a
-// tenant's private scope or a cache_salt from the shared default. Only
-// blocks of the default namespace (no tenant scope, no salt) are
-// announced; a private block announced would send other tenants to a
-// replica that cannot serve them a hit, and would tell the router (and
-// whoever reads the stream) that tenant's prompts. A removal is published
-// only for a key that was announced.
+// tenant's private scope or a cache_salt from the shared default. Announced
+// are the blocks of the default scope and of scopes several tenants share
+// (server/tenants.h), without a cache_salt: within them, a router's match
+// is a hit for every tenant of the scope. A private scope's or a salted
+// block announced would send other tenants to a replica that cannot serve
+// them a hit, and would tell the router (and whoever reads the stream) that
+// tenant's prompts. A removal is published only for a key that was
+// announced.
 //
 // Wire hashes are the low 64 bits of the pool's 128-bit chain keys.
 //
@@ -23,6 +25,7 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
@@ -45,13 +48,17 @@ struct KvEventStats {
 
 class KvEventRelay {
  public:
-  // `public_ns`: the namespace announced (the scheduler's default).
+  // `model_id`: the scheduler's, which every namespace hashes.
   KvEventRelay(std::unique_ptr<kvevents::Publisher> publisher,
-               int32_t block_size, kvcache::BlockHash public_ns);
+               int32_t block_size, std::string model_id);
 
   // Starts recording on `kv` (engine thread, before the first request) and
   // queues AllBlocksCleared.
   void Attach(kvcache::KvCacheManager* kv);
+  // A request is admitted: its namespace is announced from now on when it
+  // is the default scope or a shared one, without a salt.
+  void NoteRequest(const std::string& cache_scope, bool scope_shared,
+                   const std::string& cache_salt);
   // Publishes what changed since the last call (nothing when nothing did),
   // then answers pending ResidentHashes calls.
   void Relay();
@@ -72,7 +79,9 @@ class KvEventRelay {
 
   std::unique_ptr<kvevents::Publisher> publisher_;
   const int32_t block_size_;
-  const kvcache::BlockHash public_ns_;
+  const std::string model_id_;
+  // Namespaces announced: the default's, and shared scopes' as they come.
+  absl::flat_hash_set<kvcache::BlockHash> announced_ns_;
   kvcache::KvCacheManager* kv_ = nullptr;
   absl::flat_hash_set<kvcache::BlockHash> announced_;  // engine thread
 

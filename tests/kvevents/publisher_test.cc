@@ -4,12 +4,14 @@
 // publisher's frames and replay protocol (vllm/distributed/kv_events.py).
 #include "kvevents/publisher.h"
 
+#include <unistd.h>
 #include <zmq.h>
 
 #include <string>
 #include <vector>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kvevents/kv_event.h"
 
@@ -143,7 +145,8 @@ TEST(PublisherTest, PublishesFramesInOrderAndReplays) {
     PublisherOptions o;
     o.endpoint = bound;
     ASSERT_FALSE(Publisher::Binds(o.endpoint));
-    o.replay_endpoint = "ipc:///tmp/kvserve-publisher-test-replay.sock";
+    o.replay_endpoint =
+        absl::StrCat("ipc:///tmp/kvserve-publisher-test-", getpid(), ".sock");
     o.topic = "kv@pod:8000@model";
     o.heartbeat = absl::Milliseconds(50);
     o.buffer_batches = 3;

@@ -1,0 +1,329 @@
+#!/usr/bin/env python3
+"""End-to-end tests of the KV cache events (--kv-events-endpoint) through
+the real kvserve binary, decoded as llm-d decodes them (llmd_kv_index.py,
+written from llm-d's source): after a workload with evictions,
+preemptions, forks (n=2), 1% of the messages dropped on purpose (resynced
+through the replay socket) and a restart, the index rebuilt from the
+stream equals the daemon's residency (GET /v1/kv/blocks) block for block,
+and the router's keys of a resident prompt's token ids find the pod;
+salted and private-scope blocks are never announced, a shared scope's
+are; CURVE keeps plain subscribers out; bad flags are refused.
+
+    kv_events_e2e_test.py --binary build/server/kvserve --source-dir .
+
+Cost: about 15 s (five daemon starts of the default model, ~140 requests).
+"""
+
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kvserve_process import (KvserveProcess, counter,  # noqa: E402
+                             metric_sum, run_unittests, token_ids)
+
+ARGS = None
+BLOCK = 16
+POD = "10.0.0.7:8000"
+MODEL = "smollm2"
+TOPIC = f"kv@{POD}@{MODEL}"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server(KvserveProcess):
+    def __init__(self, pub, replay, *extra, pool="24MiB"):
+        super().__init__(ARGS.binary, ARGS.source_dir, "--threads", "2",
+                         "--kv-cache-bytes", pool, "--max-model-len", "1024",
+                         "--max-num-seqs", "16", "--kv-events-endpoint", pub,
+                         "--kv-events-replay-endpoint", replay,
+                         "--kv-events-topic", TOPIC,
+                         "--kv-events-heartbeat-ms", "100", *extra)
+
+    def post(self, path, body, token=None):
+        headers = {"Content-Type": "application/json"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{self.http_port}{path}",
+            data=json.dumps(body).encode(), headers=headers)
+        with urllib.request.urlopen(req, timeout=300) as resp:
+            return json.loads(resp.read())
+
+    def complete(self, ids, max_tokens=8, n=1, token=None, **extra):
+        return self.post("/v1/completions",
+                         {"prompt": ids, "max_tokens": max_tokens, "n": n,
+                          "temperature": 0.7 if n > 1 else 0,
+                          "ignore_eos": True, **extra}, token)
+
+    def blocks(self, token=None):
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{self.http_port}/v1/kv/blocks",
+            headers=headers)
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return json.loads(resp.read())
+
+
+def import_index():
+    import llmd_kv_index
+    return llmd_kv_index
+
+
+class Follower:
+    """A subscriber thread keeping an llm-d index of the stream."""
+
+    def __init__(self, endpoint, replay, drop_rate=0.0, curve=None,
+                 bind=True):
+        m = import_index()
+        self.index = m.KvIndex(BLOCK)
+        rng = random.Random(7)
+        drop = (lambda: rng.random() < drop_rate) if drop_rate else None
+        self.sub = m.Subscriber(self.index, endpoint, replay, bind=bind,
+                                drop=drop, curve=curve)
+        self.lock = threading.Lock()
+        self.stop = False
+        self.errors = []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while not self.stop:
+            try:
+                with self.lock:
+                    self.sub.poll(0)
+            except Exception as e:  # noqa: BLE001 - reported by the test
+                self.errors.append(repr(e))
+            time.sleep(0.002)
+
+    def heartbeats(self):
+        with self.lock:
+            return self.sub.heartbeats
+
+    def settle(self, timeout=20):
+        """Until two heartbeats arrived after now: every batch queued
+        before has been applied (one publisher thread sends in order)."""
+        start = self.heartbeats()
+        deadline = time.monotonic() + timeout
+        while self.heartbeats() < start + 2:
+            if time.monotonic() > deadline:
+                raise TimeoutError("no heartbeat from the daemon")
+            time.sleep(0.02)
+
+    def close(self):
+        self.stop = True
+        self.thread.join(timeout=10)
+        self.sub.close()
+
+
+class KvEventsTest(unittest.TestCase):
+    def check_residency(self, server, follower, token=None):
+        dump = server.blocks(token)
+        follower.settle()
+        self.assertEqual(dump["block_size"], BLOCK)
+        resident = {int(h) for h in dump["hashes"]}
+        with follower.lock:
+            known = follower.index.engine_hashes(POD)
+        missing, extra = resident - known, known - resident
+        agree = len(resident & known) / max(len(resident | known), 1)
+        self.assertGreaterEqual(agree, 0.999, (len(missing), len(extra)))
+        self.assertEqual(follower.errors, [])
+        return resident, agree
+
+    def test_index_follows_residency_through_drops_and_a_restart(self):
+        pub, replay = free_port(), free_port()
+        endpoint = f"tcp://127.0.0.1:{pub}"
+        replay_ep = f"tcp://127.0.0.1:{replay}"
+        # The follower binds (llm-d's endpoint picker); the daemon connects.
+        follower = Follower(endpoint, replay_ep, drop_rate=0.01)
+        try:
+            server = Server(endpoint, replay_ep)
+            try:
+                system = token_ids(40, 160)  # 10 shared blocks
+                prompts = [system + token_ids(1000 + i, 40 + 7 * (i % 9))
+                           for i in range(120)]
+
+                def send(i):
+                    n = 2 if i % 10 == 3 else 1  # forks
+                    return server.complete(prompts[i], max_tokens=12, n=n)
+                threads = []
+                for i in range(len(prompts)):
+                    t = threading.Thread(target=send, args=(i,))
+                    t.start()
+                    threads.append(t)
+                    if len(threads) >= 12:
+                        threads.pop(0).join()
+                for t in threads:
+                    t.join()
+                # Ten long generations at once outgrow the pool (128
+                # blocks): preemptions while blocks are being announced.
+                long_ones = [token_ids(3000 + i, 64) for i in range(10)]
+                threads = [threading.Thread(
+                    target=server.complete, args=(ids,),
+                    kwargs={"max_tokens": 200}) for ids in long_ones]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+                # A salted prompt is never announced.
+                salted = token_ids(77, 200)
+                server.complete(salted, max_tokens=2, cache_salt="s1")
+                last = prompts[-1]
+                server.complete(last, max_tokens=2)
+                m = server.metrics()
+                resident, agree = self.check_residency(server, follower)
+                self.assertGreater(len(resident), 20)
+                with follower.lock:
+                    idx, sub = follower.index, follower.sub
+                    # The router's keys of the last prompt's ids find the
+                    # pod for every full block of it.
+                    self.assertEqual(idx.hits(POD, MODEL, last),
+                                     len(last) // BLOCK)
+                    self.assertEqual(idx.hits(POD, MODEL, salted), 0)
+                    self.assertGreater(sub.dropped, 0)
+                    self.assertGreater(sub.replays, 0)
+                    self.assertEqual(idx.dropped_events, 0)
+                self.assertGreater(
+                    counter(m, "kvserve_kv_events_removed_blocks_total"), 0,
+                    "the workload evicted announced blocks")
+                self.assertGreater(metric_sum(m, "kvserve_preemptions_total"),
+                                   0, "the workload preempted")
+                self.assertGreater(
+                    counter(m, "kvserve_kv_events_unannounced_blocks_total"),
+                    0)
+                self.assertGreater(
+                    counter(m, "kvserve_kv_events_replays_total"), 0)
+                self.assertEqual(
+                    counter(m, "kvserve_kv_events_dropped_batches_total"), 0)
+            finally:
+                server.terminate()
+            # A restarted daemon starts at sequence 0 with AllBlocksCleared:
+            # the pod's entries go, then its new blocks come.
+            server = Server(endpoint, replay_ep)
+            try:
+                server.complete(prompts[0], max_tokens=4)
+                resident, _ = self.check_residency(server, follower)
+                with follower.lock:
+                    self.assertGreaterEqual(follower.sub.restarts, 1)
+                    self.assertEqual(
+                        follower.index.hits(POD, MODEL, prompts[5]),
+                        len(system) // BLOCK, "only the shared prefix")
+                self.assertEqual(len(resident), len(prompts[0]) // BLOCK)
+            finally:
+                server.terminate()
+        finally:
+            follower.close()
+
+    def test_scopes_private_shared_and_admin_only_dump(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            tokens = os.path.join(tmp, "tokens")
+            with open(tokens, "w") as f:
+                f.write("tok-alice tenant=alice\n"
+                        "tok-carol tenant=carol cache_scope=team\n"
+                        "tok-dave tenant=dave cache_scope=team\n"
+                        "tok-ops tenant=ops admin\n")
+            os.chmod(tokens, 0o600)
+            pub, replay = free_port(), free_port()
+            endpoint = f"tcp://127.0.0.1:{pub}"
+            replay_ep = f"tcp://127.0.0.1:{replay}"
+            follower = Follower(endpoint, replay_ep)
+            server = Server(endpoint, replay_ep, "--auth-token-file", tokens)
+            try:
+                private = token_ids(5, 100)
+                shared = token_ids(6, 100)
+                server.complete(private, max_tokens=2, token="tok-alice")
+                server.complete(shared, max_tokens=2, token="tok-carol")
+                with self.assertRaises(urllib.error.HTTPError) as e:
+                    server.blocks("tok-alice")
+                self.assertEqual(e.exception.code, 403)
+                resident, _ = self.check_residency(server, follower,
+                                                   "tok-ops")
+                self.assertEqual(len(resident), len(shared) // BLOCK)
+                with follower.lock:
+                    idx = follower.index
+                    self.assertEqual(idx.hits(POD, MODEL, private), 0)
+                    self.assertEqual(idx.hits(POD, MODEL, shared),
+                                     len(shared) // BLOCK)
+                self.assertGreaterEqual(
+                    server.blocks("tok-ops")["unannounced_blocks"],
+                    len(private) // BLOCK)
+            finally:
+                server.terminate()
+                follower.close()
+
+    def test_curve_keeps_plain_subscribers_out(self):
+        import zmq
+        server_public, server_secret = zmq.curve_keypair()
+        client_public, client_secret = zmq.curve_keypair()
+        with tempfile.TemporaryDirectory() as tmp:
+            key = os.path.join(tmp, "curve.key")
+            with open(key, "wb") as f:
+                f.write(server_secret + b"\n")
+            pub, replay = free_port(), free_port()
+            # Bound by the daemon (a wildcard host), subscribers connect.
+            server = Server(f"tcp://*:{pub}", f"tcp://127.0.0.1:{replay}",
+                            "--kv-events-curve-secret-key-file", key)
+            endpoint = f"tcp://127.0.0.1:{pub}"
+            plain = Follower(endpoint, None, bind=False)
+            secure = Follower(endpoint, None, bind=False,
+                              curve=(client_public, client_secret,
+                                     server_public))
+            try:
+                server.complete(token_ids(8, 64), max_tokens=2)
+                secure.settle()
+                self.assertEqual(plain.heartbeats(), 0)
+                with secure.lock:
+                    self.assertEqual(
+                        secure.index.hits(POD, MODEL, token_ids(8, 64)), 4)
+            finally:
+                plain.close()
+                secure.close()
+                server.terminate()
+
+    def test_bad_flags_are_refused(self):
+        model = os.path.join(ARGS.source_dir, "weights",
+                             "SmolLM2-135M-Instruct.Q4_1.gguf")
+        cases = [
+            (["--kv-events-endpoint", "http://x:1"], "--kv-events-endpoint"),
+            (["--kv-events-topic", "kv@a@b"], "--kv-events-topic"),
+            (["--kv-events-endpoint", "tcp://*:1",
+              "--kv-events-curve-secret-key-file", "/nonexistent"],
+             "--kv-events-curve-secret-key-file"),
+        ]
+        for flags, named in cases:
+            r = subprocess.run([ARGS.binary, "--model", model, "--port", "0",
+                                "--metrics-port", "0", *flags],
+                               capture_output=True, text=True, timeout=60)
+            self.assertNotEqual(r.returncode, 0, flags)
+            self.assertIn(named, r.stderr + r.stdout, flags)
+
+
+def setup(args, pb, pb_grpc):
+    global ARGS
+    ARGS = args
+
+
+def skip_reason(_):
+    try:
+        import cbor2  # noqa: F401
+        import msgpack  # noqa: F401
+        import zmq  # noqa: F401
+    except ImportError as e:
+        return f"{e} (deploy/setup.sh installs pyzmq, msgpack, cbor2)"
+    return None
+
+
+if __name__ == "__main__":
+    sys.exit(run_unittests(__doc__, setup, skip_reason))
