@@ -13,7 +13,10 @@ one run:
             prompts pushed it out of the pool ("running": a disk hit into
             pool pages already in use, as in a daemon that has served a
             while; a restarted daemon's first loads also fault its pool's
-            pages in).
+            pages in; right after the other two prompts' 100 MB of writes),
+            and in steady state ("steady": the three prompts requested in
+            turn through a pool that holds two, --steady-rounds times, so
+            every request is a disk hit and none writes; the median).
   overhead: tiers on with no hits vs tiers off: TTFT of unique --overhead-
             tokens prompts and the output throughput of --streams
             concurrent unique requests, the two daemons alternated (A B B A).
@@ -165,6 +168,20 @@ def restart_point(args, length, repeat):
                             u.kv.cached_tokens_by_tier.disk == 0):
                         raise RuntimeError(f"evicted: no disk hit: {u}")
                     out["disk_running"] = ttft
+                    # Steady state: the three prompts in turn through a
+                    # pool of two, so each request is a disk hit and no
+                    # request writes (all blocks are on disk already).
+                    steady = []
+                    for _ in range(args.steady_rounds):
+                        for other in (1, 2):
+                            d.generate(token_ids(5_000_000 * other + repeat,
+                                                 length), 1)
+                        ttft, tokens, u = d.generate(ids, args.max_tokens)
+                        if (tokens != ref or
+                                u.kv.cached_tokens_by_tier.disk == 0):
+                            raise RuntimeError(f"steady: no disk hit: {u}")
+                        steady.append(ttft)
+                    out["disk_steady"] = statistics.median(steady)
             finally:
                 d.stop()
         return out
@@ -270,6 +287,7 @@ def main():
     p.add_argument("--streams", type=int, default=32)
     p.add_argument("--max-tokens-streams", type=int, default=64)
     p.add_argument("--skip-overhead", action="store_true")
+    p.add_argument("--steady-rounds", type=int, default=5)
     p.add_argument("--remote", action="store_true")
     p.add_argument("--json")
     args = p.parse_args()
@@ -283,7 +301,8 @@ def main():
                     for r in range(args.repeats)]
             point = {k: summary([r[k] for r in runs])
                      for k in ("cold", "disk_warm", "disk_cold", "pool_hit",
-                               "disk_running", "disk_warm_load",
+                               "disk_running", "disk_steady",
+                               "disk_warm_load",
                                "disk_cold_load")}
             for k in ("disk_warm", "disk_cold"):
                 point[f"speedup_{k}"] = summary(
@@ -292,6 +311,8 @@ def main():
                 [r["disk_warm"] / r["pool_hit"] for r in runs])
             point["disk_running_over_pool"] = summary(
                 [r["disk_running"] / r["pool_hit"] for r in runs])
+            point["disk_steady_over_pool"] = summary(
+                [r["disk_steady"] / r["pool_hit"] for r in runs])
             point["cached"] = runs[0]["cached"]
             result["restart"][length] = point
             print(f"prompt {length}: cold {fmt(point['cold'], 1e3)} ms, "
@@ -303,7 +324,9 @@ def main():
                   f"{fmt(point['disk_warm_over_pool'], digits=2)}; in a "
                   f"running daemon {fmt(point['disk_running'], 1e3)} ms, "
                   f"/ pool hit "
-                  f"{fmt(point['disk_running_over_pool'], digits=2)}; load "
+                  f"{fmt(point['disk_running_over_pool'], digits=2)}; "
+                  f"steady {fmt(point['disk_steady'], 1e3)} ms, / pool hit "
+                  f"{fmt(point['disk_steady_over_pool'], digits=2)}; load "
                   f"(warm, cold) {fmt(point['disk_warm_load'], 1e3)}, "
                   f"{fmt(point['disk_cold_load'], 1e3)} ms; "
                   f"{point['cached']} cached tokens", flush=True)
