@@ -194,7 +194,8 @@ absl::Status Engine::Impl::Init(
         CacheConfigInfo{config_.scheduler.block_size, num_blocks, per_token,
                         info_.kv_dtype, backend_ref.num_swap_slots(),
                         backend_ref.bytes_per_block(), info_.device,
-                        info_.simulated});
+                        info_.simulated,
+                        config_.scheduler.enable_prefix_caching});
     scheduler_->SetEvictionObserver(
         [metrics = metrics_.get()](const kvcache::Eviction& e) {
           metrics->ObserveEviction(e);

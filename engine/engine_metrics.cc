@@ -20,6 +20,7 @@ Histogram::BucketBoundaries LatencyBuckets() {
 EngineMetrics::EngineMetrics(prometheus::Registry& r,
                              const CacheConfigInfo& info) {
   RegisterTenants(r);
+  RegisterGieProtocol(r, info);
   auto& blocks = BuildGauge()
                      .Name("kvserve_kv_blocks")
                      .Help(
@@ -299,6 +300,37 @@ void EngineMetrics::SetKvBlocks(int64_t active, int64_t cached, int64_t free) {
   if (active > blocks_active_peak_->Value()) blocks_active_peak_->Set(active);
   const double total = active + cached + free;
   usage_->Set(total > 0 ? active / total : 0.0);
+  gie_usage_->Set(usage_->Value());
+  gie_usage_old_->Set(usage_->Value());
+}
+
+// GIE's docs/proposals/003-model-server-protocol: queued and running
+// requests and KV utilization (a fraction, 0..1) as gauges; the block size
+// and block count as labels of an info gauge. vLLM renamed
+// gpu_cache_usage_perc to kv_cache_usage_perc in 0.10 while the picker's
+// default kept the old name: both are exported.
+void EngineMetrics::RegisterGieProtocol(prometheus::Registry& r,
+                                        const CacheConfigInfo& info) {
+  auto gauge = [&r](const char* name, const char* help) {
+    return &BuildGauge().Name(name).Help(help).Register(r).Add({});
+  };
+  gie_waiting_ = gauge("vllm:num_requests_waiting",
+                       "Requests waiting (GIE model-server protocol)");
+  gie_running_ = gauge("vllm:num_requests_running",
+                       "Requests running (GIE model-server protocol)");
+  gie_usage_ = gauge("vllm:kv_cache_usage_perc",
+                     "Fraction of KV blocks in use, 0..1 (GIE protocol)");
+  gie_usage_old_ = gauge("vllm:gpu_cache_usage_perc",
+                         "vllm:kv_cache_usage_perc's name before vLLM 0.10");
+  BuildGauge()
+      .Name("vllm:cache_config_info")
+      .Help("KV cache configuration (GIE protocol; value is always 1)")
+      .Register(r)
+      .Add({{"block_size", absl::StrCat(info.block_size)},
+            {"num_gpu_blocks", absl::StrCat(info.num_blocks)},
+            {"cache_dtype", std::string(kvcache::KvDtypeName(info.kv_dtype))},
+            {"enable_prefix_caching", info.prefix_caching ? "True" : "False"}})
+      .Set(1);
 }
 
 void EngineMetrics::ObserveStep(double seconds, int64_t tokens) {

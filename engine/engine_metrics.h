@@ -28,6 +28,7 @@ struct CacheConfigInfo {
   int64_t bytes_per_block = 0;
   std::string device;      // "cpu", "cuda:0", "sim:h200x2"
   bool simulated = false;  // the simulated device
+  bool prefix_caching = true;
 };
 
 class EngineMetrics {
@@ -44,6 +45,8 @@ class EngineMetrics {
   void SetQueues(int64_t running, int64_t waiting) {
     running_->Set(running);
     waiting_->Set(waiting);
+    gie_running_->Set(running);
+    gie_waiting_->Set(waiting);
   }
   // A step's preemptions by mode and reason.
   void AddPreemptions(const scheduler::StepStats& s);
@@ -120,6 +123,11 @@ class EngineMetrics {
       *tenant_generation_, *tenant_cached_, *tenant_preemptions_,
       *tenant_rejected_;
   void RegisterTenants(prometheus::Registry& r);
+  // The Gateway API Inference Extension's model-server protocol, under
+  // vLLM's names, so an endpoint picker reads kvserve unconfigured.
+  void RegisterGieProtocol(prometheus::Registry& r,
+                           const CacheConfigInfo& info);
+  prometheus::Gauge *gie_running_, *gie_waiting_, *gie_usage_, *gie_usage_old_;
   prometheus::Histogram *ttft_, *itl_, *e2e_, *queue_, *step_time_,
       *step_tokens_;
 };

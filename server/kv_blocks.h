@@ -6,8 +6,8 @@
 //    "unannounced_blocks": 3}
 //
 // Hashes are unsigned 64-bit integers written as decimal strings (a JSON
-// number would lose bits in readers that parse doubles). Blocks of tenant
-// scopes and cache_salts are counted, never listed.
+// number would lose bits in readers that parse doubles). Blocks of private
+// tenant scopes and cache_salts are counted, never listed.
 #pragma once
 
 #include <string>

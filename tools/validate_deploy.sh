@@ -101,9 +101,13 @@ step "promtool check rules" \
 step "promtool test rules" \
   promtool test rules deploy/prometheus/kvserve-alerts.test.yaml
 if [ -n "$METRICS_FILE" ]; then
+  # The vllm:* gauges are the Gateway API Inference Extension's protocol
+  # names, colons included, which promtool's style lint refuses; the lint
+  # runs on everything else (tests/server/kv_events_e2e_test.py parses
+  # them with prometheus_client).
   # shellcheck disable=SC2016  # $1 expands in the inner shell
   step "promtool check metrics (live scrape)" \
-    bash -c 'promtool check metrics < "$1"' _ "$METRICS_FILE"
+    bash -c 'grep -v "vllm:" "$1" | promtool check metrics' _ "$METRICS_FILE"
 fi
 
 checks=(python3 tests/deploy/deploy_checks.py --source-dir "$ROOT")

@@ -7,7 +7,8 @@ through the replay socket) and a restart, the index rebuilt from the
 stream equals the daemon's residency (GET /v1/kv/blocks) block for block,
 and the router's keys of a resident prompt's token ids find the pod;
 salted and private-scope blocks are never announced, a shared scope's
-are; CURVE keeps plain subscribers out; bad flags are refused.
+are; CURVE keeps plain subscribers out; the endpoint picker's protocol
+metrics (vllm:*) parse as a scraper reads them; bad flags are refused.
 
     kv_events_e2e_test.py --binary build/server/kvserve --source-dir .
 
@@ -292,6 +293,39 @@ class KvEventsTest(unittest.TestCase):
                 secure.close()
                 server.terminate()
 
+    def test_gie_protocol_metrics_parse_as_a_scraper_reads_them(self):
+        """GIE's model-server protocol (docs/proposals/003-model-server-
+        protocol): names, types and labels, parsed by prometheus_client."""
+        from prometheus_client.parser import text_string_to_metric_families
+        pub, replay = free_port(), free_port()
+        server = Server(f"tcp://127.0.0.1:{pub}", f"tcp://127.0.0.1:{replay}")
+        try:
+            server.complete(token_ids(9, 40), max_tokens=2)
+            url = f"http://127.0.0.1:{server.http_port}/metrics"
+            with urllib.request.urlopen(url, timeout=10) as resp:
+                text = resp.read().decode()
+        finally:
+            server.terminate()
+        families = {f.name: f for f in text_string_to_metric_families(text)}
+        for name in ("vllm:num_requests_waiting", "vllm:num_requests_running",
+                     "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc",
+                     "vllm:cache_config_info"):
+            self.assertIn(name, families)
+            self.assertEqual(families[name].type, "gauge", name)
+        value = {n: families[n].samples[0].value for n in families}
+        self.assertEqual(value["vllm:num_requests_running"], 0)
+        self.assertEqual(value["vllm:num_requests_waiting"], 0)
+        self.assertTrue(0 <= value["vllm:kv_cache_usage_perc"] <= 1)
+        self.assertEqual(value["vllm:gpu_cache_usage_perc"],
+                         value["vllm:kv_cache_usage_perc"])
+        self.assertEqual(value["vllm:kv_cache_usage_perc"],
+                         value["kvserve_kv_cache_usage_ratio"])
+        info = families["vllm:cache_config_info"].samples[0]
+        self.assertEqual(info.value, 1)
+        self.assertEqual(info.labels["block_size"], str(BLOCK))
+        blocks = families["kvserve_kv_blocks_capacity"].samples[0].value
+        self.assertEqual(info.labels["num_gpu_blocks"], str(int(blocks)))
+
     def test_bad_flags_are_refused(self):
         model = os.path.join(ARGS.source_dir, "weights",
                              "SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -319,9 +353,11 @@ def skip_reason(_):
     try:
         import cbor2  # noqa: F401
         import msgpack  # noqa: F401
+        import prometheus_client  # noqa: F401
         import zmq  # noqa: F401
     except ImportError as e:
-        return f"{e} (deploy/setup.sh installs pyzmq, msgpack, cbor2)"
+        return (f"{e} (deploy/setup.sh installs pyzmq, msgpack, cbor2, "
+                "prometheus-client)")
     return None
 
 
