@@ -47,6 +47,9 @@ KvEventMetrics::KvEventMetrics(prometheus::Registry& r) {
   unannounced_.counter = Counter(
       r, p + "unannounced_blocks_total",
       "Blocks cached under a tenant scope or a cache_salt: not announced");
+  engine_seconds_ =
+      Counter(r, p + "engine_cpu_seconds_total",
+              "Engine-thread CPU time spent batching and queuing KV events");
   announced_ = Gauge(r, p + "announced_blocks",
                      "Blocks announced as resident and not removed since");
   queued_ = Gauge(r, p + "queued_batches",
@@ -65,6 +68,11 @@ void KvEventMetrics::Publish(const KvEventStats& s) {
   stored_.Advance(s.stored_blocks);
   removed_.Advance(s.removed_blocks);
   unannounced_.Advance(s.unannounced_blocks);
+  if (s.engine_cpu_nanos > engine_nanos_last_) {
+    engine_seconds_->Increment(
+        1e-9 * static_cast<double>(s.engine_cpu_nanos - engine_nanos_last_));
+    engine_nanos_last_ = s.engine_cpu_nanos;
+  }
   announced_->Set(static_cast<double>(s.announced_blocks));
   queued_->Set(static_cast<double>(s.publisher.queued));
 }

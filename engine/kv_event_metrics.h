@@ -28,6 +28,8 @@ class KvEventMetrics {
   Tracked batches_, events_, heartbeats_, dropped_batches_, dropped_events_,
       send_errors_, replays_, replayed_batches_, stored_, removed_,
       unannounced_;
+  prometheus::Counter* engine_seconds_ = nullptr;
+  int64_t engine_nanos_last_ = 0;
   prometheus::Gauge* announced_ = nullptr;
   prometheus::Gauge* queued_ = nullptr;
 };

@@ -1,5 +1,7 @@
 #include "engine/kv_events.h"
 
+#include <time.h>
+
 #include <utility>
 #include <variant>
 
@@ -83,12 +85,26 @@ kvevents::EventBatch KvEventRelay::Collect(std::vector<KvEvent> events) {
   return batch;
 }
 
+namespace {
+
+int64_t ThreadCpuNanos() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+}
+
+}  // namespace
+
 void KvEventRelay::Relay() {
   if (kv_ == nullptr) return;
   std::vector<KvEvent> events = kv_->TakeEvents();
   if (!events.empty()) {
+    const int64_t t0 = ThreadCpuNanos();
     kvevents::EventBatch batch = Collect(std::move(events));
     if (!batch.events.empty()) (void)publisher_->Publish(std::move(batch));
+    const int64_t spent = ThreadCpuNanos() - t0;
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.engine_cpu_nanos += spent;
   }
   AnswerDumps();
 }

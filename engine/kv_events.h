@@ -44,6 +44,9 @@ struct KvEventStats {
   int64_t stored_blocks = 0;       // in BlockStored events, ever
   int64_t removed_blocks = 0;      // in BlockRemoved events, ever
   int64_t unannounced_blocks = 0;  // registered outside the default scope
+  // Engine-thread CPU time spent turning records into batches and queuing
+  // them (the records themselves are made inside the step).
+  int64_t engine_cpu_nanos = 0;
 };
 
 class KvEventRelay {

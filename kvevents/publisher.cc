@@ -1,5 +1,6 @@
 #include "kvevents/publisher.h"
 
+#include <pthread.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -257,6 +258,7 @@ void Publisher::ServeReplay() {
 }
 
 void Publisher::Run() {
+  pthread_setname_np(pthread_self(), "kv-events");
   absl::Time last_send = absl::Now();
   while (true) {
     int timeout_ms = -1;
