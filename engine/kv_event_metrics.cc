@@ -24,35 +24,37 @@ void KvEventMetrics::Tracked::Advance(int64_t now) {
 }
 
 KvEventMetrics::KvEventMetrics(prometheus::Registry& r) {
-  const std::string p = "kvserve_kv_events_";
-  batches_.counter = Counter(r, p + "batches_total",
+  batches_.counter = Counter(r, "kvserve_kv_events_batches_total",
                              "KV event batches published (heartbeats too)");
-  events_.counter = Counter(r, p + "events_total", "KV events published");
-  heartbeats_.counter = Counter(r, p + "heartbeats_total",
+  events_.counter =
+      Counter(r, "kvserve_kv_events_events_total", "KV events published");
+  heartbeats_.counter = Counter(r, "kvserve_kv_events_heartbeats_total",
                                 "Empty KV event batches sent on silence");
   dropped_batches_.counter =
-      Counter(r, p + "dropped_batches_total",
+      Counter(r, "kvserve_kv_events_dropped_batches_total",
               "KV event batches dropped: the publisher's queue was full");
-  dropped_events_.counter =
-      Counter(r, p + "dropped_events_total", "KV events in dropped batches");
-  send_errors_.counter = Counter(r, p + "send_errors_total",
+  dropped_events_.counter = Counter(r, "kvserve_kv_events_dropped_events_total",
+                                    "KV events in dropped batches");
+  send_errors_.counter = Counter(r, "kvserve_kv_events_send_errors_total",
                                  "KV event messages ZMQ failed to send");
-  replays_.counter = Counter(r, p + "replays_total", "Replay requests served");
-  replayed_batches_.counter = Counter(r, p + "replayed_batches_total",
-                                      "KV event batches sent by replays");
-  stored_.counter = Counter(r, p + "stored_blocks_total",
+  replays_.counter =
+      Counter(r, "kvserve_kv_events_replays_total", "Replay requests served");
+  replayed_batches_.counter =
+      Counter(r, "kvserve_kv_events_replayed_batches_total",
+              "KV event batches sent by replays");
+  stored_.counter = Counter(r, "kvserve_kv_events_stored_blocks_total",
                             "Blocks announced in BlockStored events");
-  removed_.counter = Counter(r, p + "removed_blocks_total",
+  removed_.counter = Counter(r, "kvserve_kv_events_removed_blocks_total",
                              "Blocks announced in BlockRemoved events");
   unannounced_.counter = Counter(
-      r, p + "unannounced_blocks_total",
+      r, "kvserve_kv_events_unannounced_blocks_total",
       "Blocks cached under a tenant scope or a cache_salt: not announced");
   engine_seconds_ =
-      Counter(r, p + "engine_cpu_seconds_total",
+      Counter(r, "kvserve_kv_events_engine_cpu_seconds_total",
               "Engine-thread CPU time spent batching and queuing KV events");
-  announced_ = Gauge(r, p + "announced_blocks",
+  announced_ = Gauge(r, "kvserve_kv_events_announced_blocks",
                      "Blocks announced as resident and not removed since");
-  queued_ = Gauge(r, p + "queued_batches",
+  queued_ = Gauge(r, "kvserve_kv_events_queued_batches",
                   "KV event batches waiting for the publisher thread");
 }
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What KV cache events cost the engine (--kv-events-endpoint), through the
-real daemon (gRPC): two daemons, events on and off, alternated A B B A over
---repeats runs; each run sends --streams concurrent requests of unique
+real daemon (gRPC): events on and off, alternated A B B A over --repeats
+runs, each run on a freshly started daemon; each run sends --streams concurrent requests of unique
 --prompt-tokens prompts (so every prompt block is announced) and
 --max-tokens outputs. A subscriber (a SUB socket that binds, as llm-d's
 endpoint picker does) receives the stream of the daemon with events on.
@@ -152,7 +152,6 @@ def main():
         PB, PB_GRPC = compile_proto(os.path.join(REPO, "proto"), out)
         endpoint = f"tcp://127.0.0.1:{free_port()}"
         sink = Sink(endpoint)
-        on, off = Daemon(args, endpoint), Daemon(args)
         res = {"on": [], "off": []}
         seed = [0]
 
@@ -163,15 +162,18 @@ def main():
                     for i in range(args.streams)]
         try:
             for r in range(args.repeats):
-                order = [("on", on), ("off", off)]
-                if r % 2:
-                    order.reverse()
-                for name, d in order:
-                    res[name].append(run_once(d, prompts(), args.max_tokens))
+                order = ["on", "off"] if r % 2 == 0 else ["off", "on"]
+                for name in order:
+                    # A fresh daemon each run: no bias of one process (its
+                    # memory, its cache's history) on one side.
+                    d = Daemon(args, endpoint if name == "on" else None)
+                    try:
+                        res[name].append(
+                            run_once(d, prompts(), args.max_tokens))
+                    finally:
+                        d.close()
                     print(name, res[name][-1], flush=True)
         finally:
-            on.close()
-            off.close()
             sink.close()
     share = [r["relay_cpu"] / r["engine_cpu"] for r in res["on"]]
     ratio = [a["tok_s"] / b["tok_s"] for a, b in zip(res["on"], res["off"])]

@@ -77,6 +77,8 @@ def known_series(src):
     for path in source_files(src):
         text = read(path)
         names.update(re.findall(r'"(kvserve_[a-z0-9_]+)"', text))
+        # The GIE model-server protocol's names (engine_metrics.cc).
+        names.update(re.findall(r'"(vllm:[a-z0-9_]+)"', text))
         hists.update(re.findall(r'hist\(\s*"(kvserve_[a-z0-9_]+)"', text))
         hists.update(re.findall(
             r'BuildHistogram\(\)\s*\.Name\(\s*"(kvserve_[a-z0-9_]+)"', text))
@@ -89,7 +91,8 @@ def known_series(src):
 def serve_flags(src):
     """Flag names `kvserve serve` accepts (--no-X for booleans too)."""
     text = "".join(read(os.path.join(src, "cli", f))
-                   for f in ("cli_serve.cc", "engine_flags.cc"))
+                   for f in ("cli_serve.cc", "engine_flags.cc",
+                             "kv_events_flags.cc"))
     flags = set()
     for kind, name in re.findall(r'args->(\w+)\(\s*"([a-z0-9-]+)"', text):
         flags.add(name)
@@ -333,11 +336,54 @@ def check_stack(r, where, docs, src, flags, series):
         unknown = {k: v for k, v in used.items()
                    if v.split("{")[0] not in series}
         r.check(f"{where}: endpoint picker metric flags name kvserve "
-                f"metrics", used and not unknown, f"unknown {unknown}")
-        for needed in ("total-queued-requests-metric",
-                       "kv-cache-usage-percentage-metric"):
-            r.check(f"{where}: endpoint picker sets --{needed}",
-                    needed in used, "missing: it would scrape vLLM names")
+                f"metrics", not unknown, f"unknown {unknown}")
+        # Without a flag the picker scrapes the protocol's vLLM names,
+        # which kvserve exports too.
+        defaults = {"total-queued-requests-metric":
+                    "vllm:num_requests_waiting",
+                    "kv-cache-usage-percentage-metric":
+                    "vllm:gpu_cache_usage_perc"}
+        for needed, default in defaults.items():
+            r.check(f"{where}: endpoint picker's --{needed} names a served "
+                    f"metric", needed in used or default in series,
+                    f"{default} is not exported")
+
+
+def check_precise_routing(r, where, docs, kvserve_args):
+    """llm-d's precise prefix-cache scorer, where configured, reads the
+    events kvserve publishes: same block size, the discovered port is the
+    one kvserve binds, the topic's model seeds the same keys."""
+    for cm in by_kind(docs, "ConfigMap"):
+        for text in cm.get("data", {}).values():
+            try:
+                cfg = yaml.safe_load(text)
+            except yaml.YAMLError:
+                continue
+            if not isinstance(cfg, dict):
+                continue
+            for plugin in cfg.get("plugins", []):
+                if plugin.get("type") != "precise-prefix-cache-scorer":
+                    continue
+                params = plugin.get("parameters", {})
+                fv = flag_values(kvserve_args)
+                block = params.get("tokenProcessorConfig", {}).get(
+                    "blockSize")
+                r.check(f"{where}: the scorer's blockSize is kvserve's "
+                        f"--block-size", str(block) ==
+                        fv.get("block-size", "16"), str(block))
+                endpoint = fv.get("kv-events-endpoint", "")
+                ev = params.get("kvEventsConfig", {})
+                port = ev.get("podDiscoveryConfig", {}).get("socketPort")
+                r.check(f"{where}: kvserve binds the events port the scorer "
+                        f"dials", endpoint == f"tcp://*:{port}",
+                        f"{endpoint} vs {port}")
+                model = params.get("indexerConfig", {}).get(
+                    "tokenizersPoolConfig", {}).get("modelName")
+                topic = fv.get("kv-events-topic", "")
+                r.check(f"{where}: the topic's model is the scorer's "
+                        f"tokenizer model", topic.startswith(
+                            ev.get("topicFilter", "kv@")) and
+                        topic.split("@")[-1] == model, f"{topic} vs {model}")
 
 
 def check_k8s(r, root, src, flags, series):
@@ -352,6 +398,11 @@ def check_k8s(r, root, src, flags, series):
         for d in docs:
             validate_doc(r, schema_dir, rel, d)
         check_stack(r, rel, docs, src, flags, series)
+        kv = [d for d in by_kind(docs, "Deployment")
+              if d["metadata"]["name"] == "kvserve"]
+        if kv:
+            check_precise_routing(r, rel, docs,
+                                  container(kv[0], "kvserve").get("args", []))
     for path in glob.glob(os.path.join(root, "deploy", "k8s", "**", "*.yaml"),
                           recursive=True):
         covered.add(os.path.normpath(path))
