@@ -229,7 +229,8 @@ grpc::ServerUnaryReactor* KvServeService::Tokenize(
         AuthenticateGrpc(auth_, single_tenant_, *context).status());
     v1::TokenizeRequest req;
     KV_RETURN_IF_ERROR(ParseRequest(*request, &req));
-    KV_ASSIGN_OR_RETURN(std::vector<int32_t> ids, TokenizeText(req, model_));
+    KV_ASSIGN_OR_RETURN(std::vector<int32_t> ids,
+                        TokenizeText(req, model_, limits_));
     v1::TokenizeResponse out;
     out.mutable_token_ids()->Add(ids.begin(), ids.end());
     return SerializeResponse(out, response);

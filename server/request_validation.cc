@@ -368,7 +368,14 @@ absl::Status ToProtoFieldNames(const absl::Status& status) {
 }
 
 absl::StatusOr<std::vector<int32_t>> TokenizeText(
-    const v1::TokenizeRequest& request, const ServedModel& model) {
+    const v1::TokenizeRequest& request, const ServedModel& model,
+    const RequestLimits& limits) {
+  if (request.has_chat()) {
+    if (!request.text().empty()) {
+      return Invalid("chat", "send `text` or `chat`, not both");
+    }
+    return ChatTokens(request.chat(), model, limits);
+  }
   KV_RETURN_IF_ERROR(CheckUtf8("text", request.text()));
   const bool add_special =
       !request.has_add_special_tokens() || request.add_special_tokens();

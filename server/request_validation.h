@@ -93,9 +93,11 @@ struct ServedModel {
 // front ends render them. Other statuses pass unchanged.
 [[nodiscard]] absl::Status ToProtoFieldNames(const absl::Status& status);
 
-// Token ids of a Tokenize request.
+// Token ids of a Tokenize request: its text, or its chat messages rendered
+// as a Generate request's are (INVALID_ARGUMENT for both or a bad message).
 [[nodiscard]] absl::StatusOr<std::vector<int32_t>> TokenizeText(
-    const v1::TokenizeRequest& request, const ServedModel& model);
+    const v1::TokenizeRequest& request, const ServedModel& model,
+    const RequestLimits& limits);
 
 // Text of a Detokenize request; every id must be in [0, vocab_size).
 [[nodiscard]] absl::StatusOr<std::string> DetokenizeIds(

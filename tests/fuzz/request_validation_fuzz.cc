@@ -64,7 +64,7 @@ void FuzzGenerate(const uint8_t* data, size_t size) {
 void FuzzTokenize(const uint8_t* data, size_t size) {
   v1::TokenizeRequest request;
   if (!request.ParseFromArray(data, static_cast<int>(size))) return;
-  auto ids = TokenizeText(request, Model());
+  auto ids = TokenizeText(request, Model(), {});
   if (!ids.ok()) fuzz::CheckRejection(ids.status());
 }
 

@@ -176,6 +176,29 @@ TEST_F(RequestValidationTest, ChatDefaultMaxTokensIsTheRestOfTheContext) {
   EXPECT_EQ(spec->max_tokens, 20);
 }
 
+// Tokenize of chat messages gives the ids a Generate request of the same
+// messages runs on; text and chat together are refused.
+TEST_F(RequestValidationTest, TokenizeChatEqualsGeneratesPrompt) {
+  v1::GenerateRequest r;
+  auto* m = r.mutable_chat()->add_messages();
+  m->set_role("user");
+  m->set_content("What is 2+2?<|im_end|>");
+  auto spec = Convert(r);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  v1::TokenizeRequest t;
+  *t.mutable_chat() = r.chat();
+  auto ids = TokenizeText(t, model_, {});
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  EXPECT_EQ(*ids, spec->prompt_tokens);
+  t.set_text("also text");
+  EXPECT_EQ(TokenizeText(t, model_, {}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  t.clear_text();
+  t.mutable_chat()->clear_messages();
+  EXPECT_EQ(TokenizeText(t, model_, {}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 // A user message cannot forge a system turn: its control tokens are text
 // unless the operator opts in (--special-tokens-in-chat-content).
 TEST_F(RequestValidationTest, ChatContentCannotForgeTurns) {
@@ -322,11 +345,11 @@ TEST_F(RequestValidationTest, RequestIdLimit) {
 TEST_F(RequestValidationTest, TokenizeAndDetokenize) {
   v1::TokenizeRequest t;
   t.set_text("Hello world");
-  auto ids = TokenizeText(t, model_);
+  auto ids = TokenizeText(t, model_, {});
   ASSERT_TRUE(ids.ok());
   EXPECT_EQ(*ids, tokenizer_->Encode("Hello world", true, false));
   t.set_text("\x80");
-  EXPECT_EQ(TokenizeText(t, model_).status().code(),
+  EXPECT_EQ(TokenizeText(t, model_, {}).status().code(),
             absl::StatusCode::kInvalidArgument);
 
   v1::DetokenizeRequest d;
