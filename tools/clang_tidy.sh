@@ -33,7 +33,7 @@ else
   mapfile -t files < <(python3 - "$DB" "$ROOT" <<'PY'
 import json, os, re, sys
 db, root = sys.argv[1], os.path.realpath(sys.argv[2])
-keep = re.compile(r"^(common|kvcache|models|scheduler|engine|server|cli|tools)/.*\.cc$")
+keep = re.compile(r"^(common|kvcache|kvtier|kvevents|models|scheduler|engine|server|cli|tools)/.*\.cc$")
 seen = set()
 for entry in json.load(open(db)):
     path = os.path.realpath(os.path.join(entry["directory"], entry["file"]))
