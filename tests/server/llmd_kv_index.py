@@ -33,6 +33,8 @@ The rules it keeps:
     the missing batches.
 """
 
+import functools
+
 import cbor2
 import msgpack
 
@@ -49,6 +51,13 @@ def fnv64a(data):
     return h
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _hash_plain(parent, tokens):
+    # Memoized: shared prefixes hash the same blocks again and again, and
+    # FNV in Python costs ~50 us a block (llm-d's Go does not need this).
+    return fnv64a(cbor2.dumps([parent, list(tokens), None], canonical=True))
+
+
 class TokenProcessor:
     """llm-d's TokensToKVBlockKeys (cbor-fnv)."""
 
@@ -58,6 +67,8 @@ class TokenProcessor:
 
     @staticmethod
     def hash(parent, tokens, extra):
+        if extra is None:
+            return _hash_plain(parent, tuple(tokens))
         return fnv64a(cbor2.dumps([parent, tokens, extra], canonical=True))
 
     def root(self, model):
@@ -213,10 +224,13 @@ class KvIndex:
     def engine_hashes(self, pod):
         return {h for (p, h) in self.engine_to_req if p == pod}
 
-    def hits(self, pod, model, tokens):
-        """Leading full blocks of `tokens` the index places on `pod`."""
+    def hits(self, pod, model, tokens=None, keys=None):
+        """Leading full blocks of `tokens` (or of their `keys`) the index
+        places on `pod`."""
+        if keys is None:
+            keys = self.tp.keys(None, tokens, model)
         n = 0
-        for key in self.tp.keys(None, tokens, model):
+        for key in keys:
             if not any(e[0] == pod for e in self.entries.get(key, ())):
                 break
             n += 1

@@ -1,0 +1,323 @@
+#!/usr/bin/env python3
+"""What KV events buy a fleet: N kvserve replicas on a simulated GPU
+(--device sim, no weights; step times from the roofline, slept in real
+time), a workload like llm-d's precise-routing benchmark (many tenants,
+each with a long shared prefix, short unique queries; the tenants' prefixes
+about 75% of the fleet's KV pool), and three routing policies:
+
+  random       a replica uniformly at random;
+  approximate  the router hashes each prompt in blocks and remembers where
+               it sent which blocks (an LRU per replica as large as its
+               pool), as GIE's approximate prefix-cache scorer does; the
+               longest remembered prefix wins, then the fewest requests in
+               flight;
+  precise      an index fed by the replicas' KV events (vLLM's format),
+               applied as llm-d's indexer applies them
+               (tests/server/llmd_kv_index.py), with llm-d's speculative
+               indexing (a routed prompt's blocks count as on its pod for
+               2 s, until its events can have arrived); the longest
+               resident prefix wins, then the fewest requests in flight.
+
+This router is a benchmark harness standing in for llm-d's endpoint picker
+on a machine without Kubernetes: it picks the replica and sends the request
+(gRPC Generate with token ids) itself. Requests arrive as a Poisson process
+at --rate per second, tenants chosen uniformly. Reported per policy: TTFT
+p50/p90 at the client, completed requests per second, and the prefix hit
+rate (cached prompt tokens / prompt tokens, from each response's usage),
+beside the oracle's hit rate (every request but a tenant's first finds its
+whole prefix).
+
+    tools/routing_bench.py --binary build/server/kvserve [--replicas 4]
+        [--tenants 12] [--prefix-tokens 4096] [--rate 6] [--requests 240]
+
+Needs grpcio, grpcio-tools, pyzmq, msgpack, cbor2 (deploy/setup.sh).
+"""
+
+import argparse
+import collections
+import json
+import os
+import random
+import socket
+import statistics
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(REPO, "tests", "server"))
+from kvserve_process import (KvserveProcess, compile_proto,  # noqa: E402
+                             token_ids)
+import llmd_kv_index  # noqa: E402
+
+PB = PB_GRPC = None
+BLOCK = 16
+MODEL = "llama3-8b"
+SPECULATIVE_TTL = 2.0  # llm-d's speculativeTTL default
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Replica(KvserveProcess):
+    def __init__(self, args, index, events):
+        super().__init__(
+            args.binary, REPO, "--model", MODEL, "--device", args.device,
+            "--sim-speed", str(args.sim_speed), "--kv-cache-bytes",
+            args.kv_cache_bytes, "--max-num-seqs", "64",
+            "--kv-events-endpoint", events,
+            "--kv-events-topic", f"kv@replica{index}@{MODEL}",
+            "--kv-events-heartbeat-ms", "200")
+        import grpc
+        self.pod = f"replica{index}"
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.grpc_port}")
+        self.stub = PB_GRPC.KvServeStub(self.channel)
+        self.in_flight = 0
+
+    def generate(self, ids, max_tokens):
+        """(client TTFT seconds, cached prompt tokens)."""
+        req = PB.GenerateRequest(
+            prompt_token_ids=PB.TokenIds(ids=ids),
+            sampling=PB.SamplingParams(temperature=0, max_tokens=max_tokens,
+                                       ignore_eos=True))
+        t0 = time.monotonic()
+        ttft, cached = None, 0
+        for msg in self.stub.Generate(req, timeout=600):
+            if ttft is None and len(msg.token_ids):
+                ttft = time.monotonic() - t0
+            if msg.HasField("usage"):
+                cached = msg.usage.cached_prompt_tokens
+        return ttft, cached
+
+    def close(self):
+        self.channel.close()
+        self.kill()
+
+
+class Approximate:
+    """Router-side prefix memory: block-chain hashes -> the replicas they
+    were sent to, an LRU of `capacity` blocks per replica."""
+
+    def __init__(self, replicas, capacity):
+        self.lru = {r.pod: collections.OrderedDict() for r in replicas}
+        self.capacity = capacity
+
+    @staticmethod
+    def chain(ids):
+        out, h = [], 0
+        for i in range(len(ids) // BLOCK):
+            h = hash((h, tuple(ids[i * BLOCK:(i + 1) * BLOCK])))
+            out.append(h)
+        return out
+
+    def hits(self, pod, ids):
+        lru, n = self.lru[pod], 0
+        for h in self.chain(ids):
+            if h not in lru:
+                break
+            n += 1
+        return n
+
+    def sent(self, pod, ids):
+        lru = self.lru[pod]
+        for h in self.chain(ids):
+            lru.pop(h, None)
+            lru[h] = True
+        while len(lru) > self.capacity:
+            lru.popitem(last=False)
+
+
+class Router:
+    """Binds the events endpoint (precise) before the replicas start, as
+    llm-d's picker does; attach() hands it the replicas."""
+
+    def __init__(self, policy, events, seed):
+        self.policy = policy
+        self.replicas = []
+        self.rng = random.Random(seed)
+        self.lock = threading.Lock()
+        self.approx = None
+        self.index = None
+        self.speculative = {}  # pod -> {llm-d key: expiry}
+        if policy == "precise":
+            self.index = llmd_kv_index.KvIndex(BLOCK)
+            self.sub = llmd_kv_index.Subscriber(self.index, events)
+            self.stop = False
+            self.thread = threading.Thread(target=self._follow, daemon=True)
+            self.thread.start()
+
+    def attach(self, replicas, capacity):
+        self.replicas = replicas
+        self.approx = Approximate(replicas, capacity)
+
+    def _follow(self):
+        # Waits outside the lock; applies under it.
+        while not self.stop:
+            if self.sub.sub.poll(50):
+                with self.lock:
+                    self.sub.poll(0)
+
+    def close(self):
+        if self.index is not None:
+            self.stop = True
+            self.thread.join()
+            self.sub.close()
+
+    def pick(self, ids):
+        keys = (self.index.tp.keys(None, ids, MODEL)
+                if self.policy == "precise" else None)
+        with self.lock:
+            now = time.monotonic()
+            if self.policy == "random":
+                r = self.rng.choice(self.replicas)
+            else:
+                def score(rep):
+                    if self.policy == "precise":
+                        hit = max(self.index.hits(rep.pod, MODEL, keys=keys),
+                                  self.speculative_hits(rep.pod, keys, now))
+                    else:
+                        hit = self.approx.hits(rep.pod, ids)
+                    return (hit, -rep.in_flight, self.rng.random())
+                r = max(self.replicas, key=score)
+            r.in_flight += 1
+            self.approx.sent(r.pod, ids)
+            if keys is not None:
+                # llm-d's speculativeIndexing: a routed prompt's blocks count
+                # as on that pod until its events can have arrived.
+                spec = self.speculative.setdefault(r.pod, {})
+                for k in keys:
+                    spec[k] = now + SPECULATIVE_TTL
+            return r
+
+    def speculative_hits(self, pod, keys, now):
+        spec, n = self.speculative.get(pod, {}), 0
+        for k in keys:
+            if spec.get(k, 0) < now:
+                break
+            n += 1
+        return n
+
+    def done(self, r):
+        with self.lock:
+            r.in_flight -= 1
+
+
+def percentile(xs, q):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def run_policy(args, policy):
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    router = Router(policy, endpoint, args.seed)
+    replicas = []
+    try:
+        replicas = [Replica(args, i, endpoint) for i in range(args.replicas)]
+        router.attach(replicas, blocks_of(args.kv_cache_bytes))
+        rng = random.Random(args.seed)
+        prefixes = [token_ids(100 + t, args.prefix_tokens)
+                    for t in range(args.tenants)]
+        arrivals, t = [], 0.0
+        for i in range(args.requests):
+            t += rng.expovariate(args.rate)
+            tenant = rng.randrange(args.tenants)
+            ids = prefixes[tenant] + token_ids(10_000 + i, args.query_tokens)
+            arrivals.append((t, tenant, ids))
+        results = []
+        res_lock = threading.Lock()
+
+        def send(ids):
+            r = router.pick(ids)
+            try:
+                ttft, cached = r.generate(ids, args.max_tokens)
+            finally:
+                router.done(r)
+            with res_lock:
+                results.append((ttft, cached, len(ids)))
+
+        threads = []
+        start = time.monotonic()
+        for at, _, ids in arrivals:
+            delay = start + at - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            th = threading.Thread(target=send, args=(ids,))
+            th.start()
+            threads.append(th)
+        for th in threads:
+            th.join()
+        wall = time.monotonic() - start
+    finally:
+        router.close()
+        for r in replicas:
+            r.close()
+    seen, oracle_hit = set(), 0
+    for _, tenant, ids in arrivals:
+        if tenant in seen:
+            oracle_hit += (args.prefix_tokens // BLOCK) * BLOCK
+        seen.add(tenant)
+    ttfts = [x[0] for x in results]
+    prompt = sum(x[2] for x in results)
+    return {
+        "ttft_p50": statistics.median(ttfts),
+        "ttft_p90": percentile(ttfts, 0.9),
+        "req_per_s": len(results) / wall,
+        "hit_rate": sum(x[1] for x in results) / prompt,
+        "oracle_hit_rate": oracle_hit / prompt,
+    }
+
+
+def blocks_of(size):
+    units = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+    for u, m in units.items():
+        if size.endswith(u):
+            return int(float(size[:-len(u)]) * m) // (BLOCK * 131072)
+    return int(size) // (BLOCK * 131072)
+
+
+def main():
+    global PB, PB_GRPC
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--binary", required=True)
+    p.add_argument("--replicas", type=int, default=4)
+    p.add_argument("--device", default="sim:h100")
+    p.add_argument("--sim-speed", type=float, default=1.0)
+    p.add_argument("--kv-cache-bytes", default="2GiB")
+    p.add_argument("--tenants", type=int, default=12)
+    p.add_argument("--prefix-tokens", type=int, default=4096)
+    p.add_argument("--query-tokens", type=int, default=64)
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--rate", type=float, default=6.0)
+    p.add_argument("--requests", type=int, default=240)
+    p.add_argument("--policies", default="random,approximate,precise")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--json")
+    args = p.parse_args()
+    out = {"args": vars(args), "policies": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        PB, PB_GRPC = compile_proto(os.path.join(REPO, "proto"), tmp)
+        for policy in args.policies.split(","):
+            cpu0 = os.times()
+            r = run_policy(args, policy)
+            cpu1 = os.times()
+            r["harness_cpu_s"] = (cpu1.user - cpu0.user) + (
+                cpu1.system - cpu0.system)
+            out["policies"][policy] = r
+            print(f"{policy:12s} TTFT p50 {1e3 * r['ttft_p50']:8.1f} ms  "
+                  f"p90 {1e3 * r['ttft_p90']:8.1f} ms  "
+                  f"{r['req_per_s']:5.2f} req/s  hit rate "
+                  f"{100 * r['hit_rate']:5.1f}% (oracle "
+                  f"{100 * r['oracle_hit_rate']:5.1f}%)", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
