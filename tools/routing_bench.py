@@ -238,7 +238,7 @@ def run_policy(args, policy):
             finally:
                 router.done(r)
             with res_lock:
-                results.append((ttft, cached, len(ids)))
+                results.append((ttft, cached, len(ids), r.pod))
 
         threads = []
         start = time.monotonic()
@@ -263,7 +263,10 @@ def run_policy(args, policy):
         seen.add(tenant)
     ttfts = [x[0] for x in results]
     prompt = sum(x[2] for x in results)
+    per_replica = collections.Counter(x[3] for x in results)
     return {
+        "ttfts": sorted(ttfts),
+        "requests_per_replica": dict(sorted(per_replica.items())),
         "ttft_p50": statistics.median(ttfts),
         "ttft_p90": percentile(ttfts, 0.9),
         "req_per_s": len(results) / wall,
