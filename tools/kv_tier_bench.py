@@ -19,7 +19,10 @@ one run:
             every request is a disk hit and none writes; the median).
   overhead: tiers on with no hits vs tiers off: TTFT of unique --overhead-
             tokens prompts and the output throughput of --streams
-            concurrent unique requests, the two daemons alternated (A B B A).
+            concurrent unique requests, the two daemons alternated (A B B A);
+            --fresh-daemons starts a new daemon for every run (two
+            long-lived processes can differ by more than the overhead);
+            --only-overhead skips the restart figures.
   --remote: the shared tier instead (a redis-server started here, with a
             password): per --lengths, replica A computes a prompt cold,
             replica B (running beside it, on the same store) serves it from
@@ -232,10 +235,18 @@ def throughput(d, prompts, max_tokens):
 
 
 def overhead(args, redis=None):
-    """Tiers on (no hits) vs off, A B B A: the disk tier, or the remote."""
+    """Tiers on (no hits) vs off, A B B A: the disk tier, or the remote.
+    --fresh-daemons: a new daemon (and disk directory) for every run, so no
+    process's own bias (memory placement, its history) sits on one side."""
     disk = tempfile.mkdtemp(prefix="kv_tier_bench_")
-    on = Daemon(args, remote=redis) if redis else Daemon(args, disk)
-    off = Daemon(args)
+
+    def start(name):
+        if name == "off":
+            return Daemon(args)
+        return Daemon(args, remote=redis) if redis else Daemon(args, disk)
+
+    daemons = {} if args.fresh_daemons else {n: start(n) for n in
+                                             ("on", "off")}
     res = {"on": {"ttft": [], "tok_s": []}, "off": {"ttft": [], "tok_s": []}}
     seed = [0]
 
@@ -245,20 +256,23 @@ def overhead(args, redis=None):
 
     try:
         for r in range(args.repeats):
-            order = [("on", on), ("off", off)]
-            if r % 2:
-                order.reverse()
-            for name, d in order:
-                if name == "on":
-                    d.wait_writes()
-                ttft, _, _ = d.generate(unique(args.overhead_tokens), 1)
-                res[name]["ttft"].append(ttft)
-                prompts = [unique(128) for _ in range(args.streams)]
-                res[name]["tok_s"].append(
-                    throughput(d, prompts, args.max_tokens_streams))
+            order = ["on", "off"] if r % 2 == 0 else ["off", "on"]
+            for name in order:
+                d = daemons.get(name) or start(name)
+                try:
+                    if name == "on":
+                        d.wait_writes()
+                    ttft, _, _ = d.generate(unique(args.overhead_tokens), 1)
+                    res[name]["ttft"].append(ttft)
+                    prompts = [unique(128) for _ in range(args.streams)]
+                    res[name]["tok_s"].append(
+                        throughput(d, prompts, args.max_tokens_streams))
+                finally:
+                    if args.fresh_daemons:
+                        d.close()
     finally:
-        on.close()
-        off.close()
+        for d in daemons.values():
+            d.close()
         shutil.rmtree(disk, ignore_errors=True)
     ratios = {
         "ttft": [a / b for a, b in zip(res["on"]["ttft"], res["off"]["ttft"])],
@@ -288,6 +302,9 @@ def main():
     p.add_argument("--max-tokens-streams", type=int, default=64)
     p.add_argument("--skip-overhead", action="store_true")
     p.add_argument("--steady-rounds", type=int, default=5)
+    p.add_argument("--fresh-daemons", action="store_true",
+                   help="overhead: a new daemon for every run")
+    p.add_argument("--only-overhead", action="store_true")
     p.add_argument("--remote", action="store_true")
     p.add_argument("--json")
     args = p.parse_args()
@@ -296,7 +313,8 @@ def main():
         result = {"restart": {}, "args": vars(args)}
         if args.remote:
             return remote_main(args, out, result)
-        for length in (int(x) for x in args.lengths.split(",")):
+        lengths = [] if args.only_overhead else args.lengths.split(",")
+        for length in (int(x) for x in lengths):
             runs = [restart_point(args, length, r)
                     for r in range(args.repeats)]
             point = {k: summary([r[k] for r in runs])
@@ -349,7 +367,8 @@ def remote_main(args, tmp, result):
     redis = RedisServer(tmp)
     result["remote"] = {}
     try:
-        for length in (int(x) for x in args.lengths.split(",")):
+        lengths = [] if args.only_overhead else args.lengths.split(",")
+        for length in (int(x) for x in lengths):
             runs = [remote_point(args, redis, length, r)
                     for r in range(args.repeats)]
             point = {k: summary([r[k] for r in runs])

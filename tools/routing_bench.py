@@ -29,6 +29,10 @@ whole prefix).
 
     tools/routing_bench.py --binary build/server/kvserve [--replicas 4]
         [--tenants 12] [--prefix-tokens 4096] [--rate 6] [--requests 240]
+        [--repeats 3]
+
+With --repeats, each workload (one seed) runs under every policy in a
+rotated order, and ratios are paired per workload.
 
 Needs grpcio, grpcio-tools, pyzmq, msgpack, cbor2 (deploy/setup.sh).
 """
@@ -300,26 +304,63 @@ def main():
     p.add_argument("--policies", default="random,approximate,precise")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="workloads (seeds seed, seed+1, ...), each run by "
+                   "every policy, the order rotated")
     args = p.parse_args()
-    out = {"args": vars(args), "policies": {}}
+    policies = args.policies.split(",")
+    runs = {pol: [] for pol in policies}
     with tempfile.TemporaryDirectory() as tmp:
         PB, PB_GRPC = compile_proto(os.path.join(REPO, "proto"), tmp)
-        for policy in args.policies.split(","):
-            cpu0 = os.times()
-            r = run_policy(args, policy)
-            cpu1 = os.times()
-            r["harness_cpu_s"] = (cpu1.user - cpu0.user) + (
-                cpu1.system - cpu0.system)
-            out["policies"][policy] = r
-            print(f"{policy:12s} TTFT p50 {1e3 * r['ttft_p50']:8.1f} ms  "
-                  f"p90 {1e3 * r['ttft_p90']:8.1f} ms  "
-                  f"{r['req_per_s']:5.2f} req/s  hit rate "
-                  f"{100 * r['hit_rate']:5.1f}% (oracle "
-                  f"{100 * r['oracle_hit_rate']:5.1f}%)", flush=True)
+        base_seed = args.seed
+        for k in range(args.repeats):
+            args.seed = base_seed + k
+            order = policies[k % len(policies):] + policies[:k %
+                                                             len(policies)]
+            for policy in order:
+                cpu0 = os.times()
+                r = run_policy(args, policy)
+                cpu1 = os.times()
+                r["harness_cpu_s"] = (cpu1.user - cpu0.user) + (
+                    cpu1.system - cpu0.system)
+                r["seed"] = args.seed
+                runs[policy].append(r)
+                print(f"seed {args.seed} {policy:12s} TTFT p50 "
+                      f"{1e3 * r['ttft_p50']:8.1f} ms  p90 "
+                      f"{1e3 * r['ttft_p90']:8.1f} ms  "
+                      f"{r['req_per_s']:5.2f} req/s  hit rate "
+                      f"{100 * r['hit_rate']:5.1f}% (oracle "
+                      f"{100 * r['oracle_hit_rate']:5.1f}%) per replica "
+                      f"{list(r['requests_per_replica'].values())}",
+                      flush=True)
+        args.seed = base_seed
+    out = {"args": vars(args), "runs": runs, "summary": {}}
+    for pol, rs in runs.items():
+        out["summary"][pol] = {
+            k: summary([r[k] for r in rs])
+            for k in ("ttft_p50", "ttft_p90", "req_per_s", "hit_rate")}
+        out["summary"][pol]["hit_over_oracle"] = summary(
+            [r["hit_rate"] / r["oracle_hit_rate"] for r in rs])
+    if "precise" in runs:
+        for other in ("random", "approximate"):
+            if other in runs:
+                out["summary"][f"p90_{other}_over_precise"] = summary(
+                    [a["ttft_p90"] / b["ttft_p90"]
+                     for a, b in zip(runs[other], runs["precise"])])
+    for k, v in out["summary"].items():
+        print(k, json.dumps({m: (round(x["median"], 4), round(x["min"], 4),
+                                 round(x["max"], 4))
+                             for m, x in v.items()} if "median" not in v
+                            else (round(v["median"], 3), round(v["min"], 3),
+                                  round(v["max"], 3))))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
     return 0
+
+
+def summary(xs):
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
 
 
 if __name__ == "__main__":
