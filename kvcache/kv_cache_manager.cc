@@ -10,6 +10,13 @@
 namespace kvserve::kvcache {
 namespace {
 
+KvEvent RemovedEvent(BlockHash key) {
+  KvEvent e;
+  e.kind = KvEvent::Kind::kRemoved;
+  e.key = key;
+  return e;
+}
+
 const std::vector<BlockId>& EmptyTable() {
   static const auto* const kEmpty = new std::vector<BlockId>();
   return *kEmpty;
@@ -306,7 +313,7 @@ void KvCacheManager::set_eviction_observer(EvictionObserver observer) {
     return;
   }
   pool_.set_eviction_observer([this](const Eviction& e) {
-    if (record_events_) events_.push_back({KvEvent::Kind::kRemoved, e.hash});
+    if (record_events_) events_.push_back(RemovedEvent(e.hash));
     if (eviction_observer_) eviction_observer_(e);
   });
 }
@@ -409,7 +416,7 @@ int32_t KvCacheManager::PurgeCached(
     if (!ns.has_value() || !match(*ns)) continue;
     const std::optional<BlockHash> key = pool_.block_hash(b);
     if (pool_.Uncache(b) && record_events_) {
-      events_.push_back({KvEvent::Kind::kRemoved, *key});
+      events_.push_back(RemovedEvent(*key));
     }
     index_.Invalidate(b);
     ++dropped;

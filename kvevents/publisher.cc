@@ -5,6 +5,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -100,6 +101,12 @@ absl::StatusOr<void*> Open(void* ctx, int type, const std::string& endpoint,
   }
   absl::Status st = SetInt(s, ZMQ_LINGER, kLingerMs, "ZMQ_LINGER");
   if (st.ok() && type == ZMQ_PUB) st = SetInt(s, ZMQ_SNDHWM, o.hwm, "HWM");
+  // A replay sends the whole buffer at once; a ROUTER drops what passes its
+  // high-water mark (1000 by default), so room for all of it.
+  if (st.ok() && type == ZMQ_ROUTER) {
+    st = SetInt(s, ZMQ_SNDHWM, std::max(1000, o.buffer_batches + 2),
+                "replay HWM");
+  }
   if (st.ok() && !o.curve_secret_key.empty()) {
     st = MakeCurveServer(s, o.curve_secret_key);
   }

@@ -12,6 +12,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "kvevents/kv_event.h"
 
@@ -202,6 +203,45 @@ TEST(PublisherTest, PublishesFramesInOrderAndReplays) {
     zmq_send(dealer.get(), "x", 1, 0);
     EXPECT_TRUE(dealer.Recv(300).empty());
     EXPECT_EQ((*pub)->stats().bad_replay_requests, 1);
+  }
+  zmq_ctx_term(ctx);
+}
+
+// A replay of more batches than a ROUTER's default high-water mark (1000)
+// sends every one of them.
+TEST(PublisherTest, AReplayLongerThanTheDefaultHighWaterMarkIsWhole) {
+  void* ctx = zmq_ctx_new();
+  {
+    PublisherOptions o;
+    o.endpoint = "inproc://kv-events-long-replay";
+    o.topic = "kv@pod@model";
+    o.replay_endpoint = absl::StrCat("ipc:///tmp/kvserve-publisher-test-long-",
+                                     getpid(), ".sock");
+    o.heartbeat = absl::ZeroDuration();
+    o.buffer_batches = 5000;
+    o.queue_batches = 5000;
+    absl::StatusOr<std::unique_ptr<Publisher>> pub = Publisher::Create(o);
+    ASSERT_TRUE(pub.ok()) << pub.status();
+    constexpr int kBatches = 3000;
+    for (int i = 0; i < kBatches; ++i) {
+      ASSERT_TRUE((*pub)->Publish(OneRemoval(i)));
+    }
+    while ((*pub)->stats().batches < kBatches)
+      absl::SleepFor(absl::Milliseconds(5));
+    Socket dealer(ctx, ZMQ_DEALER);
+    ASSERT_EQ(zmq_connect(dealer.get(), o.replay_endpoint.c_str()), 0);
+    const std::string start = Seq(0);
+    zmq_send(dealer.get(), "", 0, ZMQ_SNDMORE);
+    zmq_send(dealer.get(), start.data(), start.size(), 0);
+    int replayed = 0;
+    while (true) {
+      std::vector<std::string> m = dealer.Recv(5000);
+      ASSERT_EQ(m.size(), 4u) << "after " << replayed;
+      if (m[1].empty()) break;
+      EXPECT_EQ(SeqOf(m[2]), static_cast<uint64_t>(replayed));
+      ++replayed;
+    }
+    EXPECT_EQ(replayed, kBatches);
   }
   zmq_ctx_term(ctx);
 }
