@@ -140,8 +140,9 @@ class Router:
     """Binds the events endpoint (precise) before the replicas start, as
     llm-d's picker does; attach() hands it the replicas."""
 
-    def __init__(self, policy, events, seed):
+    def __init__(self, policy, events, seed, weighted=False):
         self.policy = policy
+        self.weighted = weighted
         self.replicas = []
         self.rng = random.Random(seed)
         self.lock = threading.Lock()
@@ -180,12 +181,21 @@ class Router:
             if self.policy == "random":
                 r = self.rng.choice(self.replicas)
             else:
+                blocks = max(len(ids) // BLOCK, 1)
+                busiest = max(max(x.in_flight for x in self.replicas), 1)
+
                 def score(rep):
                     if self.policy == "precise":
                         hit = max(self.index.hits(rep.pod, MODEL, keys=keys),
                                   self.speculative_hits(rep.pod, keys, now))
                     else:
                         hit = self.approx.hits(rep.pod, ids)
+                    if self.weighted:
+                        # llm-d's guide: prefix 3, queue 2 (its KV
+                        # utilization scorer, 2, is left out: no scrape).
+                        return (3 * hit / blocks +
+                                2 * (1 - rep.in_flight / busiest),
+                                self.rng.random())
                     return (hit, -rep.in_flight, self.rng.random())
                 r = max(self.replicas, key=score)
             r.in_flight += 1
@@ -218,7 +228,8 @@ def percentile(xs, q):
 
 def run_policy(args, policy):
     endpoint = f"tcp://127.0.0.1:{free_port()}"
-    router = Router(policy, endpoint, args.seed)
+    router = Router(policy, endpoint, args.seed,
+                    weighted=args.scoring == "weighted")
     replicas = []
     try:
         replicas = [Replica(args, i, endpoint) for i in range(args.replicas)]
@@ -303,6 +314,11 @@ def main():
     p.add_argument("--requests", type=int, default=240)
     p.add_argument("--policies", default="random,approximate,precise")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--scoring", choices=("ties", "weighted"), default="ties",
+                   help="ties: the longest prefix, load breaks ties; "
+                   "weighted: 3 x the prefix fraction + 2 x (1 - in flight "
+                   "/ the busiest replica's), as llm-d's guide weighs its "
+                   "prefix and queue scorers")
     p.add_argument("--json")
     p.add_argument("--repeats", type=int, default=1,
                    help="workloads (seeds seed, seed+1, ...), each run by "
