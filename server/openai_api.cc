@@ -162,14 +162,31 @@ void OpenAiApi::HandleKvState(HttpExchange& ex) const {
   ex.Respond(std::move(r));
 }
 
-void OpenAiApi::HandleKvPurge(HttpExchange& ex) const {
+namespace {
+
+// Admin routes: false (a 403 sent) unless the caller may use `route`: an
+// admin token, or a daemon without tokens.
+bool RequireAdmin(HttpExchange& ex, absl::string_view route) {
   const TenantRef& tenant = ex.request().tenant;
-  if (tenant != nullptr && !tenant->admin) {
-    SendError(absl::PermissionDeniedError(
-                  "POST /v1/kv/purge: an admin token is required"),
-              ex);
-    return;
-  }
+  if (tenant == nullptr || tenant->admin) return true;
+  SendError(absl::PermissionDeniedError(
+                absl::StrCat(route, ": an admin token is required")),
+            ex);
+  return false;
+}
+
+// A JSON answer that no cache keeps (it shows the KV state of the moment).
+void RespondNoStore(HttpExchange& ex, std::string body) {
+  HttpResponse r;
+  r.body = std::move(body);
+  r.headers.emplace_back("Cache-Control", "no-store");
+  ex.Respond(std::move(r));
+}
+
+}  // namespace
+
+void OpenAiApi::HandleKvPurge(HttpExchange& ex) const {
+  if (!RequireAdmin(ex, "POST /v1/kv/purge")) return;
   absl::StatusOr<KvPurgeRequest> req = ParseKvPurge(ex.request().body);
   if (!req.ok()) {
     SendError(req.status(), ex);
@@ -181,30 +198,18 @@ void OpenAiApi::HandleKvPurge(HttpExchange& ex) const {
     SendError(done.status(), ex);
     return;
   }
-  HttpResponse r;
-  r.body = KvPurgeJson(*done);
-  r.headers.emplace_back("Cache-Control", "no-store");
-  ex.Respond(std::move(r));
+  RespondNoStore(ex, KvPurgeJson(*done));
 }
 
 void OpenAiApi::HandleKvBlocks(HttpExchange& ex) const {
-  const TenantRef& tenant = ex.request().tenant;
-  if (tenant != nullptr && !tenant->admin) {
-    SendError(absl::PermissionDeniedError(
-                  "GET /v1/kv/blocks: an admin token is required"),
-              ex);
-    return;
-  }
+  if (!RequireAdmin(ex, "GET /v1/kv/blocks")) return;
   absl::StatusOr<engine::ResidentBlocks> blocks =
       engine_->KvEventResidentBlocks(absl::Seconds(5));
   if (!blocks.ok()) {
     SendError(blocks.status(), ex);
     return;
   }
-  HttpResponse r;
-  r.body = KvBlocksJson(*blocks);
-  r.headers.emplace_back("Cache-Control", "no-store");
-  ex.Respond(std::move(r));
+  RespondNoStore(ex, KvBlocksJson(*blocks));
 }
 
 absl::StatusOr<std::vector<engine::RequestSpec>> OpenAiApi::BuildSpecs(

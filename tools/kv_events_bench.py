@@ -22,7 +22,6 @@ Needs grpcio, grpcio-tools and pyzmq (deploy/setup.sh installs them).
 import argparse
 import json
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -33,16 +32,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(REPO, "tests", "server"))
 from kvserve_process import (KvserveProcess, compile_proto,  # noqa: E402
-                             token_ids)
+                             free_port, token_ids)
 
 PB = PB_GRPC = None
 TICKS = os.sysconf("SC_CLK_TCK")
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Daemon(KvserveProcess):

@@ -42,7 +42,6 @@ import collections
 import json
 import os
 import random
-import socket
 import statistics
 import sys
 import tempfile
@@ -53,7 +52,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(REPO, "tests", "server"))
 from kvserve_process import (KvserveProcess, compile_proto,  # noqa: E402
-                             token_ids)
+                             free_port, token_ids)
 import llmd_kv_index  # noqa: E402
 
 PB = PB_GRPC = None
@@ -61,11 +60,6 @@ BLOCK = 16
 MODEL = "llama3-8b"
 SPECULATIVE_TTL = 2.0  # llm-d's speculativeTTL default
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Replica(KvserveProcess):

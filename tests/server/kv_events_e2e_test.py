@@ -18,7 +18,6 @@ Cost: about 15 s (five daemon starts of the default model, ~140 requests).
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,7 +28,8 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kvserve_process import (KvserveProcess, counter,  # noqa: E402
-                             metric_sum, run_unittests, token_ids)
+                             free_port, metric_sum, run_unittests,
+                             token_ids)
 
 ARGS = None
 BLOCK = 16
@@ -37,11 +37,6 @@ POD = "10.0.0.7:8000"
 MODEL = "smollm2"
 TOPIC = f"kv@{POD}@{MODEL}"
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server(KvserveProcess):

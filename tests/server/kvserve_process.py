@@ -5,8 +5,8 @@ grpcio-tools."""
 import argparse
 import os
 import re
-import socket
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -34,6 +34,13 @@ def compile_proto(proto_dir, out_dir):
     sys.path.insert(0, out_dir)
     from kvserve.v1 import kvserve_pb2, kvserve_pb2_grpc  # noqa: E402
     return kvserve_pb2, kvserve_pb2_grpc
+
+
+def free_port():
+    """A TCP port on loopback that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def token_ids(seed, n):
