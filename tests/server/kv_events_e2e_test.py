@@ -296,12 +296,22 @@ class KvEventsTest(unittest.TestCase):
         server = Server(f"tcp://127.0.0.1:{pub}", f"tcp://127.0.0.1:{replay}")
         try:
             server.complete(token_ids(9, 40), max_tokens=2)
+            # The reply is sent inside the step that finishes the request;
+            # the gauges follow when that step ends: scrape until they do.
             url = f"http://127.0.0.1:{server.http_port}/metrics"
-            with urllib.request.urlopen(url, timeout=10) as resp:
-                text = resp.read().decode()
+            deadline = time.monotonic() + 10
+            while True:
+                with urllib.request.urlopen(url, timeout=10) as resp:
+                    text = resp.read().decode()
+                families = {f.name: f
+                            for f in text_string_to_metric_families(text)}
+                running = families.get("vllm:num_requests_running")
+                if (running and running.samples[0].value == 0) or \
+                        time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)  # poll interval, not synchronization
         finally:
             server.terminate()
-        families = {f.name: f for f in text_string_to_metric_families(text)}
         for name in ("vllm:num_requests_waiting", "vllm:num_requests_running",
                      "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc",
                      "vllm:cache_config_info"):
