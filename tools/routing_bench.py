@@ -18,6 +18,17 @@ about 75% of the fleet's KV pool), and three routing policies:
                2 s, until its events can have arrived); the longest
                resident prefix wins, then the fewest requests in flight.
 
+Scoring (--scoring llm-d, the default) is the llm-d guides' profile, as
+deploy/k8s/llm-d/epp-precise.yaml configures it: 3 x the prefix score + 2 x
+the KV-utilization score (1 - vllm:kv_cache_usage_perc) + 2 x the queue
+score (vllm:num_requests_waiting, min-max normalized, 1 when all equal),
+the gauges scraped from each replica every 50 ms (GIE's refresh interval),
+the maximum taken with random ties. The precise prefix score is llm-d's:
+resident blocks min-max normalized over the replicas that hold any (so any
+hit scores 1); the approximate one is GIE's: matched blocks / the prompt's.
+--scoring ties ranks by the longest prefix, then the fewest requests in
+flight.
+
 This router is a benchmark harness standing in for llm-d's endpoint picker
 on a machine without Kubernetes: it picks the replica and sends the request
 (gRPC Generate with token ids) itself. Requests arrive as a Poisson process
@@ -52,13 +63,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(REPO, "tests", "server"))
 from kvserve_process import (KvserveProcess, compile_proto,  # noqa: E402
-                             free_port, token_ids)
+                             counter, free_port, token_ids)
 import llmd_kv_index  # noqa: E402
 
 PB = PB_GRPC = None
 BLOCK = 16
 MODEL = "llama3-8b"
-SPECULATIVE_TTL = 2.0  # llm-d's speculativeTTL default
+SPECULATIVE_TTL = 2.0  # llm-d's speculativeTTL default (--speculative-ttl)
 
 
 
@@ -134,25 +145,47 @@ class Router:
     """Binds the events endpoint (precise) before the replicas start, as
     llm-d's picker does; attach() hands it the replicas."""
 
-    def __init__(self, policy, events, seed, weighted=False):
+    def __init__(self, policy, events, seed, llmd=True):
         self.policy = policy
-        self.weighted = weighted
+        self.llmd = llmd
+        self.stop = False
+        self.scraper = None
         self.replicas = []
         self.rng = random.Random(seed)
         self.lock = threading.Lock()
         self.approx = None
         self.index = None
         self.speculative = {}  # pod -> {llm-d key: expiry}
+        self.speculative_ttl = SPECULATIVE_TTL
+        self.trace = []  # per pick: (time, {pod: (hit, in flight)}, pod)
         if policy == "precise":
             self.index = llmd_kv_index.KvIndex(BLOCK)
             self.sub = llmd_kv_index.Subscriber(self.index, events)
-            self.stop = False
             self.thread = threading.Thread(target=self._follow, daemon=True)
             self.thread.start()
 
     def attach(self, replicas, capacity):
         self.replicas = replicas
         self.approx = Approximate(replicas, capacity)
+        self.gauges = {r.pod: (0.0, 0.0) for r in replicas}
+        if self.llmd:
+            self.scraper = threading.Thread(target=self._scrape, daemon=True)
+            self.scraper.start()
+
+    def _scrape(self):
+        """GIE's metrics refresh: each replica's waiting queue and KV
+        utilization gauges every 50 ms."""
+        while not self.stop:
+            for r in self.replicas:
+                try:
+                    m = r.metrics()
+                except OSError:
+                    continue
+                g = (m.get("vllm:num_requests_waiting", 0.0),
+                     m.get("vllm:kv_cache_usage_perc", 0.0))
+                with self.lock:
+                    self.gauges[r.pod] = g
+            time.sleep(0.05)
 
     def _follow(self):
         # Waits outside the lock; applies under it.
@@ -162,12 +195,14 @@ class Router:
                     self.sub.poll(0)
 
     def close(self):
+        self.stop = True
+        if self.scraper is not None:
+            self.scraper.join()
         if self.index is not None:
-            self.stop = True
             self.thread.join()
             self.sub.close()
 
-    def pick(self, ids):
+    def pick(self, ids, i=None):
         keys = (self.index.tp.keys(None, ids, MODEL)
                 if self.policy == "precise" else None)
         with self.lock:
@@ -175,32 +210,55 @@ class Router:
             if self.policy == "random":
                 r = self.rng.choice(self.replicas)
             else:
-                blocks = max(len(ids) // BLOCK, 1)
-                busiest = max(max(x.in_flight for x in self.replicas), 1)
-
-                def score(rep):
-                    if self.policy == "precise":
-                        hit = max(self.index.hits(rep.pod, MODEL, keys=keys),
-                                  self.speculative_hits(rep.pod, keys, now))
-                    else:
-                        hit = self.approx.hits(rep.pod, ids)
-                    if self.weighted:
-                        # llm-d's guide: prefix 3, queue 2 (its KV
-                        # utilization scorer, 2, is left out: no scrape).
-                        return (3 * hit / blocks +
-                                2 * (1 - rep.in_flight / busiest),
-                                self.rng.random())
-                    return (hit, -rep.in_flight, self.rng.random())
-                r = max(self.replicas, key=score)
+                if self.policy == "precise":
+                    hits = {x.pod: max(
+                        self.index.hits(x.pod, MODEL, keys=keys),
+                        self.speculative_hits(x.pod, keys, now))
+                        for x in self.replicas}
+                else:
+                    hits = {x.pod: self.approx.hits(x.pod, ids)
+                            for x in self.replicas}
+                score = (self.llmd_scores(hits, len(ids)) if self.llmd else
+                         lambda x: (hits[x.pod], -x.in_flight))
+                scores = {x.pod: (score(x), self.rng.random())
+                          for x in self.replicas}
+                r = max(self.replicas, key=lambda x: scores[x.pod])
+                self.trace.append((now, i, {p: (hits[p], s[0])
+                                            for p, s in scores.items()},
+                                   r.pod))
             r.in_flight += 1
             self.approx.sent(r.pod, ids)
-            if keys is not None:
+            if keys is not None and self.speculative_ttl > 0:
                 # llm-d's speculativeIndexing: a routed prompt's blocks count
                 # as on that pod until its events can have arrived.
                 spec = self.speculative.setdefault(r.pod, {})
                 for k in keys:
-                    spec[k] = now + SPECULATIVE_TTL
+                    spec[k] = now + self.speculative_ttl
             return r
+
+    def llmd_scores(self, hits, prompt_tokens):
+        """llm-d's profile: prefix 3, KV utilization 2, queue 2."""
+        if self.policy == "precise":
+            held = [h for h in hits.values() if h > 0]
+            lo, hi = (min(held), max(held)) if held else (0, 0)
+
+            def prefix(pod):
+                if hits[pod] == 0:
+                    return 0.0
+                return 1.0 if hi == lo else (hits[pod] - lo) / (hi - lo)
+        else:
+            blocks = max(prompt_tokens // BLOCK, 1)
+
+            def prefix(pod):
+                return hits[pod] / blocks
+        waiting = {p: g[0] for p, g in self.gauges.items()}
+        qlo, qhi = min(waiting.values()), max(waiting.values())
+
+        def score(x):
+            queue = 1.0 if qhi == qlo else (qhi - waiting[x.pod]) / (qhi - qlo)
+            return (3 * prefix(x.pod) + 2 * (1 - self.gauges[x.pod][1]) +
+                    2 * queue)
+        return score
 
     def speculative_hits(self, pod, keys, now):
         spec, n = self.speculative.get(pod, {}), 0
@@ -223,11 +281,13 @@ def percentile(xs, q):
 def run_policy(args, policy):
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     router = Router(policy, endpoint, args.seed,
-                    weighted=args.scoring == "weighted")
+                    llmd=args.scoring == "llm-d")
+    router.speculative_ttl = args.speculative_ttl
     replicas = []
     try:
         replicas = [Replica(args, i, endpoint) for i in range(args.replicas)]
-        router.attach(replicas, blocks_of(args.kv_cache_bytes))
+        router.attach(replicas, args.approx_lru_blocks or
+                      blocks_of(args.kv_cache_bytes))
         rng = random.Random(args.seed)
         prefixes = [token_ids(100 + t, args.prefix_tokens)
                     for t in range(args.tenants)]
@@ -240,27 +300,34 @@ def run_policy(args, policy):
         results = []
         res_lock = threading.Lock()
 
-        def send(ids):
-            r = router.pick(ids)
+        def send(ids, tenant, i):
+            r = router.pick(ids, i)
             try:
                 ttft, cached = r.generate(ids, args.max_tokens)
             finally:
                 router.done(r)
             with res_lock:
-                results.append((ttft, cached, len(ids), r.pod))
+                results.append((ttft, cached, len(ids), r.pod, tenant, i))
 
         threads = []
         start = time.monotonic()
-        for at, _, ids in arrivals:
+        for i, (at, tenant, ids) in enumerate(arrivals):
             delay = start + at - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
-            th = threading.Thread(target=send, args=(ids,))
+            th = threading.Thread(target=send, args=(ids, tenant, i))
             th.start()
             threads.append(th)
         for th in threads:
             th.join()
         wall = time.monotonic() - start
+        # What the precise index may have missed: batches the replicas
+        # dropped (a full queue) and the subscriber never saw.
+        dropped = sum(counter(r.metrics(),
+                              "kvserve_kv_events_dropped_batches_total")
+                      for r in replicas)
+        gaps = router.sub.gaps if router.index is not None else 0
+        lags = sorted(router.sub.lags) if router.index is not None else [0]
     finally:
         router.close()
         for r in replicas:
@@ -273,6 +340,10 @@ def run_policy(args, policy):
     ttfts = [x[0] for x in results]
     prompt = sum(x[2] for x in results)
     per_replica = collections.Counter(x[3] for x in results)
+    # Where each tenant's requests went, and how each went (TTFT, cached).
+    tenants = collections.defaultdict(list)
+    for ttft, cached, _, pod, tenant, i in sorted(results, key=lambda x: x[5]):
+        tenants[tenant].append((pod, round(1e3 * ttft, 1), cached, i))
     return {
         "ttfts": sorted(ttfts),
         "requests_per_replica": dict(sorted(per_replica.items())),
@@ -281,6 +352,13 @@ def run_policy(args, policy):
         "req_per_s": len(results) / wall,
         "hit_rate": sum(x[1] for x in results) / prompt,
         "oracle_hit_rate": oracle_hit / prompt,
+        "events_dropped_by_replicas": dropped,
+        "events_lost_before_the_index": gaps,
+        "index_lag_p50_p99_max_s": [statistics.median(lags),
+                                   percentile(lags, 0.99), lags[-1]],
+        "tenants": dict(sorted(tenants.items())),
+        "trace": [(round(t - start, 3), i, sc, pod)
+                  for t, i, sc, pod in router.trace],
     }
 
 
@@ -308,11 +386,18 @@ def main():
     p.add_argument("--requests", type=int, default=240)
     p.add_argument("--policies", default="random,approximate,precise")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--scoring", choices=("ties", "weighted"), default="ties",
-                   help="ties: the longest prefix, load breaks ties; "
-                   "weighted: 3 x the prefix fraction + 2 x (1 - in flight "
-                   "/ the busiest replica's), as llm-d's guide weighs its "
-                   "prefix and queue scorers")
+    p.add_argument("--scoring", choices=("llm-d", "ties"), default="llm-d",
+                   help="llm-d: its guides' 3:2:2 profile of prefix, KV "
+                   "utilization and queue scorers; ties: the longest "
+                   "prefix, then the fewest requests in flight")
+    p.add_argument("--approx-lru-blocks", type=int, default=0,
+                   help="the approximate router's LRU entries per replica "
+                   "(default: the replica's pool in blocks, as GIE's sizing "
+                   "note advises; GIE's default is 31250)")
+    p.add_argument("--speculative-ttl", type=float, default=SPECULATIVE_TTL,
+                   help="seconds a routed prompt's blocks count as on its "
+                   "replica before its events arrive (llm-d's "
+                   "speculativeIndexing); 0: off")
     p.add_argument("--json")
     p.add_argument("--repeats", type=int, default=1,
                    help="workloads (seeds seed, seed+1, ...), each run by "
@@ -341,7 +426,10 @@ def main():
                       f"{r['req_per_s']:5.2f} req/s  hit rate "
                       f"{100 * r['hit_rate']:5.1f}% (oracle "
                       f"{100 * r['oracle_hit_rate']:5.1f}%) per replica "
-                      f"{list(r['requests_per_replica'].values())}",
+                      f"{list(r['requests_per_replica'].values())} events "
+                      f"dropped {r['events_dropped_by_replicas']:.0f}, lost "
+                      f"{r['events_lost_before_the_index']}, index lag "
+                      f"{[round(x, 3) for x in r['index_lag_p50_p99_max_s']]}",
                       flush=True)
         args.seed = base_seed
     out = {"args": vars(args), "runs": runs, "summary": {}}

@@ -264,6 +264,8 @@ class Subscriber:
         self.last = {}  # pod -> last applied sequence
         self.dropped = self.replays = self.replayed = self.heartbeats = 0
         self.restarts = 0
+        self.gaps = 0  # batches lost before this socket read them
+        self.lags = []  # seconds from a batch's ts to its application
 
     def close(self):
         self.sub.close(linger=0)
@@ -277,6 +279,12 @@ class Subscriber:
             self.restarts += 1
             self.index.clear_pod(pod)
         self.index.apply(topic, payload)
+        # [ts, events, dp_rank]: a fixarray, then ts as a float64.
+        if payload[:2] == b"\x93\xcb":
+            import struct
+            import time
+            self.lags.append(time.time() - struct.unpack(">d",
+                                                         payload[2:10])[0])
         self.last[pod] = seq
         if len(payload) == 12:
             self.heartbeats += 1
@@ -313,9 +321,10 @@ class Subscriber:
         pod, _ = parse_topic(topic)
         seq = int.from_bytes(seq_b, "big")
         last = self.last.get(pod)
-        if (last is not None and seq > last + 1 and
-                self.replay_endpoint is not None):
-            self._replay(pod, last + 1)
+        if last is not None and seq > last + 1:
+            self.gaps += seq - last - 1
+            if self.replay_endpoint is not None:
+                self._replay(pod, last + 1)
         self._apply(pod, topic, seq, payload)
         return True
 
