@@ -1,11 +1,10 @@
 #include "engine/kv_events.h"
 
-#include <time.h>
-
 #include <utility>
 #include <variant>
 
 #include "absl/time/clock.h"
+#include "common/thread_cpu.h"
 
 namespace kvserve::engine {
 
@@ -84,16 +83,6 @@ kvevents::EventBatch KvEventRelay::Collect(std::vector<KvEvent> events) {
   stats_.announced_blocks = static_cast<int64_t>(announced_.size());
   return batch;
 }
-
-namespace {
-
-int64_t ThreadCpuNanos() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
-}
-
-}  // namespace
 
 void KvEventRelay::Relay() {
   if (kv_ == nullptr) return;

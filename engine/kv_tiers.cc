@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
+#include "common/thread_cpu.h"
 #include "engine/tier_metrics.h"
 #include "kvcache/block_hash.h"
 #include "kvcache/kv_sizing.h"
@@ -214,6 +215,7 @@ int32_t KvTiers::PlanLoad(absl::Span<const kvcache::BlockHash> keys,
 
 bool KvTiers::MaybeLoad(std::unique_ptr<scheduler::Request>& r,
                         absl::Time now) {
+  ScopedThreadCpu cpu(&stats_.engine_cpu_nanos);
   const scheduler::SchedulerConfig& sc = scheduler_->config();
   if (loader_ == nullptr || !sc.enable_prefix_caching) return false;
   const kvcache::BlockHash ns =
@@ -333,6 +335,7 @@ bool KvTiers::MaybeLoad(std::unique_ptr<scheduler::Request>& r,
 }
 
 std::vector<KvTiers::Ready> KvTiers::TakeReady() {
+  ScopedThreadCpu cpu(&stats_.engine_cpu_nanos);
   std::vector<Ready> ready;
   if (loader_ == nullptr) return ready;
   if (copier_ != nullptr) PollHostStores();
@@ -390,6 +393,7 @@ KvTiers::Ready KvTiers::Finish(RequestId id, Loading& l, int32_t verified,
 
 void KvTiers::Release(RequestId id) {
   if (held_.empty() || held_.erase(id) == 0) return;
+  ScopedThreadCpu cpu(&stats_.engine_cpu_nanos);
   scheduler_->kv_cache_for_tiers().ReleaseLoad(id);
 }
 
@@ -434,6 +438,7 @@ kvtier::StoreItem KvTiers::ItemOf(Payload payload, kvcache::BlockHash key,
 }
 
 void KvTiers::StoreNewlyCached() {
+  ScopedThreadCpu cpu(&stats_.engine_cpu_nanos);
   std::vector<kvcache::CachedBlockRecord> records =
       scheduler_->kv_cache_for_tiers().TakeNewlyCached();
   if (copier_ != nullptr) {

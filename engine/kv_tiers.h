@@ -71,6 +71,9 @@ struct KvTierStats {
   int64_t skipped_slower = 0;   // not loaded: predicted slower than compute
   int64_t skipped_no_room = 0;  // not loaded: no free pool blocks
   double load_seconds_per_block = 0;
+  // Thread CPU the engine thread spent in the tiers' calls (lookups and
+  // load starts at admission, finished loads, write-through copies).
+  int64_t engine_cpu_nanos = 0;
 };
 
 class KvTiers {

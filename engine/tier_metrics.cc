@@ -120,6 +120,11 @@ TierMetrics::TierMetrics(prometheus::Registry& r, bool host, bool disk,
   loading_ =
       Gauge(r, "kvserve_kv_tier_loading_requests",
             "Requests waiting for their prefix to load from the tiers", {});
+  engine_cpu_ = Counter(r, "kvserve_kv_tier_engine_cpu_seconds_total",
+                        "Engine thread CPU time spent in the KV tiers' calls "
+                        "(admission lookups, finished loads, write-through "
+                        "copies)",
+                        {});
   loads_ = Counter(r, "kvserve_kv_tier_loads_total",
                    "Requests whose prefix the tiers loaded (or tried to)", {});
   loaded_blocks_ = Counter(r, "kvserve_kv_tier_loaded_blocks_total",
@@ -150,6 +155,11 @@ void TierMetrics::Publish(const KvTierStats& s) {
                               static_cast<uint64_t>(s.remote_load_deadlines));
   }
   loading_->Set(static_cast<double>(s.loading_requests));
+  if (s.engine_cpu_nanos > engine_cpu_last_) {
+    engine_cpu_->Increment(
+        1e-9 * static_cast<double>(s.engine_cpu_nanos - engine_cpu_last_));
+    engine_cpu_last_ = s.engine_cpu_nanos;
+  }
   Advance(loads_, static_cast<uint64_t>(s.loads), &loads_last_);
   Advance(loaded_blocks_, static_cast<uint64_t>(s.loaded_blocks),
           &loaded_last_);

@@ -57,6 +57,8 @@ class TierMetrics {
   };
 
   std::array<std::optional<Series>, 3> series_;
+  prometheus::Counter* engine_cpu_;
+  int64_t engine_cpu_last_ = 0;
   prometheus::Gauge* loading_;
   prometheus::Counter* loads_;
   prometheus::Counter* loaded_blocks_;

@@ -1,5 +1,7 @@
 #include "kvtier/remote_tier.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <cstring>
 #include <utility>
@@ -284,6 +286,7 @@ bool RemoteTier::Store(StoreItem item) {
 }
 
 void RemoteTier::WriterLoop() {
+  pthread_setname_np(pthread_self(), "kv-tier-remote");  // for top -H
   std::unique_ptr<RedisConnection> conn;
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {

@@ -1,5 +1,7 @@
 #include "kvtier/tier_loader.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <utility>
 
@@ -71,6 +73,7 @@ double TierLoader::seconds_per_block() const {
 }
 
 void TierLoader::Work() {
+  pthread_setname_np(pthread_self(), "kv-tier-load");  // for top -H
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
     cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });

@@ -32,10 +32,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(REPO, "tests", "server"))
 from kvserve_process import (KvserveProcess, compile_proto,  # noqa: E402
-                             free_port, token_ids)
+                             free_port, thread_cpu_seconds, token_ids)
 
 PB = PB_GRPC = None
-TICKS = os.sysconf("SC_CLK_TCK")
 
 
 
@@ -62,15 +61,7 @@ class Daemon(KvserveProcess):
         return n
 
     def engine_cpu_seconds(self):
-        task = f"/proc/{self.proc.pid}/task"
-        for tid in os.listdir(task):
-            with open(f"{task}/{tid}/comm") as f:
-                if f.read().strip() != "kv-engine":
-                    continue
-            with open(f"{task}/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            return (int(fields[11]) + int(fields[12])) / TICKS
-        raise RuntimeError("no thread named kv-engine")
+        return thread_cpu_seconds(self.proc.pid, "kv-engine")
 
     def close(self):
         self.channel.close()

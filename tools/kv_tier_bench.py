@@ -53,7 +53,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(REPO, "tests", "server"))
 from kvserve_process import (KvserveProcess, RedisServer,  # noqa: E402
-                             compile_proto, token_ids)
+                             compile_proto, thread_cpu_seconds, token_ids)
 
 PB = PB_GRPC = None
 
@@ -217,12 +217,19 @@ def remote_point(args, redis, length, repeat):
 
 
 def throughput(d, prompts, max_tokens):
-    """Output tokens/s of all prompts at once, and the mean server TTFT."""
+    """Output tokens/s of all prompts at once, and the CPU microseconds per
+    output token of the engine thread and of the tiers' own threads (thread
+    CPU clocks: the overhead without the machine's run-to-run noise in
+    throughput)."""
     results = [None] * len(prompts)
 
     def run(i):
         results[i] = d.generate(prompts[i], max_tokens)
 
+    pid = d.proc.pid
+    in_tiers = "kvserve_kv_tier_engine_cpu_seconds_total"
+    cpu0 = (thread_cpu_seconds(pid, "kv-engine"),
+            thread_cpu_seconds(pid, "kv-tier"), d.metrics().get(in_tiers, 0))
     t0 = time.monotonic()
     threads = [threading.Thread(target=run, args=(i,))
                for i in range(len(prompts))]
@@ -231,7 +238,14 @@ def throughput(d, prompts, max_tokens):
     for t in threads:
         t.join()
     wall = time.monotonic() - t0
-    return sum(len(r[1]) for r in results) / wall
+    # Writes of these requests' blocks finish after the last reply.
+    if hasattr(d, "wait_writes"):
+        d.wait_writes()
+    tokens = sum(len(r[1]) for r in results)
+    return (tokens / wall,
+            1e6 * (thread_cpu_seconds(pid, "kv-engine") - cpu0[0]) / tokens,
+            1e6 * (thread_cpu_seconds(pid, "kv-tier") - cpu0[1]) / tokens,
+            1e6 * (d.metrics().get(in_tiers, 0) - cpu0[2]) / tokens)
 
 
 def overhead(args, redis=None):
@@ -247,7 +261,9 @@ def overhead(args, redis=None):
 
     daemons = {} if args.fresh_daemons else {n: start(n) for n in
                                              ("on", "off")}
-    res = {"on": {"ttft": [], "tok_s": []}, "off": {"ttft": [], "tok_s": []}}
+    res = {n: {"ttft": [], "tok_s": [], "engine_us_per_tok": [],
+               "tier_us_per_tok": [], "engine_in_tiers_us_per_tok": []}
+           for n in ("on", "off")}
     seed = [0]
 
     def unique(n):
@@ -265,8 +281,12 @@ def overhead(args, redis=None):
                     ttft, _, _ = d.generate(unique(args.overhead_tokens), 1)
                     res[name]["ttft"].append(ttft)
                     prompts = [unique(128) for _ in range(args.streams)]
-                    res[name]["tok_s"].append(
-                        throughput(d, prompts, args.max_tokens_streams))
+                    tok_s, engine, tier, in_tiers = throughput(
+                        d, prompts, args.max_tokens_streams)
+                    res[name]["tok_s"].append(tok_s)
+                    res[name]["engine_us_per_tok"].append(engine)
+                    res[name]["tier_us_per_tok"].append(tier)
+                    res[name]["engine_in_tiers_us_per_tok"].append(in_tiers)
                 finally:
                     if args.fresh_daemons:
                         d.close()
@@ -277,10 +297,27 @@ def overhead(args, redis=None):
     ratios = {
         "ttft": [a / b for a, b in zip(res["on"]["ttft"], res["off"]["ttft"])],
         "tok_s": [a / b for a, b in zip(res["on"]["tok_s"],
-                                        res["off"]["tok_s"])]}
+                                        res["off"]["tok_s"])],
+        "engine_cpu": [a / b for a, b in zip(res["on"]["engine_us_per_tok"],
+                                             res["off"]["engine_us_per_tok"])],
+        # The tiers' calls' share of the engine thread, on its own clock.
+        "engine_share_in_tiers": [
+            a / b for a, b in zip(res["on"]["engine_in_tiers_us_per_tok"],
+                                  res["on"]["engine_us_per_tok"])]}
     return {k: {m: summary(v) for m, v in res[k].items()}
             for k in res} | {"ratio_on_off": {k: summary(v)
                                               for k, v in ratios.items()}}
+
+
+def print_cpu(o):
+    print(f"  engine thread CPU per output token: on "
+          f"{fmt(o['on']['engine_us_per_tok'])} us, off "
+          f"{fmt(o['off']['engine_us_per_tok'])} us, on / off "
+          f"{fmt(o['ratio_on_off']['engine_cpu'], digits=3)}; in the tiers' "
+          f"calls {fmt(o['on']['engine_in_tiers_us_per_tok'], digits=2)} us "
+          f"({fmt(o['ratio_on_off']['engine_share_in_tiers'], 100, 3)}% of "
+          f"the engine thread); the tier threads' (kv-tier-*) "
+          f"{fmt(o['on']['tier_us_per_tok'])} us", flush=True)
 
 
 def fmt(s, scale=1.0, digits=1):
@@ -357,6 +394,7 @@ def main():
                   f"streams out tok/s {fmt(r['tok_s'], digits=3)}; on "
                   f"{fmt(o['on']['tok_s'])} tok/s, off "
                   f"{fmt(o['off']['tok_s'])} tok/s", flush=True)
+            print_cpu(o)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(result, f, indent=1)
@@ -396,6 +434,7 @@ def remote_main(args, tmp, result):
                   f"({args.overhead_tokens} tokens) "
                   f"{fmt(r['ttft'], digits=3)}, {args.streams} streams out "
                   f"tok/s {fmt(r['tok_s'], digits=3)}", flush=True)
+            print_cpu(o)
     finally:
         redis.stop()
     if args.json:

@@ -74,7 +74,12 @@ SPECULATIVE_TTL = 2.0  # llm-d's speculativeTTL default (--speculative-ttl)
 
 
 class Replica(KvserveProcess):
-    def __init__(self, args, index, events):
+    def __init__(self, args, index):
+        # Binds its publisher (a wildcard host), as llm-d's pod discovery
+        # expects; pickers connect to self.events.
+        port = free_port()
+        self.events = f"tcp://127.0.0.1:{port}"
+        events = f"tcp://*:{port}"
         super().__init__(
             args.binary, REPO, "--model", MODEL, "--device", args.device,
             "--sim-speed", str(args.sim_speed), "--kv-cache-bytes",
@@ -145,11 +150,11 @@ class Router:
     """Binds the events endpoint (precise) before the replicas start, as
     llm-d's picker does; attach() hands it the replicas."""
 
-    def __init__(self, policy, events, seed, llmd=True):
+    def __init__(self, policy, seed, llmd=True):
         self.policy = policy
         self.llmd = llmd
         self.stop = False
-        self.scraper = None
+        self.scraper = self.thread = None
         self.replicas = []
         self.rng = random.Random(seed)
         self.lock = threading.Lock()
@@ -158,16 +163,25 @@ class Router:
         self.speculative = {}  # pod -> {llm-d key: expiry}
         self.speculative_ttl = SPECULATIVE_TTL
         self.trace = []  # per pick: (time, {pod: (hit, in flight)}, pod)
-        if policy == "precise":
-            self.index = llmd_kv_index.KvIndex(BLOCK)
-            self.sub = llmd_kv_index.Subscriber(self.index, events)
-            self.thread = threading.Thread(target=self._follow, daemon=True)
-            self.thread.start()
 
     def attach(self, replicas, capacity):
         self.replicas = replicas
         self.approx = Approximate(replicas, capacity)
         self.gauges = {r.pod: (0.0, 0.0) for r in replicas}
+        if self.policy == "precise":
+            # llm-d's pod discovery: every replica binds its publisher, every
+            # picker connects to each; traffic waits for a heartbeat from
+            # all (a SUB socket misses what is sent before it joins).
+            self.index = llmd_kv_index.KvIndex(BLOCK)
+            self.sub = llmd_kv_index.Subscriber(
+                self.index, [r.events for r in replicas], bind=False)
+            deadline = time.monotonic() + 30
+            while len(self.sub.last) < len(replicas):
+                if time.monotonic() > deadline:
+                    raise TimeoutError("no heartbeat from every replica")
+                self.sub.poll(100)
+            self.thread = threading.Thread(target=self._follow, daemon=True)
+            self.thread.start()
         if self.llmd:
             self.scraper = threading.Thread(target=self._scrape, daemon=True)
             self.scraper.start()
@@ -198,8 +212,9 @@ class Router:
         self.stop = True
         if self.scraper is not None:
             self.scraper.join()
-        if self.index is not None:
+        if self.thread is not None:
             self.thread.join()
+        if self.index is not None:
             self.sub.close()
 
     def pick(self, ids, i=None):
@@ -279,16 +294,22 @@ def percentile(xs, q):
 
 
 def run_policy(args, policy):
-    endpoint = f"tcp://127.0.0.1:{free_port()}"
-    router = Router(policy, endpoint, args.seed,
-                    llmd=args.scoring == "llm-d")
-    router.speculative_ttl = args.speculative_ttl
+    # --pickers: active-active pickers, each request to one at random (a
+    # Service in front of them); each keeps its own approximate LRU and
+    # speculative entries, each precise one its own index from all events.
+    routers = [Router(policy, args.seed + 1000 * k,
+                      llmd=args.scoring == "llm-d")
+               for k in range(args.pickers)]
+    for router in routers:
+        router.speculative_ttl = args.speculative_ttl
     replicas = []
     try:
-        replicas = [Replica(args, i, endpoint) for i in range(args.replicas)]
-        router.attach(replicas, args.approx_lru_blocks or
-                      blocks_of(args.kv_cache_bytes))
+        replicas = [Replica(args, i) for i in range(args.replicas)]
+        for router in routers:
+            router.attach(replicas, args.approx_lru_blocks or
+                          blocks_of(args.kv_cache_bytes))
         rng = random.Random(args.seed)
+        front = random.Random(args.seed + 7)
         prefixes = [token_ids(100 + t, args.prefix_tokens)
                     for t in range(args.tenants)]
         arrivals, t = [], 0.0
@@ -296,11 +317,11 @@ def run_policy(args, policy):
             t += rng.expovariate(args.rate)
             tenant = rng.randrange(args.tenants)
             ids = prefixes[tenant] + token_ids(10_000 + i, args.query_tokens)
-            arrivals.append((t, tenant, ids))
+            arrivals.append((t, tenant, ids, front.randrange(args.pickers)))
         results = []
         res_lock = threading.Lock()
 
-        def send(ids, tenant, i):
+        def send(ids, tenant, i, router):
             r = router.pick(ids, i)
             try:
                 ttft, cached = r.generate(ids, args.max_tokens)
@@ -311,11 +332,12 @@ def run_policy(args, policy):
 
         threads = []
         start = time.monotonic()
-        for i, (at, tenant, ids) in enumerate(arrivals):
+        for i, (at, tenant, ids, k) in enumerate(arrivals):
             delay = start + at - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
-            th = threading.Thread(target=send, args=(ids, tenant, i))
+            th = threading.Thread(target=send,
+                                  args=(ids, tenant, i, routers[k]))
             th.start()
             threads.append(th)
         for th in threads:
@@ -326,14 +348,16 @@ def run_policy(args, policy):
         dropped = sum(counter(r.metrics(),
                               "kvserve_kv_events_dropped_batches_total")
                       for r in replicas)
-        gaps = router.sub.gaps if router.index is not None else 0
-        lags = sorted(router.sub.lags) if router.index is not None else [0]
+        precise = [x for x in routers if x.index is not None]
+        gaps = sum(x.sub.gaps for x in precise)
+        lags = sorted(lag for x in precise for lag in x.sub.lags) or [0]
     finally:
-        router.close()
+        for router in routers:
+            router.close()
         for r in replicas:
             r.close()
     seen, oracle_hit = set(), 0
-    for _, tenant, ids in arrivals:
+    for _, tenant, ids, _ in arrivals:
         if tenant in seen:
             oracle_hit += (args.prefix_tokens // BLOCK) * BLOCK
         seen.add(tenant)
@@ -357,8 +381,8 @@ def run_policy(args, policy):
         "index_lag_p50_p99_max_s": [statistics.median(lags),
                                    percentile(lags, 0.99), lags[-1]],
         "tenants": dict(sorted(tenants.items())),
-        "trace": [(round(t - start, 3), i, sc, pod)
-                  for t, i, sc, pod in router.trace],
+        "trace": sorted((round(t - start, 3), i, sc, pod)
+                        for x in routers for t, i, sc, pod in x.trace),
     }
 
 
@@ -398,6 +422,10 @@ def main():
                    help="seconds a routed prompt's blocks count as on its "
                    "replica before its events arrive (llm-d's "
                    "speculativeIndexing); 0: off")
+    p.add_argument("--pickers", type=int, default=1,
+                   help="active-active pickers, each request to one at "
+                   "random; each keeps its own state (llm-d's "
+                   "active-active guide subscribes each to every pod)")
     p.add_argument("--json")
     p.add_argument("--repeats", type=int, default=1,
                    help="workloads (seeds seed, seed+1, ...), each run by "

@@ -144,6 +144,9 @@ class DiskTierTest(unittest.TestCase):
             self.assertGreater(counter(m, "kvserve_kv_tier_blocks",
                                        tier="disk"), 0)
             self.assertIn("kvserve_kv_tier_load_seconds_count", m)
+            # Two loads and their lookups, on the engine thread's clock.
+            self.assertGreater(
+                counter(m, "kvserve_kv_tier_engine_cpu_seconds_total"), 0)
             # Snapshots are rebuilt every ~200 ms while read.
             deadline = time.monotonic() + 10
             while True:

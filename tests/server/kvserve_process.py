@@ -122,6 +122,26 @@ def run_unittests(doc, setup, skip_reason=None):
     return 0 if prog.result.wasSuccessful() else 1
 
 
+def thread_cpu_seconds(pid, prefix):
+    """User + system CPU seconds of the process's threads whose name starts
+    with `prefix` (kv-engine, kv-events, kv-tier-...), from
+    /proc/<pid>/task/<tid>/stat; 0 if none."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    task = f"/proc/{pid}/task"
+    for tid in os.listdir(task):
+        try:
+            with open(f"{task}/{tid}/comm") as f:
+                if not f.read().strip().startswith(prefix):
+                    continue
+            with open(f"{task}/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except FileNotFoundError:  # the thread ended meanwhile
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / ticks
+
+
 def parse_metrics(text):
     """Prometheus text -> {"name{labels}": value} (samples only)."""
     out = {}

@@ -257,7 +257,10 @@ class Subscriber:
             self.sub.curve_secretkey = secret
             self.sub.curve_serverkey = server_public
         self.sub.setsockopt(zmq.SUBSCRIBE, b"kv@")
-        (self.sub.bind if bind else self.sub.connect)(endpoint)
+        # A list: connects to each (llm-d's pod discovery, one SUB socket
+        # for every pod's bound publisher).
+        for e in endpoint if isinstance(endpoint, list) else [endpoint]:
+            (self.sub.bind if bind else self.sub.connect)(e)
         self.index = index
         self.replay_endpoint = replay_endpoint
         self.drop = drop
