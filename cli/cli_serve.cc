@@ -273,7 +273,8 @@ absl::Status FinishFlags(ServeFlags* f) {
           ? o.model
           : o.served_model_name.substr(0, o.served_model_name.find(','));
   KV_RETURN_IF_ERROR(ApplyKvEventsFlags(f->kv_events, model_name,
-                                        f->metrics_port, &e.kv_events));
+                                        f->metrics_port, &e.kv_events,
+                                        &e.kv_events_private_scopes_model));
   scheduler::SchedulerConfig& s = e.scheduler;
   s.long_prefill_token_threshold =
       static_cast<int32_t>(f->long_prefill_token_threshold);

@@ -34,18 +34,26 @@ void RegisterKvEventsFlags(KvEventsFlags* f, CliArgs* args) {
                "a file holding a Z85 CURVE secret key (40 characters): the "
                "event sockets encrypt and accept only clients that know its "
                "public key (default off)");
+  args->Bool("kv-events-private-scopes", &f->private_scopes,
+             "also announce private cache scopes' blocks (never salted "
+             "ones), under the LoRA name <topic model>@<scope>: the router "
+             "matches them only for requests it attributes to that name; "
+             "the stream then carries those tenants' token ids (default "
+             "off)");
 }
 
 absl::Status ApplyKvEventsFlags(const KvEventsFlags& f,
                                 const std::string& model_name,
                                 int64_t http_port,
-                                kvevents::PublisherOptions* o) {
+                                kvevents::PublisherOptions* o,
+                                std::string* private_scopes_model) {
   if (f.endpoint.empty()) {
     if (!f.replay_endpoint.empty() || !f.topic.empty() ||
-        !f.curve_secret_key_file.empty()) {
+        !f.curve_secret_key_file.empty() || f.private_scopes) {
       return absl::InvalidArgumentError(
-          "--kv-events-replay-endpoint, --kv-events-topic and "
-          "--kv-events-curve-secret-key-file need --kv-events-endpoint");
+          "--kv-events-replay-endpoint, --kv-events-topic, "
+          "--kv-events-curve-secret-key-file and --kv-events-private-scopes "
+          "need --kv-events-endpoint");
     }
     return absl::OkStatus();
   }
@@ -80,6 +88,16 @@ absl::Status ApplyKvEventsFlags(const KvEventsFlags& f,
     }
     o->curve_secret_key = std::string(
         absl::StripAsciiWhitespace(text->substr(0, text->find('\n'))));
+  }
+  if (f.private_scopes) {
+    // kv@<pod>@<model>: llm-d's model, the root of its keys.
+    const size_t at = o->topic.rfind('@');
+    if (at == std::string::npos || at + 1 == o->topic.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--kv-events-private-scopes: the topic '", o->topic,
+                       "' has no model part (kv@<pod>@<model>)"));
+    }
+    *private_scopes_model = o->topic.substr(at + 1);
   }
   return absl::OkStatus();
 }

@@ -18,16 +18,19 @@ struct KvEventsFlags {
   int64_t heartbeat_ms = 1000;
   int64_t buffer_batches = 10000;
   std::string curve_secret_key_file;
+  bool private_scopes = false;
 };
 
 void RegisterKvEventsFlags(KvEventsFlags* f, CliArgs* args);
 
-// Fills `o` (untouched without --kv-events-endpoint). InvalidArgument
-// naming the flag: a replay endpoint, topic or key without an endpoint, an
-// endpoint that is not tcp://, ipc:// or inproc://, an unreadable key file.
-[[nodiscard]] absl::Status ApplyKvEventsFlags(const KvEventsFlags& f,
-                                              const std::string& model_name,
-                                              int64_t http_port,
-                                              kvevents::PublisherOptions* o);
+// Fills `o` (untouched without --kv-events-endpoint) and, with
+// --kv-events-private-scopes, `private_scopes_model` (the topic's model
+// part: the relay's engine/kv_events.h). InvalidArgument naming the flag: a
+// replay endpoint, topic, key or private scopes without an endpoint, an
+// endpoint that is not tcp://, ipc:// or inproc://, an unreadable key file,
+// a topic without a model part.
+[[nodiscard]] absl::Status ApplyKvEventsFlags(
+    const KvEventsFlags& f, const std::string& model_name, int64_t http_port,
+    kvevents::PublisherOptions* o, std::string* private_scopes_model);
 
 }  // namespace kvserve::cli

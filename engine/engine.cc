@@ -122,8 +122,9 @@ absl::Status Engine::Impl::Init(
   if (!config_.kv_events.endpoint.empty()) {
     KV_ASSIGN_OR_RETURN(std::unique_ptr<kvevents::Publisher> publisher,
                         kvevents::Publisher::Create(config_.kv_events));
-    kv_events_ = std::make_unique<KvEventRelay>(std::move(publisher),
-                                                sc.block_size, sc.model_id);
+    kv_events_ = std::make_unique<KvEventRelay>(
+        std::move(publisher), sc.block_size, sc.model_id,
+        config_.kv_events_private_scopes_model);
     kv_events_->Attach(&scheduler_->kv_cache_for_tiers());
     if (registry) {
       kv_event_metrics_ = std::make_unique<KvEventMetrics>(*registry);

@@ -111,6 +111,9 @@ struct EngineConfig {
   KvTierConfig kv_tiers;
   // KV cache events for routers (--kv-events-endpoint; empty: none).
   kvevents::PublisherOptions kv_events;
+  // --kv-events-private-scopes: private scopes' blocks are announced under
+  // "<this>@<scope>" (engine/kv_events.h); empty: not announced.
+  std::string kv_events_private_scopes_model;
   // Checks the KV invariants after every step (always on in debug and
   // sanitizer builds; --kv-debug-invariants): a broken one aborts.
   bool debug_invariants = false;

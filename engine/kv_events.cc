@@ -3,6 +3,7 @@
 #include <utility>
 #include <variant>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/thread_cpu.h"
 
@@ -13,18 +14,27 @@ using kvevents::BlockRemoved;
 using kvevents::BlockStored;
 
 KvEventRelay::KvEventRelay(std::unique_ptr<kvevents::Publisher> publisher,
-                           int32_t block_size, std::string model_id)
+                           int32_t block_size, std::string model_id,
+                           std::string private_scopes_model)
     : publisher_(std::move(publisher)),
       block_size_(block_size),
-      model_id_(std::move(model_id)) {
-  announced_ns_.insert(kvcache::NamespaceHash(model_id_, "", ""));
+      model_id_(std::move(model_id)),
+      private_scopes_model_(std::move(private_scopes_model)) {
+  announced_ns_.emplace(kvcache::NamespaceHash(model_id_, "", ""),
+                        std::nullopt);
 }
 
 void KvEventRelay::NoteRequest(const std::string& cache_scope,
                                bool scope_shared,
                                const std::string& cache_salt) {
-  if (!cache_salt.empty() || (!cache_scope.empty() && !scope_shared)) return;
-  announced_ns_.insert(kvcache::NamespaceHash(model_id_, cache_scope, ""));
+  if (!cache_salt.empty()) return;
+  std::optional<std::string> lora;
+  if (!cache_scope.empty() && !scope_shared) {
+    if (private_scopes_model_.empty()) return;
+    lora = absl::StrCat(private_scopes_model_, "@", cache_scope);
+  }
+  announced_ns_.try_emplace(kvcache::NamespaceHash(model_id_, cache_scope, ""),
+                            std::move(lora));
 }
 
 void KvEventRelay::Attach(kvcache::KvCacheManager* kv) {
@@ -56,7 +66,8 @@ kvevents::EventBatch KvEventRelay::Collect(std::vector<KvEvent> events) {
       last->hashes.push_back(WireHash(e.key));
       continue;
     }
-    if (!announced_ns_.contains(e.ns)) {
+    const auto ns = announced_ns_.find(e.ns);
+    if (ns == announced_ns_.end()) {
       ++unannounced;
       continue;
     }
@@ -65,10 +76,12 @@ kvevents::EventBatch KvEventRelay::Collect(std::vector<KvEvent> events) {
     auto* last = batch.events.empty()
                      ? nullptr
                      : std::get_if<BlockStored>(&batch.events.back());
-    if (last == nullptr || last->hashes.back() != WireHash(e.parent)) {
+    if (last == nullptr || last->hashes.back() != WireHash(e.parent) ||
+        last->lora_name != ns->second) {
       BlockStored s;
       if (e.parent != kvcache::kNoParentHash) s.parent = WireHash(e.parent);
       s.block_size = block_size_;
+      s.lora_name = ns->second;
       batch.events.emplace_back(std::move(s));
       last = &std::get<BlockStored>(batch.events.back());
     }

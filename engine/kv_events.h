@@ -11,10 +11,15 @@
 // are the blocks of the default scope and of scopes several tenants share
 // (server/tenants.h), without a cache_salt: within them, a router's match
 // is a hit for every tenant of the scope. A private scope's or a salted
-// block announced would send other tenants to a replica that cannot serve
-// them a hit, and would tell the router (and whoever reads the stream) that
-// tenant's prompts. A removal is published only for a key that was
-// announced.
+// block announced as such would send other tenants to a replica that cannot
+// serve them a hit, and would tell the router (and whoever reads the
+// stream) that tenant's prompts. With `private_scopes_model` set
+// (--kv-events-private-scopes), a private scope's unsalted blocks are
+// announced under the LoRA name "<model>@<scope>", which llm-d keys
+// instead of the model: only a request the router attributes to that name
+// (the tenant's identity, mapped at the gateway) can match them. Salted
+// blocks are never announced. A removal is published only for a key that
+// was announced.
 //
 // Wire hashes are the low 64 bits of the pool's 128-bit chain keys.
 //
@@ -25,9 +30,11 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -52,14 +59,18 @@ struct KvEventStats {
 class KvEventRelay {
  public:
   // `model_id`: the scheduler's, which every namespace hashes.
+  // `private_scopes_model`: the router's model name, to announce private
+  // scopes under "<it>@<scope>"; empty: private scopes are not announced.
   KvEventRelay(std::unique_ptr<kvevents::Publisher> publisher,
-               int32_t block_size, std::string model_id);
+               int32_t block_size, std::string model_id,
+               std::string private_scopes_model = "");
 
   // Starts recording on `kv` (engine thread, before the first request) and
   // queues AllBlocksCleared.
   void Attach(kvcache::KvCacheManager* kv);
   // A request is admitted: its namespace is announced from now on when it
-  // is the default scope or a shared one, without a salt.
+  // is the default scope or a shared one (or a private one, opted in),
+  // without a salt.
   void NoteRequest(const std::string& cache_scope, bool scope_shared,
                    const std::string& cache_salt);
   // Publishes what changed since the last call (nothing when nothing did),
@@ -83,8 +94,11 @@ class KvEventRelay {
   std::unique_ptr<kvevents::Publisher> publisher_;
   const int32_t block_size_;
   const std::string model_id_;
-  // Namespaces announced: the default's, and shared scopes' as they come.
-  absl::flat_hash_set<kvcache::BlockHash> announced_ns_;
+  const std::string private_scopes_model_;
+  // Namespaces announced, with the LoRA name their blocks carry (none for
+  // the default's and shared scopes').
+  absl::flat_hash_map<kvcache::BlockHash, std::optional<std::string>>
+      announced_ns_;
   kvcache::KvCacheManager* kv_ = nullptr;
   absl::flat_hash_set<kvcache::BlockHash> announced_;  // engine thread
 

@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <msgpack.hpp>
+#include <string_view>
 
 namespace kvserve::kvevents {
 namespace {
@@ -13,10 +14,9 @@ void PackHashes(Packer& pk, const std::vector<uint64_t>& hashes) {
   for (const uint64_t h : hashes) pk.pack_uint64(h);
 }
 
-void PackString(Packer& pk, const char* s) {
-  const size_t n = std::char_traits<char>::length(s);
-  pk.pack_str(static_cast<uint32_t>(n));
-  pk.pack_str_body(s, static_cast<uint32_t>(n));
+void PackString(Packer& pk, std::string_view s) {
+  pk.pack_str(static_cast<uint32_t>(s.size()));
+  pk.pack_str_body(s.data(), static_cast<uint32_t>(s.size()));
 }
 
 // Always a float64 (0xcb): msgpack-c's pack_double writes a whole number
@@ -48,7 +48,11 @@ struct PackEvent {
     pk.pack_int32(e.block_size);
     pk.pack_nil();  // lora_id
     PackString(pk, MediumName(e.medium));
-    pk.pack_nil();  // lora_name
+    if (e.lora_name.has_value()) {
+      PackString(pk, *e.lora_name);
+    } else {
+      pk.pack_nil();
+    }
   }
   void operator()(const BlockRemoved& e) const {
     pk.pack_array(3);

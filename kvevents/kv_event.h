@@ -39,6 +39,9 @@ struct BlockStored {
   std::vector<int32_t> token_ids;
   int32_t block_size = 0;
   Medium medium = Medium::kGpu;
+  // vLLM's LoRA adapter name: llm-d keys the blocks under it instead of the
+  // topic's model (kvserve puts an opted-in private cache scope here).
+  std::optional<std::string> lora_name;
 };
 
 struct BlockRemoved {

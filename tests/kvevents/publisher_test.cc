@@ -51,6 +51,22 @@ TEST(KvEventTest, EncodesVllmsPositionalForm) {
             "a3475055c000");
 }
 
+TEST(KvEventTest, CarriesTheLoraName) {
+  EventBatch b;
+  b.ts = 2.0;
+  BlockStored s;
+  s.hashes = {7};
+  s.token_ids = {1, 2};
+  s.block_size = 2;
+  s.lora_name = "smollm2@team";
+  b.events.emplace_back(s);
+  // msgpack.packb([2.0, [["BlockStored", [7], None, [1, 2], 2, None,
+  //   "GPU", "smollm2@team"]], 0])
+  EXPECT_EQ(Hex(EncodeBatch(b)),
+            "93cb40000000000000009198ab426c6f636b53746f7265649107c09201020"
+            "2c0a3475055ac736d6f6c6c6d32407465616d00");
+}
+
 TEST(KvEventTest, HeartbeatIsAnEmptyBatch) {
   EXPECT_EQ(Hex(EncodeBatch({2.0, {}, 0})), "93cb40000000000000009000");
 }

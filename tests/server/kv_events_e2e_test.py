@@ -259,6 +259,43 @@ class KvEventsTest(unittest.TestCase):
                 server.terminate()
                 follower.close()
 
+    def test_private_scopes_opt_in_under_the_tenants_lora_name(self):
+        """--kv-events-private-scopes: a private scope's blocks are keyed
+        under "<model>@<scope>", so a router matches them only for requests
+        it attributes to that tenant; salted blocks stay unannounced."""
+        with tempfile.TemporaryDirectory() as tmp:
+            tokens = os.path.join(tmp, "tokens")
+            with open(tokens, "w") as f:
+                f.write("tok-alice tenant=alice\n"
+                        "tok-ops tenant=ops admin\n")
+            os.chmod(tokens, 0o600)
+            pub, replay = free_port(), free_port()
+            endpoint = f"tcp://127.0.0.1:{pub}"
+            replay_ep = f"tcp://127.0.0.1:{replay}"
+            follower = Follower(endpoint, replay_ep)
+            server = Server(endpoint, replay_ep, "--auth-token-file", tokens,
+                            "--kv-events-private-scopes")
+            try:
+                private = token_ids(15, 100)
+                salted = token_ids(16, 100)
+                server.complete(private, max_tokens=2, token="tok-alice")
+                server.complete(salted, max_tokens=2, token="tok-alice",
+                                cache_salt="s1")
+                resident, _ = self.check_residency(server, follower,
+                                                   "tok-ops")
+                self.assertEqual(len(resident), len(private) // BLOCK)
+                with follower.lock:
+                    idx = follower.index
+                    self.assertEqual(idx.hits(POD, MODEL, private), 0)
+                    self.assertEqual(
+                        idx.hits(POD, f"{MODEL}@tenant:alice", private),
+                        len(private) // BLOCK)
+                    self.assertEqual(
+                        idx.hits(POD, f"{MODEL}@tenant:alice", salted), 0)
+            finally:
+                server.terminate()
+                follower.close()
+
     def test_curve_keeps_plain_subscribers_out(self):
         import zmq
         server_public, server_secret = zmq.curve_keypair()
@@ -337,6 +374,7 @@ class KvEventsTest(unittest.TestCase):
         cases = [
             (["--kv-events-endpoint", "http://x:1"], "--kv-events-endpoint"),
             (["--kv-events-topic", "kv@a@b"], "--kv-events-topic"),
+            (["--kv-events-private-scopes"], "--kv-events-private-scopes"),
             (["--kv-events-endpoint", "tcp://*:1",
               "--kv-events-curve-secret-key-file", "/nonexistent"],
              "--kv-events-curve-secret-key-file"),
