@@ -126,6 +126,7 @@ absl::Status Engine::Impl::Init(
         std::move(publisher), sc.block_size, sc.model_id,
         config_.kv_events_private_scopes_model);
     kv_events_->Attach(&scheduler_->kv_cache_for_tiers());
+    if (tiers_) kv_events_->AttachTiers(tiers_.get());
     if (registry) {
       kv_event_metrics_ = std::make_unique<KvEventMetrics>(*registry);
     }

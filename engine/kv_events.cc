@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "absl/types/span.h"
 #include "common/thread_cpu.h"
 
 namespace kvserve::engine {
@@ -46,24 +47,67 @@ void KvEventRelay::Attach(kvcache::KvCacheManager* kv) {
   (void)publisher_->Publish(std::move(batch));
 }
 
-kvevents::EventBatch KvEventRelay::Collect(std::vector<KvEvent> events) {
+namespace {
+
+// Consecutive changes of one kind and medium (and, for stores, of one chain
+// and LoRA name) share an event, as vLLM's cache_full_blocks does.
+void AppendRemoved(kvevents::EventBatch& b, kvevents::Medium medium,
+                   uint64_t hash) {
+  auto* last =
+      b.events.empty() ? nullptr : std::get_if<BlockRemoved>(&b.events.back());
+  if (last == nullptr || last->medium != medium) {
+    b.events.emplace_back(BlockRemoved{{}, medium});
+    last = &std::get<BlockRemoved>(b.events.back());
+  }
+  last->hashes.push_back(hash);
+}
+
+struct StoredBlock {
+  kvevents::Medium medium = kvevents::Medium::kGpu;
+  uint64_t hash = 0;
+  std::optional<uint64_t> parent;  // none: a sequence's first block
+  const std::optional<std::string>* lora_name = nullptr;
+  absl::Span<const int32_t> tokens;
+};
+
+void AppendStored(kvevents::EventBatch& b, int32_t block_size,
+                  const StoredBlock& block) {
+  auto* last =
+      b.events.empty() ? nullptr : std::get_if<BlockStored>(&b.events.back());
+  if (last == nullptr || last->medium != block.medium ||
+      !block.parent.has_value() || last->hashes.back() != *block.parent ||
+      last->lora_name != *block.lora_name) {
+    BlockStored s;
+    s.parent = block.parent;
+    s.block_size = block_size;
+    s.medium = block.medium;
+    s.lora_name = *block.lora_name;
+    b.events.emplace_back(std::move(s));
+    last = &std::get<BlockStored>(b.events.back());
+  }
+  last->hashes.push_back(block.hash);
+  last->token_ids.insert(last->token_ids.end(), block.tokens.begin(),
+                         block.tokens.end());
+}
+
+std::optional<uint64_t> ParentOf(kvcache::BlockHash parent) {
+  if (parent == kvcache::kNoParentHash) return std::nullopt;
+  return KvEventRelay::WireHash(parent);
+}
+
+}  // namespace
+
+kvevents::EventBatch KvEventRelay::Collect(
+    const std::vector<KvEvent>& events,
+    const std::vector<kvtier::TierChange>& disk) {
   kvevents::EventBatch batch;
   batch.ts = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
   int64_t stored = 0, removed = 0, unannounced = 0;
-  // Consecutive changes of one kind (and, for stores, of one chain) share
-  // an event, as vLLM's cache_full_blocks does.
-  for (KvEvent& e : events) {
+  for (const KvEvent& e : events) {
     if (e.kind == KvEvent::Kind::kRemoved) {
       if (announced_.erase(e.key) == 0) continue;
       ++removed;
-      auto* last = batch.events.empty()
-                       ? nullptr
-                       : std::get_if<BlockRemoved>(&batch.events.back());
-      if (last == nullptr) {
-        batch.events.emplace_back(BlockRemoved{});
-        last = &std::get<BlockRemoved>(batch.events.back());
-      }
-      last->hashes.push_back(WireHash(e.key));
+      AppendRemoved(batch, kvevents::Medium::kGpu, WireHash(e.key));
       continue;
     }
     const auto ns = announced_ns_.find(e.ns);
@@ -73,42 +117,58 @@ kvevents::EventBatch KvEventRelay::Collect(std::vector<KvEvent> events) {
     }
     if (!announced_.insert(e.key).second) continue;
     ++stored;
-    auto* last = batch.events.empty()
-                     ? nullptr
-                     : std::get_if<BlockStored>(&batch.events.back());
-    if (last == nullptr || last->hashes.back() != WireHash(e.parent) ||
-        last->lora_name != ns->second) {
-      BlockStored s;
-      if (e.parent != kvcache::kNoParentHash) s.parent = WireHash(e.parent);
-      s.block_size = block_size_;
-      s.lora_name = ns->second;
-      batch.events.emplace_back(std::move(s));
-      last = &std::get<BlockStored>(batch.events.back());
+    AppendStored(batch, block_size_,
+                 {kvevents::Medium::kGpu, WireHash(e.key), ParentOf(e.parent),
+                  &ns->second, e.tokens});
+  }
+  // The disk tier's writes and drops, under the same scope rules.
+  for (const kvtier::TierChange& c : disk) {
+    const kvtier::BlockHeader& h = c.header;
+    if (!c.stored) {
+      if (announced_disk_.erase(h.key) == 0) continue;
+      ++removed;
+      AppendRemoved(batch, kvevents::Medium::kStorage, WireHash(h.key));
+      continue;
     }
-    last->hashes.push_back(WireHash(e.key));
-    last->token_ids.insert(last->token_ids.end(), e.tokens.begin(),
-                           e.tokens.end());
+    const auto ns = announced_ns_.find(h.ns);
+    if (ns == announced_ns_.end()) {
+      ++unannounced;
+      continue;
+    }
+    if (!announced_disk_.insert(h.key).second) continue;
+    ++stored;
+    AppendStored(batch, block_size_,
+                 {kvevents::Medium::kStorage, WireHash(h.key),
+                  ParentOf(h.parent), &ns->second, h.tokens});
   }
   std::lock_guard<std::mutex> lock(mu_);
   stats_.stored_blocks += stored;
   stats_.removed_blocks += removed;
   stats_.unannounced_blocks += unannounced;
-  stats_.announced_blocks = static_cast<int64_t>(announced_.size());
+  stats_.announced_blocks =
+      static_cast<int64_t>(announced_.size() + announced_disk_.size());
   return batch;
 }
 
 void KvEventRelay::Relay() {
   if (kv_ == nullptr) return;
   std::vector<KvEvent> events = kv_->TakeEvents();
-  if (!events.empty()) {
+  std::vector<kvtier::TierChange> disk;
+  if (tiers_ != nullptr) disk = tiers_->TakeDiskChanges();
+  if (!events.empty() || !disk.empty()) {
     const int64_t t0 = ThreadCpuNanos();
-    kvevents::EventBatch batch = Collect(std::move(events));
+    kvevents::EventBatch batch = Collect(events, disk);
     if (!batch.events.empty()) (void)publisher_->Publish(std::move(batch));
     const int64_t spent = ThreadCpuNanos() - t0;
     std::lock_guard<std::mutex> lock(mu_);
     stats_.engine_cpu_nanos += spent;
   }
   AnswerDumps();
+}
+
+void KvEventRelay::AttachTiers(KvTiers* tiers) {
+  tiers_ = tiers;
+  tiers_->RecordDiskChanges();
 }
 
 void KvEventRelay::AnswerDumps() {

@@ -4,7 +4,10 @@
 // publisher: BlockStored for a run of full blocks of one chain (computed,
 // or loaded from a tier into the pool), BlockRemoved for evicted or purged
 // ones, AllBlocksCleared once at start (a restarted replica's index starts
-// empty). The medium is "GPU": the engine's pool, on every device.
+// empty). The medium is "GPU" for the engine's pool, on every device, and
+// "STORAGE" for the replica's disk tier (AttachTiers). The shared remote
+// tier is not announced: every replica reaches it alike, so it would add
+// the same score to each.
 //
 // Scope: a router keys blocks by token ids alone, so it cannot tell a
 // tenant's private scope or a cache_salt from the shared default. Announced
@@ -39,9 +42,11 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "engine/engine.h"
+#include "engine/kv_tiers.h"
 #include "kvcache/block_hash.h"
 #include "kvcache/kv_cache_manager.h"
 #include "kvevents/publisher.h"
+#include "kvtier/tier.h"
 
 namespace kvserve::engine {
 
@@ -68,6 +73,12 @@ class KvEventRelay {
   // Starts recording on `kv` (engine thread, before the first request) and
   // queues AllBlocksCleared.
   void Attach(kvcache::KvCacheManager* kv);
+  // Also announces the disk tier's blocks (medium STORAGE): those this
+  // process writes from now on, and their removal. Blocks indexed at start
+  // stay unannounced until loaded into the pool (their tokens are in the
+  // files only), so a router underrates a restarted replica's disk, never
+  // overrates it.
+  void AttachTiers(KvTiers* tiers);
   // A request is admitted: its namespace is announced from now on when it
   // is the default scope or a shared one (or a private one, opted in),
   // without a salt.
@@ -88,7 +99,8 @@ class KvEventRelay {
   }
 
  private:
-  kvevents::EventBatch Collect(std::vector<kvcache::KvEvent> events);
+  kvevents::EventBatch Collect(const std::vector<kvcache::KvEvent>& events,
+                               const std::vector<kvtier::TierChange>& disk);
   void AnswerDumps();
 
   std::unique_ptr<kvevents::Publisher> publisher_;
@@ -100,7 +112,9 @@ class KvEventRelay {
   absl::flat_hash_map<kvcache::BlockHash, std::optional<std::string>>
       announced_ns_;
   kvcache::KvCacheManager* kv_ = nullptr;
-  absl::flat_hash_set<kvcache::BlockHash> announced_;  // engine thread
+  KvTiers* tiers_ = nullptr;
+  absl::flat_hash_set<kvcache::BlockHash> announced_;       // engine thread
+  absl::flat_hash_set<kvcache::BlockHash> announced_disk_;  // engine thread
 
   mutable std::mutex mu_;
   KvEventStats stats_;  // guarded by mu_ (but publisher)

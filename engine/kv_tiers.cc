@@ -538,6 +538,15 @@ int64_t KvTiers::Flush(absl::Time deadline) {
   return dropped;
 }
 
+void KvTiers::RecordDiskChanges() {
+  if (disk_ != nullptr) disk_->RecordChanges();
+}
+
+std::vector<kvtier::TierChange> KvTiers::TakeDiskChanges() {
+  if (disk_ == nullptr) return {};
+  return disk_->TakeChanges();
+}
+
 KvTierStats KvTiers::stats() const {
   KvTierStats s = stats_;
   s.has_host = host_ != nullptr;

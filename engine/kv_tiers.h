@@ -127,6 +127,12 @@ class KvTiers {
   // Cancels and joins the loads (before the backend's memory goes).
   void Stop();
 
+  // KV events: the disk tier logs what it stores and drops from now on
+  // (kvtier::DiskTier::RecordChanges); TakeDiskChanges hands the log over
+  // (empty without a disk tier).
+  void RecordDiskChanges();
+  [[nodiscard]] std::vector<kvtier::TierChange> TakeDiskChanges();
+
   [[nodiscard]] KvTierStats stats() const;
   // Every held request has a load in the pool and vice versa; the disk
   // index's bytes are its blocks'.

@@ -229,6 +229,29 @@ absl::Status DiskTier::Scan() {
 
 void DiskTier::Unlink(const BlockName& name) { unlink(PathOf(name).c_str()); }
 
+void DiskTier::RecordChanges() {
+  std::lock_guard<std::mutex> lock(mu_);
+  record_changes_ = true;
+}
+
+std::vector<TierChange> DiskTier::TakeChanges() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<TierChange> out;
+  out.swap(changes_);
+  return out;
+}
+
+void DiskTier::LogRemoved(Key key) {
+  if (!record_changes_) return;
+  TierChange c;
+  c.header.key = key;
+  changes_.push_back(std::move(c));
+}
+
+void DiskTier::LogRemoved(const std::vector<BlockName>& names) {
+  for (const BlockName& n : names) LogRemoved(n.key);
+}
+
 void DiskTier::CountMiss(MissReason r) {
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.misses[static_cast<int>(r)];
@@ -320,8 +343,10 @@ void DiskTier::WriterLoop() {
     if (err == 0) {
       index_.Insert({item.header.key, item.scope_tag, SaltTag(item.header.ns)});
       ++stats_.stores;
+      if (record_changes_) changes_.push_back({true, item.header});
       victims = index_.TakeVictims(options_.capacity_bytes);
       stats_.evictions += victims.size();
+      LogRemoved(victims);
     } else {
       ++stats_.stores_dropped[static_cast<int>(DropReason::kError)];
     }
@@ -432,7 +457,9 @@ std::optional<MissReason> DiskTier::Load(const Expected& expected,
   auto miss = [&](MissReason r, bool remove) {
     if (remove) Unlink(name);
     std::lock_guard<std::mutex> lock(mu_);
-    if (remove || r == MissReason::kAbsent) index_.Erase(name.key);
+    if ((remove || r == MissReason::kAbsent) && index_.Erase(name.key)) {
+      LogRemoved(name.key);
+    }
     ++stats_.misses[static_cast<int>(r)];
     return std::optional<MissReason>(r);
   };
@@ -507,7 +534,7 @@ int64_t DiskTier::Purge(std::optional<uint64_t> scope_tag,
   };
   {
     std::lock_guard<std::mutex> lock(mu_);
-    (void)index_.TakeIf(match);
+    LogRemoved(index_.TakeIf(match));
   }
   // By the names on disk: another daemon's files too.
   int64_t removed = 0;

@@ -94,6 +94,13 @@ class DiskTier {
   int64_t Purge(std::optional<uint64_t> scope_tag,
                 std::optional<uint64_t> salt_tag);
 
+  // From now on, keeps a log of residency changes for TakeChanges: blocks
+  // this process wrote, and keys that left the index (evicted, purged,
+  // found corrupt or gone). Files indexed at start or written by another
+  // daemon are never logged as stored (their tokens are in the files only).
+  void RecordChanges();
+  [[nodiscard]] std::vector<TierChange> TakeChanges();
+
   [[nodiscard]] DiskTierStats stats() const;
   [[nodiscard]] const std::string& root() const { return root_; }
   [[nodiscard]] uint64_t stored_block_bytes() const {
@@ -112,6 +119,9 @@ class DiskTier {
   void OnWriteError(int err);
   void OnWriteOk();
   void Unlink(const BlockName& name);
+  // Under mu_: logs the keys that left the index.
+  void LogRemoved(const std::vector<BlockName>& names);
+  void LogRemoved(Key key);
   std::string PathOf(const BlockName& name) const;
   void CountMiss(MissReason r);
 
@@ -134,6 +144,8 @@ class DiskTier {
   absl::Time paused_until_ = absl::InfinitePast();
   absl::Duration backoff_ = absl::ZeroDuration();
   DiskTierStats stats_;
+  bool record_changes_ = false;
+  std::vector<TierChange> changes_;
   uint64_t tmp_counter_ = 0;
   std::thread writer_;
 };

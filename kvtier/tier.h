@@ -28,6 +28,14 @@ struct StoreItem {
   std::shared_ptr<const void> owner;
 };
 
+// A change to what a tier holds, for KV events (engine/kv_events.h): a block
+// this process stored (its header: key, parent, namespace, tokens), or a key
+// that left the tier (only `header.key` is set).
+struct TierChange {
+  bool stored = false;
+  BlockHeader header;
+};
+
 // One block to load: what it must verify against and where its payload
 // goes (lent memory), from the disk or the remote tier.
 struct LoadBlock {

@@ -6,13 +6,16 @@ preemptions, forks (n=2), 1% of the messages dropped on purpose (resynced
 through the replay socket) and a restart, the index rebuilt from the
 stream equals the daemon's residency (GET /v1/kv/blocks) block for block,
 and the router's keys of a resident prompt's token ids find the pod;
-salted and private-scope blocks are never announced, a shared scope's
-are; CURVE keeps plain subscribers out; the endpoint picker's protocol
-metrics (vllm:*) parse as a scraper reads them; bad flags are refused.
+salted blocks are never announced, private-scope ones only on request
+(under the tenant's LoRA name), a shared scope's always; the disk tier's
+blocks are announced as STORAGE and match its files; CURVE keeps plain
+subscribers out; the endpoint picker's protocol metrics (vllm:*) parse as
+a scraper reads them; bad flags are refused.
 
     kv_events_e2e_test.py --binary build/server/kvserve --source-dir .
 
-Cost: about 15 s (five daemon starts of the default model, ~140 requests).
+Cost: about 25-45 s (seven daemon starts of the default model, ~150
+requests).
 """
 
 import json
@@ -71,6 +74,17 @@ class Server(KvserveProcess):
             headers=headers)
         with urllib.request.urlopen(req, timeout=30) as resp:
             return json.loads(resp.read())
+
+
+def disk_hashes(disk):
+    """Wire hashes (low 64 bits of the key) of the block files under
+    `disk`: <key hex>.<scope tag>.<salt tag>.kvb (kvtier/block_key.h)."""
+    out = set()
+    for _, _, files in os.walk(disk):
+        for f in files:
+            if f.endswith(".kvb"):
+                out.add(int(f.split(".")[0][-16:], 16))
+    return out
 
 
 def import_index():
@@ -292,6 +306,51 @@ class KvEventsTest(unittest.TestCase):
                         len(private) // BLOCK)
                     self.assertEqual(
                         idx.hits(POD, f"{MODEL}@tenant:alice", salted), 0)
+            finally:
+                server.terminate()
+                follower.close()
+
+    def test_disk_tier_blocks_are_announced_as_storage(self):
+        """--kv-disk-cache: what the tier writes is announced with medium
+        STORAGE, what it evicts is removed; the index's STORAGE entries
+        equal the block files on disk (their names carry the keys)."""
+        with tempfile.TemporaryDirectory() as tmp:
+            disk = os.path.join(tmp, "kv")
+            pub, replay = free_port(), free_port()
+            endpoint = f"tcp://127.0.0.1:{pub}"
+            replay_ep = f"tcp://127.0.0.1:{replay}"
+            follower = Follower(endpoint, replay_ep)
+            # Room for about 14 blocks: the later prompts evict the first's.
+            server = Server(endpoint, replay_ep, "--kv-disk-cache", disk,
+                            "--kv-disk-cache-bytes", "3MiB")
+            try:
+                prompts = [token_ids(60 + i, 100) for i in range(4)]
+                for i, ids in enumerate(prompts):
+                    server.complete(ids, max_tokens=2)
+                    stored = server.wait_metrics(lambda m: counter(
+                        m, "kvserve_kv_tier_stores_total",
+                        tier="disk") >= 6 * (i + 1))
+                    self.assertGreaterEqual(counter(
+                        stored, "kvserve_kv_tier_stores_total", tier="disk"),
+                        6 * (i + 1))
+                    follower.settle()
+                    with follower.lock:
+                        announced = follower.index.engine_hashes(POD,
+                                                                 "storage")
+                    self.assertEqual(announced, disk_hashes(disk))
+                m = server.metrics()
+                self.assertGreater(counter(m, "kvserve_kv_tier_evictions_total",
+                                           tier="disk"), 0)
+                with follower.lock:
+                    idx = follower.index
+                    # The last prompt is whole on disk and in the pool.
+                    self.assertEqual(idx.hits(POD, MODEL, prompts[-1],
+                                              tier="storage"), 6)
+                    self.assertEqual(idx.hits(POD, MODEL, prompts[0],
+                                              tier="storage"), 0)
+                    self.assertEqual(idx.hits(POD, MODEL, prompts[0],
+                                              tier="gpu"), 6)
+                self.assertEqual(follower.errors, [])
             finally:
                 server.terminate()
                 follower.close()

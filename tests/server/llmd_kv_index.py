@@ -26,8 +26,10 @@ The rules it keeps:
     [parent key, block tokens, extra], chained from a root that hashes the
     seed and the model name; engine keys map 1:1 to them here (equal block
     sizes);
-  - BlockRemoved evicts each engine hash's entry for that pod and tier;
-    AllBlocksCleared clears the pod;
+  - BlockRemoved evicts each engine hash's entry for that pod and tier; the
+    engine hash's mapping goes with the key's last entry (llm-d-kv-cache
+    pkg/kvcache/kvblock/in_memory.go: one map of engine to request keys,
+    entries per (pod, tier)); AllBlocksCleared clears the pod;
   - sequence numbers: a repeat is dropped, a lower one is a publisher
     restart (the pod is cleared first), a gap asks the replay socket for
     the missing batches.
@@ -166,7 +168,7 @@ class KvIndex:
     def __init__(self, block_size, hash_seed=""):
         self.tp = TokenProcessor(block_size, hash_seed)
         self.entries = {}        # request key -> {(pod, tier)}
-        self.engine_to_req = {}  # (pod, engine hash) -> request key
+        self.engine_to_req = {}  # engine hash -> request key
         self.dropped_events = 0  # unknown parent
         self.failed_batches = 0
 
@@ -176,7 +178,7 @@ class KvIndex:
             if not self.entries[key]:
                 del self.entries[key]
         self.engine_to_req = {k: v for k, v in self.engine_to_req.items()
-                              if k[0] != pod}
+                              if v in self.entries}
 
     def apply(self, topic, payload):
         pod, model = parse_topic(topic)
@@ -191,13 +193,14 @@ class KvIndex:
             elif f[0] == "BlockRemoved":
                 tier = (f[2] or "gpu").lower()
                 for h in f[1]:
-                    key = self.engine_to_req.pop((pod, as_hash(h)), None)
+                    key = self.engine_to_req.get(as_hash(h))
                     if key is None:
                         continue
                     entry = self.entries.get(key, set())
                     entry.discard((pod, tier))
                     if not entry:
                         self.entries.pop(key, None)
+                        self.engine_to_req.pop(as_hash(h), None)
             else:
                 self._stored(pod, model, f)
 
@@ -207,7 +210,7 @@ class KvIndex:
         model = lora_name or model
         parent_key = None
         if parent is not None and as_hash(parent) != 0:
-            parent_key = self.engine_to_req.get((pod, as_hash(parent)))
+            parent_key = self.engine_to_req.get(as_hash(parent))
             if parent_key is None:
                 self.dropped_events += 1
                 return
@@ -218,20 +221,23 @@ class KvIndex:
         if len(keys) != len(hashes):
             raise DecodeError(f"{len(hashes)} hashes for {len(keys)} blocks")
         for h, key in zip(hashes, keys):
-            self.engine_to_req[(pod, as_hash(h))] = key
+            self.engine_to_req[as_hash(h)] = key
             self.entries.setdefault(key, set()).add((pod, tier))
 
-    def engine_hashes(self, pod):
-        return {h for (p, h) in self.engine_to_req if p == pod}
+    def engine_hashes(self, pod, tier="gpu"):
+        """The engine hashes the index places on `pod` in `tier`."""
+        return {h for h, key in self.engine_to_req.items()
+                if (pod, tier) in self.entries.get(key, ())}
 
-    def hits(self, pod, model, tokens=None, keys=None):
+    def hits(self, pod, model, tokens=None, keys=None, tier=None):
         """Leading full blocks of `tokens` (or of their `keys`) the index
-        places on `pod`."""
+        places on `pod` (in `tier`, or in any)."""
         if keys is None:
             keys = self.tp.keys(None, tokens, model)
         n = 0
         for key in keys:
-            if not any(e[0] == pod for e in self.entries.get(key, ())):
+            if not any(e[0] == pod and (tier is None or e[1] == tier)
+                       for e in self.entries.get(key, ())):
                 break
             n += 1
         return n
