@@ -314,5 +314,40 @@ TEST(DiskTierTest, PurgeByScopeTag) {
   EXPECT_EQ(t->stats().blocks, 0u);
 }
 
+// What KV events announce as STORAGE: the blocks written (with their
+// headers) and every key that left the index, once asked, in order.
+TEST(DiskTierTest, LogsResidencyChangesOnceAsked) {
+  TempDir dir;
+  std::unique_ptr<DiskTier> t = OpenTier(dir.path(), 2 * kStored);
+  const Block a = MakeBlock(0), b = MakeBlock(1), c = MakeBlock(2);
+  t->Store(Item(a));
+  Flush(*t);
+  EXPECT_TRUE(t->TakeChanges().empty());  // not asked yet
+  t->RecordChanges();
+  t->Store(Item(b));
+  t->Store(Item(c));  // over the limit: a, the least recent, goes
+  Flush(*t);
+  std::vector<TierChange> log = t->TakeChanges();
+  ASSERT_EQ(log.size(), 3u);
+  EXPECT_TRUE(log[0].stored);
+  EXPECT_EQ(log[0].header.key, b.key);
+  EXPECT_EQ(log[0].header.parent, b.parent);
+  EXPECT_EQ(log[0].header.tokens, b.tokens);
+  EXPECT_TRUE(log[1].stored);
+  EXPECT_EQ(log[1].header.key, c.key);
+  EXPECT_FALSE(log[2].stored);
+  EXPECT_EQ(log[2].header.key, a.key);
+  EXPECT_TRUE(t->TakeChanges().empty());
+  FlipByte(FileOf(*t, b), 4096 + 4000);  // a corrupt file is deleted
+  EXPECT_EQ(LoadInto(*t, b), MissReason::kChecksum);
+  EXPECT_EQ(t->Purge(std::nullopt, std::nullopt), 1);  // c
+  log = t->TakeChanges();
+  ASSERT_EQ(log.size(), 2u);
+  EXPECT_FALSE(log[0].stored);
+  EXPECT_EQ(log[0].header.key, b.key);
+  EXPECT_FALSE(log[1].stored);
+  EXPECT_EQ(log[1].header.key, c.key);
+}
+
 }  // namespace
 }  // namespace kvserve::kvtier
