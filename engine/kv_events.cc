@@ -97,9 +97,8 @@ std::optional<uint64_t> ParentOf(kvcache::BlockHash parent) {
 
 }  // namespace
 
-kvevents::EventBatch KvEventRelay::Collect(
-    const std::vector<KvEvent>& events,
-    const std::vector<kvtier::TierChange>& disk) {
+kvevents::EventBatch KvEventRelay::Collect(const std::vector<KvEvent>& events,
+                                           const KvTiers::Changes& tiers) {
   kvevents::EventBatch batch;
   batch.ts = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
   int64_t stored = 0, removed = 0, unannounced = 0;
@@ -121,43 +120,49 @@ kvevents::EventBatch KvEventRelay::Collect(
                  {kvevents::Medium::kGpu, WireHash(e.key), ParentOf(e.parent),
                   &ns->second, e.tokens});
   }
-  // The disk tier's writes and drops, under the same scope rules.
-  for (const kvtier::TierChange& c : disk) {
-    const kvtier::BlockHeader& h = c.header;
-    if (!c.stored) {
-      if (announced_disk_.erase(h.key) == 0) continue;
-      ++removed;
-      AppendRemoved(batch, kvevents::Medium::kStorage, WireHash(h.key));
-      continue;
+  // The host cache's and the disk tier's changes, under the same scope
+  // rules.
+  const std::pair<const std::vector<kvtier::TierChange>*, TierMedium> media[] =
+      {{&tiers.host, {kvevents::Medium::kCpu, &announced_host_}},
+       {&tiers.disk, {kvevents::Medium::kStorage, &announced_disk_}}};
+  for (const auto& [changes, medium] : media) {
+    for (const kvtier::TierChange& c : *changes) {
+      const kvtier::BlockHeader& h = c.header;
+      if (!c.stored) {
+        if (medium.announced->erase(h.key) == 0) continue;
+        ++removed;
+        AppendRemoved(batch, medium.medium, WireHash(h.key));
+        continue;
+      }
+      const auto ns = announced_ns_.find(h.ns);
+      if (ns == announced_ns_.end()) {
+        ++unannounced;
+        continue;
+      }
+      if (!medium.announced->insert(h.key).second) continue;
+      ++stored;
+      AppendStored(batch, block_size_,
+                   {medium.medium, WireHash(h.key), ParentOf(h.parent),
+                    &ns->second, h.tokens});
     }
-    const auto ns = announced_ns_.find(h.ns);
-    if (ns == announced_ns_.end()) {
-      ++unannounced;
-      continue;
-    }
-    if (!announced_disk_.insert(h.key).second) continue;
-    ++stored;
-    AppendStored(batch, block_size_,
-                 {kvevents::Medium::kStorage, WireHash(h.key),
-                  ParentOf(h.parent), &ns->second, h.tokens});
   }
   std::lock_guard<std::mutex> lock(mu_);
   stats_.stored_blocks += stored;
   stats_.removed_blocks += removed;
   stats_.unannounced_blocks += unannounced;
-  stats_.announced_blocks =
-      static_cast<int64_t>(announced_.size() + announced_disk_.size());
+  stats_.announced_blocks = static_cast<int64_t>(
+      announced_.size() + announced_host_.size() + announced_disk_.size());
   return batch;
 }
 
 void KvEventRelay::Relay() {
   if (kv_ == nullptr) return;
   std::vector<KvEvent> events = kv_->TakeEvents();
-  std::vector<kvtier::TierChange> disk;
-  if (tiers_ != nullptr) disk = tiers_->TakeDiskChanges();
-  if (!events.empty() || !disk.empty()) {
+  KvTiers::Changes tiers;
+  if (tiers_ != nullptr) tiers = tiers_->TakeChanges();
+  if (!events.empty() || !tiers.host.empty() || !tiers.disk.empty()) {
     const int64_t t0 = ThreadCpuNanos();
-    kvevents::EventBatch batch = Collect(events, disk);
+    kvevents::EventBatch batch = Collect(events, tiers);
     if (!batch.events.empty()) (void)publisher_->Publish(std::move(batch));
     const int64_t spent = ThreadCpuNanos() - t0;
     std::lock_guard<std::mutex> lock(mu_);
@@ -168,7 +173,7 @@ void KvEventRelay::Relay() {
 
 void KvEventRelay::AttachTiers(KvTiers* tiers) {
   tiers_ = tiers;
-  tiers_->RecordDiskChanges();
+  tiers_->RecordChanges();
 }
 
 void KvEventRelay::AnswerDumps() {

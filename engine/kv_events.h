@@ -4,8 +4,9 @@
 // publisher: BlockStored for a run of full blocks of one chain (computed,
 // or loaded from a tier into the pool), BlockRemoved for evicted or purged
 // ones, AllBlocksCleared once at start (a restarted replica's index starts
-// empty). The medium is "GPU" for the engine's pool, on every device, and
-// "STORAGE" for the replica's disk tier (AttachTiers). The shared remote
+// empty). The medium is "GPU" for the engine's pool, on every device, "CPU"
+// for a device's host cache and "STORAGE" for the replica's disk tier
+// (AttachTiers). The shared remote
 // tier is not announced: every replica reaches it alike, so it would add
 // the same score to each.
 //
@@ -73,10 +74,11 @@ class KvEventRelay {
   // Starts recording on `kv` (engine thread, before the first request) and
   // queues AllBlocksCleared.
   void Attach(kvcache::KvCacheManager* kv);
-  // Also announces the disk tier's blocks (medium STORAGE): those this
-  // process writes from now on, and their removal. Blocks indexed at start
-  // stay unannounced until loaded into the pool (their tokens are in the
-  // files only), so a router underrates a restarted replica's disk, never
+  // Also announces the tiers' blocks: the host cache's (a device's pinned
+  // host memory, medium CPU) and the disk tier's (medium STORAGE), those
+  // stored from now on, and their removal. Files indexed at start stay
+  // unannounced until loaded into the pool (their tokens are in the files
+  // only), so a router underrates a restarted replica's disk, never
   // overrates it.
   void AttachTiers(KvTiers* tiers);
   // A request is admitted: its namespace is announced from now on when it
@@ -99,8 +101,13 @@ class KvEventRelay {
   }
 
  private:
+  // A tier's medium and the keys announced in it.
+  struct TierMedium {
+    kvevents::Medium medium;
+    absl::flat_hash_set<kvcache::BlockHash>* announced;
+  };
   kvevents::EventBatch Collect(const std::vector<kvcache::KvEvent>& events,
-                               const std::vector<kvtier::TierChange>& disk);
+                               const KvTiers::Changes& tiers);
   void AnswerDumps();
 
   std::unique_ptr<kvevents::Publisher> publisher_;
@@ -114,6 +121,7 @@ class KvEventRelay {
   kvcache::KvCacheManager* kv_ = nullptr;
   KvTiers* tiers_ = nullptr;
   absl::flat_hash_set<kvcache::BlockHash> announced_;       // engine thread
+  absl::flat_hash_set<kvcache::BlockHash> announced_host_;  // engine thread
   absl::flat_hash_set<kvcache::BlockHash> announced_disk_;  // engine thread
 
   mutable std::mutex mu_;

@@ -538,13 +538,16 @@ int64_t KvTiers::Flush(absl::Time deadline) {
   return dropped;
 }
 
-void KvTiers::RecordDiskChanges() {
+void KvTiers::RecordChanges() {
+  if (host_ != nullptr) host_->RecordChanges();
   if (disk_ != nullptr) disk_->RecordChanges();
 }
 
-std::vector<kvtier::TierChange> KvTiers::TakeDiskChanges() {
-  if (disk_ == nullptr) return {};
-  return disk_->TakeChanges();
+KvTiers::Changes KvTiers::TakeChanges() {
+  Changes c;
+  if (host_ != nullptr) c.host = host_->TakeChanges();
+  if (disk_ != nullptr) c.disk = disk_->TakeChanges();
+  return c;
 }
 
 KvTierStats KvTiers::stats() const {

@@ -127,11 +127,15 @@ class KvTiers {
   // Cancels and joins the loads (before the backend's memory goes).
   void Stop();
 
-  // KV events: the disk tier logs what it stores and drops from now on
-  // (kvtier::DiskTier::RecordChanges); TakeDiskChanges hands the log over
-  // (empty without a disk tier).
-  void RecordDiskChanges();
-  [[nodiscard]] std::vector<kvtier::TierChange> TakeDiskChanges();
+  // KV events: the host cache and the disk tier log what they hold and
+  // drop from now on (kvtier::HostTier/DiskTier::RecordChanges);
+  // TakeChanges hands the logs over (empty for a tier that is off).
+  struct Changes {
+    std::vector<kvtier::TierChange> host;
+    std::vector<kvtier::TierChange> disk;
+  };
+  void RecordChanges();
+  [[nodiscard]] Changes TakeChanges();
 
   [[nodiscard]] KvTierStats stats() const;
   // Every held request has a load in the pool and vice versa; the disk

@@ -56,6 +56,15 @@ void HostTier::Commit(int32_t s) {
   slot.lru = lru_.insert(lru_.end(), s);
   ++ready_;
   ++stats_.stores;
+  if (record_changes_) {
+    TierChange c;
+    c.stored = true;
+    c.header.key = slot.entry.key;
+    c.header.parent = slot.entry.parent;
+    c.header.ns = slot.entry.ns;
+    c.header.tokens = slot.entry.tokens;
+    changes_.push_back(std::move(c));
+  }
 }
 
 void HostTier::Abandon(int32_t s) {
@@ -69,6 +78,11 @@ void HostTier::Free(int32_t s) {
   if (slot.state == State::kReady) {
     lru_.erase(slot.lru);
     --ready_;
+    if (record_changes_) {
+      TierChange c;
+      c.header.key = slot.entry.key;
+      changes_.push_back(std::move(c));
+    }
   }
   map_.erase(slot.entry.key);
   slot.state = State::kFree;

@@ -72,6 +72,16 @@ class HostTier {
   int64_t Purge(std::optional<uint64_t> scope_tag,
                 std::optional<uint64_t> salt_tag);
 
+  // From now on, logs residency changes for TakeChanges (KV events): a
+  // block that became ready, a ready block freed (evicted, purged or found
+  // wrong).
+  void RecordChanges() { record_changes_ = true; }
+  [[nodiscard]] std::vector<TierChange> TakeChanges() {
+    std::vector<TierChange> out;
+    out.swap(changes_);
+    return out;
+  }
+
   [[nodiscard]] TierStats stats() const;
   // Every slot is in exactly one of: free list, pending, LRU; the map names
   // exactly the pending and ready slots.
@@ -94,6 +104,8 @@ class HostTier {
   absl::flat_hash_map<Key, int32_t> map_;
   int64_t ready_ = 0;
   TierStats stats_;
+  bool record_changes_ = false;
+  std::vector<TierChange> changes_;
 };
 
 }  // namespace kvserve::kvtier

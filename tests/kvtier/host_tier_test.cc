@@ -107,6 +107,34 @@ TEST(HostTierTest, EvictsLeastRecentlyUsedUnpinned) {
   EXPECT_TRUE(t.CheckInvariants().ok());
 }
 
+// What KV events announce as CPU: blocks that became ready (with their
+// chain and tokens) and ready blocks freed, once asked; pending slots never.
+TEST(HostTierTest, LogsResidencyChangesOnceAsked) {
+  HostTier t(2, 100);
+  t.Commit(*t.Reserve(E(1), true));
+  EXPECT_TRUE(t.TakeChanges().empty());  // not asked yet
+  t.RecordChanges();
+  const int32_t b = *t.Reserve(E(2), true);
+  EXPECT_TRUE(t.TakeChanges().empty());  // pending: not a block yet
+  t.Commit(b);
+  t.Abandon(*t.Reserve(E(3), true));  // evicts block 1; 3 never ready
+  std::vector<TierChange> log = t.TakeChanges();
+  ASSERT_EQ(log.size(), 2u);
+  EXPECT_TRUE(log[0].stored);
+  EXPECT_EQ(log[0].header.key, K(2));
+  EXPECT_EQ(log[0].header.parent, K(1));
+  EXPECT_EQ(log[0].header.ns, Key{99});
+  EXPECT_EQ(log[0].header.tokens, Tokens(2, 1));
+  EXPECT_FALSE(log[1].stored);
+  EXPECT_EQ(log[1].header.key, K(1));
+  EXPECT_EQ(t.Purge(std::nullopt, std::nullopt), 1);
+  log = t.TakeChanges();
+  ASSERT_EQ(log.size(), 1u);
+  EXPECT_FALSE(log[0].stored);
+  EXPECT_EQ(log[0].header.key, K(2));
+  EXPECT_TRUE(t.CheckInvariants().ok());
+}
+
 TEST(HostTierTest, PurgesByScopeAndSaltSkippingPinned) {
   HostTier t(4, 100);
   for (uint64_t i = 1; i <= 3; ++i) t.Commit(*t.Reserve(E(i, i % 2), true));

@@ -21,7 +21,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kvserve_process import (KvserveProcess, RedisServer,  # noqa: E402
-                             counter,
+                             counter, free_port,
                              run_concurrently, run_unittests, token_ids)
 
 ARGS = None
@@ -212,11 +212,13 @@ class CudaDeviceTest(unittest.TestCase):
         through the host cache, so after a restart the prompt is a disk hit,
         and on a daemon with an empty disk a remote hit. Every hit gives the
         greedy tokens of a pool hit, and the usage splits the cached tokens
-        by tier."""
+        by tier. The first daemon's KV events announce the host cache's
+        blocks as CPU and the disk's as STORAGE, as many as each holds."""
         import json
         import shutil
         import tempfile
         import urllib.request
+        import llmd_kv_index
         if shutil.which("redis-server") is None:
             self.fail("redis-server is missing: deploy/setup.sh --test")
         prompt = token_ids(600, 64)  # 4 full blocks
@@ -226,8 +228,13 @@ class CudaDeviceTest(unittest.TestCase):
         host = ("--kv-host-cache-bytes", str(64 * BLOCK_BYTES),
                 *redis.flags())
         flags = (*host, "--kv-disk-cache", os.path.join(tmp, "kv"))
-        server = Server(*flags, kv_bytes=str(12 * BLOCK_BYTES),
-                        prefix_caching=True)
+        events = f"tcp://127.0.0.1:{free_port()}"
+        index = llmd_kv_index.KvIndex(BLOCK)
+        sub = llmd_kv_index.Subscriber(index, events)  # binds: the router
+        server = Server(*flags, "--kv-events-endpoint", events,
+                        "--kv-events-topic", "kv@gpu-pod@smollm2",
+                        "--kv-events-heartbeat-ms", "100",
+                        kv_bytes=str(12 * BLOCK_BYTES), prefix_caching=True)
         try:
             self.assertIn("64 host cache slots", server.text())
             cold, usage = server.generate_usage(prompt)
@@ -257,6 +264,16 @@ class CudaDeviceTest(unittest.TestCase):
                 counter(m, "kvserve_kv_tier_hits_blocks_total", tier="host"), 3)
             self.assertGreaterEqual(
                 counter(m, "kvserve_kv_tier_stores_total", tier="host"), 16)
+            held = {t: int(counter(m, "kvserve_kv_tier_blocks", tier=t))
+                    for t in ("host", "disk")}
+
+            def announced():
+                return {t: len(index.engine_hashes("gpu-pod", medium))
+                        for t, medium in (("host", "cpu"),
+                                          ("disk", "storage"))}
+            sub.run_until(lambda: announced() == held, timeout=60)
+            self.assertEqual(announced(), held)
+            self.assertGreater(held["host"], 0)
             self.assertEqual(server.stop(), 0)
             files = [f for _, _, fs in os.walk(os.path.join(tmp, "kv"))
                      for f in fs]
@@ -303,6 +320,7 @@ class CudaDeviceTest(unittest.TestCase):
                              0)
         finally:
             server.close()
+            sub.close()
             redis.stop()
 
     def test_int8_refuses_a_block_size_it_cannot_align(self):
