@@ -197,12 +197,15 @@ class KvVisibilityTest(unittest.TestCase):
         # 24 blocks: the low-priority request holds 18 or more, the urgent
         # one needs 10 and preempts it. By swap, the preempting step runs
         # nothing but the swap-out; the victim's greedy tokens must come out
-        # as they do by recompute.
+        # as they do by recompute. Each step takes at least 25 ms, so the
+        # low request's 60 tokens last 1.5 s: the urgent one arrives while
+        # it runs even when the client is slow to send it (a busy machine).
         low_tokens = {}
         for mode in ("recompute", "swap"):
             server = Server("--scheduling-policy", "priority",
                             "--no-prefix-caching", "--preemption-mode", mode,
                             "--swap-space-bytes", "64MiB",
+                            "--fault-step-delay-ms", "25",
                             kv_bytes=str(24 * BLOCK_BYTES))
             try:
                 started = threading.Event()
