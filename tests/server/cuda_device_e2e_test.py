@@ -229,9 +229,12 @@ class CudaDeviceTest(unittest.TestCase):
                 *redis.flags())
         flags = (*host, "--kv-disk-cache", os.path.join(tmp, "kv"))
         events = f"tcp://127.0.0.1:{free_port()}"
+        replay = f"tcp://127.0.0.1:{free_port()}"
         index = llmd_kv_index.KvIndex(BLOCK)
-        sub = llmd_kv_index.Subscriber(index, events)  # binds: the router
+        # Binds, as the router does; a gap is replayed.
+        sub = llmd_kv_index.Subscriber(index, events, replay)
         server = Server(*flags, "--kv-events-endpoint", events,
+                        "--kv-events-replay-endpoint", replay,
                         "--kv-events-topic", "kv@gpu-pod@smollm2",
                         "--kv-events-heartbeat-ms", "100",
                         kv_bytes=str(12 * BLOCK_BYTES), prefix_caching=True)
