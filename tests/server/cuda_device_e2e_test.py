@@ -17,6 +17,8 @@ Elsewhere it exits 77 (ctest: skipped), as without grpcio.
 import os
 import re
 import sys
+import threading
+import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -231,8 +233,19 @@ class CudaDeviceTest(unittest.TestCase):
         events = f"tcp://127.0.0.1:{free_port()}"
         replay = f"tcp://127.0.0.1:{free_port()}"
         index = llmd_kv_index.KvIndex(BLOCK)
-        # Binds, as the router does; a gap is replayed.
+        # Binds, as the router does; a gap is replayed. Read all along, as a
+        # router reads (an unread socket drops what exceeds its queue).
         sub = llmd_kv_index.Subscriber(index, events, replay)
+        lock = threading.Lock()
+        following = [True]
+
+        def follow():
+            while following[0]:
+                if sub.sub.poll(50):
+                    with lock:
+                        sub.poll(0)
+        follower = threading.Thread(target=follow, daemon=True)
+        follower.start()
         server = Server(*flags, "--kv-events-endpoint", events,
                         "--kv-events-replay-endpoint", replay,
                         "--kv-events-topic", "kv@gpu-pod@smollm2",
@@ -271,10 +284,13 @@ class CudaDeviceTest(unittest.TestCase):
                     for t in ("host", "disk")}
 
             def announced():
-                return {t: len(index.engine_hashes("gpu-pod", medium))
-                        for t, medium in (("host", "cpu"),
-                                          ("disk", "storage"))}
-            sub.run_until(lambda: announced() == held, timeout=60)
+                with lock:
+                    return {t: len(index.engine_hashes("gpu-pod", medium))
+                            for t, medium in (("host", "cpu"),
+                                              ("disk", "storage"))}
+            deadline = time.monotonic() + 60
+            while announced() != held and time.monotonic() < deadline:
+                time.sleep(0.1)
             self.assertEqual(announced(), held)
             self.assertGreater(held["host"], 0)
             self.assertEqual(server.stop(), 0)
@@ -323,6 +339,8 @@ class CudaDeviceTest(unittest.TestCase):
                              0)
         finally:
             server.close()
+            following[0] = False
+            follower.join()
             sub.close()
             redis.stop()
 
