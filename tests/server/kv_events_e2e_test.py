@@ -76,6 +76,21 @@ class Server(KvserveProcess):
             return json.loads(resp.read())
 
 
+def endpoints():
+    """A free loopback endpoint for the events and one for replays."""
+    return (f"tcp://127.0.0.1:{free_port()}",
+            f"tcp://127.0.0.1:{free_port()}")
+
+
+def token_file(tmp, *lines):
+    """An --auth-token-file of `lines` under `tmp` (mode 0600)."""
+    path = os.path.join(tmp, "tokens")
+    with open(path, "w") as f:
+        f.write("".join(line + "\n" for line in lines))
+    os.chmod(path, 0o600)
+    return path
+
+
 def disk_hashes(disk):
     """Wire hashes (low 64 bits of the key) of the block files under
     `disk`: <key hex>.<scope tag>.<salt tag>.kvb (kvtier/block_key.h)."""
@@ -153,9 +168,7 @@ class KvEventsTest(unittest.TestCase):
         return resident, agree
 
     def test_index_follows_residency_through_drops_and_a_restart(self):
-        pub, replay = free_port(), free_port()
-        endpoint = f"tcp://127.0.0.1:{pub}"
-        replay_ep = f"tcp://127.0.0.1:{replay}"
+        endpoint, replay_ep = endpoints()
         # The follower binds (llm-d's endpoint picker); the daemon connects.
         follower = Follower(endpoint, replay_ep, drop_rate=0.01)
         try:
@@ -238,16 +251,11 @@ class KvEventsTest(unittest.TestCase):
 
     def test_scopes_private_shared_and_admin_only_dump(self):
         with tempfile.TemporaryDirectory() as tmp:
-            tokens = os.path.join(tmp, "tokens")
-            with open(tokens, "w") as f:
-                f.write("tok-alice tenant=alice\n"
-                        "tok-carol tenant=carol cache_scope=team\n"
-                        "tok-dave tenant=dave cache_scope=team\n"
-                        "tok-ops tenant=ops admin\n")
-            os.chmod(tokens, 0o600)
-            pub, replay = free_port(), free_port()
-            endpoint = f"tcp://127.0.0.1:{pub}"
-            replay_ep = f"tcp://127.0.0.1:{replay}"
+            tokens = token_file(tmp, "tok-alice tenant=alice",
+                                "tok-carol tenant=carol cache_scope=team",
+                                "tok-dave tenant=dave cache_scope=team",
+                                "tok-ops tenant=ops admin")
+            endpoint, replay_ep = endpoints()
             follower = Follower(endpoint, replay_ep)
             server = Server(endpoint, replay_ep, "--auth-token-file", tokens)
             try:
@@ -278,14 +286,9 @@ class KvEventsTest(unittest.TestCase):
         under "<model>@<scope>", so a router matches them only for requests
         it attributes to that tenant; salted blocks stay unannounced."""
         with tempfile.TemporaryDirectory() as tmp:
-            tokens = os.path.join(tmp, "tokens")
-            with open(tokens, "w") as f:
-                f.write("tok-alice tenant=alice\n"
-                        "tok-ops tenant=ops admin\n")
-            os.chmod(tokens, 0o600)
-            pub, replay = free_port(), free_port()
-            endpoint = f"tcp://127.0.0.1:{pub}"
-            replay_ep = f"tcp://127.0.0.1:{replay}"
+            tokens = token_file(tmp, "tok-alice tenant=alice",
+                                "tok-ops tenant=ops admin")
+            endpoint, replay_ep = endpoints()
             follower = Follower(endpoint, replay_ep)
             server = Server(endpoint, replay_ep, "--auth-token-file", tokens,
                             "--kv-events-private-scopes")
@@ -316,9 +319,7 @@ class KvEventsTest(unittest.TestCase):
         equal the block files on disk (their names carry the keys)."""
         with tempfile.TemporaryDirectory() as tmp:
             disk = os.path.join(tmp, "kv")
-            pub, replay = free_port(), free_port()
-            endpoint = f"tcp://127.0.0.1:{pub}"
-            replay_ep = f"tcp://127.0.0.1:{replay}"
+            endpoint, replay_ep = endpoints()
             follower = Follower(endpoint, replay_ep)
             # Room for about 14 blocks: the later prompts evict the first's.
             server = Server(endpoint, replay_ep, "--kv-disk-cache", disk,
@@ -388,8 +389,7 @@ class KvEventsTest(unittest.TestCase):
         """GIE's model-server protocol (docs/proposals/003-model-server-
         protocol): names, types and labels, parsed by prometheus_client."""
         from prometheus_client.parser import text_string_to_metric_families
-        pub, replay = free_port(), free_port()
-        server = Server(f"tcp://127.0.0.1:{pub}", f"tcp://127.0.0.1:{replay}")
+        server = Server(*endpoints())
         try:
             server.complete(token_ids(9, 40), max_tokens=2)
             # The reply is sent inside the step that finishes the request;
