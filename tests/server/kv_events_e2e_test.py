@@ -340,8 +340,9 @@ class KvEventsTest(unittest.TestCase):
                                                                  "storage")
                     self.assertEqual(announced, disk_hashes(disk))
                 m = server.metrics()
-                self.assertGreater(counter(m, "kvserve_kv_tier_evictions_total",
-                                           tier="disk"), 0)
+                self.assertGreater(
+                    counter(m, "kvserve_kv_tier_evictions_total", tier="disk"),
+                    0)
                 with follower.lock:
                     idx = follower.index
                     # The last prompt is whole on disk and in the pool.
