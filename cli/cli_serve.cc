@@ -26,6 +26,7 @@
 #include "common/parallel.h"
 #include "common/status_macros.h"
 #include "server/daemon.h"
+#include "server/kv_policy.h"
 #include "spdlog/spdlog.h"
 
 namespace kvserve::cli {
@@ -70,6 +71,7 @@ struct ServeFlags {
   int64_t max_tokens_limit = 0, max_concurrent_streams = 0;
   int64_t max_request_tokens = 0, max_response_bytes = 64 << 20;
   std::string model_dirs, allowed_hosts;
+  std::string kv_policy = "full";
   // Tenants (server/tenants.h).
   std::string priority_range = "-10..10";
   double priority_aging_seconds = SchedulerDefaults().priority_aging_seconds;
@@ -95,6 +97,10 @@ void RegisterSchedulerFlags(ServeFlags* f, CliArgs* args) {
                            "of KV blocks in use (default ",
                            f->kv_high_watermark, "; 1 = never)"),
               0.001, 1);
+  args->String("kv-policy", &f->kv_policy,
+               "KV cache of a request that asks for none: full, or "
+               "streaming:sinks=N,window=M (keep the first N and last M "
+               "tokens, dropping whole blocks between; default full)");
   args->String("scheduling-policy", &f->scheduling_policy,
                absl::StrCat("fcfs, priority, or cache-aware (longest cached "
                             "prefix first among equal priorities) (default ",
@@ -253,6 +259,8 @@ absl::Status FinishFlags(ServeFlags* f) {
   o.limits.max_tokens = static_cast<int32_t>(f->max_tokens_limit);
   o.limits.max_request_tokens = f->max_request_tokens;
   o.limits.max_response_bytes = f->max_response_bytes;
+  KV_ASSIGN_OR_RETURN(o.limits.default_kv_window,
+                      server::ParseKvPolicyFlag(f->kv_policy));
   server::TenantLimits& tl = o.tenant_defaults.limits;
   KV_RETURN_IF_ERROR(
       server::ParsePriorityRange(f->priority_range, "--priority-range",

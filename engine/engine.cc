@@ -237,8 +237,41 @@ absl::Status Engine::Impl::CheckSpec(const RequestSpec& spec) const {
                         "running sequences (max_running)",
                         spec.n, spec.tenant.name, spec.tenant.max_running));
   }
+  if (spec.kv_window.enabled()) KV_RETURN_IF_ERROR(CheckKvWindow(spec));
   return sc.CheckRequestSize(static_cast<int64_t>(spec.prompt_tokens.size()),
-                             spec.max_tokens);
+                             spec.max_tokens, spec.kv_window.enabled());
+}
+
+// A streaming kv_policy the engine can honour: the model attends to every
+// earlier token (its own sliding window would already bound the KV, with
+// other semantics), the window fits the scheduler's limits, and positions
+// stay within the trained context: dropped tokens keep their positions, so
+// a request's last position is prompt + max_tokens, and RoPE angles the
+// model never saw are refused, not clamped.
+absl::Status Engine::Impl::CheckKvWindow(const RequestSpec& spec) const {
+  const models::ModelConfig& c = model_.config;
+  if (c.sliding_window > 0) {
+    return InvalidFieldError(
+        "kv_policy.type",
+        absl::StrFormat("streaming is not available for this model: it "
+                        "attends through its own sliding window of %d tokens",
+                        c.sliding_window));
+  }
+  const scheduler::SchedulerConfig& sc = scheduler_->config();
+  KV_RETURN_IF_ERROR(
+      sc.CheckKvWindow(spec.kv_window.sinks, spec.kv_window.window));
+  const int64_t last =
+      static_cast<int64_t>(spec.prompt_tokens.size()) + spec.max_tokens;
+  if (last > c.max_position) {
+    return InvalidFieldError(
+        "max_tokens",
+        absl::StrFormat("prompt (%d tokens) + max_tokens (%d) passes the "
+                        "model's trained context of %d positions; streaming "
+                        "keeps the positions tokens were written at",
+                        spec.prompt_tokens.size(), spec.max_tokens,
+                        c.max_position));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Engine::Impl::TakeQueueRoom(const RequestSpec& spec) {

@@ -93,6 +93,7 @@ void Engine::Impl::ForkChildren(RequestId parent_id,
         id, child.spec.prompt_tokens, child.spec.max_tokens,
         child.spec.priority, absl::ToUnixNanos(child.arrival));
     req->set_cache_salt(child.spec.cache_salt);
+    req->set_kv_window(child.spec.kv_window);
     req->set_output_token_ids({res.token});
     absl::Status st = absl::OkStatus();
     if (child.spec.max_tokens > 1) {

@@ -98,6 +98,8 @@ class Engine::Impl {
 
   absl::StatusOr<scheduler::SchedulerConfig> SchedulerConfigFor() const;
   absl::Status CheckSpec(const RequestSpec& spec) const;
+  // A spec's kv_policy (streaming) against the model and the scheduler.
+  absl::Status CheckKvWindow(const RequestSpec& spec) const;
   void Loop();
   bool TakeInbox(Inbox* inbox);
   void Admit(std::unique_ptr<LiveRequest> r);

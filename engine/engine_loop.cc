@@ -52,6 +52,7 @@ void Engine::Impl::Admit(std::unique_ptr<LiveRequest> r) {
       r->id, r->spec.prompt_tokens, r->spec.max_tokens, r->spec.priority,
       absl::ToUnixNanos(r->arrival));
   req->set_cache_salt(r->spec.cache_salt);
+  req->set_kv_window(r->spec.kv_window);
   const RequestTenant& t = r->spec.tenant;
   req->set_cache_scope(t.cache_scope, t.scope_shared);
   if (kv_events_) {
@@ -441,6 +442,7 @@ KvUsage Engine::Impl::KvUsageOf(const LiveRequest& r, double queued_seconds,
   kv.preemptions_recompute = s.preemptions_recompute;
   kv.preemptions_swap = s.preemptions_swap;
   kv.recomputed_tokens = s.recomputed_tokens;
+  kv.dropped_tokens = s.dropped_tokens;
   kv.swapped_out_bytes = s.swapped_out_blocks * block_bytes;
   kv.swapped_in_bytes = s.swapped_in_blocks * block_bytes;
   kv.queued_seconds = queued_seconds;
@@ -464,7 +466,7 @@ KvUsage Engine::Impl::KvUsageOf(const LiveRequest& r, double queued_seconds,
 int64_t Engine::Impl::WrittenSlots() const {
   return scheduler_->kv_cache().WrittenSlots([this](RequestId id) {
     const scheduler::Request* r = scheduler_->GetRequest(id);
-    return r == nullptr ? 0 : r->num_computed_tokens();
+    return r == nullptr ? 0 : r->kv_tokens();
   });
 }
 
@@ -495,8 +497,7 @@ void Engine::Impl::PublishStats(double step_seconds, int64_t tokens) {
     const scheduler::Request* r = scheduler_->GetRequest(id);
     const int64_t blocks = scheduler_->kv_cache().GetBlockTable(id).size();
     reserved += blocks * config_.scheduler.block_size;
-    unwritten +=
-        blocks * config_.scheduler.block_size - r->num_computed_tokens();
+    unwritten += blocks * config_.scheduler.block_size - r->kv_tokens();
   }
   {
     absl::MutexLock lock(&mu_);

@@ -28,6 +28,7 @@ KvStateRequest Describe(const scheduler::Scheduler& s,
   out.prompt_tokens = r.num_prompt_tokens();
   out.output_tokens = r.num_output_tokens();
   out.computed_tokens = r.num_computed_tokens();
+  out.dropped_tokens = r.kv_dropped_tokens();
   out.cached_tokens = r.num_cached_tokens();
   out.blocks = static_cast<int32_t>(kv.GetBlockTable(r.id()).size());
   out.preemptions = r.num_preemptions();

@@ -31,6 +31,8 @@ struct KvStateRequest {
   int32_t priority = 0;
   int32_t prompt_tokens = 0, output_tokens = 0, computed_tokens = 0;
   int32_t cached_tokens = 0;
+  // Tokens its KV policy dropped from the cache now (kv_policy streaming).
+  int32_t dropped_tokens = 0;
   int32_t blocks = 0, swap_slots = 0, preemptions = 0;
 };
 

@@ -49,6 +49,7 @@ void AddKvUsage(const KvUsage& part, KvUsage* sum) {
   sum->preemptions_recompute += part.preemptions_recompute;
   sum->preemptions_swap += part.preemptions_swap;
   sum->recomputed_tokens += part.recomputed_tokens;
+  sum->dropped_tokens += part.dropped_tokens;
   sum->swapped_out_bytes += part.swapped_out_bytes;
   sum->swapped_in_bytes += part.swapped_in_bytes;
   sum->queued_seconds += part.queued_seconds;

@@ -54,6 +54,8 @@ struct RequestSpec {
   // Completions sharing the prompt (1..16). Completion i samples with seed
   // sampling.seed + i, so it equals an n = 1 request with that seed.
   int32_t n = 1;
+  // A bounded KV cache (kv_policy "streaming"); disabled: the full cache.
+  scheduler::KvWindow kv_window;
 };
 
 // The limits of a spec that do not depend on the KV pool: n in [1,
@@ -78,6 +80,8 @@ struct KvUsage {
   int32_t preemptions_recompute = 0;
   int32_t preemptions_swap = 0;
   int64_t recomputed_tokens = 0;  // computed tokens preemption discarded
+  // Tokens whose KV its kv_policy dropped (RequestKvStats::dropped_tokens).
+  int64_t dropped_tokens = 0;
   int64_t swapped_out_bytes = 0;
   int64_t swapped_in_bytes = 0;
   double queued_seconds = 0;     // arrival -> first scheduled

@@ -250,6 +250,7 @@ void KvCacheManager::CacheComputedBlocks(RequestId request,
   auto it = tables_.find(request);
   if (it == tables_.end()) return;
   Table& table = it->second;
+  if (table.dropped) return;
   const int32_t full = std::min<int32_t>(
       std::min(num_computed_tokens, tokens.size()) / block_size_,
       static_cast<int32_t>(table.blocks.size()));
@@ -285,6 +286,7 @@ void KvCacheManager::CachePartialBlock(RequestId request,
   auto it = tables_.find(request);
   if (it == tables_.end()) return;
   const Table& table = it->second;
+  if (table.dropped) return;
   const int32_t computed = std::min(num_computed_tokens, tokens.size());
   const int32_t idx = computed / block_size_;
   const int32_t len = computed - idx * block_size_;
@@ -460,6 +462,25 @@ int32_t KvCacheManager::Free(RequestId request) {
   pool_.Free(table);
   tables_.erase(it);
   return n;
+}
+
+void KvCacheManager::DropBlocks(RequestId request, int32_t first,
+                                int32_t count) {
+  owner_.CheckOwner("KvCacheManager");
+  auto it = tables_.find(request);
+  KV_CHECK(it != tables_.end(), "drop from request ", request,
+           " without blocks");
+  Table& table = it->second;
+  const auto size = static_cast<int32_t>(table.blocks.size());
+  KV_CHECK(first >= 0 && count >= 1 && first + count < size, "drop of ", count,
+           " blocks at ", first, " from a table of ", size);
+  const auto begin = table.blocks.begin() + first;
+  std::vector<BlockId> gone(begin, begin + count);
+  table.blocks.erase(begin, begin + count);
+  table.num_hashed = std::min(table.num_hashed, first);
+  table.dropped = true;
+  std::reverse(gone.begin(), gone.end());
+  pool_.Free(gone);
 }
 
 void KvCacheManager::Fork(RequestId parent, RequestId child,

@@ -312,6 +312,18 @@ class KvCacheManager {
   // without one; that is not an error).
   int32_t Free(RequestId request);
 
+  // A bounded KV policy's drop (scheduler::KvWindow): removes entries
+  // [first, first + count) of `request`'s table, releasing its reference to
+  // each, the last first, as Free does (an unshared hashed block becomes
+  // cached-evictable: its content was computed before anything was dropped,
+  // so it is still what its key says). From then on the table registers
+  // nothing (CacheComputedBlocks and CachePartialBlock skip it, and so do
+  // the tables forked from it): KV computed after a drop depends on what
+  // was dropped, so no other request may find it.
+  // Preconditions: first >= 0, count >= 1, first + count < table size (the
+  // block being written stays) (KV_CHECKed).
+  void DropBlocks(RequestId request, int32_t first, int32_t count);
+
   // Makes `child` share the first `num_blocks` of `parent`'s blocks (ref
   // count +1 each; -1: all of them). A partially filled last block is shared
   // too: AllocateForWrite copies it before the first write.
@@ -369,6 +381,8 @@ class KvCacheManager {
     // hit); `last_hash` is the hash of blocks[num_hashed - 1].
     int32_t num_hashed = 0;
     BlockHash last_hash = kNoParentHash;
+    // DropBlocks removed some of its blocks: it registers nothing more.
+    bool dropped = false;
   };
   // pool_.Allocate, bumping each block's generation (its old content and
   // index entry become stale).

@@ -48,6 +48,10 @@ absl::Status ForwardBatch::Validate(int32_t num_blocks, int32_t block_size,
                               {absl::FormatArg(args)...});
     return absl::InvalidArgumentError(message);
   };
+  if (!rope_positions.empty() && rope_positions.size() != t) {
+    return bad("forward batch: rope_positions has %d entries for %d tokens",
+               rope_positions.size(), t);
+  }
   if (positions.size() != t || slot_mapping.size() != t) {
     return bad(
         "forward batch: positions (%d) and slot_mapping (%d) must "

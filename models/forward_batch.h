@@ -21,8 +21,12 @@
 namespace kvserve::models {
 
 struct ForwardBatch {
-  std::vector<int32_t> token_ids;     // [T]
-  std::vector<int32_t> positions;     // [T] RoPE position == KV index
+  std::vector<int32_t> token_ids;  // [T]
+  std::vector<int32_t> positions;  // [T] KV index (and RoPE position)
+  // Empty, or [T]: RoPE positions where they differ from the KV index (a
+  // sequence whose bounded KV policy dropped blocks keeps the positions its
+  // tokens had; attention still walks KV indices). RopePositions() reads it.
+  std::vector<int32_t> rope_positions;
   std::vector<int32_t> slot_mapping;  // [T] block * B + offset to write K/V
   std::vector<int32_t> seq_starts;    // [S + 1] token offsets per sequence
   std::vector<int32_t> context_lens;  // [S] KV length after this step
@@ -39,6 +43,9 @@ struct ForwardBatch {
   std::vector<uint8_t> argmax_only;
 
   int32_t num_tokens() const { return static_cast<int32_t>(token_ids.size()); }
+  const int32_t* RopePositions() const {
+    return rope_positions.empty() ? positions.data() : rope_positions.data();
+  }
   int32_t num_seqs() const {
     return seq_starts.empty() ? 0 : static_cast<int32_t>(seq_starts.size()) - 1;
   }

@@ -59,6 +59,21 @@ struct RequestKvStats {
   int64_t recomputed_tokens = 0;
   int64_t swapped_out_blocks = 0;
   int64_t swapped_in_blocks = 0;
+  // Tokens whose KV a bounded policy (KvWindow) dropped, summed over its
+  // life (a recomputed request drops its tokens again).
+  int64_t dropped_tokens = 0;
+};
+
+// A bounded KV policy ("streaming", after StreamingLLM): the request keeps
+// the KV of its first `sinks` tokens (rounded up to whole blocks) and of at
+// least its last `window` tokens; older blocks between them are dropped
+// whole, so its pages stay flat however long it runs. window == 0: the full
+// cache (no policy). The dropped tokens' positions are not reused: every
+// token keeps the RoPE position it was written at.
+struct KvWindow {
+  int32_t sinks = 0;
+  int32_t window = 0;
+  [[nodiscard]] bool enabled() const { return window > 0; }
 };
 
 // Who a request belongs to, as fair sharing needs it (the server resolves
@@ -138,6 +153,16 @@ class Request {
     cache_scope_ = std::move(scope);
     scope_shared_ = shared;
   }
+  // Its bounded KV policy (none by default). Set before AddRequest.
+  [[nodiscard]] const KvWindow& kv_window() const { return kv_window_; }
+  void set_kv_window(KvWindow window) { kv_window_ = window; }
+  // Tokens dropped from its KV now (whole blocks, after the sinks' blocks):
+  // with d of them, its token t >= d + sink tokens lives at KV index t - d.
+  [[nodiscard]] int32_t kv_dropped_tokens() const { return kv_dropped_tokens_; }
+  // Tokens its block table holds: computed less dropped.
+  [[nodiscard]] int32_t kv_tokens() const {
+    return num_computed_tokens_ - kv_dropped_tokens_;
+  }
   [[nodiscard]] const TenantPolicy& tenant() const { return tenant_; }
   void set_tenant(TenantPolicy tenant) { tenant_ = std::move(tenant); }
   // Completions this request will become (n): its sequences count against
@@ -191,6 +216,8 @@ class Request {
   int64_t arrival_seq_ = -1;
   int32_t num_computed_tokens_ = 0;
   int32_t num_cached_tokens_ = 0;
+  KvWindow kv_window_;
+  int32_t kv_dropped_tokens_ = 0;
   int32_t num_preemptions_ = 0;
   int32_t consecutive_preemptions_ = 0;
   RequestKvStats kv_stats_;

@@ -101,7 +101,12 @@ absl::Status Scheduler::CheckRequest(const Request& r) const {
         "n: ", r.seats(), " completions, over tenant '", r.tenant().name,
         "''s max_running (", r.tenant().max_running, ")"));
   }
-  return config_.CheckRequestSize(r.num_prompt_tokens(), r.max_tokens());
+  const KvWindow& w = r.kv_window();
+  if (w.enabled()) {
+    KV_RETURN_IF_ERROR(config_.CheckKvWindow(w.sinks, w.window));
+  }
+  return config_.CheckRequestSize(r.num_prompt_tokens(), r.max_tokens(),
+                                  w.enabled());
 }
 
 absl::StatusOr<FinishedRequest> Scheduler::Finish(RequestId id,
@@ -195,6 +200,9 @@ SchedulerOutput Scheduler::Schedule() {
   const StepStats before = CumulativeStepStats();
   // The previous step's copies have run: their tail sources may go.
   kv_.ReleasePinned();
+  for (Request* r : running_) {
+    if (r->kv_window_.enabled()) DropOutOfWindow(*r);
+  }
   StepPlan plan;
   plan.budget = config_.max_num_batched_tokens;
   plan.scheduled.reserve(running_.size() + 8);
@@ -279,6 +287,11 @@ int32_t Scheduler::NumNewTokens(const Request& r, int32_t computed,
   int32_t n = r.num_tokens() - computed;
   if (config_.long_prefill_token_threshold > 0) {
     n = std::min(n, config_.long_prefill_token_threshold);
+  }
+  if (r.kv_window_.enabled()) {
+    // Its table never passes max_model_len (the backends size block tables
+    // by it); CheckKvWindow leaves room for at least a block after a drop.
+    n = std::min(n, config_.max_model_len - (computed - r.kv_dropped_tokens_));
   }
   return std::min(n, budget);
 }
@@ -405,7 +418,7 @@ void Scheduler::TopUpPrefills(StepPlan& plan) {
     const int32_t have = planned == plan.scheduled.end() ? 0 : planned->second;
     const int32_t extra = std::min(want - have, plan.budget);
     if (extra <= 0) continue;
-    const int32_t computed = r->num_computed_tokens_;
+    const int32_t computed = r->kv_tokens();
     // Never preempts: only blocks that are free now.
     if (!kv_.AllocateForWrite(r->id(), computed,
                               int64_t{computed} + have + extra, &plan.copies)) {
@@ -444,6 +457,7 @@ SchedulerOutput Scheduler::BuildOutput(StepPlan& plan) {
     ScheduledRequest& s = out.scheduled.emplace_back();
     s.id = r->id();
     s.start_position = r->num_computed_tokens_;
+    s.kv_offset = r->kv_dropped_tokens_;
     s.num_new_tokens = n;
     s.token_offset = static_cast<int32_t>(out.token_ids.size());
     AppendTokens(*r, s.start_position, n, out.token_ids);
@@ -525,6 +539,21 @@ std::vector<FinishedRequest> Scheduler::UpdateFromOutput(
   return finished;
 }
 
+void Scheduler::DropOutOfWindow(Request& r) {
+  const int32_t bs = config_.block_size;
+  const int32_t sink_blocks = (r.kv_window_.sinks + bs - 1) / bs;
+  // Absolute block index of the oldest block past the sinks it still holds;
+  // it goes once all its tokens are older than the last `window` computed.
+  const int32_t first = sink_blocks + r.kv_dropped_tokens_ / bs;
+  const int32_t keep_from = r.num_computed_tokens_ - r.kv_window_.window;
+  const int32_t count = std::max(0, keep_from / bs - first);
+  if (count == 0) return;
+  kv_.DropBlocks(r.id(), sink_blocks, count);
+  r.kv_dropped_tokens_ += count * bs;
+  r.kv_stats_.dropped_tokens += int64_t{count} * bs;
+  num_dropped_blocks_total_ += count;
+}
+
 void Scheduler::CachePartialBlock(const Request& r) {
   // A shared scope matches whole blocks only: its tails are never read.
   if (!config_.enable_prefix_caching || !reservation_->SharesPrefixes() ||
@@ -582,6 +611,7 @@ SchedulerStats Scheduler::stats() const {
   s.swap_slots_total = s.kv.swap_slots_total;
   s.num_copied_blocks_total = num_copied_blocks_total_;
   s.num_tail_hits_total = num_tail_copies_total_;
+  s.num_dropped_blocks_total = num_dropped_blocks_total_;
   s.prefix_cache_uncacheable_tokens = prefix_cache_uncacheable_tokens_;
   s.num_scheduled_tokens_total = num_scheduled_tokens_total_;
   s.num_finished_total = num_finished_total_;
@@ -619,7 +649,7 @@ absl::Status Scheduler::CheckInvariants() const {
         r->num_output_tokens() > r->max_tokens()) {
       return fail(*r, "token counts out of range");
     }
-    const int64_t expected = reservation_->HeldBlocks(r->num_computed_tokens());
+    const int64_t expected = reservation_->HeldBlocks(r->kv_tokens());
     if (blocks != expected) {
       return fail(*r, absl::StrCat("holds ", blocks, " blocks"));
     }
@@ -641,7 +671,7 @@ absl::Status Scheduler::CheckInvariants() const {
     const int32_t slots = kv_.num_swapped_blocks(r->id());
     if (slots > 0) ++swapped;
     const int64_t expected =
-        kvcache::BlocksForTokens(r->num_computed_tokens(), config_.block_size);
+        kvcache::BlocksForTokens(r->kv_tokens(), config_.block_size);
     if (slots != expected ||
         (slots > 0 && r->status() != RequestStatus::kPreempted)) {
       return fail(*r, absl::StrCat("waiting with ", slots, " swap slots"));

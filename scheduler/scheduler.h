@@ -108,9 +108,10 @@
 
 namespace kvserve::scheduler {
 
-// What one request computes in one step. Its new tokens occupy KV positions
-// [start_position, start_position + num_new_tokens); the token at position p
-// is written to slot block_table[p / B] * B + p % B (B = block size). Its
+// What one request computes in one step. Its new tokens are positions
+// [start_position, start_position + num_new_tokens) of its sequence and
+// occupy KV indices p - kv_offset; the token at KV index k is written to
+// slot block_table[k / B] * B + k % B (B = block size). Its
 // token ids and block table live in the SchedulerOutput's flat arrays (read
 // them with SchedulerOutput::TokenIds / BlockTable).
 struct ScheduledRequest {
@@ -118,6 +119,10 @@ struct ScheduledRequest {
   // num_computed_tokens before this step (= the first new token's position).
   int32_t start_position = 0;
   int32_t num_new_tokens = 0;
+  // Tokens a bounded KV policy dropped before its first kept token past the
+  // sinks (Request::kv_dropped_tokens; 0 without a policy): its KV holds
+  // start_position + num_new_tokens - kv_offset tokens after this step.
+  int32_t kv_offset = 0;
   // True when this step computes the request's last known token: sample
   // from the logits of its last new token and report the result.
   bool produces_token = false;
@@ -249,6 +254,8 @@ struct SchedulerStats {
   // Prefix hits that took a cached tail (the first tokens of a block past
   // the full ones), each one block copy.
   int64_t num_tail_hits_total = 0;
+  // Blocks bounded KV policies (KvWindow) dropped from running requests.
+  int64_t num_dropped_blocks_total = 0;
   int64_t num_scheduled_tokens_total = 0;
   int64_t num_finished_total = 0;  // every reason, aborts included
   int64_t num_aborted_total = 0;
@@ -470,6 +477,10 @@ class Scheduler {
                                      int32_t budget) const {
     return NumNewTokens(request, request.num_computed_tokens(), budget);
   }
+  // A running request under a KvWindow: drops its blocks that fell out of
+  // the window (whole blocks past the sinks' blocks whose tokens all
+  // precede its last `window` computed ones).
+  void DropOutOfWindow(Request& request);
   // Registers the newly computed full blocks of a running request.
   void CacheComputedBlocks(const Request& request);
   // Indexes the partially computed last block of a request about to free
@@ -522,6 +533,7 @@ class Scheduler {
   int64_t num_swapped_in_blocks_total_ = 0;
   int64_t num_copied_blocks_total_ = 0;
   int64_t num_tail_copies_total_ = 0;
+  int64_t num_dropped_blocks_total_ = 0;
   int64_t prefix_cache_uncacheable_tokens_ = 0;
   int64_t num_scheduled_tokens_total_ = 0;
   int64_t num_finished_total_ = 0;

@@ -35,7 +35,7 @@ void Scheduler::Admit(Request* r, const kvcache::PrefixMatch& match, int32_t n,
     KV_CHECK(kv_.SwapIn(r->id(), &plan.swap_in), "swap-in failed");
     num_swapped_in_blocks_total_ += swapped;
     r->kv_stats_.swapped_in_blocks += swapped;
-    KV_CHECK(kv_.Allocate(r->id(), AdmissionTokens(r->num_computed_tokens_, n),
+    KV_CHECK(kv_.Allocate(r->id(), AdmissionTokens(r->kv_tokens(), n),
                           kvcache::EvictReason::kAdmit)
                  .has_value(),
              "admission passed but Allocate failed");
@@ -144,8 +144,10 @@ AdmissionStop Scheduler::NextAdmission(const StepPlan& plan, Request** next,
       !RemainingPrefillFits(*head, *match, start, n, plan)) {
     return AdmissionStop::kThrashGuard;
   }
-  return CanAdmit(*match, start, n) ? AdmissionStop::kNone
-                                    : AdmissionStop::kKvBlocks;
+  // A swapped-out request under a KvWindow gets back its kept tokens only.
+  return CanAdmit(*match, start - head->kv_dropped_tokens_, n)
+             ? AdmissionStop::kNone
+             : AdmissionStop::kKvBlocks;
 }
 
 bool Scheduler::RemainingPrefillFits(const Request& r,
@@ -161,7 +163,10 @@ bool Scheduler::RemainingPrefillFits(const Request& r,
   }
   if (n < remaining && remaining <= step_max) return false;
   // KV: blocks for every remaining token at once.
-  const int64_t tokens = AdmissionTokens(start, remaining);
+  int64_t tokens = AdmissionTokens(start - r.kv_dropped_tokens_, remaining);
+  if (r.kv_window_.enabled()) {
+    tokens = std::min<int64_t>(tokens, config_.max_model_len);
+  }
   if (kv_.num_swapped_blocks(r.id()) > 0) {
     return kvcache::BlocksForTokens(tokens, config_.block_size) <=
            int64_t{kv_.num_free_blocks()} - watermark_blocks_;

@@ -73,14 +73,56 @@ int64_t SchedulerConfig::slab_blocks() const {
   return (int64_t{max_model_len} + block_size - 1) / block_size;
 }
 
+absl::Status SchedulerConfig::CheckKvWindow(int64_t sinks,
+                                            int64_t window) const {
+  if (kv_reservation != KvReservation::kPaged) {
+    return InvalidFieldError(
+        "kv_policy.type",
+        "streaming needs --kv-reservation=paged (a max-length slab is held "
+        "whole)");
+  }
+  if (sinks < 0 || sinks > max_model_len) {
+    return InvalidFieldError(
+        "kv_policy.sinks",
+        absl::StrCat("must be in [0, ", max_model_len, "], got ", sinks));
+  }
+  const int64_t sink_tokens =
+      (sinks + block_size - 1) / block_size * block_size;
+  const int64_t most = int64_t{max_model_len} - sink_tokens - block_size - 1;
+  if (window < 1 || window > most) {
+    return InvalidFieldError(
+        "kv_policy.window",
+        absl::StrCat("must be in [1, ", std::max<int64_t>(most, 0), "], got ",
+                     window, " (the sinks' ", sink_tokens,
+                     " tokens in whole blocks + window + one block of ",
+                     block_size, " must stay under max_model_len ",
+                     max_model_len, ")"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status SchedulerConfig::CheckRequestSize(int64_t prompt_tokens,
-                                               int64_t max_tokens) const {
+                                               int64_t max_tokens,
+                                               bool bounded) const {
   if (prompt_tokens <= 0) {
     return InvalidFieldError("prompt", "must not be empty");
   }
   if (max_tokens < 1) {
     return InvalidFieldError("max_tokens",
                              absl::StrCat("must be >= 1, got ", max_tokens));
+  }
+  const int64_t total = prompt_tokens + max_tokens;
+  if (bounded) {
+    // Its table never passes max_model_len tokens (Scheduler::NumNewTokens).
+    const int64_t blocks = MakeReservation(*this)->MostBlocks(
+        std::min<int64_t>(total, max_model_len));
+    if (blocks > int64_t{num_blocks} - watermark_blocks()) {
+      return absl::OutOfRangeError(absl::StrCat(
+          "a KV window of up to ", max_model_len, " tokens needs ", blocks,
+          " KV blocks, but the pool has ", num_blocks - watermark_blocks(),
+          " usable (--kv-cache-bytes)"));
+    }
+    return absl::OkStatus();
   }
   if (prompt_tokens >= max_model_len) {
     return InvalidFieldError(
@@ -89,7 +131,6 @@ absl::Status SchedulerConfig::CheckRequestSize(int64_t prompt_tokens,
                      max_model_len,
                      " (at least one token must be left to generate)"));
   }
-  const int64_t total = prompt_tokens + max_tokens;
   if (total > max_model_len) {
     return InvalidFieldError(
         "max_tokens",

@@ -128,8 +128,18 @@ struct SchedulerConfig {
   // max_tokens < 1, or past max_model_len; OutOfRange (no field) when its
   // blocks (a whole slab under kMaxLength) exceed the pool less the
   // watermark.
+  // `bounded`: the request runs under a KV window (CheckKvWindow), which
+  // holds at most max_model_len tokens however long it runs, so its prompt
+  // and max_tokens may pass the context.
   [[nodiscard]] absl::Status CheckRequestSize(int64_t prompt_tokens,
-                                              int64_t max_tokens) const;
+                                              int64_t max_tokens,
+                                              bool bounded = false) const;
+  // Whether a "streaming" KV policy (scheduler::KvWindow) of `sinks` and
+  // `window` tokens can be honoured: paged reservation (a slab is held
+  // whole), sinks >= 0, window >= 1, and the sinks' whole blocks + window +
+  // one block under max_model_len (room for the next token after a drop).
+  // InvalidArgument naming kv_policy.sinks or kv_policy.window otherwise.
+  [[nodiscard]] absl::Status CheckKvWindow(int64_t sinks, int64_t window) const;
 };
 
 // "fcfs" | "priority" | "cache-aware"; InvalidArgument otherwise (naming

@@ -12,7 +12,7 @@ namespace kvserve::scheduler {
 
 bool Scheduler::AllocateOrPreempt(size_t* index, int32_t n, StepPlan& plan) {
   Request* r = running_[*index];
-  const int32_t computed = r->num_computed_tokens();
+  const int32_t computed = r->kv_tokens();
   const size_t copies_before = plan.copies.size();
   while (!kv_.AllocateForWrite(r->id(), computed, int64_t{computed} + n,
                                &plan.copies)) {
@@ -48,8 +48,8 @@ bool Scheduler::PriorityPreemptionHelps(const Request& head) const {
   // ignored: an upper bound).
   const int32_t start = head.num_computed_tokens_;
   const int32_t n = NumNewTokens(head, start, config_.max_num_batched_tokens);
-  const int64_t need =
-      kvcache::BlocksForTokens(AdmissionTokens(start, n), config_.block_size);
+  const int64_t need = kvcache::BlocksForTokens(
+      AdmissionTokens(head.kv_tokens(), n), config_.block_size);
   return kv_.num_free_blocks() + freed - need >= watermark_blocks_;
 }
 
@@ -134,7 +134,7 @@ void Scheduler::Preempt(size_t index, StepPlan& plan, PreemptReason reason) {
   }
   const int32_t computed = r->num_computed_tokens_;
   const auto blocks = static_cast<int32_t>(
-      kvcache::BlocksForTokens(computed, config_.block_size));
+      kvcache::BlocksForTokens(r->kv_tokens(), config_.block_size));
   if (!copied && ChooseSwap(*r, blocks)) {
     // Blocks covering its computed tokens go to swap slots; blocks
     // allocated this step for planned tokens hold nothing and are dropped.
@@ -153,6 +153,7 @@ void Scheduler::Preempt(size_t index, StepPlan& plan, PreemptReason reason) {
     kv_.Free(r->id());
     num_preempted_tokens_total_ += computed;
     r->num_computed_tokens_ = 0;  // recompute prompt + output on readmission
+    r->kv_dropped_tokens_ = 0;
     ++r->kv_stats_.preemptions_recompute;
     r->kv_stats_.recomputed_tokens += computed;
     if (reason == PreemptReason::kPriority) {
@@ -206,7 +207,7 @@ absl::Status Scheduler::Fork(RequestId parent_id,
     }
   }
   const auto shared = static_cast<int32_t>(
-      kvcache::BlocksForTokens(computed, config_.block_size));
+      kvcache::BlocksForTokens(parent->kv_tokens(), config_.block_size));
   if (shared > 0) kv_.Fork(parent_id, c->id(), shared);
   if (reservation_->ForkTokens() > 0 &&
       !kv_.Allocate(c->id(), reservation_->ForkTokens(),
@@ -225,6 +226,8 @@ absl::Status Scheduler::Fork(RequestId parent_id,
   c->tenant_id_ = fair_.Join(c->tenant_);
   c->pending_forks_ = 0;
   c->num_computed_tokens_ = computed;
+  c->kv_window_ = parent->kv_window_;
+  c->kv_dropped_tokens_ = parent->kv_dropped_tokens_;
   c->num_cached_tokens_ = parent->num_cached_tokens_;
   c->status_ = RequestStatus::kRunning;
   c->admit_seq_ = next_admit_seq_++;

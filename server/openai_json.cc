@@ -254,6 +254,29 @@ absl::Status ParseExtensions(const json& body, v1::SamplingParams* p) {
   return absl::OkStatus();
 }
 
+// kvserve's extension: {"type": "streaming", "sinks": 4, "window": 2048}
+// (server/kv_policy.h checks the values).
+absl::Status ParseKvPolicy(const json& body, v1::GenerateRequest* out) {
+  const json& v = Field(body, "kv_policy");
+  if (v.is_null()) return absl::OkStatus();
+  if (!v.is_object()) return Invalid("kv_policy", "must be an object");
+  v1::KvPolicy* p = out->mutable_kv_policy();
+  for (const auto& [key, value] : v.items()) {
+    const std::string field = absl::StrCat("kv_policy.", key);
+    if (key == "type") {
+      if (!value.is_string()) return Invalid(field, "must be a string");
+      p->set_type(value.get<std::string>());
+    } else if (key == "sinks" || key == "window") {
+      if (!IsInt32(value)) return Invalid(field, "must be an integer");
+      const auto n = static_cast<int32_t>(value.get<int64_t>());
+      key == "sinks" ? p->set_sinks(n) : p->set_window(n);
+    } else {
+      return Invalid(field, "unknown field (type, sinks, window)");
+    }
+  }
+  return absl::OkStatus();
+}
+
 // A list of token ids into `ids`; false if `v` is not one.
 bool TokenIdList(const json& v, v1::TokenIds* ids) {
   if (!v.is_array() || v.empty()) return false;
@@ -462,6 +485,7 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view body,
   std::optional<int32_t> priority;
   KV_RETURN_IF_ERROR(GetInt32(j, "priority", &priority));
   if (priority) out.generate.set_priority(*priority);
+  KV_RETURN_IF_ERROR(ParseKvPolicy(j, &out.generate));
   if (endpoint == OpenAiEndpoint::kChatCompletions &&
       !Field(j, "max_completion_tokens").is_null()) {
     out.max_tokens_name = "max_completion_tokens";

@@ -44,6 +44,7 @@ json KvUsageJson(const engine::KvUsage& kv) {
            {{"recompute", kv.preemptions_recompute},
             {"swap", kv.preemptions_swap}}},
           {"recomputed_tokens", kv.recomputed_tokens},
+          {"dropped_tokens", kv.dropped_tokens},
           {"swapped_out_bytes", kv.swapped_out_bytes},
           {"swapped_in_bytes", kv.swapped_in_bytes},
           {"queued_seconds", kv.queued_seconds},

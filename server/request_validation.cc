@@ -12,6 +12,7 @@
 #include "common/status_macros.h"
 #include "models/tokenizer/chat_template.h"
 #include "models/tokenizer/utf8.h"
+#include "server/kv_policy.h"
 
 namespace kvserve::server {
 namespace {
@@ -314,6 +315,10 @@ absl::StatusOr<engine::RequestSpec> ToRequestSpec(
   spec.priority = request.priority();
   spec.cache_salt = request.cache_salt();
   spec.n = request.n() == 0 ? 1 : request.n();  // 0: unset
+  spec.kv_window = limits.default_kv_window;
+  if (request.has_kv_policy()) {
+    KV_ASSIGN_OR_RETURN(spec.kv_window, ToKvWindow(request.kv_policy()));
+  }
   return spec;
 }
 

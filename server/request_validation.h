@@ -55,6 +55,8 @@ struct RequestLimits {
   // What a non-streamed HTTP response may hold in memory, estimated from n,
   // max_tokens and logprobs (0: no limit); past it the client must stream.
   int64_t max_response_bytes = 0;
+  // kv_policy of a request that sets none (--kv-policy; default full).
+  scheduler::KvWindow default_kv_window;
 };
 
 // What validation needs to know about the served model.

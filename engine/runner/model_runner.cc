@@ -88,6 +88,7 @@ void ModelRunner::BuildBatch(const scheduler::SchedulerOutput& out,
     v->clear();
   }
   b.argmax_only.clear();
+  b.rope_positions.clear();
   b.seq_starts.push_back(0);
   int32_t max_blocks = 1;
   for (const auto& s : out.scheduled)
@@ -99,13 +100,18 @@ void ModelRunner::BuildBatch(const scheduler::SchedulerOutput& out,
     const auto table = out.BlockTable(s);
     std::copy(table.begin(), table.end(),
               b.block_tables.begin() + i * max_blocks);
+    if (s.kv_offset > 0 && b.rope_positions.empty()) {
+      b.rope_positions.assign(b.positions.begin(), b.positions.end());
+    }
     for (int32_t j = 0; j < s.num_new_tokens; ++j) {
       const int32_t pos = s.start_position + j;
-      b.positions.push_back(pos);
-      b.slot_mapping.push_back(table[pos / bs] * bs + pos % bs);
+      const int32_t kv = pos - s.kv_offset;  // its KV index
+      b.positions.push_back(kv);
+      if (!b.rope_positions.empty()) b.rope_positions.push_back(pos);
+      b.slot_mapping.push_back(table[kv / bs] * bs + kv % bs);
     }
     b.seq_starts.push_back(s.token_offset + s.num_new_tokens);
-    b.context_lens.push_back(s.start_position + s.num_new_tokens);
+    b.context_lens.push_back(s.start_position + s.num_new_tokens - s.kv_offset);
     if (s.produces_token) {
       b.logits_rows.push_back(s.token_offset + s.num_new_tokens - 1);
       producers->push_back(static_cast<int32_t>(i));

@@ -279,7 +279,7 @@ absl::Status CpuLlamaModel::Forward(const ForwardBatch& batch,
   Grow(sin_, n * d / 2);
 
   Embed(batch);
-  rope_.Tables(batch.positions.data(), n, cos_.data(), sin_.data());
+  rope_.Tables(batch.RopePositions(), n, cos_.data(), sin_.data());
   for (int l = 0; l < c.num_layers; ++l) {
     AttentionBlock(layers_[l], l, batch, kv);
     MlpBlock(layers_[l], n);

@@ -279,7 +279,8 @@ absl::Status CudaLlamaModel::UploadMeta(const ForwardBatch& batch,
       static_cast<int64_t>(batch.logits_rows.size()) * 4,
       static_cast<int64_t>(plan.small.size() * sizeof(AttnWorkItem)),
       static_cast<int64_t>(plan.tiles.size() * sizeof(AttnWorkItem))};
-  const void* srcs[] = {batch.token_ids.data(),    batch.positions.data(),
+  // Positions feed RoPE only: attention walks context_lens.
+  const void* srcs[] = {batch.token_ids.data(),    batch.RopePositions(),
                         batch.slot_mapping.data(), batch.block_tables.data(),
                         batch.logits_rows.data(),  plan.small.data(),
                         plan.tiles.data()};
