@@ -303,6 +303,7 @@ void Engine::Impl::AddStepCounters(const scheduler::StepStats& s,
   metrics_->AddSwapBlocks(swapped_out, swapped_in);
   metrics_->AddUncacheableTokens(s.prefix_cache_uncacheable_tokens);
   metrics_->AddTailHits(s.prefix_cache_tail_hits);
+  metrics_->AddDroppedBlocks(s.dropped_blocks);
   metrics_->AddPrefixCache(s.prefix_cache_queries_tokens,
                            s.prefix_cache_hit_tokens);
 }

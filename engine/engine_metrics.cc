@@ -119,6 +119,14 @@ EngineMetrics::EngineMetrics(prometheus::Registry& r,
                "partial block, each by one block copy")
            .Register(r)
            .Add({});
+  dropped_blocks_ =
+      &BuildCounter()
+           .Name("kvserve_kv_policy_dropped_blocks_total")
+           .Help(
+               "KV blocks that requests' bounded kv_policy (streaming) "
+               "dropped past their window")
+           .Register(r)
+           .Add({});
   forward_seconds_ = &BuildCounter()
                           .Name("kvserve_engine_forward_seconds_total")
                           .Help("Wall time spent in the model forward pass")

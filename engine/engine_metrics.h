@@ -93,6 +93,7 @@ class EngineMetrics {
   }
   void AddUncacheableTokens(int64_t n) { prefix_uncacheable_->Increment(n); }
   void AddTailHits(int64_t n) { prefix_tail_hits_->Increment(n); }
+  void AddDroppedBlocks(int64_t n) { dropped_blocks_->Increment(n); }
   // Per tenant (label `tenant`: the token file's names, so the label set is
   // the operator's): a request that ended and what it used, and a refused
   // submission. Any thread.
@@ -112,7 +113,8 @@ class EngineMetrics {
   prometheus::Histogram *evicted_age_, *evicted_reuses_;
   prometheus::Counter *recomputed_tokens_, *prompt_tokens_, *generation_tokens_,
       *steps_, *rejected_, *prefix_queries_, *prefix_hits_,
-      *prefix_uncacheable_, *prefix_tail_hits_, *forward_seconds_;
+      *prefix_uncacheable_, *prefix_tail_hits_, *forward_seconds_,
+      *dropped_blocks_;
   prometheus::Counter* finished_[6];
   prometheus::Gauge *swap_used_, *swap_total_, *blocks_active_peak_;
   prometheus::Counter *swap_out_bytes_, *swap_in_bytes_, *prompt_computed_;

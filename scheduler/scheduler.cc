@@ -260,6 +260,7 @@ SchedulerOutput Scheduler::Schedule() {
                                          before.prefix_cache_uncacheable_tokens,
       .prefix_cache_tail_hits =
           after.prefix_cache_tail_hits - before.prefix_cache_tail_hits,
+      .dropped_blocks = after.dropped_blocks - before.dropped_blocks,
   };
   pending_update_ = !out.scheduled.empty();
   ++num_steps_;
@@ -279,6 +280,7 @@ StepStats Scheduler::CumulativeStepStats() const {
       .prefix_cache_hit_tokens = prefix_cache_hit_tokens_,
       .prefix_cache_uncacheable_tokens = prefix_cache_uncacheable_tokens_,
       .prefix_cache_tail_hits = num_tail_copies_total_,
+      .dropped_blocks = num_dropped_blocks_total_,
   };
 }
 

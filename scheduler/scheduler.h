@@ -150,6 +150,7 @@ struct StepStats {
   int64_t prefix_cache_hit_tokens = 0;
   int64_t prefix_cache_uncacheable_tokens = 0;
   int64_t prefix_cache_tail_hits = 0;  // num_tail_hits_total
+  int64_t dropped_blocks = 0;          // num_dropped_blocks_total
 };
 
 // The plan of one step. Plain data; the engine may keep it until

@@ -152,6 +152,38 @@ TEST_F(KvCacheManagerTest, WrittenSlotsCountSharedBlocksOnce) {
 }
 
 // Evictions count under the reason the caller gives.
+TEST_F(KvCacheManagerTest, DropBlocksReleasesAMiddleRangeAndStopsCaching) {
+  std::vector<int32_t> prompt(80);
+  for (int32_t i = 0; i < 80; ++i) prompt[i] = 500 + i;
+  const TokenSequence tokens{prompt, {}};
+  ASSERT_THAT(kv_.Allocate(1, 80), Optional(ElementsAre(0, 1, 2, 3, 4)));
+  kv_.CacheComputedBlocks(1, tokens, 32, /*ns=*/0);  // blocks 0, 1 hashed
+  kv_.Fork(1, 2);  // block 2 is shared: the drop only loses 1's reference
+  kv_.DropBlocks(1, 1, 2);
+  ASSERT_INVARIANTS(kv_);
+  EXPECT_THAT(kv_.GetBlockTable(1), ElementsAre(0, 3, 4));
+  EXPECT_EQ(kv_.pool().ref_count(1), 1);  // the child's
+  EXPECT_EQ(kv_.pool().ref_count(2), 1);
+  kv_.Free(2);
+  // Hashed block 1 is cached-evictable (its content is still what its key
+  // says), unhashed block 2 is free.
+  EXPECT_EQ(kv_.Usage().cached_evictable_blocks, 1);
+  // Nothing registers after a drop, whatever is computed.
+  kv_.CacheComputedBlocks(1, tokens, 80, 0);
+  EXPECT_EQ(kv_.Usage().cached_evictable_blocks, 1);
+  // Blocks 0 and 1, computed before the drop, are still found.
+  EXPECT_EQ(kv_.FindCachedPrefix(tokens, 0).blocks.size(), 2u);
+  ASSERT_INVARIANTS(kv_);
+  EXPECT_EQ(kv_.Free(1), 3);
+  ASSERT_INVARIANTS(kv_);
+}
+
+TEST_F(KvCacheManagerTest, DropBlocksMisuseAborts) {
+  ASSERT_TRUE(kv_.Allocate(1, 48).has_value());
+  EXPECT_DEATH(kv_.DropBlocks(1, 1, 2), "drop of 2 blocks at 1");
+  EXPECT_DEATH(kv_.DropBlocks(7, 0, 1), "without blocks");
+}
+
 TEST(KvCacheManagerEvictionTest, EvictionsCountByReason) {
   KvCacheManager kv(2, 4);
   std::vector<int32_t> tokens = {1, 2, 3, 4, 5, 6, 7, 8};
