@@ -201,5 +201,80 @@ TEST(PagedForwardBatchInvariance, AloneEqualsInBatchOfEight) {
   }
 }
 
+// A bounded KV policy (kv_policy streaming) as the engine runs it: whole
+// blocks past the sink block dropped once older than the window, the table
+// compacted, new tokens written at KV index position - dropped with RoPE at
+// their position (rope_positions). Against the dense float64 reference in
+// which each token attends the keys that were kept when it was computed.
+TEST(PagedForwardKvWindow,
+     CompactedTableWithRopePositionsMatchesMaskedReference) {
+  ModelConfig c = SmallConfig(6, 2);
+  auto model = CpuLlamaModel::Create(c, RandomWeights(c, 11));
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto ref_weights = RandomWeights(c, 11);
+  constexpr int32_t kB = 4, kSinkTokens = 4, kWindow = 8, kLen = 40;
+  std::mt19937 rng(17);
+  std::uniform_int_distribution<int32_t> tok(0, c.vocab_size - 1);
+  std::vector<int32_t> seq(kLen);
+  for (auto& t : seq) t = tok(rng);
+  auto kv = engine::KvCacheStorage::Create(
+      {c.num_layers, c.num_kv_heads, c.head_dim, kB, 64, 0});
+  ASSERT_TRUE(kv.ok()) << kv.status();
+
+  std::vector<int32_t> table, free_blocks(64);
+  std::iota(free_blocks.begin(), free_blocks.end(), 0);
+  std::shuffle(free_blocks.begin(), free_blocks.end(), std::mt19937(3));
+  std::vector<int32_t> offset_of(kLen, 0);  // dropped when token i ran
+  std::vector<std::vector<float>> got;      // last row of each step
+  std::vector<int32_t> got_pos;
+  int32_t done = 0, dropped = 0;
+  while (done < kLen) {
+    // Scheduler::DropOutOfWindow with one sink block.
+    const int32_t first = 1 + dropped / kB;
+    const int32_t count = std::max(0, (done - kWindow) / kB - first);
+    if (count > 0) {
+      free_blocks.insert(free_blocks.end(), table.begin() + 1,
+                         table.begin() + 1 + count);
+      table.erase(table.begin() + 1, table.begin() + 1 + count);
+      dropped += count * kB;
+    }
+    const int32_t n = done == 0 ? 10 : 1;
+    while (static_cast<int32_t>(table.size()) * kB < done + n - dropped) {
+      table.push_back(free_blocks.front());
+      free_blocks.erase(free_blocks.begin());
+    }
+    ForwardBatch b;
+    b.max_blocks_per_seq = static_cast<int32_t>(table.size());
+    b.block_tables = table;
+    b.seq_starts = {0, n};
+    b.context_lens = {done + n - dropped};
+    for (int32_t j = 0; j < n; ++j) {
+      const int32_t pos = done + j, idx = pos - dropped;
+      b.token_ids.push_back(seq[pos]);
+      b.positions.push_back(idx);
+      b.rope_positions.push_back(pos);
+      b.slot_mapping.push_back(table[idx / kB] * kB + idx % kB);
+      offset_of[pos] = dropped;
+    }
+    b.logits_rows = {n - 1};
+    ASSERT_TRUE(b.Validate(64, kB, c.vocab_size).ok());
+    std::vector<float> logits;
+    ASSERT_TRUE((*model)->Forward(b, kv->get()->view(), &logits).ok());
+    got.push_back(logits);
+    got_pos.push_back(done + n - 1);
+    done += n;
+  }
+  ASSERT_GT(dropped, 16);
+  testing::DenseReference ref(c, *ref_weights);
+  ref.set_mask([&](int64_t i, int64_t t) {
+    return t < kSinkTokens || t >= kSinkTokens + offset_of[i];
+  });
+  const auto want = ref.Logits(seq);
+  for (size_t k = 0; k < got.size(); ++k) {
+    EXPECT_LE(RelErr(got[k].data(), want[got_pos[k]]), 1e-4)
+        << "position " << got_pos[k];
+  }
+}
+
 }  // namespace
 }  // namespace kvserve::models

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cmath>
+#include <functional>
 #include <map>
 #include <random>
 #include <string>
@@ -118,6 +119,13 @@ class DenseReference {
   DenseReference(const ModelConfig& c, const MemoryWeights& w)
       : c_(c), w_(w), rope_(c) {}
 
+  // Query i attends key t <= i only where mask(i, t) (and within the
+  // model's sliding window): a bounded KV policy's drops, as the keys each
+  // token saw when it was computed.
+  void set_mask(std::function<bool(int64_t, int64_t)> mask) {
+    mask_ = std::move(mask);
+  }
+
   std::vector<std::vector<double>> Logits(const std::vector<int32_t>& tokens) {
     const int64_t n = tokens.size(), h = c_.hidden_size;
     std::vector<std::vector<double>> x(n, std::vector<double>(h));
@@ -199,9 +207,13 @@ class DenseReference {
         const int64_t lo = c_.sliding_window > 0
                                ? std::max<int64_t>(0, i - c_.sliding_window + 1)
                                : 0;
+        std::vector<int64_t> keys;
+        for (int64_t t = lo; t <= i; ++t) {
+          if (!mask_ || mask_(i, t)) keys.push_back(t);
+        }
         std::vector<double> s;
         double mx = -1e300;
-        for (int64_t t = lo; t <= i; ++t) {
+        for (int64_t t : keys) {
           double dot = 0;
           for (int j = 0; j < d; ++j)
             dot += q[i][hh * d + j] * k[t][kvh * d + j];
@@ -210,9 +222,9 @@ class DenseReference {
         }
         double sum = 0;
         for (double& e : s) sum += (e = std::exp(e - mx));
-        for (int64_t t = lo; t <= i; ++t) {
+        for (size_t u = 0; u < keys.size(); ++u) {
           for (int j = 0; j < d; ++j) {
-            att[hh * d + j] += s[t - lo] / sum * v[t][kvh * d + j];
+            att[hh * d + j] += s[u] / sum * v[keys[u]][kvh * d + j];
           }
         }
       }
@@ -232,6 +244,7 @@ class DenseReference {
   const ModelConfig& c_;
   const MemoryWeights& w_;
   Rope rope_;
+  std::function<bool(int64_t, int64_t)> mask_;
 };
 
 }  // namespace kvserve::models::testing
