@@ -89,6 +89,7 @@ void ModelRunner::BuildBatch(const scheduler::SchedulerOutput& out,
   }
   b.argmax_only.clear();
   b.rope_positions.clear();
+  bool own_rope = false;
   b.seq_starts.push_back(0);
   int32_t max_blocks = 1;
   for (const auto& s : out.scheduled)
@@ -100,14 +101,17 @@ void ModelRunner::BuildBatch(const scheduler::SchedulerOutput& out,
     const auto table = out.BlockTable(s);
     std::copy(table.begin(), table.end(),
               b.block_tables.begin() + i * max_blocks);
-    if (s.kv_offset > 0 && b.rope_positions.empty()) {
+    // RoPE positions apart from KV indices from the first sequence whose
+    // KV policy dropped tokens on (the earlier ones' are their indices).
+    if (s.kv_offset > 0 && !own_rope) {
       b.rope_positions.assign(b.positions.begin(), b.positions.end());
+      own_rope = true;
     }
     for (int32_t j = 0; j < s.num_new_tokens; ++j) {
       const int32_t pos = s.start_position + j;
       const int32_t kv = pos - s.kv_offset;  // its KV index
       b.positions.push_back(kv);
-      if (!b.rope_positions.empty()) b.rope_positions.push_back(pos);
+      if (own_rope) b.rope_positions.push_back(pos);
       b.slot_mapping.push_back(table[kv / bs] * bs + kv % bs);
     }
     b.seq_starts.push_back(s.token_offset + s.num_new_tokens);

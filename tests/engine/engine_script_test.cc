@@ -170,6 +170,30 @@ TEST(EngineScriptTest, ForkedCompletionsShareThePromptAndGetTheirIndex) {
   EXPECT_NE(s.Get("a#1").tokens, s.Get("a#2").tokens);
 }
 
+// kv_policy streaming: two windowed requests and a full one in each batch.
+// The fake model reads t_0 (a sink) and the last token, so the window
+// changes no output; its KV check follows every sequence's positions across
+// the gap its drops left, so a wrong KV index or RoPE position fails it.
+TEST(EngineScriptTest, WindowedRequestsKeepTheirPositionsAcrossDrops) {
+  Script s;
+  RequestSpec windowed = Greedy({2, 3, 4, 5, 6}, 40);
+  windowed.ignore_eos = true;
+  windowed.kv_window = {.sinks = 4, .window = 8};
+  RequestSpec full = windowed;
+  full.kv_window = {};
+  ASSERT_TRUE(s.Submit("w1", windowed).ok());
+  ASSERT_TRUE(s.Submit("w2", windowed).ok());
+  ASSERT_TRUE(s.Submit("f", full).ok());
+  ASSERT_TRUE(s.Run());
+  EXPECT_THAT(s.backend().kv_errors(), IsEmpty());
+  EXPECT_THAT(s.Get("w1").tokens, SizeIs(40));
+  EXPECT_EQ(s.Get("w1").tokens, s.Get("f").tokens);
+  EXPECT_EQ(s.Get("w2").tokens, s.Get("f").tokens);
+  EXPECT_GT(s.Get("w1").usage.kv.dropped_tokens, 20);
+  EXPECT_EQ(s.Get("f").usage.kv.dropped_tokens, 0);
+  EXPECT_LE(s.Get("w1").usage.kv.peak_blocks, 5);  // sinks + 8 + 1 block
+}
+
 // A 20-token prompt prefilled 8 tokens a step, aborted after its second
 // chunk: it ends cancelled without a token, and the request queued behind it
 // runs once the budget is free.

@@ -189,11 +189,13 @@ class FakeBackend final : public ModelBackend {
   void Write(const models::ForwardBatch& b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for (int32_t q = 0; q < b.num_seqs(); ++q) {
       for (int32_t i = b.seq_starts[q]; i < b.seq_starts[q + 1]; ++i) {
-        const int32_t pos = b.positions[i];
+        const int32_t pos = b.positions[i];  // its KV index
         const int32_t prev = pos == 0              ? -1
                              : i > b.seq_starts[q] ? b.token_ids[i - 1]
                                                    : At(b, q, pos - 1).token;
-        kv_[b.slot_mapping[i]] = {b.token_ids[i], pos, prev};
+        // The record keeps its RoPE position: past a KV policy's drop it
+        // is the KV index + the tokens dropped.
+        kv_[b.slot_mapping[i]] = {b.token_ids[i], b.RopePositions()[i], prev};
       }
     }
   }
@@ -201,16 +203,28 @@ class FakeBackend final : public ModelBackend {
   absl::Status Check(int64_t step, const models::ForwardBatch& b)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for (int32_t q = 0; q < b.num_seqs(); ++q) {
+      // A KV policy's drop (kv_policy streaming): KV index k holds position
+      // k up to the gap, k + dropped after it, and `dropped` is what the
+      // new tokens' RoPE positions say.
+      const int32_t last = b.seq_starts[q + 1] - 1;
+      const int32_t dropped = b.RopePositions()[last] - b.positions[last];
+      bool past_gap = false;
       for (int32_t pos = 0; pos < b.context_lens[q]; ++pos) {
         const Record& r = At(b, q, pos);
-        const int32_t want_prev = pos == 0 ? -1 : At(b, q, pos - 1).token;
-        if (r.position == pos && r.prev == want_prev) continue;
+        past_gap = past_gap || r.position != pos;
+        const int32_t want = past_gap ? pos + dropped : pos;
+        const Record* before = pos == 0 ? nullptr : &At(b, q, pos - 1);
+        // Across the gap the token before it is gone: nothing to chain.
+        const int32_t want_prev = want == 0                      ? -1
+                                  : before->position == want - 1 ? before->token
+                                                                 : r.prev;
+        if (r.position == want && r.prev == want_prev) continue;
         kv_errors_.push_back(absl::StrFormat(
             "step %d sequence %d position %d (block %d) holds {token %d, "
             "position %d, after %d}, want position %d after %d",
             step, q, pos,
             b.block_tables[q * b.max_blocks_per_seq + pos / o_.block_size],
-            r.token, r.position, r.prev, pos, want_prev));
+            r.token, r.position, r.prev, want, want_prev));
         return absl::InternalError("fake backend KV: " + kv_errors_.back());
       }
     }

@@ -216,6 +216,22 @@ TEST(KvWindowTest, ForkChildKeepsTheParentsWindow) {
   EXPECT_EQ(e.windows_checked(), 30 + 29);
 }
 
+TEST(KvWindowTest, ForkBeforeAnyDropThenBothDrop) {
+  SchedulerConfig c = WindowConfig();
+  c.num_blocks = 12;  // freed blocks are reused soon
+  FakeEngine e(c);
+  ASSERT_TRUE(e.Add(1, Iota(1, 10), 40, {.sinks = 4, .window = 8}).ok());
+  e.Step();
+  const Request* p = e.sched().GetRequest(1);
+  ASSERT_EQ(p->kv_dropped_tokens(), 0);
+  auto child = std::make_unique<Request>(2, p->prompt_token_ids(), 40);
+  child->set_kv_window(p->kv_window());
+  child->set_output_token_ids({5555});
+  ASSERT_TRUE(e.sched().Fork(1, std::move(child)).ok());
+  e.Run();
+  EXPECT_EQ(e.windows_checked(), 1 + 39 + 39);
+}
+
 TEST(KvWindowTest, NothingComputedAfterADropIsCached) {
   SchedulerConfig c = WindowConfig();
   c.enable_prefix_caching = true;
