@@ -10,6 +10,8 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -31,6 +33,8 @@
 #include "models/cpu/cpu_llama_model.h"
 #include "models/forward_batch.h"
 #include "nlohmann/json.hpp"
+#include "scheduler/request.h"
+#include "server/kv_policy.h"
 
 // The default text, baked in at build time as an absolute path into the
 // source tree (server/CMakeLists.txt); a binary built without it looks in
@@ -51,6 +55,9 @@ struct EvalFlags {
       EngineFlagsFrom(engine::EngineConfig(), "smollm2-135m", "cpu");
   std::string text = KVSERVE_EVAL_DEFAULT_TEXT;
   std::string kv_cache_dtype = "f32,fp16,bf16,int8,int4";
+  // ';'-separated kv_policy flags ("streaming:sinks=N,window=M"), each an
+  // f32 lane whose cache drops as the server's would.
+  std::string kv_policy;
   int64_t context = 512;
   int64_t chunk = 64;
   int64_t max_windows = 0;
@@ -63,12 +70,20 @@ struct DtypeStats {
   int64_t agree = 0, scored = 0;
 };
 
-// One KV dtype's own cache, the logits of its latest chunk, and its sums.
+// One KV dtype's (or bounded policy's) own cache, the logits of its latest
+// chunk, and its sums. A lane with a window keeps a block table of its own
+// that drops blocks between chunks as Scheduler::DropOutOfWindow does.
 struct Lane {
   kvcache::KvDtype dtype = kvcache::KvDtype::kF32;
+  scheduler::KvWindow window;  // disabled: the full cache
+  std::string policy = "full";
   std::unique_ptr<engine::KvCacheStorage> kv;
   std::vector<float> logits;
   DtypeStats stats;
+  std::vector<int32_t> table, free_blocks;  // windowed lanes only
+  int32_t dropped = 0;
+  int32_t peak_held = 0;  // most KV tokens held at once
+  models::ForwardBatch batch;
 };
 
 // What one scored position contributes to one lane.
@@ -99,6 +114,18 @@ absl::StatusOr<std::vector<kvcache::KvDtype>> ParseDtypeList(
   return out;
 }
 
+// The --kv-policy list: (flag text, window) pairs, "full" entries skipped.
+absl::StatusOr<std::vector<std::pair<std::string, scheduler::KvWindow>>>
+ParsePolicyList(const std::string& list) {
+  std::vector<std::pair<std::string, scheduler::KvWindow>> out;
+  for (absl::string_view item : absl::StrSplit(list, ';', absl::SkipEmpty())) {
+    item = absl::StripAsciiWhitespace(item);
+    KV_ASSIGN_OR_RETURN(scheduler::KvWindow w, server::ParseKvPolicyFlag(item));
+    if (w.enabled()) out.emplace_back(std::string(item), w);
+  }
+  return out;
+}
+
 absl::Status ValidateFlags(const EvalFlags& f) {
   if (f.context % 2 != 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -109,7 +136,8 @@ absl::Status ValidateFlags(const EvalFlags& f) {
         absl::StrFormat("--context %d: must be at least 2 x --chunk (%d)",
                         f.context, 2 * f.chunk));
   }
-  return ParseDtypeList(f.kv_cache_dtype).status();
+  KV_RETURN_IF_ERROR(ParseDtypeList(f.kv_cache_dtype).status());
+  return ParsePolicyList(f.kv_policy).status();
 }
 
 absl::StatusOr<std::string> ReadText(const std::string& path) {
@@ -223,6 +251,52 @@ void BuildChunk(absl::Span<const int32_t> window, int32_t off, int32_t n,
   if (batch->logits_rows.empty()) batch->logits_rows = {n - 1};
 }
 
+// `base` (a chunk at KV positions = window positions) for a windowed lane:
+// first drops the blocks past its sinks that fell out of its window before
+// this chunk, then writes the chunk at KV index position - dropped with RoPE
+// at the position, through the lane's compacted table.
+void WindowChunk(const models::ForwardBatch& base, int32_t off, int32_t n,
+                 Lane* lane) {
+  const int32_t sink_blocks =
+      (lane->window.sinks + kBlockSize - 1) / kBlockSize;
+  const int32_t first = sink_blocks + lane->dropped / kBlockSize;
+  const int32_t count =
+      std::max(0, (off - lane->window.window) / kBlockSize - first);
+  if (count > 0) {
+    auto begin = lane->table.begin() + sink_blocks;
+    lane->free_blocks.insert(lane->free_blocks.end(), begin, begin + count);
+    lane->table.erase(begin, begin + count);
+    lane->dropped += count * kBlockSize;
+  }
+  const int32_t held = off + n - lane->dropped;
+  lane->peak_held = std::max(lane->peak_held, held);
+  while (static_cast<int32_t>(lane->table.size()) * kBlockSize < held) {
+    lane->table.push_back(lane->free_blocks.back());
+    lane->free_blocks.pop_back();
+  }
+  models::ForwardBatch& b = lane->batch;
+  b = base;
+  b.rope_positions = base.positions;
+  for (int32_t i = 0; i < n; ++i) {
+    const int32_t kv = off + i - lane->dropped;
+    b.positions[i] = kv;
+    b.slot_mapping[i] =
+        lane->table[kv / kBlockSize] * kBlockSize + kv % kBlockSize;
+  }
+  b.context_lens = {held};
+  b.block_tables = lane->table;
+  b.max_blocks_per_seq = static_cast<int32_t>(lane->table.size());
+}
+
+// A windowed lane's empty table and free blocks, before each text window.
+void ResetWindow(Lane* lane) {
+  const int32_t blocks = lane->kv->num_blocks();
+  lane->table.clear();
+  lane->free_blocks.resize(blocks);
+  for (int32_t i = 0; i < blocks; ++i) lane->free_blocks[i] = blocks - 1 - i;
+  lane->dropped = 0;
+}
+
 // Teacher-forces one window through every lane's cache, chunk by chunk
 // (each chunk attends to the earlier chunks' K/V as stored in that lane's
 // dtype), and scores the second half.
@@ -233,12 +307,17 @@ absl::Status RunWindow(models::CpuLlamaModel* model,
   const int64_t vocab = model->config().vocab_size;
   models::ForwardBatch batch;
   std::vector<int32_t> targets;
+  for (Lane* lane : lanes) {
+    if (lane->window.enabled()) ResetWindow(lane);
+  }
   for (int32_t off = 0; off < ctx; off += chunk) {
     const int32_t n = std::min(chunk, ctx - off);
     BuildChunk(window, off, n, ctx / 2, &batch, &targets);
     for (Lane* lane : lanes) {
-      KV_RETURN_IF_ERROR(
-          model->Forward(batch, lane->kv->view(), &lane->logits));
+      if (lane->window.enabled()) WindowChunk(batch, off, n, lane);
+      const models::ForwardBatch& b =
+          lane->window.enabled() ? lane->batch : batch;
+      KV_RETURN_IF_ERROR(model->Forward(b, lane->kv->view(), &lane->logits));
     }
     if (!targets.empty()) ScoreChunk(targets, vocab, lanes);
   }
@@ -252,6 +331,10 @@ struct EvalResult {
   kvcache::KvShape shape;
   std::vector<kvcache::KvDtype> dtypes;  // as requested
   std::vector<DtypeStats> stats;         // per dtype
+  // Bounded policies (f32 KV), as requested: flag text, sums, peak tokens.
+  std::vector<std::string> policies;
+  std::vector<DtypeStats> policy_stats;
+  std::vector<int32_t> policy_peak_tokens;
 };
 
 double Ppl(const DtypeStats& s) { return std::exp(s.sum_nll / s.scored); }
@@ -303,6 +386,22 @@ std::string FormatTable(const EvalFlags& f, const EvalResult& r) {
                     "(f32 not listed: dPPL is not shown; KLD and top-1 "
                     "are still against f32 KV)\n");
   }
+  if (!r.policies.empty()) {
+    absl::StrAppend(
+        &out,
+        absl::StrFormat("\n%-34s %-18s %10s %8s %10s  (f32 KV, vs the "
+                        "full cache; drops between chunks)\n",
+                        "kv policy", "PPL", "mean KLD", "top-1", "peak KV"));
+  }
+  for (size_t i = 0; i < r.policies.size(); ++i) {
+    const DtypeStats& s = r.policy_stats[i];
+    absl::StrAppend(
+        &out,
+        absl::StrFormat("%-34s %-18s %10.6f %7.2f%% %10d\n", r.policies[i],
+                        absl::StrFormat("%.4f +/- %.4f", Ppl(s), PplStderr(s)),
+                        s.sum_kld / s.scored, 100.0 * s.agree / s.scored,
+                        r.policy_peak_tokens[i]));
+  }
   return out;
 }
 
@@ -342,6 +441,19 @@ std::string FormatJson(const EvalFlags& f, const EvalResult& r) {
     rows.push_back(std::move(row));
   }
   j["results"] = std::move(rows);
+  nlohmann::ordered_json policies = nlohmann::ordered_json::array();
+  for (size_t i = 0; i < r.policies.size(); ++i) {
+    const DtypeStats& s = r.policy_stats[i];
+    policies.push_back({{"kv_policy", r.policies[i]},
+                        {"kv_dtype", "f32"},
+                        {"ppl", Ppl(s)},
+                        {"ppl_stderr", PplStderr(s)},
+                        {"mean_kld", s.sum_kld / s.scored},
+                        {"top1_agreement_pct", 100.0 * s.agree / s.scored},
+                        {"peak_kv_tokens", r.policy_peak_tokens[i]},
+                        {"tokens_scored", s.scored}});
+  }
+  j["policies"] = std::move(policies);
   return j.dump(2) + "\n";
 }
 
@@ -349,6 +461,7 @@ std::string FormatJson(const EvalFlags& f, const EvalResult& r) {
 // each with a cache of one window.
 absl::StatusOr<std::vector<Lane>> MakeLanes(
     const models::ModelConfig& c, const std::vector<kvcache::KvDtype>& dtypes,
+    const std::vector<std::pair<std::string, scheduler::KvWindow>>& policies,
     int64_t context) {
   std::vector<kvcache::KvDtype> lane_dtypes = {kvcache::KvDtype::kF32};
   for (kvcache::KvDtype d : dtypes) {
@@ -357,7 +470,13 @@ absl::StatusOr<std::vector<Lane>> MakeLanes(
                             .ResolveKvDtype(d, c.head_dim));
     if (cpu != kvcache::KvDtype::kF32) lane_dtypes.push_back(cpu);
   }
-  std::vector<Lane> lanes(lane_dtypes.size());
+  const size_t full_lanes = lane_dtypes.size();
+  std::vector<Lane> lanes(full_lanes + policies.size());
+  for (size_t i = 0; i < policies.size(); ++i) {
+    Lane& l = lanes[full_lanes + i];
+    std::tie(l.policy, l.window) = policies[i];
+    lane_dtypes.push_back(kvcache::KvDtype::kF32);
+  }
   for (size_t i = 0; i < lanes.size(); ++i) {
     lanes[i].dtype = lane_dtypes[i];
     KV_ASSIGN_OR_RETURN(
@@ -379,8 +498,9 @@ absl::StatusOr<EvalResult> Evaluate(const EvalFlags& f) {
   KV_ASSIGN_OR_RETURN(const std::string text, ReadText(f.text));
   KV_ASSIGN_OR_RETURN(engine::LoadedModel m,
                       engine::LoadModel(f.engine.model, engine::Device::kCpu));
+  KV_ASSIGN_OR_RETURN(const auto policies, ParsePolicyList(f.kv_policy));
   KV_ASSIGN_OR_RETURN(std::vector<Lane> lanes,
-                      MakeLanes(m.config, dtypes, f.context));
+                      MakeLanes(m.config, dtypes, policies, f.context));
   EvalResult r;
   r.model_path = m.path;
   r.dtypes = dtypes;
@@ -419,8 +539,14 @@ absl::StatusOr<EvalResult> Evaluate(const EvalFlags& f) {
   }
   for (kvcache::KvDtype d : dtypes) {
     for (const Lane& l : lanes) {
-      if (l.dtype == d) r.stats.push_back(l.stats);
+      if (l.dtype == d && !l.window.enabled()) r.stats.push_back(l.stats);
     }
+  }
+  for (const Lane& l : lanes) {
+    if (!l.window.enabled()) continue;
+    r.policies.push_back(l.policy);
+    r.policy_stats.push_back(l.stats);
+    r.policy_peak_tokens.push_back(l.peak_held);
   }
   return r;
 }
@@ -439,6 +565,11 @@ int RunEvalCommand(int argc, const char* const* argv) {
   args.String("kv-cache-dtype", &f.kv_cache_dtype,
               "comma-separated KV dtypes to measure against f32 KV "
               "(f32, fp16, bf16, int8, int4)");
+  args.String("kv-policy", &f.kv_policy,
+              "';'-separated bounded KV policies to measure against the full "
+              "cache with f32 KV, e.g. \"streaming:sinks=4,window=1024\" "
+              "(each drops whole blocks between chunks, as the server does "
+              "between steps)");
   args.Int("context", &f.context,
            "window length in tokens (even, >= 2 x --chunk); the second "
            "half of each window is scored",
