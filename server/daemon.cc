@@ -157,6 +157,16 @@ absl::Status Daemon::StartEngine(const ServeOptions& options) {
     limits.max_request_tokens =
         int64_t{sc.max_num_seqs} * engine_->model_info().max_context;
   }
+  // A default window the engine would refuse in every request is refused
+  // at start instead.
+  if (const scheduler::KvWindow& w = limits.default_kv_window; w.enabled()) {
+    scheduler::SchedulerConfig resolved = sc;
+    resolved.max_model_len = engine_->model_info().max_context;
+    if (absl::Status s = resolved.CheckKvWindow(w.sinks, w.window); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--kv-policy: ", s.message()));
+    }
+  }
   service_ = std::make_unique<KvServeService>(
       engine_.get(), metrics_.get(), limits, auth_.get(), single_tenant_);
   // The served name (--served-model-name, else --model as given) is what

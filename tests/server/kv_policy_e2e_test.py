@@ -8,7 +8,8 @@ through the real kvserve binary, gRPC and HTTP, on the default model:
   pages, and usage, /v1/kv/state and /metrics say what was dropped;
 - swap preemption and n > 1 forks keep a windowed request's greedy tokens;
 - what cannot be honoured is refused naming the field (HTTP 400, gRPC
-  INVALID_ARGUMENT), and --kv-policy sets the default.
+  INVALID_ARGUMENT), and --kv-policy sets the default (a default that
+  cannot be honoured stops the start).
 
 About 40 s on 2 vCPUs (four servers).
 
@@ -247,12 +248,18 @@ class KvPolicyServerTest(unittest.TestCase):
             self.assertEqual(d["error"]["param"], "max_tokens")
         finally:
             server.close()
-        bad = subprocess.run(
-            [ARGS.binary, "--model", "unused", "--kv-policy",
-             "streaming:window=x"], capture_output=True, text=True,
-            timeout=60)
-        self.assertNotEqual(bad.returncode, 0)
-        self.assertIn("--kv-policy", bad.stdout + bad.stderr)
+        model = os.path.join(ARGS.source_dir, "weights",
+                             "SmolLM2-135M-Instruct.Q4_1.gguf")
+        for policy, why in (("streaming:window=x", "not a number"),
+                            ("streaming:window=300", "kv_policy.window")):
+            bad = subprocess.run(
+                [ARGS.binary, "--model", model, "--port", "0",
+                 "--metrics-port", "0", "--max-model-len", str(CONTEXT),
+                 "--kv-policy", policy], capture_output=True, text=True,
+                timeout=60)
+            self.assertNotEqual(bad.returncode, 0, policy)
+            self.assertIn("--kv-policy", bad.stdout + bad.stderr)
+            self.assertIn(why, bad.stdout + bad.stderr)
 
 
 def _setup(args, pb, pb_grpc):
