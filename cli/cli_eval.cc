@@ -257,13 +257,10 @@ void BuildChunk(absl::Span<const int32_t> window, int32_t off, int32_t n,
 // at the position, through the lane's compacted table.
 void WindowChunk(const models::ForwardBatch& base, int32_t off, int32_t n,
                  Lane* lane) {
-  const int32_t sink_blocks =
-      (lane->window.sinks + kBlockSize - 1) / kBlockSize;
-  const int32_t first = sink_blocks + lane->dropped / kBlockSize;
-  const int32_t count =
-      std::max(0, (off - lane->window.window) / kBlockSize - first);
+  const auto [first, count] = scheduler::BlocksOutOfWindow(
+      lane->window, off, lane->dropped, kBlockSize);
   if (count > 0) {
-    auto begin = lane->table.begin() + sink_blocks;
+    auto begin = lane->table.begin() + first;
     lane->free_blocks.insert(lane->free_blocks.end(), begin, begin + count);
     lane->table.erase(begin, begin + count);
     lane->dropped += count * kBlockSize;

@@ -12,6 +12,7 @@
 // on the engine thread only.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -75,6 +76,26 @@ struct KvWindow {
   int32_t window = 0;
   [[nodiscard]] bool enabled() const { return window > 0; }
 };
+
+// What a KvWindow drops from a sequence whose KV holds `computed` tokens of
+// which `dropped` already left: its table entries [first, first + count),
+// first being the block after the sinks' blocks (count 0: nothing). Only
+// whole blocks all of whose tokens precede the last `window` computed ones.
+// The one rule the scheduler, `kvserve eval` and the tests apply.
+struct WindowDrop {
+  int32_t first = 0;
+  int32_t count = 0;
+};
+[[nodiscard]] inline WindowDrop BlocksOutOfWindow(const KvWindow& w,
+                                                  int32_t computed,
+                                                  int32_t dropped,
+                                                  int32_t block_size) {
+  const int32_t sink_blocks = (w.sinks + block_size - 1) / block_size;
+  // Absolute index of the oldest block past the sinks still held.
+  const int32_t oldest = sink_blocks + dropped / block_size;
+  const int32_t keep_from = computed - w.window;
+  return {sink_blocks, std::max(0, keep_from / block_size - oldest)};
+}
 
 // Who a request belongs to, as fair sharing needs it (the server resolves
 // it from the bearer token). Requests of one name are one tenant; the

@@ -543,14 +543,10 @@ std::vector<FinishedRequest> Scheduler::UpdateFromOutput(
 
 void Scheduler::DropOutOfWindow(Request& r) {
   const int32_t bs = config_.block_size;
-  const int32_t sink_blocks = (r.kv_window_.sinks + bs - 1) / bs;
-  // Absolute block index of the oldest block past the sinks it still holds;
-  // it goes once all its tokens are older than the last `window` computed.
-  const int32_t first = sink_blocks + r.kv_dropped_tokens_ / bs;
-  const int32_t keep_from = r.num_computed_tokens_ - r.kv_window_.window;
-  const int32_t count = std::max(0, keep_from / bs - first);
+  const auto [first, count] = BlocksOutOfWindow(
+      r.kv_window_, r.num_computed_tokens_, r.kv_dropped_tokens_, bs);
   if (count == 0) return;
-  kv_.DropBlocks(r.id(), sink_blocks, count);
+  kv_.DropBlocks(r.id(), first, count);
   r.kv_dropped_tokens_ += count * bs;
   r.kv_stats_.dropped_tokens += int64_t{count} * bs;
   num_dropped_blocks_total_ += count;

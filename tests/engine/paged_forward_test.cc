@@ -9,6 +9,7 @@
 #include "engine/runner/kv_cache_storage.h"
 #include "gtest/gtest.h"
 #include "models/cpu/cpu_llama_model.h"
+#include "scheduler/request.h"
 #include "tests/support/random_model.h"
 
 namespace kvserve::models {
@@ -229,13 +230,13 @@ TEST(PagedForwardKvWindow,
   std::vector<int32_t> got_pos;
   int32_t done = 0, dropped = 0;
   while (done < kLen) {
-    // Scheduler::DropOutOfWindow with one sink block.
-    const int32_t first = 1 + dropped / kB;
-    const int32_t count = std::max(0, (done - kWindow) / kB - first);
+    // The scheduler's rule (one sink block).
+    const auto [first, count] = scheduler::BlocksOutOfWindow(
+        {.sinks = kSinkTokens, .window = kWindow}, done, dropped, kB);
     if (count > 0) {
-      free_blocks.insert(free_blocks.end(), table.begin() + 1,
-                         table.begin() + 1 + count);
-      table.erase(table.begin() + 1, table.begin() + 1 + count);
+      free_blocks.insert(free_blocks.end(), table.begin() + first,
+                         table.begin() + first + count);
+      table.erase(table.begin() + first, table.begin() + first + count);
       dropped += count * kB;
     }
     const int32_t n = done == 0 ? 10 : 1;
