@@ -56,7 +56,8 @@ struct EvalFlags {
   std::string text = KVSERVE_EVAL_DEFAULT_TEXT;
   std::string kv_cache_dtype = "f32,fp16,bf16,int8,int4";
   // ';'-separated kv_policy flags ("streaming:sinks=N,window=M"), each an
-  // f32 lane whose cache drops as the server's would.
+  // f32 lane whose cache drops as the server's would; ",positions=written"
+  // after one scores its sinks at their written positions instead.
   std::string kv_policy;
   int64_t context = 512;
   int64_t chunk = 64;
@@ -77,6 +78,9 @@ struct Lane {
   kvcache::KvDtype dtype = kvcache::KvDtype::kF32;
   scheduler::KvWindow window;  // disabled: the full cache
   std::string policy = "full";
+  // The server's positions within the cache (sinks scored by the query at
+  // its KV index), or the positions tokens were written at (no sink_lens).
+  bool positions_as_written = false;
   std::unique_ptr<engine::KvCacheStorage> kv;
   std::vector<float> logits;
   DtypeStats stats;
@@ -114,14 +118,25 @@ absl::StatusOr<std::vector<kvcache::KvDtype>> ParseDtypeList(
   return out;
 }
 
-// The --kv-policy list: (flag text, window) pairs, "full" entries skipped.
-absl::StatusOr<std::vector<std::pair<std::string, scheduler::KvWindow>>>
-ParsePolicyList(const std::string& list) {
-  std::vector<std::pair<std::string, scheduler::KvWindow>> out;
+// One --kv-policy entry: its text, window and position rule.
+struct EvalPolicy {
+  std::string text;
+  scheduler::KvWindow window;
+  bool positions_as_written = false;
+};
+
+// The --kv-policy list, "full" entries skipped. An entry may end in
+// ",positions=written" (eval only: the rule the server does not use, to
+// measure what in-cache positions buy).
+absl::StatusOr<std::vector<EvalPolicy>> ParsePolicyList(
+    const std::string& list) {
+  constexpr absl::string_view kWritten = ",positions=written";
+  std::vector<EvalPolicy> out;
   for (absl::string_view item : absl::StrSplit(list, ';', absl::SkipEmpty())) {
     item = absl::StripAsciiWhitespace(item);
-    KV_ASSIGN_OR_RETURN(scheduler::KvWindow w, server::ParseKvPolicyFlag(item));
-    if (w.enabled()) out.emplace_back(std::string(item), w);
+    EvalPolicy p{std::string(item), {}, absl::ConsumeSuffix(&item, kWritten)};
+    KV_ASSIGN_OR_RETURN(p.window, server::ParseKvPolicyFlag(item));
+    if (p.window.enabled()) out.push_back(std::move(p));
   }
   return out;
 }
@@ -281,6 +296,10 @@ void WindowChunk(const models::ForwardBatch& base, int32_t off, int32_t n,
         lane->table[kv / kBlockSize] * kBlockSize + kv % kBlockSize;
   }
   b.context_lens = {held};
+  b.sink_lens.clear();
+  if (lane->dropped > 0 && !lane->positions_as_written) {
+    b.sink_lens = {lane->window.SinkBlocks(kBlockSize) * kBlockSize};
+  }
   b.block_tables = lane->table;
   b.max_blocks_per_seq = static_cast<int32_t>(lane->table.size());
 }
@@ -458,8 +477,7 @@ std::string FormatJson(const EvalFlags& f, const EvalResult& r) {
 // each with a cache of one window.
 absl::StatusOr<std::vector<Lane>> MakeLanes(
     const models::ModelConfig& c, const std::vector<kvcache::KvDtype>& dtypes,
-    const std::vector<std::pair<std::string, scheduler::KvWindow>>& policies,
-    int64_t context) {
+    const std::vector<EvalPolicy>& policies, int64_t context) {
   std::vector<kvcache::KvDtype> lane_dtypes = {kvcache::KvDtype::kF32};
   for (kvcache::KvDtype d : dtypes) {
     KV_ASSIGN_OR_RETURN(kvcache::KvDtype cpu,
@@ -471,7 +489,9 @@ absl::StatusOr<std::vector<Lane>> MakeLanes(
   std::vector<Lane> lanes(full_lanes + policies.size());
   for (size_t i = 0; i < policies.size(); ++i) {
     Lane& l = lanes[full_lanes + i];
-    std::tie(l.policy, l.window) = policies[i];
+    l.policy = policies[i].text;
+    l.window = policies[i].window;
+    l.positions_as_written = policies[i].positions_as_written;
     lane_dtypes.push_back(kvcache::KvDtype::kF32);
   }
   for (size_t i = 0; i < lanes.size(); ++i) {
@@ -566,7 +586,8 @@ int RunEvalCommand(int argc, const char* const* argv) {
               "';'-separated bounded KV policies to measure against the full "
               "cache with f32 KV, e.g. \"streaming:sinks=4,window=1024\" "
               "(each drops whole blocks between chunks, as the server does "
-              "between steps)");
+              "between steps; \",positions=written\" after one keeps the "
+              "sinks at their written positions, for comparison)");
   args.Int("context", &f.context,
            "window length in tokens (even, >= 2 x --chunk); the second "
            "half of each window is scored",

@@ -244,10 +244,11 @@ absl::Status Engine::Impl::CheckSpec(const RequestSpec& spec) const {
 
 // A streaming kv_policy the engine can honour: the model attends to every
 // earlier token (its own sliding window would already bound the KV, with
-// other semantics), the window fits the scheduler's limits, and positions
-// stay within the trained context: dropped tokens keep their positions, so
-// a request's last position is prompt + max_tokens, and RoPE angles the
-// model never saw are refused, not clamped.
+// other semantics), the window fits the scheduler's limits, and the backend
+// scores sinks at their in-cache distance when there are sinks. No limit
+// on the request's length: every query-key distance is one within the held
+// KV (ForwardBatch::sink_lens), which the window keeps below max_model_len,
+// itself within the trained context.
 absl::Status Engine::Impl::CheckKvWindow(const RequestSpec& spec) const {
   const models::ModelConfig& c = model_.config;
   if (c.sliding_window > 0) {
@@ -260,16 +261,13 @@ absl::Status Engine::Impl::CheckKvWindow(const RequestSpec& spec) const {
   const scheduler::SchedulerConfig& sc = scheduler_->config();
   KV_RETURN_IF_ERROR(
       sc.CheckKvWindow(spec.kv_window.sinks, spec.kv_window.window));
-  const int64_t last =
-      static_cast<int64_t>(spec.prompt_tokens.size()) + spec.max_tokens;
-  if (last > c.max_position) {
+  const ModelBackend& backend = runner_->backend();
+  if (spec.kv_window.sinks > 0 && !backend.ScoresKvSinks()) {
     return InvalidFieldError(
-        "max_tokens",
-        absl::StrFormat("prompt (%d tokens) + max_tokens (%d) passes the "
-                        "model's trained context of %d positions; streaming "
-                        "keeps the positions tokens were written at",
-                        spec.prompt_tokens.size(), spec.max_tokens,
-                        c.max_position));
+        "kv_policy.sinks",
+        absl::StrFormat("the %s backend does not score sinks at their "
+                        "in-cache positions; use sinks 0 there",
+                        backend.device_name()));
   }
   return absl::OkStatus();
 }

@@ -69,6 +69,10 @@ absl::Status ForwardBatch::Validate(int32_t num_blocks, int32_t block_size,
     return bad("forward batch: block_tables has %d entries, need %d x %d",
                block_tables.size(), s, max_blocks_per_seq);
   }
+  if (!sink_lens.empty() && sink_lens.size() != s) {
+    return bad("forward batch: sink_lens has %d entries for %d sequences",
+               sink_lens.size(), s);
+  }
   for (int32_t q = 0; q < s; ++q) {
     const int32_t n = seq_starts[q + 1] - seq_starts[q];
     if (n <= 0 || context_lens[q] < n ||
@@ -77,6 +81,10 @@ absl::Status ForwardBatch::Validate(int32_t num_blocks, int32_t block_size,
           "forward batch: sequence %d has %d new tokens and "
           "context_len %d (capacity %d)",
           q, n, context_lens[q], max_blocks_per_seq * block_size);
+    }
+    if (SinkLen(q) < 0 || SinkLen(q) > context_lens[q]) {
+      return bad("forward batch: sequence %d has sink_len %d, context_len %d",
+                 q, SinkLen(q), context_lens[q]);
     }
     const int32_t nblocks = (context_lens[q] + block_size - 1) / block_size;
     const auto row = block_tables.begin() + q * max_blocks_per_seq;

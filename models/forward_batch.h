@@ -27,6 +27,14 @@ struct ForwardBatch {
   // sequence whose bounded KV policy dropped blocks keeps the positions its
   // tokens had; attention still walks KV indices). RopePositions() reads it.
   std::vector<int32_t> rope_positions;
+  // Empty, or [S]: sequence s's keys at KV indices [0, sink_lens[s]) (the
+  // blocks a bounded KV policy keeps from the start, never moved) are
+  // scored with the query rotated at its KV index instead of its RoPE
+  // position. Every query-key distance is then the distance within the
+  // cache, as if the dropped tokens had never been there (StreamingLLM):
+  // the kept keys after the sinks moved by the dropped count, and so does
+  // the query. 0 for a sequence that dropped nothing.
+  std::vector<int32_t> sink_lens;
   std::vector<int32_t> slot_mapping;  // [T] block * B + offset to write K/V
   std::vector<int32_t> seq_starts;    // [S + 1] token offsets per sequence
   std::vector<int32_t> context_lens;  // [S] KV length after this step
@@ -45,6 +53,9 @@ struct ForwardBatch {
   int32_t num_tokens() const { return static_cast<int32_t>(token_ids.size()); }
   const int32_t* RopePositions() const {
     return rope_positions.empty() ? positions.data() : rope_positions.data();
+  }
+  int32_t SinkLen(int32_t seq) const {
+    return sink_lens.empty() ? 0 : sink_lens[seq];
   }
   int32_t num_seqs() const {
     return seq_starts.empty() ? 0 : static_cast<int32_t>(seq_starts.size()) - 1;

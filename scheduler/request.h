@@ -75,6 +75,10 @@ struct KvWindow {
   int32_t sinks = 0;
   int32_t window = 0;
   [[nodiscard]] bool enabled() const { return window > 0; }
+  // The blocks kept from the start: the sinks, rounded up to whole blocks.
+  [[nodiscard]] int32_t SinkBlocks(int32_t block_size) const {
+    return (sinks + block_size - 1) / block_size;
+  }
 };
 
 // What a KvWindow drops from a sequence whose KV holds `computed` tokens of
@@ -90,7 +94,7 @@ struct WindowDrop {
                                                   int32_t computed,
                                                   int32_t dropped,
                                                   int32_t block_size) {
-  const int32_t sink_blocks = (w.sinks + block_size - 1) / block_size;
+  const int32_t sink_blocks = w.SinkBlocks(block_size);
   // Absolute index of the oldest block past the sinks still held.
   const int32_t oldest = sink_blocks + dropped / block_size;
   const int32_t keep_from = computed - w.window;

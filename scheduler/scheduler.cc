@@ -460,6 +460,10 @@ SchedulerOutput Scheduler::BuildOutput(StepPlan& plan) {
     s.id = r->id();
     s.start_position = r->num_computed_tokens_;
     s.kv_offset = r->kv_dropped_tokens_;
+    if (s.kv_offset > 0) {
+      s.kv_sink_len =
+          r->kv_window_.SinkBlocks(config_.block_size) * config_.block_size;
+    }
     s.num_new_tokens = n;
     s.token_offset = static_cast<int32_t>(out.token_ids.size());
     AppendTokens(*r, s.start_position, n, out.token_ids);

@@ -123,6 +123,9 @@ struct ScheduledRequest {
   // sinks (Request::kv_dropped_tokens; 0 without a policy): its KV holds
   // start_position + num_new_tokens - kv_offset tokens after this step.
   int32_t kv_offset = 0;
+  // With kv_offset > 0: KV indices [0, kv_sink_len) are the sinks' blocks,
+  // whose tokens sit at their own positions (ForwardBatch::sink_lens).
+  int32_t kv_sink_len = 0;
   // True when this step computes the request's last known token: sample
   // from the logits of its last new token and report the result.
   bool produces_token = false;

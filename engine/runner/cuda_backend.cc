@@ -97,6 +97,7 @@ class CudaBackend final : public ModelBackend {
   static absl::StatusOr<std::unique_ptr<ModelBackend>> Create(
       const BackendConfig& config, LoadedModel* model);
   std::string_view device_name() const override { return device_name_; }
+  bool ScoresKvSinks() const override { return false; }
   kvcache::KvDtype kv_dtype() const override {
     switch (kv_.elem) {
       case mc::KvElem::kFp8E4M3:

@@ -72,6 +72,9 @@ class ModelBackend {
   virtual ~ModelBackend() = default;
 
   virtual std::string_view device_name() const = 0;  // "cpu", "cuda:0"
+  // Whether Forward honours ForwardBatch::sink_lens (a streaming kv_policy
+  // with sinks); a backend that does not refuses such batches.
+  [[nodiscard]] virtual bool ScoresKvSinks() const { return true; }
   // kvcache::KvDtypeName of the stored KV: "fp16", "int8", "bf16", ...
   virtual kvcache::KvDtype kv_dtype() const = 0;
   virtual int32_t num_blocks() const = 0;

@@ -89,6 +89,7 @@ void ModelRunner::BuildBatch(const scheduler::SchedulerOutput& out,
   }
   b.argmax_only.clear();
   b.rope_positions.clear();
+  b.sink_lens.clear();
   bool own_rope = false;
   b.seq_starts.push_back(0);
   int32_t max_blocks = 1;
@@ -105,8 +106,10 @@ void ModelRunner::BuildBatch(const scheduler::SchedulerOutput& out,
     // KV policy dropped tokens on (the earlier ones' are their indices).
     if (s.kv_offset > 0 && !own_rope) {
       b.rope_positions.assign(b.positions.begin(), b.positions.end());
+      b.sink_lens.assign(i, 0);
       own_rope = true;
     }
+    if (own_rope) b.sink_lens.push_back(s.kv_offset > 0 ? s.kv_sink_len : 0);
     for (int32_t j = 0; j < s.num_new_tokens; ++j) {
       const int32_t pos = s.start_position + j;
       const int32_t kv = pos - s.kv_offset;  // its KV index

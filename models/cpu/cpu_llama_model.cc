@@ -1,5 +1,6 @@
 #include "models/cpu/cpu_llama_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -167,6 +168,7 @@ void CpuLlamaModel::AttentionBlock(const Layer& layer, int layer_index,
   const int64_t q_dim = c.num_heads * d, kv_dim = c.num_kv_heads * d;
   const int64_t qkv_dim = q_dim + 2 * kv_dim;
   const int half = c.head_dim / 2;
+  const bool sinks = !batch.sink_lens.empty();
 
   ParallelFor(n, 1, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
@@ -191,12 +193,19 @@ void CpuLlamaModel::AttentionBlock(const Layer& layer, int layer_index,
         cpu::Axpy(1.0f, layer.k_bias.data(), k, kv_dim);
         cpu::Axpy(1.0f, layer.v_bias.data(), v, kv_dim);
       }
+      float* qs = sinks ? q_sink_.data() + i * qkv_dim : nullptr;
+      if (qs != nullptr) {
+        std::copy_n(q, q_dim, qs);
+        rope_.Apply(qs, c.num_heads, cos_kv_.data() + i * half,
+                    sin_kv_.data() + i * half);
+      }
       rope_.Apply(q, c.num_heads, cos_.data() + i * half,
                   sin_.data() + i * half);
       rope_.Apply(k, c.num_kv_heads, cos_.data() + i * half,
                   sin_.data() + i * half);
       if (rot.k > 0) {
         cpu::HadamardRotate(q, q_dim, rot.k);
+        if (qs != nullptr) cpu::HadamardRotate(qs, q_dim, rot.k);
         cpu::HadamardRotate(k, kv_dim, rot.k);
         cpu::HadamardRotate(v, kv_dim, rot.v);
       }
@@ -212,8 +221,8 @@ void CpuLlamaModel::AttentionBlock(const Layer& layer, int layer_index,
   AttentionParams ap{c.num_heads, c.num_kv_heads, c.head_dim,
                      1.0f / std::sqrt(static_cast<float>(c.head_dim)),
                      c.sliding_window};
-  PagedAttention(ap, batch, qkv_.data(), qkv_dim, kv, layer_index,
-                 attn_.data());
+  PagedAttention(ap, batch, qkv_.data(), sinks ? q_sink_.data() : nullptr,
+                 qkv_dim, kv, layer_index, attn_.data());
   if (rot.v > 0) {  // the output is a sum of rotated V rows: rotate it back
     ParallelFor(n, 1, [&](int64_t lo, int64_t hi) {
       cpu::HadamardRotate(attn_.data() + lo * q_dim, (hi - lo) * q_dim, rot.v);
@@ -280,6 +289,12 @@ absl::Status CpuLlamaModel::Forward(const ForwardBatch& batch,
 
   Embed(batch);
   rope_.Tables(batch.RopePositions(), n, cos_.data(), sin_.data());
+  if (!batch.sink_lens.empty()) {
+    Grow(q_sink_, n * qkv_dim);
+    Grow(cos_kv_, n * d / 2);
+    Grow(sin_kv_, n * d / 2);
+    rope_.Tables(batch.positions.data(), n, cos_kv_.data(), sin_kv_.data());
+  }
   for (int l = 0; l < c.num_layers; ++l) {
     AttentionBlock(layers_[l], l, batch, kv);
     MlpBlock(layers_[l], n);

@@ -85,6 +85,9 @@ class CpuLlamaModel {
 
   // Scratch, grown on demand and reused across steps.
   std::vector<float> x_, h_, qkv_, attn_, gate_up_, act_, cos_, sin_;
+  // Only for a batch with sink_lens: queries rotated at their KV index (rows
+  // of qkv_'s stride) and that rotation's tables.
+  std::vector<float> q_sink_, cos_kv_, sin_kv_;
 };
 
 }  // namespace kvserve::models

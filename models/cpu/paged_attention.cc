@@ -122,7 +122,7 @@ class TilePrefetcher {
 // Per-thread scratch of one item. Tiles are padded to `dp` floats a row
 // (head_dim rounded up to the vector width) with zero tails.
 struct Scratch {
-  std::vector<float> q, k, v, scores, m, l, acc;
+  std::vector<float> q, q_sink, k, v, scores, m, l, acc;
   std::vector<int64_t> row_offsets;  // of this and the next tile's rows
   std::vector<RowRange> ranges;
   TilePrefetcher pf;
@@ -461,14 +461,31 @@ void FoldPage(const Src& k, const Src& v, int n, int rows, int row0, int dp,
   }
 }
 
-// Sizes the item's scratch and loads its query rows, pre-scaled.
+// The item's query rows of `q`, pre-scaled, into `dst` (rows of dp floats).
+void LoadQueryRows(const Layout& L, const Item& it, const float* q,
+                   int64_t q_stride, int rows, int dp,
+                   std::vector<float>& dst_rows) {
+  const int dd = L.p.head_dim, g = L.group;
+  dst_rows.assign(static_cast<size_t>(rows) * dp, 0.0f);
+  float* dst = dst_rows.data();
+  for (int h = it.kv_head_begin; h < it.kv_head_end; ++h) {
+    for (int32_t i = it.tok_begin; i < it.tok_end; ++i) {
+      for (int j = 0; j < g; ++j, dst += dp) {
+        const float* src = q + i * q_stride + (h * g + j) * dd;
+        for (int e = 0; e < dd; ++e) dst[e] = src[e] * L.p.scale;
+      }
+    }
+  }
+}
+
+// Sizes the item's scratch and loads its query rows.
 void PrepareItem(const Layout& L, const Item& it, const float* q,
                  int64_t q_stride, int rows, int dp, int64_t sc_stride,
                  Scratch& s) {
-  const int dd = L.p.head_dim, g = L.group;
+  const int dd = L.p.head_dim;
   const int32_t bs = kTileKeys;
   s.row_offsets.resize(2 * kTileKeys);
-  s.q.assign(static_cast<size_t>(rows) * dp, 0.0f);
+  LoadQueryRows(L, it, q, q_stride, rows, dp, s.q);
   s.acc.assign(static_cast<size_t>(rows) * dp, 0.0f);
   s.m.assign(rows, kNegInf);
   s.l.assign(rows, 0.0f);
@@ -480,15 +497,6 @@ void PrepareItem(const Layout& L, const Item& it, const float* q,
     s.v.resize(static_cast<size_t>(bs) * dp);
   }
   s.scores.resize(static_cast<size_t>(rows) * sc_stride);
-  float* dst = s.q.data();
-  for (int h = it.kv_head_begin; h < it.kv_head_end; ++h) {
-    for (int32_t i = it.tok_begin; i < it.tok_end; ++i) {
-      for (int j = 0; j < g; ++j, dst += dp) {
-        const float* src = q + i * q_stride + (h * g + j) * dd;
-        for (int e = 0; e < dd; ++e) dst[e] = src[e] * L.p.scale;
-      }
-    }
-  }
 }
 
 // Folds keys [t0, t0 + n) into the item's rows (rr: each row's visible
@@ -566,9 +574,12 @@ void WritePartials(const Layout& L, const std::vector<QueryRef>& refs,
 // split, kTileKeys positions at a time from the split's start. A tile
 // covers its positions up to the last key any row sees (earlier keys of
 // the tile are scored and masked), so a key's lane is its position in the
-// tile whatever the rows are.
+// tile whatever the rows are. Tiles also end at the sequence's sink length,
+// so that each is scored by one query (q_sink before it, q after): a
+// property of the sequence, not of the batch.
 void RunItem(const Layout& L, const std::vector<QueryRef>& refs, const Item& it,
-             const float* q, int64_t q_stride, float* partials, Scratch& s) {
+             const float* q, const float* q_sink, int64_t q_stride,
+             float* partials, Scratch& s) {
   const int dd = L.p.head_dim, g = L.group;
   const int rows = (it.tok_end - it.tok_begin) * g;  // per KV head
   const int all_rows = rows * (it.kv_head_end - it.kv_head_begin);
@@ -585,11 +596,16 @@ void RunItem(const Layout& L, const std::vector<QueryRef>& refs, const Item& it,
   const int lanes = static_cast<int>(hn::Lanes(DF()));
   const int nc = (dd + lanes - 1) / lanes, dp = nc * lanes;
   PrepareItem(L, it, q, q_stride, all_rows, dp, kTileKeys, s);
+  const int32_t sink_end = q_sink != nullptr ? L.batch.SinkLen(it.seq) : 0;
+  if (key_lo < sink_end) {
+    LoadQueryRows(L, it, q_sink, q_stride, all_rows, dp, s.q_sink);
+  }
   std::vector<RowRange>& rr = s.ranges;
   rr.resize(rows);
   const int32_t first = split_lo + (key_lo - split_lo) / kTileKeys * kTileKeys;
   auto tile_end = [&](int32_t t0) {
-    return std::min(t0 + kTileKeys, key_hi + 1);
+    const int32_t end = std::min(t0 + kTileKeys, key_hi + 1);
+    return t0 < sink_end ? std::min(end, sink_end) : end;
   };
   int64_t* cur = s.row_offsets.data();
   int64_t* next = cur + kTileKeys;
@@ -598,15 +614,15 @@ void RunItem(const Layout& L, const std::vector<QueryRef>& refs, const Item& it,
   s.pf.Reset(L.k_plane, L.v_plane, cur, tile_end(first) - first,
              it.kv_head_begin * L.row_bytes, it.kv_head_end * L.row_bytes, 1);
   s.pf.Finish();
-  for (int32_t t0 = first; t0 <= key_hi; t0 += kTileKeys) {
-    const int32_t k1 = tile_end(t0);
+  for (int32_t t0 = first, k1 = 0; t0 <= key_hi; t0 = k1) {
+    k1 = tile_end(t0);
     // The pages are scattered, so the hardware prefetcher cannot find the
     // next tile; ask for it while this one is folded (about one accumulate
     // step per key and KV head).
     int next_n = 0;
-    if (const int32_t n0 = t0 + kTileKeys; n0 <= key_hi) {
-      next_n = tile_end(n0) - n0;
-      TileRowOffsets(L, it.seq, n0, next_n, next);
+    if (k1 <= key_hi) {
+      next_n = tile_end(k1) - k1;
+      TileRowOffsets(L, it.seq, k1, next_n, next);
     }
     s.pf.Reset(L.k_plane, L.v_plane, next, next_n,
                it.kv_head_begin * L.row_bytes, it.kv_head_end * L.row_bytes,
@@ -615,7 +631,10 @@ void RunItem(const Layout& L, const std::vector<QueryRef>& refs, const Item& it,
       const QueryRef& ref = refs[it.tok_begin + r / g];
       rr[r] = {std::max(t0, ref.lo) - t0, std::min(k1 - 1, ref.pos) + 1 - t0};
     }
+    const bool sink_tile = t0 < sink_end;
+    if (sink_tile) std::swap(s.q, s.q_sink);
     FoldTile(L, it, cur, k1 - t0, rows, dp, nc, rr.data(), s);
+    if (sink_tile) std::swap(s.q, s.q_sink);
     s.pf.Finish();
     std::swap(cur, next);
   }
@@ -670,8 +689,8 @@ int HeadsPerItem(const AttentionParams& p, const ForwardBatch& batch,
 }  // namespace
 
 void PagedAttention(const AttentionParams& p, const ForwardBatch& batch,
-                    const float* q, int64_t q_stride, const KvCacheView& kv,
-                    int layer, float* out) {
+                    const float* q, const float* q_sink, int64_t q_stride,
+                    const KvCacheView& kv, int layer, float* out) {
   const int32_t split_keys = kAttnSplitKeys;
   const Layout L{p,
                  batch,
@@ -719,7 +738,7 @@ void PagedAttention(const AttentionParams& p, const ForwardBatch& batch,
   float* const partials = partial_buf.data();
   ParallelForEach(static_cast<int64_t>(items.size()), [&](int64_t n) {
     thread_local Scratch scratch;
-    RunItem(L, refs, items[n], q, q_stride, partials, scratch);
+    RunItem(L, refs, items[n], q, q_sink, q_stride, partials, scratch);
   });
   const int64_t out_stride = static_cast<int64_t>(p.num_heads) * p.head_dim;
   ParallelFor(num_tokens, 1, [&](int64_t lo, int64_t hi) {

@@ -43,9 +43,11 @@ inline constexpr int32_t kAttnQueryTile = 16;
 // out[i, h * D + d] for every token i of `batch`: causal softmax attention of
 // query head h (q row i, stride q_stride floats) over KV positions
 // [window_start, position_i] of token i's sequence, read from layer `layer`
-// of `kv`. out rows are H * D floats, contiguous.
+// of `kv`. Keys below the sequence's batch.SinkLen() are scored with row i
+// of q_sink instead (same layout; may be null when no sequence has sinks).
+// out rows are H * D floats, contiguous.
 void PagedAttention(const AttentionParams& p, const ForwardBatch& batch,
-                    const float* q, int64_t q_stride, const KvCacheView& kv,
-                    int layer, float* out);
+                    const float* q, const float* q_sink, int64_t q_stride,
+                    const KvCacheView& kv, int layer, float* out);
 
 }  // namespace kvserve::models

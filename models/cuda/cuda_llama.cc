@@ -418,6 +418,13 @@ absl::Status CudaLlamaModel::Forward(const ForwardBatch& batch,
         absl::StrCat("forward batch: ", batch.num_tokens(),
                      " tokens exceed the CUDA step limit of 65535"));
   }
+  for (int32_t s = 0; s < batch.num_seqs(); ++s) {
+    if (batch.SinkLen(s) > 0) {  // the engine refuses such a policy first
+      return absl::UnimplementedError(
+          "forward batch: the CUDA attention does not score sinks at their "
+          "in-cache positions (sink_lens)");
+    }
+  }
   const AttnShape shape{
       c.num_heads,   c.num_kv_heads,           c.head_dim,
       kv.block_size, batch.max_blocks_per_seq, c.sliding_window};

@@ -209,9 +209,11 @@ class FakeBackend final : public ModelBackend {
       const int32_t last = b.seq_starts[q + 1] - 1;
       const int32_t dropped = b.RopePositions()[last] - b.positions[last];
       bool past_gap = false;
+      int32_t gap_at = 0;  // KV indices before the gap: the sinks' blocks
       for (int32_t pos = 0; pos < b.context_lens[q]; ++pos) {
         const Record& r = At(b, q, pos);
         past_gap = past_gap || r.position != pos;
+        if (!past_gap) gap_at = pos + 1;
         const int32_t want = past_gap ? pos + dropped : pos;
         const Record* before = pos == 0 ? nullptr : &At(b, q, pos - 1);
         // Across the gap the token before it is gone: nothing to chain.
@@ -225,6 +227,14 @@ class FakeBackend final : public ModelBackend {
             step, q, pos,
             b.block_tables[q * b.max_blocks_per_seq + pos / o_.block_size],
             r.token, r.position, r.prev, want, want_prev));
+        return absl::InternalError("fake backend KV: " + kv_errors_.back());
+      }
+      // The sinks the attention scores at their in-cache distance: the
+      // keys before the gap, once there is one.
+      if (b.SinkLen(q) != (dropped > 0 ? gap_at : 0)) {
+        kv_errors_.push_back(absl::StrFormat(
+            "step %d sequence %d: sink_len %d, want %d (dropped %d)", step, q,
+            b.SinkLen(q), dropped > 0 ? gap_at : 0, dropped));
         return absl::InternalError("fake backend KV: " + kv_errors_.back());
       }
     }

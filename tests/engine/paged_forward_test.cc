@@ -205,10 +205,12 @@ TEST(PagedForwardBatchInvariance, AloneEqualsInBatchOfEight) {
 // A bounded KV policy (kv_policy streaming) as the engine runs it: whole
 // blocks past the sink block dropped once older than the window, the table
 // compacted, new tokens written at KV index position - dropped with RoPE at
-// their position (rope_positions). Against the dense float64 reference in
-// which each token attends the keys that were kept when it was computed.
-TEST(PagedForwardKvWindow,
-     CompactedTableWithRopePositionsMatchesMaskedReference) {
+// their position (rope_positions), the sink block scored by the query at
+// its KV index (sink_lens). Against the dense float64 reference in which
+// each token attends the keys that were kept when it was computed, sinks at
+// their distance within the cache. `in_cache` false: no sink_lens, sinks at
+// their written distance.
+void RunWindowedAgainstReference(bool in_cache) {
   ModelConfig c = SmallConfig(6, 2);
   auto model = CpuLlamaModel::Create(c, RandomWeights(c, 11));
   ASSERT_TRUE(model.ok()) << model.status();
@@ -258,6 +260,7 @@ TEST(PagedForwardKvWindow,
       offset_of[pos] = dropped;
     }
     b.logits_rows = {n - 1};
+    if (in_cache && dropped > 0) b.sink_lens = {kB};  // the one sink block
     ASSERT_TRUE(b.Validate(64, kB, c.vocab_size).ok());
     std::vector<float> logits;
     ASSERT_TRUE((*model)->Forward(b, kv->get()->view(), &logits).ok());
@@ -270,11 +273,24 @@ TEST(PagedForwardKvWindow,
   ref.set_mask([&](int64_t i, int64_t t) {
     return t < kSinkTokens || t >= kSinkTokens + offset_of[i];
   });
+  if (in_cache) {
+    ref.set_query_shift([&](int64_t i, int64_t t) -> int64_t {
+      return t < kB ? offset_of[i] : 0;
+    });
+  }
   const auto want = ref.Logits(seq);
   for (size_t k = 0; k < got.size(); ++k) {
     EXPECT_LE(RelErr(got[k].data(), want[got_pos[k]]), 1e-4)
         << "position " << got_pos[k];
   }
+}
+
+TEST(PagedForwardKvWindow, SinksAtInCacheDistanceMatchReference) {
+  RunWindowedAgainstReference(true);
+}
+
+TEST(PagedForwardKvWindow, SinksAtWrittenDistanceMatchReference) {
+  RunWindowedAgainstReference(false);
 }
 
 }  // namespace

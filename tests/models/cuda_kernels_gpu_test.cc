@@ -463,7 +463,7 @@ void RunAttention(const AttnCase& c, std::mt19937& rng) {
   ref_kv.k = {reinterpret_cast<std::byte*>(kf.data())};
   ref_kv.v = {reinterpret_cast<std::byte*>(vf.data())};
   PagedAttention(AttentionParams{c.h, c.hkv, c.d, scale, c.window}, b, q.data(),
-                 q_stride, ref_kv, 0, ref.data());
+                 nullptr, q_stride, ref_kv, 0, ref.data());
 
   const AttnShape shape{c.h,        c.hkv,    c.d,   bs,
                         max_blocks, c.window, scale, c.elem};

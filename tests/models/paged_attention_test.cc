@@ -1,7 +1,8 @@
 // The CPU paged attention kernel against a float64 dense reference, for
 // every KV dtype and shape (MHA, GQA, MQA; block sizes; head_dim off the
 // vector width; shuffled block tables; mixed prefill, chunked prefill and
-// decode; sliding window), and its invariance: a sequence's result is the
+// decode; sliding window; sinks scored by a second query), and its
+// invariance: a sequence's result is the
 // same bits alone or in a batch, split into chunks or not, on 1 or 2
 // threads.
 #include "models/cpu/paged_attention.h"
@@ -152,17 +153,20 @@ std::vector<float> RandomQ(int64_t n, uint32_t seed) {
   return q;
 }
 
-// float64 attention of query row (seq q, position t, head h).
+// float64 attention of query row (seq q, position t, head h); keys below
+// sink_len scored by qsink instead.
 std::vector<double> Reference(const Shape& s, Cache& cache, size_t q, int32_t t,
-                              int h, const float* qrow, bool stored) {
+                              int h, const float* qrow, const float* qsink,
+                              int32_t sink_len, bool stored) {
   const int kvh = h / (s.h / s.hkv);
   const int32_t lo = s.window > 0 ? std::max(0, t - s.window + 1) : 0;
   std::vector<double> sc;
   double mx = -INFINITY;
   for (int32_t k = lo; k <= t; ++k) {
     const std::vector<float> kr = cache.K(q, k, kvh, stored);
+    const float* qr = k < sink_len ? qsink : qrow;
     double dot = 0;
-    for (int e = 0; e < s.d; ++e) dot += static_cast<double>(qrow[e]) * kr[e];
+    for (int e = 0; e < s.d; ++e) dot += static_cast<double>(qr[e]) * kr[e];
     sc.push_back(dot / std::sqrt(static_cast<double>(s.d)));
     mx = std::max(mx, sc.back());
   }
@@ -184,33 +188,41 @@ struct Errors {
 
 std::vector<float> RunKernel(const Shape& s, const ForwardBatch& b,
                              const std::vector<float>& q, int64_t q_stride,
-                             const KvCacheView& kv) {
+                             const KvCacheView& kv,
+                             const float* q_sink = nullptr) {
   std::vector<float> out(static_cast<size_t>(b.num_tokens()) * s.h * s.d, NAN);
   PagedAttention(
       {s.h, s.hkv, s.d, 1.0f / std::sqrt(static_cast<float>(s.d)), s.window}, b,
-      q.data(), q_stride, kv, 0, out.data());
+      q.data(), q_sink, q_stride, kv, 0, out.data());
   return out;
 }
 
 // Max abs error of the kernel against both references over a mixed batch.
-Errors Measure(const Shape& s, KvDtype dtype, uint32_t seed) {
+// `sinks`: two of its sequences score their first blocks (3 and 5 of them,
+// the latter across a 64-key tile) with a second query.
+Errors Measure(const Shape& s, KvDtype dtype, uint32_t seed, bool sinks) {
   const std::vector<Seq> seqs = {{40, 40}, {320, 20}, {701, 1}, {35, 1}};
   Cache cache(s, dtype, seqs, seed);
-  const ForwardBatch b = MakeBatch(cache, seqs, {0, 1, 2, 3});
+  ForwardBatch b = MakeBatch(cache, seqs, {0, 1, 2, 3});
+  if (sinks) b.sink_lens = {0, 3 * s.bs, 5 * s.bs, 0};
   const int64_t q_stride = static_cast<int64_t>(s.h + 2 * s.hkv) * s.d;
   const std::vector<float> q = RandomQ(b.num_tokens() * q_stride, seed + 1);
-  const std::vector<float> out = RunKernel(s, b, q, q_stride, cache.View());
+  const std::vector<float> qs = RandomQ(b.num_tokens() * q_stride, seed + 2);
+  const std::vector<float> out =
+      RunKernel(s, b, q, q_stride, cache.View(), sinks ? qs.data() : nullptr);
   Errors e;
   for (int32_t sq = 0; sq < b.num_seqs(); ++sq) {
     for (int32_t i = b.seq_starts[sq]; i < b.seq_starts[sq + 1]; ++i) {
       for (int h = 0; h < s.h; ++h) {
         const float* qrow = q.data() + i * q_stride + h * s.d;
+        const float* qsink = qs.data() + i * q_stride + h * s.d;
         const float* got =
             out.data() + (static_cast<int64_t>(i) * s.h + h) * s.d;
+        const int32_t t = b.positions[i], sl = b.SinkLen(sq);
         const auto want_s =
-            Reference(s, cache, sq, b.positions[i], h, qrow, true);
+            Reference(s, cache, sq, t, h, qrow, qsink, sl, true);
         const auto want_o =
-            Reference(s, cache, sq, b.positions[i], h, qrow, false);
+            Reference(s, cache, sq, t, h, qrow, qsink, sl, false);
         for (int d = 0; d < s.d; ++d) {
           e.vs_stored = std::max(e.vs_stored, std::fabs(got[d] - want_s[d]));
           e.vs_original =
@@ -249,16 +261,18 @@ class PagedAttentionTest
 
 TEST_P(PagedAttentionTest, MatchesFloat64Reference) {
   const auto [dtype, shape] = GetParam();
-  const Errors e = Measure(shape, dtype, 7);
-  RecordProperty("max_err_vs_stored", std::to_string(e.vs_stored));
-  RecordProperty("max_err_vs_original", std::to_string(e.vs_original));
-  std::printf(
-      "%s h=%d hkv=%d d=%d bs=%d window=%d: vs stored %.3g, vs "
-      "original %.3g\n",
-      std::string(kvcache::KvDtypeName(dtype)).c_str(), shape.h, shape.hkv,
-      shape.d, shape.bs, shape.window, e.vs_stored, e.vs_original);
-  EXPECT_LT(e.vs_stored, 2e-6);
-  EXPECT_LT(e.vs_original, OriginalTolerance(dtype));
+  for (const bool sinks : {false, true}) {
+    const Errors e = Measure(shape, dtype, 7, sinks);
+    RecordProperty(sinks ? "max_err_vs_stored_sinks" : "max_err_vs_stored",
+                   std::to_string(e.vs_stored));
+    std::printf(
+        "%s h=%d hkv=%d d=%d bs=%d window=%d sinks=%d: vs stored %.3g, vs "
+        "original %.3g\n",
+        std::string(kvcache::KvDtypeName(dtype)).c_str(), shape.h, shape.hkv,
+        shape.d, shape.bs, shape.window, sinks, e.vs_stored, e.vs_original);
+    EXPECT_LT(e.vs_stored, 2e-6) << "sinks " << sinks;
+    EXPECT_LT(e.vs_original, OriginalTolerance(dtype)) << "sinks " << sinks;
+  }
 }
 
 // Every dtype with every shape it can store (int8 and int4 need whole
@@ -283,37 +297,49 @@ std::vector<std::tuple<KvDtype, Shape>> Cases() {
 INSTANTIATE_TEST_SUITE_P(AllDtypesAndShapes, PagedAttentionTest,
                          testing::ValuesIn(Cases()));
 
-// Where the queries sit changes no bit of a sequence's result.
+// Where the queries sit changes no bit of a sequence's result (with int8,
+// sequence 0 also scores 48 sink keys with a second query: q itself, so
+// its tiles end at the sinks but its bits must not move either).
 TEST(PagedAttentionInvariance, AloneChunkedThreadsAndBatchGiveTheSameBits) {
   const Shape s{9, 3, 64, 16, 0};
   const std::vector<Seq> seqs = {{600, 64}, {300, 1}, {45, 45}};
   for (KvDtype dtype : {KvDtype::kF16, KvDtype::kInt8}) {
     Cache cache(s, dtype, seqs, 11);
     const int64_t q_stride = static_cast<int64_t>(s.h + 2 * s.hkv) * s.d;
-    const ForwardBatch all = MakeBatch(cache, seqs, {0, 1, 2});
+    const bool sinks = dtype == KvDtype::kInt8;
+    auto batch = [&](const std::vector<Seq>& from, std::vector<size_t> ids) {
+      ForwardBatch b = MakeBatch(cache, from, ids);
+      if (sinks) {
+        for (size_t id : ids) b.sink_lens.push_back(id == 0 ? 48 : 0);
+      }
+      return b;
+    };
+    auto run = [&](const ForwardBatch& b, const std::vector<float>& qq) {
+      return RunKernel(s, b, qq, q_stride, cache.View(),
+                       sinks ? qq.data() : nullptr);
+    };
+    const ForwardBatch all = batch(seqs, {0, 1, 2});
     const std::vector<float> q = RandomQ(all.num_tokens() * q_stride, 5);
-    const std::vector<float> together =
-        RunKernel(s, all, q, q_stride, cache.View());
+    const std::vector<float> together = run(all, q);
     const int64_t row = static_cast<int64_t>(s.h) * s.d;
 
     // Sequence 0 alone.
-    const ForwardBatch alone = MakeBatch(cache, seqs, {0});
+    const ForwardBatch alone = batch(seqs, {0});
     const std::vector<float> q0(q.begin(), q.begin() + 64 * q_stride);
-    const std::vector<float> solo =
-        RunKernel(s, alone, q0, q_stride, cache.View());
+    const std::vector<float> solo = run(alone, q0);
     EXPECT_EQ(std::memcmp(solo.data(), together.data(), 64 * row * 4), 0);
 
     // Sequence 0's last 64 tokens as chunks of 13 and 51.
     std::vector<Seq> first = seqs, second = seqs;
     first[0] = {600 - 51, 13};
     second[0] = {600, 51};
-    const ForwardBatch c1 = MakeBatch(cache, first, {0});
-    const ForwardBatch c2 = MakeBatch(cache, second, {0});
+    const ForwardBatch c1 = batch(first, {0});
+    const ForwardBatch c2 = batch(second, {0});
     const std::vector<float> q1(q.begin(), q.begin() + 13 * q_stride);
     const std::vector<float> q2(q.begin() + 13 * q_stride,
                                 q.begin() + 64 * q_stride);
-    const std::vector<float> o1 = RunKernel(s, c1, q1, q_stride, cache.View());
-    const std::vector<float> o2 = RunKernel(s, c2, q2, q_stride, cache.View());
+    const std::vector<float> o1 = run(c1, q1);
+    const std::vector<float> o2 = run(c2, q2);
     EXPECT_EQ(std::memcmp(o1.data(), together.data(), 13 * row * 4), 0);
     EXPECT_EQ(std::memcmp(o2.data(), together.data() + 13 * row, 51 * row * 4),
               0);
@@ -321,7 +347,7 @@ TEST(PagedAttentionInvariance, AloneChunkedThreadsAndBatchGiveTheSameBits) {
     // One thread.
     const int threads = NumThreads();
     SetNumThreads(1);
-    const std::vector<float> one = RunKernel(s, all, q, q_stride, cache.View());
+    const std::vector<float> one = run(all, q);
     SetNumThreads(threads);
     EXPECT_EQ(std::memcmp(one.data(), together.data(), together.size() * 4), 0);
   }

@@ -5,7 +5,8 @@ through the real kvserve binary, gRPC and HTTP, on the default model:
 - a window that covers the whole request changes nothing (bit-identical
   greedy tokens); a smaller one changes nothing until its first drop;
 - one request generates 3x past --max-model-len with a flat number of
-  pages, and usage, /v1/kv/state and /metrics say what was dropped;
+  pages, and usage, /v1/kv/state and /metrics say what was dropped; a
+  prompt past the model's trained context is served;
 - swap preemption and n > 1 forks keep a windowed request's greedy tokens;
 - what cannot be honoured is refused naming the field (HTTP 400, gRPC
   INVALID_ARGUMENT), and --kv-policy sets the default (a default that
@@ -177,6 +178,20 @@ class KvPolicyTest(unittest.TestCase):
         self.assertEqual(two[1], one[0])  # greedy: the same tokens
         self.assertGreater(usage.kv.dropped_tokens, 0)
 
+    def test_a_prompt_past_the_trained_context_is_served(self):
+        # Every query-key distance stays within the held KV (sinks scored
+        # at their in-cache distance), so the model's trained context
+        # (8,192) bounds the window, not the request.
+        prompt = token_ids(17, 8300)
+        policy = {"type": "streaming", "sinks": 4, "window": 128}
+        ids, usage = self.server.complete(prompt, 8, policy)
+        self.assertEqual(len(ids), 8)
+        self.assertEqual(usage["prompt_tokens"], 8300)
+        self.assertGreaterEqual(usage["kvserve"]["dropped_tokens"],
+                                8300 - 16 - 128 - 2 * BLOCK)
+        self.assertLessEqual(usage["kvserve"]["peak_kv_blocks"],
+                             CONTEXT // BLOCK)
+
     def test_what_cannot_be_honoured_is_refused_naming_the_field(self):
         cases = [
             ({"type": "stream"}, "kv_policy.type"),
@@ -194,14 +209,6 @@ class KvPolicyTest(unittest.TestCase):
                 {"prompt": "hi", "max_tokens": 4, "kv_policy": policy})
             self.assertEqual(status, 400, policy)
             self.assertEqual(d["error"]["param"], field, d)
-        # Positions stay as written: past the trained context (8192) no.
-        status, d = self.server.http(
-            "/v1/completions",
-            {"prompt": "hi", "max_tokens": 9000,
-             "kv_policy": {"type": "streaming", "window": 64}})
-        self.assertEqual(status, 400)
-        self.assertEqual(d["error"]["param"], "max_tokens")
-        self.assertIn("trained context", d["error"]["message"])
         import grpc
         with self.assertRaises(grpc.RpcError) as e:
             self.server.generate([1, 2, 3], 4,

@@ -125,6 +125,12 @@ class DenseReference {
   void set_mask(std::function<bool(int64_t, int64_t)> mask) {
     mask_ = std::move(mask);
   }
+  // Query i scores key t with its query rotated at position i - shift(i, t)
+  // (0 by default): a bounded KV policy's sinks seen at their in-cache
+  // distance.
+  void set_query_shift(std::function<int64_t(int64_t, int64_t)> shift) {
+    shift_ = std::move(shift);
+  }
 
   std::vector<std::vector<double>> Logits(const std::vector<int32_t>& tokens) {
     const int64_t n = tokens.size(), h = c_.hidden_size;
@@ -187,7 +193,7 @@ class DenseReference {
     const std::string p = absl::StrCat("blk.", l, ".");
     const int64_t n = x.size(), d = c_.head_dim;
     const int64_t qd = c_.num_heads * d, kvd = c_.num_kv_heads * d;
-    std::vector<std::vector<double>> q(n), k(n), v(n);
+    std::vector<std::vector<double>> q(n), k(n), v(n), q_raw(n);
     for (int64_t i = 0; i < n; ++i) {
       auto hn = Norm(x[i], p + "attn_norm.weight");
       q[i] = Linear(p + "attn_q.weight", hn, qd);
@@ -196,6 +202,7 @@ class DenseReference {
       AddBias(q[i], p + "attn_q.bias");
       AddBias(k[i], p + "attn_k.bias");
       AddBias(v[i], p + "attn_v.bias");
+      q_raw[i] = q[i];
       Rotate(q[i], c_.num_heads, i);
       Rotate(k[i], c_.num_kv_heads, i);
     }
@@ -214,9 +221,15 @@ class DenseReference {
         std::vector<double> s;
         double mx = -1e300;
         for (int64_t t : keys) {
+          const int64_t shift = shift_ ? shift_(i, t) : 0;
+          std::vector<double> shifted;
+          if (shift != 0) {
+            shifted = q_raw[i];
+            Rotate(shifted, c_.num_heads, static_cast<int>(i - shift));
+          }
+          const std::vector<double>& qi = shift != 0 ? shifted : q[i];
           double dot = 0;
-          for (int j = 0; j < d; ++j)
-            dot += q[i][hh * d + j] * k[t][kvh * d + j];
+          for (int j = 0; j < d; ++j) dot += qi[hh * d + j] * k[t][kvh * d + j];
           s.push_back(dot / std::sqrt(static_cast<double>(d)));
           mx = std::max(mx, s.back());
         }
@@ -245,6 +258,7 @@ class DenseReference {
   const MemoryWeights& w_;
   Rope rope_;
   std::function<bool(int64_t, int64_t)> mask_;
+  std::function<int64_t(int64_t, int64_t)> shift_;
 };
 
 }  // namespace kvserve::models::testing

@@ -106,7 +106,7 @@ void Run(benchmark::State& state, int seqs, int chunk, int copies = 1,
   int copy = 0;
   for (auto _ : state) {
     for (int l = 0; l < kLayers; ++l) {
-      PagedAttention(p, s.batch, s.q.data(), kHeads * kDim, s.view,
+      PagedAttention(p, s.batch, s.q.data(), nullptr, kHeads * kDim, s.view,
                      copy * layers + l % layers, s.out.data());
     }
     copy = (copy + 1) % copies;
