@@ -55,13 +55,18 @@ struct EvalFlags {
       EngineFlagsFrom(engine::EngineConfig(), "smollm2-135m", "cpu");
   std::string text = KVSERVE_EVAL_DEFAULT_TEXT;
   std::string kv_cache_dtype = "f32,fp16,bf16,int8,int4";
-  // ';'-separated kv_policy flags ("streaming:sinks=N,window=M"), each an
+  // ';'-separated kv_policy flags ("streaming:sinks=N,window=M",
+  // "heavy_hitters:sinks=N,window=M,budget=B"), each an
   // f32 lane whose cache drops as the server's would; ",positions=written"
   // after one scores its sinks at their written positions instead.
   std::string kv_policy;
   int64_t context = 512;
   int64_t chunk = 64;
   int64_t max_windows = 0;
+  // --context may pass the model's trained context (with --kv-policy only):
+  // the full-cache lanes then run where the model was never trained, and
+  // the windowed lanes show what their positions rule does there.
+  bool past_trained_context = false;
   bool json = false;
 };
 
@@ -85,6 +90,7 @@ struct Lane {
   std::vector<float> logits;
   DtypeStats stats;
   std::vector<int32_t> table, free_blocks;  // windowed lanes only
+  std::vector<float> mass;  // heavy hitters: per table entry, accumulated
   int32_t dropped = 0;
   int32_t peak_held = 0;  // most KV tokens held at once
   models::ForwardBatch batch;
@@ -272,9 +278,18 @@ void BuildChunk(absl::Span<const int32_t> window, int32_t off, int32_t n,
 // at the position, through the lane's compacted table.
 void WindowChunk(const models::ForwardBatch& base, int32_t off, int32_t n,
                  Lane* lane) {
-  const auto [first, count] = scheduler::BlocksOutOfWindow(
-      lane->window, off, lane->dropped, kBlockSize);
-  if (count > 0) {
+  if (lane->window.heavy_hitters()) {
+    lane->mass.resize(lane->table.size(), 0.0f);
+    for (const int32_t b : scheduler::HeavyHitterDrops(
+             lane->window, off - lane->dropped, lane->mass, kBlockSize)) {
+      lane->free_blocks.push_back(lane->table[b]);
+      lane->table.erase(lane->table.begin() + b);
+      lane->mass.erase(lane->mass.begin() + b);
+      lane->dropped += kBlockSize;
+    }
+  } else {
+    const auto [first, count] = scheduler::BlocksOutOfWindow(
+        lane->window, off, lane->dropped, kBlockSize);
     auto begin = lane->table.begin() + first;
     lane->free_blocks.insert(lane->free_blocks.end(), begin, begin + count);
     lane->table.erase(begin, begin + count);
@@ -297,9 +312,12 @@ void WindowChunk(const models::ForwardBatch& base, int32_t off, int32_t n,
   }
   b.context_lens = {held};
   b.sink_lens.clear();
-  if (lane->dropped > 0 && !lane->positions_as_written) {
+  if (lane->dropped > 0 && !lane->positions_as_written &&
+      !lane->window.heavy_hitters()) {
     b.sink_lens = {lane->window.SinkBlocks(kBlockSize) * kBlockSize};
   }
+  b.mass_seqs.clear();
+  if (lane->window.heavy_hitters()) b.mass_seqs = {1};
   b.block_tables = lane->table;
   b.max_blocks_per_seq = static_cast<int32_t>(lane->table.size());
 }
@@ -308,6 +326,7 @@ void WindowChunk(const models::ForwardBatch& base, int32_t off, int32_t n,
 void ResetWindow(Lane* lane) {
   const int32_t blocks = lane->kv->num_blocks();
   lane->table.clear();
+  lane->mass.clear();
   lane->free_blocks.resize(blocks);
   for (int32_t i = 0; i < blocks; ++i) lane->free_blocks[i] = blocks - 1 - i;
   lane->dropped = 0;
@@ -334,6 +353,13 @@ absl::Status RunWindow(models::CpuLlamaModel* model,
       const models::ForwardBatch& b =
           lane->window.enabled() ? lane->batch : batch;
       KV_RETURN_IF_ERROR(model->Forward(b, lane->kv->view(), &lane->logits));
+      if (lane->window.heavy_hitters()) {
+        const std::vector<float>& m = model->block_mass();
+        lane->mass.resize(lane->table.size(), 0.0f);
+        for (size_t k = 0; k < lane->mass.size() && k < m.size(); ++k) {
+          lane->mass[k] += m[k];
+        }
+      }
     }
     if (!targets.empty()) ScoreChunk(targets, vocab, lanes);
   }
@@ -343,6 +369,7 @@ absl::Status RunWindow(models::CpuLlamaModel* model,
 struct EvalResult {
   std::string model_path;
   int64_t text_tokens = 0, windows = 0, windows_available = 0;
+  int32_t trained_context = 0;  // the model's max_position
   bool add_bos = false;
   kvcache::KvShape shape;
   std::vector<kvcache::KvDtype> dtypes;  // as requested
@@ -375,6 +402,12 @@ std::string FormatTable(const EvalFlags& f, const EvalResult& r) {
       r.model_path, f.text, r.text_tokens, r.add_bos ? ", BOS added" : "",
       f.context, f.chunk, r.windows, r.windows_available,
       r.stats.empty() ? 0 : r.stats[0].scored);
+  if (f.context > r.trained_context) {
+    absl::StrAppend(
+        &out, absl::StrFormat("the full cache runs past the model's trained "
+                              "context of %d: compare the policies' PPL\n\n",
+                              r.trained_context));
+  }
   absl::StrAppend(&out, absl::StrFormat("%-6s %-18s %9s %10s %8s %10s %10s\n",
                                         "dtype", "PPL", "dPPL", "mean KLD",
                                         "top-1", "bytes/tok", "blocks/GiB"));
@@ -428,6 +461,7 @@ std::string FormatJson(const EvalFlags& f, const EvalResult& r) {
   j["text_tokens"] = r.text_tokens;
   j["add_bos"] = r.add_bos;
   j["context"] = f.context;
+  j["trained_context"] = r.trained_context;
   j["chunk"] = f.chunk;
   j["windows"] = r.windows;
   j["windows_available"] = r.windows_available;
@@ -532,7 +566,9 @@ absl::StatusOr<EvalResult> Evaluate(const EvalFlags& f) {
         "--text %s: %d tokens, fewer than one window of --context %d", f.text,
         r.text_tokens, f.context));
   }
-  if (f.context > m.config.max_position) {
+  r.trained_context = m.config.max_position;
+  if (f.context > m.config.max_position &&
+      (!f.past_trained_context || policies.empty())) {
     return absl::InvalidArgumentError(
         absl::StrFormat("--context %d: exceeds the model's context of %d",
                         f.context, m.config.max_position));
@@ -584,8 +620,9 @@ int RunEvalCommand(int argc, const char* const* argv) {
               "(f32, fp16, bf16, int8, int4)");
   args.String("kv-policy", &f.kv_policy,
               "';'-separated bounded KV policies to measure against the full "
-              "cache with f32 KV, e.g. \"streaming:sinks=4,window=1024\" "
-              "(each drops whole blocks between chunks, as the server does "
+              "cache with f32 KV, e.g. \"streaming:sinks=4,window=1024\" or "
+              "\"heavy_hitters:sinks=4,window=256,budget=1088\" (each drops "
+              "whole blocks between chunks, as the server does "
               "between steps; \",positions=written\" after one keeps the "
               "sinks at their written positions, for comparison)");
   args.Int("context", &f.context,
@@ -595,6 +632,10 @@ int RunEvalCommand(int argc, const char* const* argv) {
   args.Int("chunk", &f.chunk, "prefill chunk in tokens", 1, 1 << 20);
   args.Int("max-windows", &f.max_windows, "windows to score (0: all)", 0,
            INT64_MAX);
+  args.Bool("past-trained-context", &f.past_trained_context,
+            "allow --context past the model's trained context, with "
+            "--kv-policy (the full cache is then untrained there; compare "
+            "the policies' PPL)");
   args.Bool("json", &f.json, "print one JSON object");
   args.Bool("help", &help, "show this help");
   absl::Status s = args.Parse(argc, argv, 2);

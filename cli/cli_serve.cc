@@ -100,7 +100,10 @@ void RegisterSchedulerFlags(ServeFlags* f, CliArgs* args) {
   args->String("kv-policy", &f->kv_policy,
                "KV cache of a request that asks for none: full, or "
                "streaming:sinks=N,window=M (keep the first N and last M "
-               "tokens, dropping whole blocks between; default full)");
+               "tokens, dropping whole blocks between), or "
+               "heavy_hitters:sinks=N,window=M,budget=B (at most B tokens, "
+               "dropping the blocks that drew the least attention; CPU "
+               "only) (default full)");
   args->String("scheduling-policy", &f->scheduling_policy,
                absl::StrCat("fcfs, priority, or cache-aware (longest cached "
                             "prefix first among equal priorities) (default ",

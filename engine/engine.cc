@@ -259,15 +259,45 @@ absl::Status Engine::Impl::CheckKvWindow(const RequestSpec& spec) const {
                         c.sliding_window));
   }
   const scheduler::SchedulerConfig& sc = scheduler_->config();
-  KV_RETURN_IF_ERROR(
-      sc.CheckKvWindow(spec.kv_window.sinks, spec.kv_window.window));
+  const scheduler::KvWindow& w = spec.kv_window;
+  KV_RETURN_IF_ERROR(sc.CheckKvWindow(w.sinks, w.window, w.budget));
   const ModelBackend& backend = runner_->backend();
-  if (spec.kv_window.sinks > 0 && !backend.ScoresKvSinks()) {
+  if (w.heavy_hitters()) return CheckHeavyHitters(spec);
+  if (w.sinks > 0 && !backend.ScoresKvSinks()) {
     return InvalidFieldError(
         "kv_policy.sinks",
         absl::StrFormat("the %s backend does not score sinks at their "
                         "in-cache positions; use sinks 0 there",
                         backend.device_name()));
+  }
+  return absl::OkStatus();
+}
+
+// Heavy hitters: the backend reports attention mass per block, and the
+// positions stay within the trained context, since with blocks dropped
+// anywhere the kept keys keep the positions they were written at (no one
+// query rotation puts them all at their distance within the cache).
+absl::Status Engine::Impl::CheckHeavyHitters(const RequestSpec& spec) const {
+  const ModelBackend& backend = runner_->backend();
+  if (!backend.ReportsBlockMass()) {
+    return InvalidFieldError(
+        "kv_policy.type",
+        absl::StrFormat("heavy_hitters needs the attention mass per block, "
+                        "which the %s backend does not report",
+                        backend.device_name()));
+  }
+  const models::ModelConfig& c = model_.config;
+  const int64_t last =
+      static_cast<int64_t>(spec.prompt_tokens.size()) + spec.max_tokens;
+  if (last > c.max_position) {
+    return InvalidFieldError(
+        "max_tokens",
+        absl::StrFormat("prompt (%d tokens) + max_tokens (%d) passes the "
+                        "model's trained context of %d positions; "
+                        "heavy_hitters keeps the positions tokens were "
+                        "written at (streaming does not need this)",
+                        spec.prompt_tokens.size(), spec.max_tokens,
+                        c.max_position));
   }
   return absl::OkStatus();
 }

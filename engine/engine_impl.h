@@ -100,6 +100,7 @@ class Engine::Impl {
   absl::Status CheckSpec(const RequestSpec& spec) const;
   // A spec's kv_policy (streaming) against the model and the scheduler.
   absl::Status CheckKvWindow(const RequestSpec& spec) const;
+  absl::Status CheckHeavyHitters(const RequestSpec& spec) const;
   void Loop();
   bool TakeInbox(Inbox* inbox);
   void Admit(std::unique_ptr<LiveRequest> r);

@@ -226,6 +226,9 @@ void Engine::Impl::Step() {
   AddStepCounters(out.stats, result.swapped_out_blocks,
                   result.swapped_in_blocks);
   if (!result.status.ok()) FailStep(out, result.status);
+  if (result.status.ok() && !result.block_mass.empty()) {
+    scheduler_->AddBlockMass(out, result.block_mass, result.block_mass_stride);
+  }
   std::vector<scheduler::FinishedRequest> finished =
       scheduler_->UpdateFromOutput(out, result.tokens);
   // Write-through of the blocks just registered, before any can be reused.

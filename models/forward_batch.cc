@@ -69,6 +69,10 @@ absl::Status ForwardBatch::Validate(int32_t num_blocks, int32_t block_size,
     return bad("forward batch: block_tables has %d entries, need %d x %d",
                block_tables.size(), s, max_blocks_per_seq);
   }
+  if (!mass_seqs.empty() && mass_seqs.size() != s) {
+    return bad("forward batch: mass_seqs has %d entries for %d sequences",
+               mass_seqs.size(), s);
+  }
   if (!sink_lens.empty() && sink_lens.size() != s) {
     return bad("forward batch: sink_lens has %d entries for %d sequences",
                sink_lens.size(), s);

@@ -35,6 +35,9 @@ struct ForwardBatch {
   // the kept keys after the sinks moved by the dropped count, and so does
   // the query. 0 for a sequence that dropped nothing.
   std::vector<int32_t> sink_lens;
+  // Empty, or [S]: 1 where the caller wants the sequence's attention mass
+  // per KV block (ForwardOutput::block_mass; a heavy-hitters KV policy).
+  std::vector<uint8_t> mass_seqs;
   std::vector<int32_t> slot_mapping;  // [T] block * B + offset to write K/V
   std::vector<int32_t> seq_starts;    // [S + 1] token offsets per sequence
   std::vector<int32_t> context_lens;  // [S] KV length after this step
@@ -56,6 +59,9 @@ struct ForwardBatch {
   }
   int32_t SinkLen(int32_t seq) const {
     return sink_lens.empty() ? 0 : sink_lens[seq];
+  }
+  bool WantsMass(int32_t seq) const {
+    return !mass_seqs.empty() && mass_seqs[seq] != 0;
   }
   int32_t num_seqs() const {
     return seq_starts.empty() ? 0 : static_cast<int32_t>(seq_starts.size()) - 1;
@@ -91,6 +97,12 @@ struct ForwardOutput {
   // Empty, or [logits_rows.size()]: each row's argmax (the lowest index on
   // ties, as std::max_element), computed on the device for every row.
   std::vector<int32_t> argmax;
+  // Empty unless the batch has mass_seqs: [S * max_blocks_per_seq], entry
+  // (s, b) the softmax weight sequence s's query rows of this step gave the
+  // keys of its table entry b, summed over rows, query heads and layers
+  // (0 for a sequence that did not ask). A backend without it leaves it
+  // empty.
+  std::vector<float> block_mass;
 };
 
 }  // namespace kvserve::models

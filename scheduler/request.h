@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -65,16 +66,21 @@ struct RequestKvStats {
   int64_t dropped_tokens = 0;
 };
 
-// A bounded KV policy ("streaming", after StreamingLLM): the request keeps
-// the KV of its first `sinks` tokens (rounded up to whole blocks) and of at
-// least its last `window` tokens; older blocks between them are dropped
-// whole, so its pages stay flat however long it runs. window == 0: the full
-// cache (no policy). The dropped tokens' positions are not reused: every
-// token keeps the RoPE position it was written at.
+// A bounded KV policy. "streaming" (StreamingLLM): the request keeps the KV
+// of its first `sinks` tokens (rounded up to whole blocks) and of at least
+// its last `window` tokens; older blocks between them are dropped whole, so
+// its pages stay flat however long it runs; positions are those within the
+// cache (ForwardBatch::sink_lens). "heavy_hitters" (H2O at block
+// granularity, budget > 0): it holds at most `budget` tokens, dropping past
+// that the blocks between the sinks' and the last `window` tokens whose
+// accumulated attention mass is lowest (HeavyHitterDrops); its tokens keep
+// the positions they were written at. window == 0: the full cache.
 struct KvWindow {
   int32_t sinks = 0;
   int32_t window = 0;
+  int32_t budget = 0;  // heavy_hitters only: most KV tokens held
   [[nodiscard]] bool enabled() const { return window > 0; }
+  [[nodiscard]] bool heavy_hitters() const { return budget > 0; }
   // The blocks kept from the start: the sinks, rounded up to whole blocks.
   [[nodiscard]] int32_t SinkBlocks(int32_t block_size) const {
     return (sinks + block_size - 1) / block_size;
@@ -99,6 +105,33 @@ struct WindowDrop {
   const int32_t oldest = sink_blocks + dropped / block_size;
   const int32_t keep_from = computed - w.window;
   return {sink_blocks, std::max(0, keep_from / block_size - oldest)};
+}
+
+// What a heavy-hitters KvWindow drops from a table holding `held` KV tokens
+// whose entry b has accumulated attention mass[b]: table entries, highest
+// index first (so removing them in order keeps the rest valid), until at
+// most `budget` tokens remain. Candidates are the entries past the sinks'
+// blocks all of whose tokens precede the last `window` held ones, lowest
+// mass first, ties to the oldest. The one rule of the scheduler, `kvserve
+// eval` and the tests.
+[[nodiscard]] inline std::vector<int32_t> HeavyHitterDrops(
+    const KvWindow& w, int32_t held, absl::Span<const float> mass,
+    int32_t block_size) {
+  std::vector<int32_t> out;
+  const int32_t first = w.SinkBlocks(block_size);
+  const int32_t limit = std::min(std::max(0, (held - w.window) / block_size),
+                                 static_cast<int32_t>(mass.size()));
+  if (held <= w.budget || limit <= first) return out;
+  std::vector<int32_t> order(limit - first);
+  for (int32_t b = first; b < limit; ++b) order[b - first] = b;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int32_t a, int32_t b) { return mass[a] < mass[b]; });
+  for (int32_t excess = held - w.budget;
+       excess > 0 && out.size() < order.size(); excess -= block_size) {
+    out.push_back(order[out.size()]);
+  }
+  std::sort(out.begin(), out.end(), std::greater<>());
+  return out;
 }
 
 // Who a request belongs to, as fair sharing needs it (the server resolves
@@ -243,6 +276,9 @@ class Request {
   int32_t num_cached_tokens_ = 0;
   KvWindow kv_window_;
   int32_t kv_dropped_tokens_ = 0;
+  // Heavy hitters: attention mass per block table entry, summed over the
+  // steps since it was written (Scheduler::AddBlockMass).
+  std::vector<float> kv_block_mass_;
   int32_t num_preemptions_ = 0;
   int32_t consecutive_preemptions_ = 0;
   RequestKvStats kv_stats_;

@@ -103,7 +103,7 @@ absl::Status Scheduler::CheckRequest(const Request& r) const {
   }
   const KvWindow& w = r.kv_window();
   if (w.enabled()) {
-    KV_RETURN_IF_ERROR(config_.CheckKvWindow(w.sinks, w.window));
+    KV_RETURN_IF_ERROR(config_.CheckKvWindow(w.sinks, w.window, w.budget));
   }
   return config_.CheckRequestSize(r.num_prompt_tokens(), r.max_tokens(),
                                   w.enabled());
@@ -460,7 +460,8 @@ SchedulerOutput Scheduler::BuildOutput(StepPlan& plan) {
     s.id = r->id();
     s.start_position = r->num_computed_tokens_;
     s.kv_offset = r->kv_dropped_tokens_;
-    if (s.kv_offset > 0) {
+    s.track_mass = r->kv_window_.heavy_hitters();
+    if (s.kv_offset > 0 && !s.track_mass) {
       s.kv_sink_len =
           r->kv_window_.SinkBlocks(config_.block_size) * config_.block_size;
     }
@@ -546,6 +547,7 @@ std::vector<FinishedRequest> Scheduler::UpdateFromOutput(
 }
 
 void Scheduler::DropOutOfWindow(Request& r) {
+  if (r.kv_window_.heavy_hitters()) return DropHeavyHitters(r);
   const int32_t bs = config_.block_size;
   const auto [first, count] = BlocksOutOfWindow(
       r.kv_window_, r.num_computed_tokens_, r.kv_dropped_tokens_, bs);
@@ -554,6 +556,36 @@ void Scheduler::DropOutOfWindow(Request& r) {
   r.kv_dropped_tokens_ += count * bs;
   r.kv_stats_.dropped_tokens += int64_t{count} * bs;
   num_dropped_blocks_total_ += count;
+}
+
+void Scheduler::DropHeavyHitters(Request& r) {
+  const int32_t bs = config_.block_size;
+  std::vector<float>& mass = r.kv_block_mass_;
+  mass.resize(kv_.GetBlockTable(r.id()).size(), 0.0f);
+  const std::vector<int32_t> drops =
+      HeavyHitterDrops(r.kv_window_, r.kv_tokens(), mass, bs);
+  for (const int32_t b : drops) {  // highest first: the rest stay valid
+    kv_.DropBlocks(r.id(), b, 1);
+    mass.erase(mass.begin() + b);
+  }
+  const int32_t count = static_cast<int32_t>(drops.size());
+  r.kv_dropped_tokens_ += count * bs;
+  r.kv_stats_.dropped_tokens += int64_t{count} * bs;
+  num_dropped_blocks_total_ += count;
+}
+
+void Scheduler::AddBlockMass(const SchedulerOutput& output,
+                             absl::Span<const float> mass, int32_t stride) {
+  for (size_t i = 0; i < output.scheduled.size(); ++i) {
+    const ScheduledRequest& s = output.scheduled[i];
+    if (!s.track_mass || (i + 1) * stride > mass.size()) continue;
+    auto it = requests_.find(s.id);
+    if (it == requests_.end()) continue;
+    std::vector<float>& sums = it->second->kv_block_mass_;
+    const int32_t n = std::min(s.num_blocks, stride);
+    if (static_cast<int32_t>(sums.size()) < n) sums.resize(n, 0.0f);
+    for (int32_t b = 0; b < n; ++b) sums[b] += mass[i * stride + b];
+  }
 }
 
 void Scheduler::CachePartialBlock(const Request& r) {

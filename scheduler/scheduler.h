@@ -123,9 +123,13 @@ struct ScheduledRequest {
   // sinks (Request::kv_dropped_tokens; 0 without a policy): its KV holds
   // start_position + num_new_tokens - kv_offset tokens after this step.
   int32_t kv_offset = 0;
-  // With kv_offset > 0: KV indices [0, kv_sink_len) are the sinks' blocks,
-  // whose tokens sit at their own positions (ForwardBatch::sink_lens).
+  // With kv_offset > 0 under streaming: KV indices [0, kv_sink_len) are the
+  // sinks' blocks, whose tokens sit at their own positions
+  // (ForwardBatch::sink_lens).
   int32_t kv_sink_len = 0;
+  // Heavy hitters: the step should report its attention mass per block
+  // (ForwardBatch::mass_seqs), for AddBlockMass.
+  bool track_mass = false;
   // True when this step computes the request's last known token: sample
   // from the logits of its last new token and report the result.
   bool produces_token = false;
@@ -342,6 +346,11 @@ class Scheduler {
   // sampled.size() == output.num_producing() (KV_CHECKed).
   std::vector<FinishedRequest> UpdateFromOutput(
       const SchedulerOutput& output, absl::Span<const int32_t> sampled);
+  // Adds the latest step's attention mass per block (ForwardOutput::
+  // block_mass: `stride` entries per scheduled request, in `output` order)
+  // to its heavy-hitters requests' sums. Before UpdateFromOutput.
+  void AddBlockMass(const SchedulerOutput& output, absl::Span<const float> mass,
+                    int32_t stride);
 
   // The live request with `id`, or nullptr.
   [[nodiscard]] const Request* GetRequest(RequestId id) const;
@@ -485,6 +494,8 @@ class Scheduler {
   // the window (whole blocks past the sinks' blocks whose tokens all
   // precede its last `window` computed ones).
   void DropOutOfWindow(Request& request);
+  // Heavy hitters: drops its lowest-mass blocks past its budget.
+  void DropHeavyHitters(Request& request);
   // Registers the newly computed full blocks of a running request.
   void CacheComputedBlocks(const Request& request);
   // Indexes the partially computed last block of a request about to free

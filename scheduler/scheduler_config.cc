@@ -73,8 +73,8 @@ int64_t SchedulerConfig::slab_blocks() const {
   return (int64_t{max_model_len} + block_size - 1) / block_size;
 }
 
-absl::Status SchedulerConfig::CheckKvWindow(int64_t sinks,
-                                            int64_t window) const {
+absl::Status SchedulerConfig::CheckKvWindow(int64_t sinks, int64_t window,
+                                            int64_t budget) const {
   if (kv_reservation != KvReservation::kPaged) {
     return InvalidFieldError(
         "kv_policy.type",
@@ -97,6 +97,17 @@ absl::Status SchedulerConfig::CheckKvWindow(int64_t sinks,
                      " tokens in whole blocks + window + one block of ",
                      block_size, " must stay under max_model_len ",
                      max_model_len, ")"));
+  }
+  // Heavy hitters: room for the sinks' blocks, the window and one block,
+  // and below max_model_len like the window.
+  const int64_t least = sink_tokens + window + block_size;
+  if (budget != 0 && (budget < least || budget > most + block_size)) {
+    return InvalidFieldError(
+        "kv_policy.budget",
+        absl::StrCat("must be in [", least, ", ", most + block_size, "], got ",
+                     budget, " (at least the sinks' ", sink_tokens,
+                     " tokens in whole blocks + window + one block of ",
+                     block_size, "; under max_model_len ", max_model_len, ")"));
   }
   return absl::OkStatus();
 }

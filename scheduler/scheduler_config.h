@@ -139,7 +139,8 @@ struct SchedulerConfig {
   // whole), sinks >= 0, window >= 1, and the sinks' whole blocks + window +
   // one block under max_model_len (room for the next token after a drop).
   // InvalidArgument naming kv_policy.sinks or kv_policy.window otherwise.
-  [[nodiscard]] absl::Status CheckKvWindow(int64_t sinks, int64_t window) const;
+  [[nodiscard]] absl::Status CheckKvWindow(int64_t sinks, int64_t window,
+                                           int64_t budget = 0) const;
 };
 
 // "fcfs" | "priority" | "cache-aware"; InvalidArgument otherwise (naming

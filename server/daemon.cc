@@ -162,7 +162,8 @@ absl::Status Daemon::StartEngine(const ServeOptions& options) {
   if (const scheduler::KvWindow& w = limits.default_kv_window; w.enabled()) {
     scheduler::SchedulerConfig resolved = sc;
     resolved.max_model_len = engine_->model_info().max_context;
-    if (absl::Status s = resolved.CheckKvWindow(w.sinks, w.window); !s.ok()) {
+    if (absl::Status s = resolved.CheckKvWindow(w.sinks, w.window, w.budget);
+        !s.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("--kv-policy: ", s.message()));
     }

@@ -12,16 +12,28 @@ namespace kvserve::server {
 absl::StatusOr<scheduler::KvWindow> ToKvWindow(const v1::KvPolicy& policy) {
   const std::string& type = policy.type();
   if (type.empty() || type == "full") {
-    if (policy.sinks() != 0 || policy.window() != 0) {
-      return InvalidFieldError("kv_policy.type",
-                               "sinks and window need type \"streaming\"");
+    if (policy.sinks() != 0 || policy.window() != 0 || policy.budget() != 0) {
+      return InvalidFieldError(
+          "kv_policy.type",
+          "sinks, window and budget need type \"streaming\" or "
+          "\"heavy_hitters\"");
     }
     return scheduler::KvWindow{};
   }
-  if (type != "streaming") {
+  const bool hh = type == "heavy_hitters";
+  if (type != "streaming" && !hh) {
     return InvalidFieldError(
-        "kv_policy.type", absl::StrCat("unknown policy \"", type.substr(0, 64),
-                                       "\"; use \"full\" or \"streaming\""));
+        "kv_policy.type",
+        absl::StrCat("unknown policy \"", type.substr(0, 64),
+                     "\"; use \"full\", \"streaming\" or \"heavy_hitters\""));
+  }
+  if (hh != (policy.budget() != 0)) {
+    return InvalidFieldError(
+        "kv_policy.budget",
+        hh ? absl::StrCat("heavy_hitters needs a budget of >= 1 tokens, got ",
+                          policy.budget())
+           : std::string("budget is for heavy_hitters; streaming holds the "
+                         "sinks and the window"));
   }
   if (policy.sinks() < 0) {
     return InvalidFieldError(
@@ -30,24 +42,26 @@ absl::StatusOr<scheduler::KvWindow> ToKvWindow(const v1::KvPolicy& policy) {
   if (policy.window() < 1) {
     return InvalidFieldError(
         "kv_policy.window",
-        absl::StrCat("streaming needs a window of >= 1 tokens, got ",
+        absl::StrCat(type, " needs a window of >= 1 tokens, got ",
                      policy.window()));
   }
   return scheduler::KvWindow{.sinks = policy.sinks(),
-                             .window = policy.window()};
+                             .window = policy.window(),
+                             .budget = policy.budget()};
 }
 
 absl::StatusOr<scheduler::KvWindow> ParseKvPolicyFlag(absl::string_view flag) {
   auto bad = [&](absl::string_view why) {
     return absl::InvalidArgumentError(
         absl::StrCat("--kv-policy \"", flag, "\": ", why,
-                     " (use full or streaming:sinks=N,window=M)"));
+                     " (use full, streaming:sinks=N,window=M or "
+                     "heavy_hitters:sinks=N,window=M,budget=B)"));
   };
   v1::KvPolicy p;
   const std::pair<absl::string_view, absl::string_view> type_args =
       absl::StrSplit(flag, absl::MaxSplits(':', 1));
   p.set_type(std::string(type_args.first));
-  if (p.type() == "streaming") p.set_sinks(4);
+  if (p.type() == "streaming" || p.type() == "heavy_hitters") p.set_sinks(4);
   for (absl::string_view kv :
        absl::StrSplit(type_args.second, ',', absl::SkipEmpty())) {
     const std::pair<absl::string_view, absl::string_view> key_value =
@@ -60,6 +74,8 @@ absl::StatusOr<scheduler::KvWindow> ParseKvPolicyFlag(absl::string_view flag) {
       p.set_sinks(v);
     } else if (key_value.first == "window") {
       p.set_window(v);
+    } else if (key_value.first == "budget") {
+      p.set_budget(v);
     } else {
       return bad(absl::StrCat("unknown key ", key_value.first));
     }

@@ -12,13 +12,15 @@
 namespace kvserve::server {
 
 // "full" (or an empty type): the whole cache, no KvWindow. "streaming":
-// sinks >= 0 and window >= 1 tokens. INVALID_ARGUMENT naming
-// kv_policy.type, kv_policy.sinks or kv_policy.window otherwise.
+// sinks >= 0 and window >= 1 tokens; "heavy_hitters" also a budget >= 1
+// (and only it). INVALID_ARGUMENT naming kv_policy.type, .sinks, .window
+// or .budget otherwise.
 [[nodiscard]] absl::StatusOr<scheduler::KvWindow> ToKvWindow(
     const v1::KvPolicy& policy);
 
-// The --kv-policy flag: "full" or "streaming:sinks=N,window=M" (sinks
-// default 4). INVALID_ARGUMENT naming --kv-policy otherwise.
+// The --kv-policy flag: "full", "streaming:sinks=N,window=M" or
+// "heavy_hitters:sinks=N,window=M,budget=B" (sinks default 4).
+// INVALID_ARGUMENT naming --kv-policy otherwise.
 [[nodiscard]] absl::StatusOr<scheduler::KvWindow> ParseKvPolicyFlag(
     absl::string_view flag);
 

@@ -266,12 +266,14 @@ absl::Status ParseKvPolicy(const json& body, v1::GenerateRequest* out) {
     if (key == "type") {
       if (!value.is_string()) return Invalid(field, "must be a string");
       p->set_type(value.get<std::string>());
-    } else if (key == "sinks" || key == "window") {
+    } else if (key == "sinks" || key == "window" || key == "budget") {
       if (!IsInt32(value)) return Invalid(field, "must be an integer");
       const auto n = static_cast<int32_t>(value.get<int64_t>());
-      key == "sinks" ? p->set_sinks(n) : p->set_window(n);
+      if (key == "sinks") p->set_sinks(n);
+      if (key == "window") p->set_window(n);
+      if (key == "budget") p->set_budget(n);
     } else {
-      return Invalid(field, "unknown field (type, sinks, window)");
+      return Invalid(field, "unknown field (type, sinks, window, budget)");
     }
   }
   return absl::OkStatus();

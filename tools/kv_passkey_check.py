@@ -2,7 +2,8 @@
 """Retrieval under bounded KV: a pass key stated at the start of a long
 filler text, asked for at the end (the passkey task of Mohtashami and Jaggi,
 2023), answered greedily with the full cache and under kv_policy streaming
-windows, at several prompt lengths and key values.
+windows (and heavy_hitters with --heavy-hitters-window), at several prompt
+lengths and key values.
 
 The full cache must retrieve it first (else the model cannot do the task at
 that length and the policies are not compared). A window drops the key
@@ -64,6 +65,9 @@ def main():
     p.add_argument("--keys", type=int, default=5)
     p.add_argument("--window", type=int, default=512)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--heavy-hitters-window", type=int, default=0,
+                   help="also run heavy_hitters (sinks 4, this recent "
+                   "window, the streaming policy's budget); 0: not run")
     p.add_argument("--out")
     a = p.parse_args()
     server = KvserveProcess(a.binary, a.source_dir, "--threads", "2",
@@ -78,6 +82,13 @@ def main():
         f"sinks {head_tokens} (the key), window {a.window}":
             {"type": "streaming", "sinks": head_tokens, "window": a.window},
     }
+    if a.heavy_hitters_window:
+        # The same peak KV as the first window: its sink block + window.
+        budget = 16 + a.window
+        policies[f"heavy hitters, window {a.heavy_hitters_window}, budget "
+                 f"{budget}"] = {"type": "heavy_hitters", "sinks": 4,
+                                 "window": a.heavy_hitters_window,
+                                 "budget": budget}
     rows = []
     try:
         for length in [int(x) for x in a.lengths.split(",")]:

@@ -35,6 +35,7 @@ import statistics
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
@@ -53,7 +54,11 @@ def generate(port, tokens, policy):
         f"http://127.0.0.1:{port}/v1/completions", json.dumps(body).encode(),
         {"content-type": "application/json"})
     stamps, usage = [], None
-    with urllib.request.urlopen(req, timeout=3600) as resp:
+    try:
+        resp = urllib.request.urlopen(req, timeout=3600)
+    except urllib.error.HTTPError as e:
+        raise RuntimeError(f"HTTP {e.code}: {e.read().decode()}") from None
+    with resp:
         for line in resp:
             line = line.decode().strip()
             if not line.startswith("data: {"):
@@ -139,7 +144,9 @@ def main():
     policy = {"type": "streaming", "sinks": a.sinks, "window": a.window}
     server = KvserveProcess(a.binary, a.source_dir, "--threads", a.threads,
                             "--max-model-len", a.max_model_len,
-                            "--max-num-seqs", "1", "--no-prefix-caching")
+                            "--max-num-seqs", "1", "--no-prefix-caching",
+                            # One call may ask for prompt + --tokens.
+                            "--max-request-tokens", str(a.tokens + 1024))
     names = a.arms.split(",")
     arms = {k: [] for k in names}
     usage = {}

@@ -68,12 +68,14 @@ class CpuBackend final : public ModelBackend {
   }
   double swap_bytes_per_second() const override { return swap_bps_; }
 
+  bool ReportsBlockMass() const override { return true; }
   // The logits are already in host memory: no device argmax.
   absl::Status Forward(const models::ForwardBatch& batch,
                        models::ForwardOutput* out) override {
     out->argmax.clear();
     absl::Status st = model_->Forward(batch, kv_->view(), &logits_);
     out->logits = absl::MakeSpan(logits_);
+    out->block_mass = model_->block_mass();
     return st;
   }
   absl::Status CopyBlocks(absl::Span<const BlockMove> moves) override;

@@ -75,6 +75,9 @@ class ModelBackend {
   // Whether Forward honours ForwardBatch::sink_lens (a streaming kv_policy
   // with sinks); a backend that does not refuses such batches.
   [[nodiscard]] virtual bool ScoresKvSinks() const { return true; }
+  // Whether Forward fills ForwardOutput::block_mass for ForwardBatch::
+  // mass_seqs (a heavy_hitters kv_policy needs it).
+  [[nodiscard]] virtual bool ReportsBlockMass() const { return false; }
   // kvcache::KvDtypeName of the stored KV: "fp16", "int8", "bf16", ...
   virtual kvcache::KvDtype kv_dtype() const = 0;
   virtual int32_t num_blocks() const = 0;

@@ -55,6 +55,8 @@ StepResult ModelRunner::Execute(const scheduler::SchedulerOutput& out) {
   const absl::Time fwd0 = clock_->Now();
   result.status = moved.ok() ? backend_->Forward(batch_, &step_out_) : moved;
   result.forward_seconds = absl::ToDoubleSeconds(clock_->Now() - fwd0);
+  result.block_mass.swap(step_out_.block_mass);
+  result.block_mass_stride = batch_.max_blocks_per_seq;
   result.tokens.assign(result.producers.size(), 0);
   if (result.status.ok()) SampleAll(out, &result);
   return result;
@@ -90,7 +92,8 @@ void ModelRunner::BuildBatch(const scheduler::SchedulerOutput& out,
   b.argmax_only.clear();
   b.rope_positions.clear();
   b.sink_lens.clear();
-  bool own_rope = false;
+  b.mass_seqs.clear();
+  bool own_rope = false, any_mass = false;
   b.seq_starts.push_back(0);
   int32_t max_blocks = 1;
   for (const auto& s : out.scheduled)
@@ -110,6 +113,11 @@ void ModelRunner::BuildBatch(const scheduler::SchedulerOutput& out,
       own_rope = true;
     }
     if (own_rope) b.sink_lens.push_back(s.kv_offset > 0 ? s.kv_sink_len : 0);
+    if (s.track_mass && !any_mass) {
+      b.mass_seqs.assign(i, 0);
+      any_mass = true;
+    }
+    if (any_mass) b.mass_seqs.push_back(s.track_mass ? 1 : 0);
     for (int32_t j = 0; j < s.num_new_tokens; ++j) {
       const int32_t pos = s.start_position + j;
       const int32_t kv = pos - s.kv_offset;  // its KV index

@@ -53,6 +53,10 @@ struct StepResult {
   int64_t swapped_in_blocks = 0;
   // Wall time of the forward alone.
   double forward_seconds = 0;
+  // ForwardOutput::block_mass of the step (heavy-hitters requests), with
+  // block_mass_stride entries per scheduled request.
+  std::vector<float> block_mass;
+  int32_t block_mass_stride = 0;
   // What the forward did (tokens, sequences, keys attended, K/V read).
   models::BatchLoad load;
 };

@@ -222,7 +222,8 @@ void CpuLlamaModel::AttentionBlock(const Layer& layer, int layer_index,
                      1.0f / std::sqrt(static_cast<float>(c.head_dim)),
                      c.sliding_window};
   PagedAttention(ap, batch, qkv_.data(), sinks ? q_sink_.data() : nullptr,
-                 qkv_dim, kv, layer_index, attn_.data());
+                 qkv_dim, kv, layer_index, attn_.data(),
+                 block_mass_.empty() ? nullptr : block_mass_.data());
   if (rot.v > 0) {  // the output is a sum of rotated V rows: rotate it back
     ParallelFor(n, 1, [&](int64_t lo, int64_t hi) {
       cpu::HadamardRotate(attn_.data() + lo * q_dim, (hi - lo) * q_dim, rot.v);
@@ -289,6 +290,11 @@ absl::Status CpuLlamaModel::Forward(const ForwardBatch& batch,
 
   Embed(batch);
   rope_.Tables(batch.RopePositions(), n, cos_.data(), sin_.data());
+  block_mass_.clear();
+  if (!batch.mass_seqs.empty()) {
+    block_mass_.assign(
+        static_cast<size_t>(batch.num_seqs()) * batch.max_blocks_per_seq, 0.0f);
+  }
   if (!batch.sink_lens.empty()) {
     Grow(q_sink_, n * qkv_dim);
     Grow(cos_kv_, n * d / 2);

@@ -44,6 +44,9 @@ class CpuLlamaModel {
   [[nodiscard]] absl::Status Forward(const ForwardBatch& batch,
                                      const KvCacheView& kv,
                                      std::vector<float>* logits);
+  // After a Forward of a batch with mass_seqs: ForwardOutput::block_mass
+  // (empty otherwise), valid until the next Forward.
+  const std::vector<float>& block_mass() const { return block_mass_; }
 
  private:
   struct Layer {
@@ -88,6 +91,7 @@ class CpuLlamaModel {
   // Only for a batch with sink_lens: queries rotated at their KV index (rows
   // of qkv_'s stride) and that rotation's tables.
   std::vector<float> q_sink_, cos_kv_, sin_kv_;
+  std::vector<float> block_mass_;  // [S * max_blocks_per_seq] or empty
 };
 
 }  // namespace kvserve::models

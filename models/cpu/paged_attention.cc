@@ -70,6 +70,9 @@ struct Layout {
   int group;               // query heads per KV head
   int64_t row_bytes;       // bytes of one KV head's row
   int64_t partial_stride;  // floats per partial: m, l, acc[D]
+  // Attention mass per block (null: nobody asked): [S * max_blocks_per_seq].
+  float* block_mass;
+  int32_t mass_blocks;  // blocks one split's keys can touch
 };
 
 // The keys of a tile row r may see, as [lo, hi) relative to the tile's
@@ -123,6 +126,9 @@ class TilePrefetcher {
 // (head_dim rounded up to the vector width) with zero tails.
 struct Scratch {
   std::vector<float> q, q_sink, k, v, scores, m, l, acc;
+  // Mass tracking only: each row's weight per block of the split (relative
+  // to its running max, like acc) and the running max before the tile.
+  std::vector<float> mass, m_before;
   std::vector<int64_t> row_offsets;  // of this and the next tile's rows
   std::vector<RowRange> ranges;
   TilePrefetcher pf;
@@ -545,11 +551,36 @@ void FoldTile(const Layout& L, const Item& it, const int64_t* rows_at, int n,
   }
 }
 
+// Adds the tile [t0, t0 + n)'s softmax weights (in s.scores, relative to
+// each row's new running max) to the rows' per-block sums, first rescaled
+// by exp(m_old - m_new) as the accumulators were. Rows of all `heads` KV
+// heads; rr per row of one head.
+void AddTileMass(const Layout& L, int32_t split_lo, int32_t t0, int n, int rows,
+                 int heads, const RowRange* rr, Scratch& s) {
+  const int32_t bs = L.kv.block_size, b0 = split_lo / bs;
+  for (int h = 0; h < heads; ++h) {
+    for (int r = 0; r < rows; ++r) {
+      if (rr[r].lo >= rr[r].hi) continue;  // scores left unexponentiated
+      const int row = h * rows + r;
+      float* bm = s.mass.data() + static_cast<int64_t>(row) * L.mass_blocks;
+      const float m_old = s.m_before[row], m_new = s.m[row];
+      if (m_old != m_new && m_old != kNegInf) {
+        const float alpha = std::exp(m_old - m_new);
+        for (int b = 0; b < L.mass_blocks; ++b) bm[b] *= alpha;
+      }
+      const float* p = s.scores.data() + static_cast<int64_t>(row) * kTileKeys;
+      for (int k = rr[r].lo; k < std::min(rr[r].hi, n); ++k) {
+        bm[(t0 + k) / bs - b0] += p[k];
+      }
+    }
+  }
+}
+
 // Writes the item's (max, sum, accumulator) rows into the partials of its
 // tokens that see its split.
 void WritePartials(const Layout& L, const std::vector<QueryRef>& refs,
                    const Item& it, int rows, int dp, const Scratch& s,
-                   float* partials) {
+                   float* partials, float* partial_mass) {
   const int dd = L.p.head_dim, g = L.group;
   const int per_head = (it.tok_end - it.tok_begin) * g;
   for (int r = 0; r < rows; ++r) {
@@ -559,14 +590,18 @@ void WritePartials(const Layout& L, const std::vector<QueryRef>& refs,
       continue;
     }
     const int h = kv_head * g + w % g;
-    float* dst =
-        partials +
-        ((ref.partial_base + it.split - ref.first_split) * L.p.num_heads + h) *
-            L.partial_stride;
+    const int64_t at =
+        (ref.partial_base + it.split - ref.first_split) * L.p.num_heads + h;
+    float* dst = partials + at * L.partial_stride;
     dst[0] = s.m[r];
     dst[1] = s.l[r];
     std::memcpy(dst + 2, s.acc.data() + static_cast<int64_t>(r) * dp,
                 sizeof(float) * dd);
+    if (partial_mass != nullptr) {
+      std::memcpy(partial_mass + at * L.mass_blocks,
+                  s.mass.data() + static_cast<int64_t>(r) * L.mass_blocks,
+                  sizeof(float) * L.mass_blocks);
+    }
   }
 }
 
@@ -579,7 +614,7 @@ void WritePartials(const Layout& L, const std::vector<QueryRef>& refs,
 // property of the sequence, not of the batch.
 void RunItem(const Layout& L, const std::vector<QueryRef>& refs, const Item& it,
              const float* q, const float* q_sink, int64_t q_stride,
-             float* partials, Scratch& s) {
+             float* partials, float* partial_mass, Scratch& s) {
   const int dd = L.p.head_dim, g = L.group;
   const int rows = (it.tok_end - it.tok_begin) * g;  // per KV head
   const int all_rows = rows * (it.kv_head_end - it.kv_head_begin);
@@ -599,6 +634,10 @@ void RunItem(const Layout& L, const std::vector<QueryRef>& refs, const Item& it,
   const int32_t sink_end = q_sink != nullptr ? L.batch.SinkLen(it.seq) : 0;
   if (key_lo < sink_end) {
     LoadQueryRows(L, it, q_sink, q_stride, all_rows, dp, s.q_sink);
+  }
+  const bool mass = partial_mass != nullptr && L.batch.WantsMass(it.seq);
+  if (mass) {
+    s.mass.assign(static_cast<size_t>(all_rows) * L.mass_blocks, 0.0f);
   }
   std::vector<RowRange>& rr = s.ranges;
   rr.resize(rows);
@@ -633,12 +672,18 @@ void RunItem(const Layout& L, const std::vector<QueryRef>& refs, const Item& it,
     }
     const bool sink_tile = t0 < sink_end;
     if (sink_tile) std::swap(s.q, s.q_sink);
+    if (mass) s.m_before.assign(s.m.begin(), s.m.end());
     FoldTile(L, it, cur, k1 - t0, rows, dp, nc, rr.data(), s);
+    if (mass) {
+      AddTileMass(L, split_lo, t0, k1 - t0, rows,
+                  it.kv_head_end - it.kv_head_begin, rr.data(), s);
+    }
     if (sink_tile) std::swap(s.q, s.q_sink);
     s.pf.Finish();
     std::swap(cur, next);
   }
-  WritePartials(L, refs, it, all_rows, dp, s, partials);
+  WritePartials(L, refs, it, all_rows, dp, s, partials,
+                mass ? partial_mass : nullptr);
 }
 
 // out row i, head h: the splits' partials merged in split order.
@@ -669,6 +714,40 @@ void Combine(const Layout& L, const QueryRef& ref, const float* partials,
   }
 }
 
+// Adds token `ref`'s attention weights per block, over its query heads, to
+// its sequence's row of L.block_mass: each split's block sums scaled by
+// the split's share of the row's softmax, exp(m_j - max) / l.
+void AddBlockMass(const Layout& L, const QueryRef& ref, const float* partials,
+                  const float* partial_mass) {
+  const int32_t nsplit = ref.pos / L.split_keys - ref.first_split + 1;
+  const int32_t bs = L.kv.block_size, nb = L.batch.max_blocks_per_seq;
+  float* out = L.block_mass + static_cast<int64_t>(ref.seq) * nb;
+  for (int h = 0; h < L.p.num_heads; ++h) {
+    auto at = [&](int32_t j) {
+      return (ref.partial_base + j) * L.p.num_heads + h;
+    };
+    float mx = kNegInf, l = 0.0f;
+    for (int32_t j = 0; j < nsplit; ++j) {
+      mx = std::max(mx, partials[at(j) * L.partial_stride]);
+    }
+    for (int32_t j = 0; j < nsplit; ++j) {
+      const float* pj = partials + at(j) * L.partial_stride;
+      if (pj[0] != kNegInf) l += pj[1] * std::exp(pj[0] - mx);
+    }
+    if (!(l > 0.0f)) continue;
+    for (int32_t j = 0; j < nsplit; ++j) {
+      const float m = partials[at(j) * L.partial_stride];
+      if (m == kNegInf) continue;
+      const float w = std::exp(m - mx) / l;
+      const float* bm = partial_mass + at(j) * L.mass_blocks;
+      const int32_t b0 = (ref.first_split + j) * L.split_keys / bs;
+      for (int32_t b = 0; b < L.mass_blocks && b0 + b < nb; ++b) {
+        out[b0 + b] += w * bm[b];
+      }
+    }
+  }
+}
+
 // All KV heads in one item, so that a thread reads each slot's rows
 // together (contiguous in the page), unless that leaves fewer than two
 // items per thread; then one head per item. Only the work split depends on
@@ -690,8 +769,10 @@ int HeadsPerItem(const AttentionParams& p, const ForwardBatch& batch,
 
 void PagedAttention(const AttentionParams& p, const ForwardBatch& batch,
                     const float* q, const float* q_sink, int64_t q_stride,
-                    const KvCacheView& kv, int layer, float* out) {
+                    const KvCacheView& kv, int layer, float* out,
+                    float* block_mass) {
   const int32_t split_keys = kAttnSplitKeys;
+  const bool mass = block_mass != nullptr && !batch.mass_seqs.empty();
   const Layout L{p,
                  batch,
                  kv,
@@ -700,7 +781,9 @@ void PagedAttention(const AttentionParams& p, const ForwardBatch& batch,
                  split_keys,
                  p.num_heads / p.num_kv_heads,
                  kv.RowBytes(),
-                 2 + p.head_dim};
+                 2 + p.head_dim,
+                 block_mass,
+                 split_keys / kv.block_size + 2};
   const int32_t num_tokens = batch.num_tokens();
   std::vector<QueryRef> refs(num_tokens);
   std::vector<Item> items;
@@ -736,9 +819,16 @@ void PagedAttention(const AttentionParams& p, const ForwardBatch& batch,
   partial_buf.resize(static_cast<size_t>(partial_rows) * p.num_heads *
                      L.partial_stride);
   float* const partials = partial_buf.data();
+  thread_local std::vector<float> mass_buf;
+  if (mass) {
+    mass_buf.resize(static_cast<size_t>(partial_rows) * p.num_heads *
+                    L.mass_blocks);
+  }
+  float* const partial_mass = mass ? mass_buf.data() : nullptr;
   ParallelForEach(static_cast<int64_t>(items.size()), [&](int64_t n) {
     thread_local Scratch scratch;
-    RunItem(L, refs, items[n], q, q_sink, q_stride, partials, scratch);
+    RunItem(L, refs, items[n], q, q_sink, q_stride, partials, partial_mass,
+            scratch);
   });
   const int64_t out_stride = static_cast<int64_t>(p.num_heads) * p.head_dim;
   ParallelFor(num_tokens, 1, [&](int64_t lo, int64_t hi) {
@@ -746,6 +836,12 @@ void PagedAttention(const AttentionParams& p, const ForwardBatch& batch,
       Combine(L, refs[i], partials, out + i * out_stride);
     }
   });
+  if (!mass) return;
+  for (int32_t i = 0; i < num_tokens; ++i) {  // in order: sums per sequence
+    if (batch.WantsMass(refs[i].seq)) {
+      AddBlockMass(L, refs[i], partials, partial_mass);
+    }
+  }
 }
 
 }  // namespace kvserve::models

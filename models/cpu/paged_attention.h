@@ -45,9 +45,13 @@ inline constexpr int32_t kAttnQueryTile = 16;
 // [window_start, position_i] of token i's sequence, read from layer `layer`
 // of `kv`. Keys below the sequence's batch.SinkLen() are scored with row i
 // of q_sink instead (same layout; may be null when no sequence has sinks).
-// out rows are H * D floats, contiguous.
+// out rows are H * D floats, contiguous. With `block_mass` (may be null)
+// and batch.mass_seqs, adds to block_mass[s * max_blocks_per_seq + b] the
+// softmax weight that sequence s's query rows (all heads) gave the keys of
+// its table entry b (ForwardOutput::block_mass, summed over layers).
 void PagedAttention(const AttentionParams& p, const ForwardBatch& batch,
                     const float* q, const float* q_sink, int64_t q_stride,
-                    const KvCacheView& kv, int layer, float* out);
+                    const KvCacheView& kv, int layer, float* out,
+                    float* block_mass = nullptr);
 
 }  // namespace kvserve::models

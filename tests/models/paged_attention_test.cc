@@ -297,6 +297,76 @@ std::vector<std::tuple<KvDtype, Shape>> Cases() {
 INSTANTIATE_TEST_SUITE_P(AllDtypesAndShapes, PagedAttentionTest,
                          testing::ValuesIn(Cases()));
 
+// The softmax weights of query row (seq q, position t, head h) over keys
+// [0, t] as stored, keys below sink_len scored by qsink (no sliding window).
+std::vector<double> RefWeights(const Shape& s, Cache& cache, size_t q,
+                               int32_t t, int h, const float* qrow,
+                               const float* qsink, int32_t sink_len) {
+  const int kvh = h / (s.h / s.hkv);
+  std::vector<double> w(t + 1);
+  double mx = -INFINITY, l = 0;
+  for (int32_t k = 0; k <= t; ++k) {
+    const std::vector<float> kr = cache.K(q, k, kvh, true);
+    const float* qr = k < sink_len ? qsink : qrow;
+    double dot = 0;
+    for (int e = 0; e < s.d; ++e) dot += static_cast<double>(qr[e]) * kr[e];
+    w[k] = dot / std::sqrt(static_cast<double>(s.d));
+    mx = std::max(mx, w[k]);
+  }
+  for (double& x : w) l += (x = std::exp(x - mx));
+  for (double& x : w) x /= l;
+  return w;
+}
+
+// Attention mass per block (a heavy-hitters policy's input): the weights
+// each asking sequence's rows gave the keys of each of its table entries,
+// summed over rows and heads, against float64; a sequence that did not ask
+// gets zeros. Prefill, chunked prefill and decode rows, sinks on two of them.
+TEST(PagedAttentionMass, BlockMassMatchesFloat64Weights) {
+  for (const auto& [dtype, s] :
+       {std::pair{KvDtype::kF16, Shape{9, 3, 64, 16, 0}},
+        std::pair{KvDtype::kF32, Shape{6, 2, 40, 7, 0}}}) {
+    const std::vector<Seq> seqs = {{40, 40}, {320, 20}, {701, 1}, {35, 1}};
+    Cache cache(s, dtype, seqs, 21);
+    ForwardBatch b = MakeBatch(cache, seqs, {0, 1, 2, 3});
+    b.sink_lens = {0, 3 * s.bs, 5 * s.bs, 0};
+    b.mass_seqs = {1, 1, 1, 0};
+    const int64_t q_stride = static_cast<int64_t>(s.h + 2 * s.hkv) * s.d;
+    const std::vector<float> q = RandomQ(b.num_tokens() * q_stride, 3);
+    const std::vector<float> qs = RandomQ(b.num_tokens() * q_stride, 4);
+    std::vector<float> mass(b.num_seqs() * b.max_blocks_per_seq, 0.0f);
+    std::vector<float> out(static_cast<size_t>(b.num_tokens()) * s.h * s.d);
+    PagedAttention(
+        {s.h, s.hkv, s.d, 1.0f / std::sqrt(static_cast<float>(s.d)), 0}, b,
+        q.data(), qs.data(), q_stride, cache.View(), 0, out.data(),
+        mass.data());
+    for (int32_t sq = 0; sq < b.num_seqs(); ++sq) {
+      std::vector<double> want(b.max_blocks_per_seq, 0.0);
+      const int32_t n = b.seq_starts[sq + 1] - b.seq_starts[sq];
+      if (b.WantsMass(sq)) {
+        for (int32_t i = b.seq_starts[sq]; i < b.seq_starts[sq + 1]; ++i) {
+          for (int h = 0; h < s.h; ++h) {
+            const auto w =
+                RefWeights(s, cache, sq, b.positions[i], h,
+                           q.data() + i * q_stride + h * s.d,
+                           qs.data() + i * q_stride + h * s.d, b.SinkLen(sq));
+            for (size_t k = 0; k < w.size(); ++k) want[k / s.bs] += w[k];
+          }
+        }
+      }
+      double total = 0;
+      for (int32_t blk = 0; blk < b.max_blocks_per_seq; ++blk) {
+        const float got = mass[sq * b.max_blocks_per_seq + blk];
+        total += got;
+        // float32 sums of up to 360 rows' weights.
+        EXPECT_NEAR(got, want[blk], 1e-5 * n * s.h + 1e-7)
+            << "sequence " << sq << " block " << blk;
+      }
+      EXPECT_NEAR(total, b.WantsMass(sq) ? n * s.h : 0.0, 1e-4 * n * s.h);
+    }
+  }
+}
+
 // Where the queries sit changes no bit of a sequence's result (with int8,
 // sequence 0 also scores 48 sink keys with a second query: q itself, so
 // its tiles end at the sinks but its bits must not move either).

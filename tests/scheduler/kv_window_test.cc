@@ -8,6 +8,7 @@
 // mismatch. Also: the table stays flat past max_model_len, preemption (swap
 // and recompute) and forks keep the window, and nothing computed after a
 // drop enters the prefix cache.
+#include <algorithm>
 #include <memory>
 #include <vector>
 
@@ -248,6 +249,85 @@ TEST(KvWindowTest, NothingComputedAfterADropIsCached) {
   // tokens: 4 sink + 8 window + 8); none after it.
   EXPECT_GE(stored, 2);
   EXPECT_LE(stored, 4);
+}
+
+TEST(HeavyHitterDropsTest, LowestMassPastTheSinksAndBeforeTheWindow) {
+  const KvWindow w{.sinks = 4, .window = 8, .budget = 20};
+  // 7 blocks of 4 = 28 tokens: sink block 0; blocks 5-6 hold the last 8.
+  const std::vector<float> mass = {5, 1, 9, 0.5f, 3, 0, 0};
+  EXPECT_EQ(HeavyHitterDrops(w, 28, mass, kBlock),
+            (std::vector<int32_t>{3, 1}));  // 8 over: two blocks
+  EXPECT_EQ(HeavyHitterDrops(w, 25, mass, kBlock),
+            (std::vector<int32_t>{3, 1}));  // 5 over: two blocks
+  EXPECT_TRUE(HeavyHitterDrops(w, 20, mass, kBlock).empty());
+  // Ties go to the oldest.
+  const std::vector<float> flat(7, 1.0f);
+  EXPECT_EQ(HeavyHitterDrops(w, 24, flat, kBlock), (std::vector<int32_t>{1}));
+}
+
+// The scheduler under heavy_hitters, fed a mass per block that marks the
+// blocks holding positions 12 and 36 as attended: it drops only the others,
+// keeps the sinks' block and the window, and holds at most the budget plus
+// the step's token.
+TEST(KvWindowTest, HeavyHittersKeepTheAttendedBlocks) {
+  const SchedulerConfig c = WindowConfig();
+  Scheduler sched(c);
+  const KvWindow w{.sinks = 4, .window = 8, .budget = 24};
+  auto r = std::make_unique<Request>(1, Iota(1, 10), 60);
+  r->set_kv_window(w);
+  ASSERT_TRUE(sched.AddRequest(std::move(r)).ok());
+  std::vector<int32_t> pos_at(static_cast<size_t>(c.num_blocks) * kBlock, -1);
+  int32_t total = 0;
+  while (sched.has_work()) {
+    SchedulerOutput out = sched.Schedule();
+    ASSERT_EQ(out.scheduled.size(), 1u);
+    const ScheduledRequest& s = out.scheduled[0];
+    EXPECT_TRUE(s.track_mass);
+    EXPECT_EQ(s.kv_sink_len, 0);  // positions as written
+    const auto table = out.BlockTable(s);
+    for (int32_t k = 0; k < s.num_new_tokens; ++k) {
+      const int32_t kv = s.start_position + k - s.kv_offset;
+      pos_at[table[kv / kBlock] * kBlock + kv % kBlock] = s.start_position + k;
+    }
+    total = s.start_position + s.num_new_tokens;
+    const int32_t held = total - s.kv_offset;
+    EXPECT_LE(held, w.budget + kBlock);
+    std::vector<int32_t> kept;
+    std::vector<float> mass(s.num_blocks, 1.0f);
+    for (int32_t kv = 0; kv < held; ++kv) {
+      const int32_t p = pos_at[table[kv / kBlock] * kBlock + kv % kBlock];
+      kept.push_back(p);
+      if (p == 12 || p == 36) mass[kv / kBlock] = 100.0f;
+    }
+    // The sinks' block, then increasing positions ending at the last one.
+    for (int32_t p = 0; p < 4; ++p) EXPECT_EQ(kept[p], p);
+    EXPECT_TRUE(std::is_sorted(kept.begin(), kept.end()));
+    EXPECT_EQ(kept.back(), total - 1);
+    for (int32_t p = std::max(0, total - w.window); p < total; ++p) {
+      EXPECT_TRUE(std::binary_search(kept.begin(), kept.end(), p)) << p;
+    }
+    for (const int32_t p : {12, 36}) {
+      EXPECT_TRUE(p >= total || std::binary_search(kept.begin(), kept.end(), p))
+          << "attended position " << p << " dropped at " << total;
+    }
+    sched.AddBlockMass(out, mass, s.num_blocks);
+    sched.UpdateFromOutput(out, std::vector<int32_t>(out.num_producing(), 7));
+    ASSERT_TRUE(sched.CheckInvariants().ok());
+  }
+  EXPECT_EQ(total, 69);  // the last output is sampled, not computed
+  EXPECT_GT(sched.stats().num_dropped_blocks_total, 5);
+}
+
+TEST(KvWindowTest, RefusesABudgetThatCannotBeHonoured) {
+  FakeEngine e(WindowConfig());
+  // Below sinks' block + window + one block; above max_model_len's room.
+  absl::Status s =
+      e.Add(1, Iota(1, 8), 5, {.sinks = 4, .window = 8, .budget = 15});
+  EXPECT_THAT(s.message(), HasSubstr("kv_policy.budget"));
+  s = e.Add(2, Iota(1, 8), 5, {.sinks = 4, .window = 8, .budget = 33});
+  EXPECT_THAT(s.message(), HasSubstr("kv_policy.budget"));
+  EXPECT_TRUE(
+      e.Add(3, Iota(1, 8), 5, {.sinks = 4, .window = 8, .budget = 16}).ok());
 }
 
 }  // namespace

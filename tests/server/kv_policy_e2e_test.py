@@ -4,6 +4,8 @@ through the real kvserve binary, gRPC and HTTP, on the default model:
 
 - a window that covers the whole request changes nothing (bit-identical
   greedy tokens); a smaller one changes nothing until its first drop;
+- heavy_hitters holds its budget (bit-identical while it covers the
+  request), over HTTP and gRPC;
 - one request generates 3x past --max-model-len with a flat number of
   pages, and usage, /v1/kv/state and /metrics say what was dropped; a
   prompt past the model's trained context is served;
@@ -192,6 +194,30 @@ class KvPolicyTest(unittest.TestCase):
         self.assertLessEqual(usage["kvserve"]["peak_kv_blocks"],
                              CONTEXT // BLOCK)
 
+    def test_heavy_hitters_hold_their_budget(self):
+        prompt = token_ids(19, 40)
+        full, _ = self.server.complete(prompt, 150)
+        # A budget covering the request: bit-identical, nothing dropped.
+        roomy = {"type": "heavy_hitters", "sinks": 4, "window": 32,
+                 "budget": 224}
+        same, usage = self.server.complete(prompt, 150, roomy)
+        self.assertEqual(same, full)
+        self.assertEqual(usage["kvserve"]["dropped_tokens"], 0)
+        # 96 tokens: the sinks' block, the last 32 and the blocks that drew
+        # the most attention; over gRPC too.
+        policy = {"type": "heavy_hitters", "sinks": 4, "window": 32,
+                  "budget": 96}
+        ids, usage = self.server.complete(prompt, 150, policy)
+        self.assertEqual(len(ids), 150)
+        self.assertEqual(ids[:48], full[:48])  # before any drop
+        self.assertGreaterEqual(usage["kvserve"]["dropped_tokens"],
+                                190 - 96 - BLOCK)
+        self.assertLessEqual(usage["kvserve"]["peak_kv_blocks"],
+                             96 // BLOCK + 1)
+        out, usage = self.server.generate(prompt, 150, policy)
+        self.assertEqual(out[0], ids)
+        self.assertGreater(usage.kv.dropped_tokens, 0)
+
     def test_what_cannot_be_honoured_is_refused_naming_the_field(self):
         cases = [
             ({"type": "stream"}, "kv_policy.type"),
@@ -202,6 +228,13 @@ class KvPolicyTest(unittest.TestCase):
             ({"window": 8}, "kv_policy.type"),
             ({"type": "streaming", "windw": 8}, "kv_policy.windw"),
             ("streaming", "kv_policy"),
+            ({"type": "streaming", "window": 64, "budget": 128},
+             "kv_policy.budget"),
+            ({"type": "heavy_hitters", "window": 64}, "kv_policy.budget"),
+            ({"type": "heavy_hitters", "window": 64, "budget": 70},
+             "kv_policy.budget"),
+            ({"type": "heavy_hitters", "window": 64, "budget": 300},
+             "kv_policy.budget"),
         ]
         for policy, field in cases:
             status, d = self.server.http(
@@ -209,6 +242,16 @@ class KvPolicyTest(unittest.TestCase):
                 {"prompt": "hi", "max_tokens": 4, "kv_policy": policy})
             self.assertEqual(status, 400, policy)
             self.assertEqual(d["error"]["param"], field, d)
+        # heavy_hitters keeps positions as written: within the trained
+        # context (8,192) only.
+        status, d = self.server.http(
+            "/v1/completions",
+            {"prompt": "hi", "max_tokens": 9000,
+             "kv_policy": {"type": "heavy_hitters", "window": 64,
+                           "budget": 128}})
+        self.assertEqual(status, 400)
+        self.assertEqual(d["error"]["param"], "max_tokens")
+        self.assertIn("trained context", d["error"]["message"])
         import grpc
         with self.assertRaises(grpc.RpcError) as e:
             self.server.generate([1, 2, 3], 4,
