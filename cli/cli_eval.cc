@@ -90,7 +90,9 @@ struct Lane {
   std::vector<float> logits;
   DtypeStats stats;
   std::vector<int32_t> table, free_blocks;  // windowed lanes only
-  std::vector<float> mass;  // heavy hitters: per table entry, accumulated
+  // Heavy hitters, per table entry: attention mass accumulated, and the
+  // query tokens that contributed to it.
+  std::vector<float> mass, seen;
   int32_t dropped = 0;
   int32_t peak_held = 0;  // most KV tokens held at once
   models::ForwardBatch batch;
@@ -280,11 +282,14 @@ void WindowChunk(const models::ForwardBatch& base, int32_t off, int32_t n,
                  Lane* lane) {
   if (lane->window.heavy_hitters()) {
     lane->mass.resize(lane->table.size(), 0.0f);
+    lane->seen.resize(lane->table.size(), 0.0f);
     for (const int32_t b : scheduler::HeavyHitterDrops(
-             lane->window, off - lane->dropped, lane->mass, kBlockSize)) {
+             lane->window, off - lane->dropped,
+             scheduler::MeanAttention(lane->mass, lane->seen), kBlockSize)) {
       lane->free_blocks.push_back(lane->table[b]);
       lane->table.erase(lane->table.begin() + b);
       lane->mass.erase(lane->mass.begin() + b);
+      lane->seen.erase(lane->seen.begin() + b);
       lane->dropped += kBlockSize;
     }
   } else {
@@ -356,8 +361,10 @@ absl::Status RunWindow(models::CpuLlamaModel* model,
       if (lane->window.heavy_hitters()) {
         const std::vector<float>& m = model->block_mass();
         lane->mass.resize(lane->table.size(), 0.0f);
+        lane->seen.resize(lane->table.size(), 0.0f);
         for (size_t k = 0; k < lane->mass.size() && k < m.size(); ++k) {
           lane->mass[k] += m[k];
+          lane->seen[k] += n;
         }
       }
     }

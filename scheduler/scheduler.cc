@@ -561,12 +561,15 @@ void Scheduler::DropOutOfWindow(Request& r) {
 void Scheduler::DropHeavyHitters(Request& r) {
   const int32_t bs = config_.block_size;
   std::vector<float>& mass = r.kv_block_mass_;
+  std::vector<float>& seen = r.kv_block_seen_;
   mass.resize(kv_.GetBlockTable(r.id()).size(), 0.0f);
-  const std::vector<int32_t> drops =
-      HeavyHitterDrops(r.kv_window_, r.kv_tokens(), mass, bs);
+  seen.resize(mass.size(), 0.0f);
+  const std::vector<int32_t> drops = HeavyHitterDrops(
+      r.kv_window_, r.kv_tokens(), MeanAttention(mass, seen), bs);
   for (const int32_t b : drops) {  // highest first: the rest stay valid
     kv_.DropBlocks(r.id(), b, 1);
     mass.erase(mass.begin() + b);
+    seen.erase(seen.begin() + b);
   }
   const int32_t count = static_cast<int32_t>(drops.size());
   r.kv_dropped_tokens_ += count * bs;
@@ -582,9 +585,14 @@ void Scheduler::AddBlockMass(const SchedulerOutput& output,
     auto it = requests_.find(s.id);
     if (it == requests_.end()) continue;
     std::vector<float>& sums = it->second->kv_block_mass_;
+    std::vector<float>& seen = it->second->kv_block_seen_;
     const int32_t n = std::min(s.num_blocks, stride);
     if (static_cast<int32_t>(sums.size()) < n) sums.resize(n, 0.0f);
-    for (int32_t b = 0; b < n; ++b) sums[b] += mass[i * stride + b];
+    seen.resize(sums.size(), 0.0f);
+    for (int32_t b = 0; b < n; ++b) {
+      sums[b] += mass[i * stride + b];
+      seen[b] += static_cast<float>(s.num_new_tokens);
+    }
   }
 }
 

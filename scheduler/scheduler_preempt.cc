@@ -155,6 +155,7 @@ void Scheduler::Preempt(size_t index, StepPlan& plan, PreemptReason reason) {
     r->num_computed_tokens_ = 0;  // recompute prompt + output on readmission
     r->kv_dropped_tokens_ = 0;
     r->kv_block_mass_.clear();
+    r->kv_block_seen_.clear();
     ++r->kv_stats_.preemptions_recompute;
     r->kv_stats_.recomputed_tokens += computed;
     if (reason == PreemptReason::kPriority) {
@@ -230,6 +231,7 @@ absl::Status Scheduler::Fork(RequestId parent_id,
   c->kv_window_ = parent->kv_window_;
   c->kv_dropped_tokens_ = parent->kv_dropped_tokens_;
   c->kv_block_mass_ = parent->kv_block_mass_;
+  c->kv_block_seen_ = parent->kv_block_seen_;
   c->num_cached_tokens_ = parent->num_cached_tokens_;
   c->status_ = RequestStatus::kRunning;
   c->admit_seq_ = next_admit_seq_++;

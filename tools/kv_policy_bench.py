@@ -3,8 +3,12 @@
 and under kv_policy "streaming": the full cache's time per token grows with
 its context (attention reads every cached token), a window's stays flat.
 
+A third arm, `heavy_hitters` (`--arms full,streaming,heavy_hitters`), holds
+the streaming arm's peak KV as its budget with a `--hh-window` recent window:
+what computing each block's attention mass costs a decode.
+
 One kvserve (the default model, --max-model-len 8192, one request at a time)
-serves both arms in ABBA order (`--repeats` rounds); each request streams
+serves the arms in ABBA order (`--repeats` rounds); each request streams
 `--tokens` greedy tokens (ignore_eos) from a short prompt, the client stamps
 every chunk, and the time per token is reported per bin of `--bin` output
 tokens: min / median / max over the repeats. The resident KV (peak blocks,
@@ -132,16 +136,24 @@ def main():
     p.add_argument("--tokens", type=int, default=8000)
     p.add_argument("--sinks", type=int, default=4)
     p.add_argument("--window", type=int, default=2032)
+    p.add_argument("--hh-window", type=int, default=512,
+                   help="the heavy_hitters arm's recent window; its budget "
+                   "is the streaming arm's peak (sinks' block + --window)")
     p.add_argument("--bin", type=int, default=500)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--threads", default="2")
     p.add_argument("--arms", default="full,streaming",
-                   help="full,streaming or one of them (streaming alone "
-                   "for --tokens past the model's context)")
+                   help="some of full,streaming,heavy_hitters in ABBA order "
+                   "(streaming alone for --tokens past the model's context)")
     p.add_argument("--max-model-len", default="8192")
     p.add_argument("--out")
     a = p.parse_args()
     policy = {"type": "streaming", "sinks": a.sinks, "window": a.window}
+    sink_tokens = -(-a.sinks // 16) * 16
+    policies = {"full": None, "streaming": policy,
+                "heavy_hitters": {"type": "heavy_hitters", "sinks": a.sinks,
+                                  "window": a.hh_window,
+                                  "budget": sink_tokens + a.window}}
     server = KvserveProcess(a.binary, a.source_dir, "--threads", a.threads,
                             "--max-model-len", a.max_model_len,
                             "--max-num-seqs", "1", "--no-prefix-caching",
@@ -156,7 +168,7 @@ def main():
             order = names if r % 2 == 0 else names[::-1]
             for arm in order:
                 stamps, u = generate(server.http_port, a.tokens,
-                                     policy if arm == "streaming" else None)
+                                     policies[arm])
                 assert len(stamps) >= a.tokens, (arm, len(stamps))
                 arms[arm].append(per_bin(stamps, a.bin))
                 usage[arm] = u["kvserve"]
@@ -165,7 +177,8 @@ def main():
     finally:
         blocks = sampler.stop()
         server.kill()
-    result = {"tokens": a.tokens, "bin": a.bin, "policy": policy,
+    result = {"tokens": a.tokens, "bin": a.bin,
+              "policies": {k: policies[k] for k in names},
               "max_model_len": int(a.max_model_len),
               "repeats": a.repeats, "bins": {}, "peak_kv_blocks": {
                   k: v["peak_kv_blocks"] for k, v in usage.items()},
