@@ -257,10 +257,14 @@ void Publisher::ServeReplay() {
                  {req[0], "", options_.topic, BigEndian(seq), payload});
       ++sent;
     }
+    {
+      // Counted before the end marker goes: a client that has it sees
+      // the count.
+      std::lock_guard<std::mutex> lock(mu_);
+      ++stats_.replays;
+      stats_.replayed_batches += sent;
+    }
     SendFrames(sockets_->replay, {req[0], "", "", BigEndian(~0ULL), ""});
-    std::lock_guard<std::mutex> lock(mu_);
-    ++stats_.replays;
-    stats_.replayed_batches += sent;
   }
 }
 
