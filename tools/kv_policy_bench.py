@@ -19,7 +19,7 @@ usage.kvserve) is reported beside it.
 
 About 2 x repeats x (tokens / ~60 per s) on 2 vCPUs: ~9 min at the defaults.
 
-The endless run (issue 41's 100,000 tokens, far past the trained context,
+The endless run (100,000 tokens, far past the trained context,
 streaming only; ~20 min):
 
     tools/kv_policy_bench.py --binary build/server/kvserve --source-dir . \\
