@@ -217,6 +217,7 @@ class KvEventsTest(unittest.TestCase):
                     self.assertEqual(idx.hits(POD, MODEL, salted), 0)
                     self.assertGreater(sub.dropped, 0)
                     self.assertGreater(sub.replays, 0)
+                    self.assertEqual(sub.restarts, 0)
                     self.assertEqual(idx.dropped_events, 0)
                 self.assertGreater(
                     counter(m, "kvserve_kv_events_removed_blocks_total"), 0,
@@ -248,6 +249,56 @@ class KvEventsTest(unittest.TestCase):
                 server.terminate()
         finally:
             follower.close()
+
+    def test_a_replay_past_the_batch_in_hand_is_no_restart(self):
+        # The publisher answers a replay up to its newest batch, which
+        # may be past the one whose gap asked for it: the subscriber
+        # applies [gap, batch in hand) and leaves the rest to the SUB
+        # socket, else the batch in hand looks older than the last one
+        # applied and the pod's entries are cleared as if it restarted.
+        import struct
+        import zmq
+        m = import_index()
+        endpoint, replay_ep = endpoints()
+        ctx = zmq.Context()
+        pub, router = ctx.socket(zmq.PUB), ctx.socket(zmq.ROUTER)
+        pub.bind(endpoint)
+        router.bind(replay_ep)
+        sub = m.Subscriber(m.KvIndex(BLOCK), endpoint, replay_ep,
+                           bind=False)
+        topic = f"kv@{POD}@{MODEL}".encode()
+
+        def batch(seq):
+            # [ts, [], dp_rank 0]: a heartbeat, 12 bytes.
+            return [topic, seq.to_bytes(8, "big"),
+                    b"\x93\xcb" + struct.pack(">d", time.time()) +
+                    b"\x90\x00"]
+
+        def answer():
+            frames = router.recv_multipart()
+            ident, start = frames[0], int.from_bytes(frames[-1], "big")
+            for seq in range(start, 6):  # newest is 5 by now
+                router.send_multipart([ident, b""] + batch(seq))
+            router.send_multipart([ident, b"", topic, m.Subscriber.END_SEQ,
+                                   b""])
+        try:
+            time.sleep(0.3)  # the SUB socket's subscription reaches PUB
+            for seq in (0, 1, 3):  # 2 is lost on the way
+                pub.send_multipart(batch(seq))
+            server = threading.Thread(target=answer)
+            server.start()
+            for _ in range(3):
+                self.assertTrue(sub.poll(5000))
+            server.join()
+            self.assertEqual(sub.replays, 1)
+            self.assertEqual(sub.replayed, 1)  # 2 alone
+            self.assertEqual(sub.restarts, 0)
+            self.assertEqual(sub.last[POD], 3)
+        finally:
+            pub.close(linger=0)
+            router.close(linger=0)
+            ctx.term()
+            sub.close()
 
     def test_scopes_private_shared_and_admin_only_dump(self):
         with tempfile.TemporaryDirectory() as tmp:

@@ -298,7 +298,11 @@ class Subscriber:
         if len(payload) == 12:
             self.heartbeats += 1
 
-    def _replay(self, pod, start):
+    def _replay(self, pod, start, stop):
+        """Applies the publisher's retained batches [start, stop). The
+        answer runs to the publisher's newest batch, which may be past
+        `stop` by then: those arrive on the SUB socket too, and applying
+        them here would make the batch in hand look like a restart."""
         zmq = self.zmq
         dealer = self.ctx.socket(zmq.DEALER)
         dealer.connect(self.replay_endpoint)
@@ -312,9 +316,11 @@ class Subscriber:
                 _, topic, seq, payload = frames
                 if seq == self.END_SEQ:
                     return
+                seq = int.from_bytes(seq, "big")
+                if seq >= stop:
+                    continue
                 self.replayed += 1
-                self._apply(pod, topic.decode(), int.from_bytes(seq, "big"),
-                            payload)
+                self._apply(pod, topic.decode(), seq, payload)
         finally:
             dealer.close(linger=0)
 
@@ -333,7 +339,7 @@ class Subscriber:
         if last is not None and seq > last + 1:
             self.gaps += seq - last - 1
             if self.replay_endpoint is not None:
-                self._replay(pod, last + 1)
+                self._replay(pod, last + 1, seq)
         self._apply(pod, topic, seq, payload)
         return True
 
