@@ -624,7 +624,7 @@ int RunEvalCommand(int argc, const char* const* argv) {
                   std::string(KVSERVE_EVAL_DEFAULT_TEXT) + ")");
   args.String("kv-cache-dtype", &f.kv_cache_dtype,
               "comma-separated KV dtypes to measure against f32 KV "
-              "(f32, fp16, bf16, int8, int4)");
+              "(f32, fp16, bf16, int8, int4, int3, int2)");
   args.String("kv-policy", &f.kv_policy,
               "';'-separated bounded KV policies to measure against the full "
               "cache with f32 KV, e.g. \"streaming:sinks=4,window=1024\" or "

@@ -167,10 +167,11 @@ void RegisterPlanFlags(PlanArgs* a, CliArgs* args) {
   };
   args->Custom("kv-cache-dtype", "D",
                "bf16 (default), fp16, fp8, int8 (q8_0 layout), int4 (q4_0 "
-               "layout), f32 (the name serve and generate use)",
-               "bf16, fp16, fp8, int8, int4 or f32", set_dtype);
+               "layout), int3, int2 (KIVI, CPU), f32 (the name serve and "
+               "generate use)",
+               "bf16, fp16, fp8, int8, int4, int3, int2 or f32", set_dtype);
   args->Custom("kv-dtype", "D", "alias of --kv-cache-dtype",
-               "bf16, fp16, fp8, int8, int4 or f32", set_dtype);
+               "bf16, fp16, fp8, int8, int4, int3, int2 or f32", set_dtype);
   args->Int("context", &f->context,
             "tokens per sequence; default min(8192, model max)", 1, kMaxTokens);
   args->Int("concurrency", &f->concurrency, "sequences to hold at once", 1,

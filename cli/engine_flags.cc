@@ -45,8 +45,10 @@ void RegisterDeviceFlags(EngineFlags* f, CliArgs* args) {
                             f->device, ")"));
   args->String("kv-cache-dtype", &f->kv_cache_dtype,
                absl::StrCat("KV element type: ", kKvDtypeAutoHelp,
-                            ", f32, fp16, bf16, int8 (q8_0 layout) or int4 "
-                            "(q4_0 layout) on the CPU; bf16, fp8 (e4m3) or "
+                            ", f32, fp16, bf16, int8 (q8_0 layout), int4 "
+                            "(q4_0 layout), int3 or int2 (KIVI: keys per "
+                            "channel over 16 tokens, --block-size a "
+                            "multiple of 16) on the CPU; bf16, fp8 (e4m3) or "
                             "int8 (q8_0, --block-size a multiple of 4) on "
                             "CUDA (default ",
                             f->kv_cache_dtype, ")"));

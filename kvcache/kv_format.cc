@@ -22,9 +22,11 @@ absl::StatusOr<KvDtype> ParseKvDtype(std::string_view name) {
   }
   if (s == "int8" || s == "i8" || s == "q8_0") return KvDtype::kInt8;
   if (s == "int4" || s == "i4" || s == "q4_0") return KvDtype::kInt4;
+  if (s == "int3" || s == "i3") return KvDtype::kInt3;
+  if (s == "int2" || s == "i2") return KvDtype::kInt2;
   return absl::InvalidArgumentError(absl::StrFormat(
       "unknown KV dtype '%s' (expected one of bf16, fp16, fp8, int8, int4, "
-      "f32)",
+      "int3, int2, f32)",
       name));
 }
 
@@ -47,6 +49,12 @@ int64_t KvRowBytes(KvDtype dtype, int head_dim) {
       return groups * (kKvQuantGroup + 2);
     case KvDtype::kInt4:
       return groups * (kKvQuantGroup / 2 + 2);
+    case KvDtype::kInt3:
+    case KvDtype::kInt2: {
+      // Codes, then one fp16 (scale, min) pair per 16 elements.
+      const int64_t low = (d + kKvLowBitGroup - 1) / kKvLowBitGroup;
+      return (d * KvLowBits(dtype) + 7) / 8 + 4 * low;
+    }
   }
   KV_CHECK(false, "bad KvDtype ", static_cast<int>(dtype));
 }
@@ -59,11 +67,28 @@ absl::Status CheckKvDtypeShape(KvDtype dtype, int head_dim) {
         "multiple of %d",
         KvDtypeName(dtype), kKvQuantGroup, head_dim, kKvQuantGroup));
   }
+  if (KvLowBits(dtype) > 0 && head_dim % kKvLowBitGroup != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "KV dtype %s stores groups of %d elements: head_dim %d is not a "
+        "multiple of %d",
+        KvDtypeName(dtype), kKvLowBitGroup, head_dim, kKvLowBitGroup));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckKvDtypeBlockSize(KvDtype dtype, int block_size) {
+  if (KvLowBits(dtype) > 0 && block_size % kKvKeyGroupTokens != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--block-size %d: KV dtype %s quantizes keys per channel across "
+        "groups of %d tokens inside a block; use a multiple of %d",
+        block_size, KvDtypeName(dtype), kKvKeyGroupTokens, kKvKeyGroupTokens));
+  }
   return absl::OkStatus();
 }
 
 KvRotation KvRotationFor(KvDtype dtype, int head_dim) {
-  const bool integer = dtype == KvDtype::kInt8 || dtype == KvDtype::kInt4;
+  const bool integer = dtype == KvDtype::kInt8 || dtype == KvDtype::kInt4 ||
+                       KvLowBits(dtype) > 0;
   if (!integer || head_dim <= 0 || head_dim % 64 != 0) return {};
   return {std::min(head_dim & -head_dim, 256), 64};
 }
@@ -82,6 +107,10 @@ std::string_view KvDtypeName(KvDtype dtype) {
       return "int8";
     case KvDtype::kInt4:
       return "int4";
+    case KvDtype::kInt3:
+      return "int3";
+    case KvDtype::kInt2:
+      return "int2";
   }
   KV_CHECK(false, "bad KvDtype ", static_cast<int>(dtype));
 }

@@ -97,6 +97,8 @@ class CpuBackend final : public ModelBackend {
   }
   absl::Status CheckBlock(const char* what, int32_t id, int32_t limit) const;
   void MeasureCosts();
+  // int3/int2: the model keeps exact keys of partly filled key groups.
+  bool KeyGroups() const { return kvcache::KvLowBits(kv_->dtype()) > 0; }
 
   std::unique_ptr<models::CpuLlamaModel> model_;
   std::unique_ptr<KvCacheStorage> kv_;
@@ -180,6 +182,9 @@ absl::Status CpuBackend::CopyBlocks(absl::Span<const BlockMove> moves) {
     KV_RETURN_IF_ERROR(
         CheckBlock("CopyBlocks: dst block", m.dst, num_blocks()));
     kv_->CopyBlock(m.src, m.dst);
+    if (KeyGroups()) {
+      model_->key_stage().Copy(m.src, m.dst, kv_->block_size());
+    }
   }
   return absl::OkStatus();
 }
@@ -225,6 +230,7 @@ absl::Status CpuBackend::SwapIn(absl::Span<const BlockMove> moves) {
       std::memcpy(v.k[l] + m.dst * n, src + (2 * l) * n, n);
       std::memcpy(v.v[l] + m.dst * n, src + (2 * l + 1) * n, n);
     }
+    if (KeyGroups()) model_->key_stage().Forget(m.dst, kv_->block_size());
   }
   return absl::OkStatus();
 }
@@ -248,6 +254,7 @@ absl::StatusOr<std::unique_ptr<ModelBackend>> CreateCpuBackend(
   KV_ASSIGN_OR_RETURN(
       const kvcache::KvDtype dtype,
       PlatformFor(Device::kCpu).ResolveKvDtype(config.kv_dtype, c.head_dim));
+  KV_RETURN_IF_ERROR(kvcache::CheckKvDtypeBlockSize(dtype, config.block_size));
   KV_ASSIGN_OR_RETURN(
       auto kv, KvCacheStorage::Create({c.num_layers, c.num_kv_heads, c.head_dim,
                                        config.block_size, 0, budget, dtype}));

@@ -35,7 +35,7 @@ class CpuPlatform final : public Platform {
     if (d == KvDtype::kFP8) {
       return absl::InvalidArgumentError(
           "--kv-cache-dtype fp8: the CPU backend stores f32, bf16, fp16, "
-          "int8 or int4 KV (fp8 is a CUDA dtype)");
+          "int8, int4, int3 or int2 KV (fp8 is a CUDA dtype)");
     }
     KV_RETURN_IF_ERROR(ShapeFits(d, head_dim));
     return d;

@@ -183,6 +183,8 @@ void CpuLlamaModel::AttentionBlock(const Layer& layer, int layer_index,
   const int64_t row_bytes = kv.RowBytes();
   const kvcache::KvRotation rot =
       kvcache::KvRotationFor(kv.dtype, static_cast<int>(c.head_dim));
+  // Low-bit keys are quantized a key group at a time (KvKeyStage).
+  const bool key_groups = kvcache::KvLowBits(kv.dtype) > 0;
   ParallelFor(n, 1, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
       float* q = qkv_.data() + i * qkv_dim;
@@ -212,11 +214,16 @@ void CpuLlamaModel::AttentionBlock(const Layer& layer, int layer_index,
       const int64_t slot = batch.slot_mapping[i];
       for (int h = 0; h < c.num_kv_heads; ++h) {
         const int64_t row = (slot * c.num_kv_heads + h) * row_bytes;
-        cpu::EncodeKvRow(kv.dtype, k + h * d, c.head_dim, kc + row);
+        if (!key_groups) {
+          cpu::EncodeKvRow(kv.dtype, k + h * d, c.head_dim, kc + row);
+        }
         cpu::EncodeKvRow(kv.dtype, v + h * d, c.head_dim, vc + row);
       }
     }
   });
+  if (key_groups) {
+    key_stage_.WriteLayer(layer_index, qkv_.data() + q_dim, qkv_dim, kv);
+  }
 
   AttentionParams ap{c.num_heads, c.num_kv_heads, c.head_dim,
                      1.0f / std::sqrt(static_cast<float>(c.head_dim)),
@@ -301,10 +308,16 @@ absl::Status CpuLlamaModel::Forward(const ForwardBatch& batch,
     Grow(sin_kv_, n * d / 2);
     rope_.Tables(batch.positions.data(), n, cos_kv_.data(), sin_kv_.data());
   }
+  const bool key_groups = kvcache::KvLowBits(kv.dtype) > 0;
+  if (key_groups) {
+    KV_RETURN_IF_ERROR(kvcache::CheckKvDtypeBlockSize(kv.dtype, kv.block_size));
+    key_stage_.Plan(batch, kv);
+  }
   for (int l = 0; l < c.num_layers; ++l) {
     AttentionBlock(layers_[l], l, batch, kv);
     MlpBlock(layers_[l], n);
   }
+  if (key_groups) key_stage_.Commit();
 
   // Final norm only for the rows whose logits are wanted.
   const int64_t rows = static_cast<int64_t>(batch.logits_rows.size());

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "models/cpu/kv_key_stage.h"
 #include "models/cpu/matmul.h"
 #include "models/forward_batch.h"
 #include "models/kv_view.h"
@@ -47,6 +48,9 @@ class CpuLlamaModel {
   // After a Forward of a batch with mass_seqs: ForwardOutput::block_mass
   // (empty otherwise), valid until the next Forward.
   const std::vector<float>& block_mass() const { return block_mass_; }
+  // The exact keys of the int3/int2 key groups being filled; the backend
+  // tells it when it copies or replaces a block's pages.
+  cpu::KvKeyStage& key_stage() { return key_stage_; }
 
  private:
   struct Layer {
@@ -92,6 +96,7 @@ class CpuLlamaModel {
   // of qkv_'s stride) and that rotation's tables.
   std::vector<float> q_sink_, cos_kv_, sin_kv_;
   std::vector<float> block_mass_;  // [S * max_blocks_per_seq] or empty
+  cpu::KvKeyStage key_stage_;
 };
 
 }  // namespace kvserve::models

@@ -57,7 +57,124 @@ void EncodeQ4Block(const float* x, std::byte* b) {
   }
 }
 
+// Low-bit codes (kv_rows.h): two-bit planes, then int3's high-bit mask.
+void SetLowBitCode(std::byte* codes, int bits, int head_dim, int e, int q) {
+  const int quarter = head_dim / 4;
+  auto* lo = reinterpret_cast<uint8_t*>(codes) + e % quarter;
+  const int shift = 2 * (e / quarter);
+  *lo = static_cast<uint8_t>((*lo & ~(3 << shift)) | ((q & 3) << shift));
+  if (bits == 3) {
+    auto* hi = reinterpret_cast<uint8_t*>(codes) + quarter + e / 8;
+    const int bit = 1 << (e % 8);
+    *hi = static_cast<uint8_t>((q & 4) != 0 ? (*hi | bit) : (*hi & ~bit));
+  }
+}
+
+// Asymmetric (scale, min) of x[0, n) (stride apart), rounded to fp16; the
+// codes use the rounded pair, as the decoders do.
+struct LowBitPair {
+  uint16_t scale, min;
+  float s, m;
+};
+LowBitPair FitLowBit(const float* x, int64_t stride, int n, int bits) {
+  float lo = x[0], hi = x[0];
+  for (int i = 1; i < n; ++i) {
+    lo = std::min(lo, x[i * stride]);
+    hi = std::max(hi, x[i * stride]);
+  }
+  LowBitPair p;
+  p.scale = FloatToHalf((hi - lo) / static_cast<float>((1 << bits) - 1));
+  p.min = FloatToHalf(lo);
+  p.s = HalfToFloat(p.scale);
+  p.m = HalfToFloat(p.min);
+  return p;
+}
+int LowBitQuantize(float x, const LowBitPair& p, int bits) {
+  if (!(p.s > 0.0f)) return 0;
+  const long q = std::lround((x - p.m) / p.s);
+  return static_cast<int>(std::clamp(q, 0L, (1L << bits) - 1));
+}
+
+void EncodeLowBitRow(int bits, const float* x, int head_dim, std::byte* row) {
+  constexpr int kG = kvcache::kKvLowBitGroup;
+  std::byte* meta = row + head_dim * bits / 8;
+  for (int g = 0; g < head_dim / kG; ++g) {
+    const LowBitPair p = FitLowBit(x + g * kG, 1, kG, bits);
+    StoreU16(p.scale, meta + 4 * g);
+    StoreU16(p.min, meta + 4 * g + 2);
+    for (int j = 0; j < kG; ++j) {
+      SetLowBitCode(row, bits, head_dim, g * kG + j,
+                    LowBitQuantize(x[g * kG + j], p, bits));
+    }
+  }
+}
+
+void DecodeLowBitRow(int bits, const std::byte* row, int head_dim, float* out) {
+  constexpr int kG = kvcache::kKvLowBitGroup;
+  const std::byte* meta = row + head_dim * bits / 8;
+  for (int e = 0; e < head_dim; ++e) {
+    const int g = e / kG;
+    out[e] = std::fma(static_cast<float>(LowBitCode(row, bits, head_dim, e)),
+                      HalfToFloat(LoadU16(meta + 4 * g)),
+                      HalfToFloat(LoadU16(meta + 4 * g + 2)));
+  }
+}
+
 }  // namespace
+
+int LowBitCode(const std::byte* codes, int bits, int head_dim, int e) {
+  const int quarter = head_dim / 4;
+  const auto* c = reinterpret_cast<const uint8_t*>(codes);
+  int q = (c[e % quarter] >> (2 * (e / quarter))) & 3;
+  if (bits == 3) q |= ((c[quarter + e / 8] >> (e % 8)) & 1) << 2;
+  return q;
+}
+
+void EncodeKvKeyGroup(KvDtype dtype, const float* x, int64_t x_stride, int n,
+                      int head_dim, std::byte* rows, int64_t row_stride) {
+  const int bits = kvcache::KvLowBits(dtype);
+  KV_CHECK(bits > 0 && n >= 1 && n <= kvcache::kKvKeyGroupTokens,
+           "EncodeKvKeyGroup: dtype ", std::string(kvcache::KvDtypeName(dtype)),
+           ", rows ", n);
+  const int per_row = head_dim / kvcache::kKvKeyGroupTokens;
+  const int64_t meta = head_dim * bits / 8;
+  for (int c = 0; c < head_dim; ++c) {
+    const LowBitPair p = FitLowBit(x + c, x_stride, n, bits);
+    std::byte* m = rows + (c / per_row) * row_stride + meta + 4 * (c % per_row);
+    StoreU16(p.scale, m);
+    StoreU16(p.min, m + 2);
+    for (int i = 0; i < n; ++i) {
+      SetLowBitCode(rows + i * row_stride, bits, head_dim, c,
+                    LowBitQuantize(x[i * x_stride + c], p, bits));
+    }
+  }
+}
+
+void DecodeKvKeyScales(KvDtype dtype, const std::byte* rows, int64_t row_stride,
+                       int head_dim, float* scale, float* min) {
+  const int bits = kvcache::KvLowBits(dtype);
+  const int per_row = head_dim / kvcache::kKvKeyGroupTokens;
+  const int64_t meta = head_dim * bits / 8;
+  for (int c = 0; c < head_dim; ++c) {
+    const std::byte* m =
+        rows + (c / per_row) * row_stride + meta + 4 * (c % per_row);
+    scale[c] = HalfToFloat(LoadU16(m));
+    min[c] = HalfToFloat(LoadU16(m + 2));
+  }
+}
+
+void DecodeKvKeyRow(KvDtype dtype, const std::byte* rows, int64_t row_stride,
+                    int j, int head_dim, float* out) {
+  const int bits = kvcache::KvLowBits(dtype);
+  float scale[512], min[512];
+  KV_CHECK(head_dim <= 512, "DecodeKvKeyRow: head_dim ", head_dim);
+  DecodeKvKeyScales(dtype, rows, row_stride, head_dim, scale, min);
+  const std::byte* codes = rows + j * row_stride;
+  for (int c = 0; c < head_dim; ++c) {
+    out[c] = std::fma(static_cast<float>(LowBitCode(codes, bits, head_dim, c)),
+                      scale[c], min[c]);
+  }
+}
 
 uint16_t FloatToHalf(float f) {
   // Scale into half's range so that the float addition rounds the mantissa
@@ -124,6 +241,10 @@ void EncodeKvRow(KvDtype dtype, const float* x, int head_dim, std::byte* row) {
         EncodeQ4Block(x + g * kGroup, row + g * (kGroup / 2 + 2));
       }
       return;
+    case KvDtype::kInt3:
+    case KvDtype::kInt2:
+      EncodeLowBitRow(kvcache::KvLowBits(dtype), x, head_dim, row);
+      return;
     case KvDtype::kFP8:
       break;
   }
@@ -164,6 +285,10 @@ void DecodeKvRow(KvDtype dtype, const std::byte* row, int head_dim,
               d * static_cast<float>((qs[j] >> 4) - 8);
         }
       }
+      return;
+    case KvDtype::kInt3:
+    case KvDtype::kInt2:
+      DecodeLowBitRow(kvcache::KvLowBits(dtype), row, head_dim, out);
       return;
     case KvDtype::kFP8:
       break;

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -102,6 +103,8 @@ HWY_INLINE void DecodeRow(KvDtype dtype, const std::byte* row, int dd,
       return;
     }
     case KvDtype::kFP8:
+    case KvDtype::kInt3:
+    case KvDtype::kInt2:
       break;
   }
   std::fill_n(out, dd, std::numeric_limits<float>::quiet_NaN());
@@ -183,6 +186,81 @@ struct Int4Rows {
   }
 };
 
+// int3/int2 codes of one row into out[0, dd): code[e] * scale[e] + min[e]
+// (one FMA, as the scalar decoders compute it). Vectors of lanes codes
+// when a lane vector lies in one two-bit plane and, for int3, starts on a
+// byte of the high-bit mask.
+HWY_INLINE void DecodeLowBitCodes(int bits, const std::byte* codes, int dd,
+                                  const float* scale, const float* min,
+                                  float* out) {
+  const DF d;
+  const hn::RebindToSigned<DF> di;
+  const int lanes = static_cast<int>(hn::Lanes(d));
+  const int quarter = dd / 4;
+  const auto* lo = reinterpret_cast<const uint8_t*>(codes);
+  if (quarter % lanes == 0 && (bits == 2 || lanes % 8 == 0)) {
+    const hn::Rebind<uint8_t, DF> du8;
+    const auto three = hn::Set(di, 3), four = hn::Set(di, 4);
+    for (int e = 0; e < dd; e += lanes) {
+      const auto bytes =
+          hn::BitCast(di, hn::PromoteTo(hn::RebindToUnsigned<DF>(),
+                                        hn::LoadU(du8, lo + e % quarter)));
+      auto q = hn::And(hn::ShiftRightSame(bytes, 2 * (e / quarter)), three);
+      if (bits == 3) {
+        q = hn::Or(q, hn::IfThenElseZero(
+                          hn::LoadMaskBits(di, lo + quarter + e / 8), four));
+      }
+      hn::StoreU(hn::MulAdd(hn::ConvertTo(d, q), hn::LoadU(d, scale + e),
+                            hn::LoadU(d, min + e)),
+                 d, out + e);
+    }
+    return;
+  }
+  for (int e = 0; e < dd; ++e) {
+    out[e] = std::fma(static_cast<float>(cpu::LowBitCode(codes, bits, dd, e)),
+                      scale[e], min[e]);
+  }
+}
+
+// Largest head_dim the low-bit tile decoder takes (its scales on the
+// stack); CheckKvDtypeShape keeps the CPU's shapes below it.
+inline constexpr int kMaxLowBitDim = 512;
+
+// Decodes int3/int2 rows at plane + rows[0, n), the KV positions t0 ..
+// t0 + n - 1, into a tile of rows `dp` floats apart. A value row carries
+// its own scales; a key row's come from its key group, whose first row is
+// (t0 + t) % 16 slots (slot_bytes apart) before it in the same block.
+inline void DecodeLowBitTile(KvDtype dtype, bool keys, const std::byte* plane,
+                             const int64_t* rows, int32_t t0, int n, int dd,
+                             int dp, int64_t slot_bytes, float* out) {
+  constexpr int kTokens = kvcache::kKvKeyGroupTokens;
+  constexpr int kG = kvcache::kKvLowBitGroup;
+  const int bits = kvcache::KvLowBits(dtype);
+  HWY_ALIGN float scale[kMaxLowBitDim], min[kMaxLowBitDim];
+  int32_t group = -1;
+  for (int t = 0; t < n; ++t) {
+    const std::byte* row = plane + rows[t];
+    const int32_t pos = t0 + t;
+    if (keys) {
+      if (pos / kTokens != group) {
+        group = pos / kTokens;
+        cpu::DecodeKvKeyScales(dtype, row - (pos % kTokens) * slot_bytes,
+                               slot_bytes, dd, scale, min);
+      }
+    } else {
+      const std::byte* meta = row + dd * bits / 8;
+      for (int g = 0; g < dd / kG; ++g) {
+        uint16_t h[2];
+        std::memcpy(h, meta + 4 * g, 4);
+        std::fill_n(scale + g * kG, kG, cpu::HalfToFloat(h[0]));
+        std::fill_n(min + g * kG, kG, cpu::HalfToFloat(h[1]));
+      }
+    }
+    DecodeLowBitCodes(bits, row, dd, scale, min,
+                      out + static_cast<int64_t>(t) * dp);
+  }
+}
+
 // Decodes the KV rows at plane + rows[0, n) into a tile of rows `dp`
 // floats apart.
 template <KvDtype kDtype>
@@ -206,6 +284,8 @@ inline void DecodeTile(KvDtype dtype, const std::byte* plane,
     case KvDtype::kInt4:
       return DecodeTileAs<KvDtype::kInt4>(plane, rows, n, dd, dp, out);
     case KvDtype::kFP8:
+    case KvDtype::kInt3:  // DecodeLowBitTile: rows need their positions
+    case KvDtype::kInt2:
       return DecodeTileAs<KvDtype::kFP8>(plane, rows, n, dd, dp, out);
   }
 }

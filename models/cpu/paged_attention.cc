@@ -469,8 +469,9 @@ void PrepareItem(const Layout& L, const Item& it, const float* q,
 // Folds keys [t0, t0 + n) into the item's rows (rr: each row's visible
 // keys relative to t0), reading the float dtypes in place when the rows
 // are few, otherwise decoding the tile once.
-void FoldTile(const Layout& L, const Item& it, const int64_t* rows_at, int n,
-              int rows, int dp, int nc, const RowRange* rr, Scratch& s) {
+void FoldTile(const Layout& L, const Item& it, const int64_t* rows_at,
+              int32_t t0, int n, int rows, int dp, int nc, const RowRange* rr,
+              Scratch& s) {
   const int dd = L.p.head_dim;
   // Quantized groups hold whole vectors when lanes divide half a group.
   const bool direct =
@@ -480,7 +481,9 @@ void FoldTile(const Layout& L, const Item& it, const int64_t* rows_at, int n,
     const std::byte* kp = L.k_plane + h * L.row_bytes;
     const std::byte* vp = L.v_plane + h * L.row_bytes;
     const int row0 = (h - it.kv_head_begin) * rows;
-    switch (direct ? L.kv.dtype : KvDtype::kFP8) {
+    // Low-bit rows always decode into a tile (they need their positions).
+    const bool low_bit = kvcache::KvLowBits(L.kv.dtype) > 0;
+    switch (direct || low_bit ? L.kv.dtype : KvDtype::kFP8) {
       case KvDtype::kInt8:
         FoldPage(Int8Rows{kp, rows_at}, Int8Rows{vp, rows_at}, n, rows, row0,
                  dp, nc, tk, rr, s);
@@ -503,6 +506,17 @@ void FoldTile(const Layout& L, const Item& it, const int64_t* rows_at, int n,
         FoldPage(CacheRows<float>{kp, rows_at}, CacheRows<float>{vp, rows_at},
                  n, rows, row0, dp, nc, tk, rr, s);
         break;
+      case KvDtype::kInt3:
+      case KvDtype::kInt2: {
+        const int64_t slot = L.kv.num_kv_heads * L.row_bytes;
+        cpu_attn::DecodeLowBitTile(L.kv.dtype, true, kp, rows_at, t0, n, dd, dp,
+                                   slot, s.k.data());
+        cpu_attn::DecodeLowBitTile(L.kv.dtype, false, vp, rows_at, t0, n, dd,
+                                   dp, slot, s.v.data());
+        FoldPage(TileRows{s.k.data(), dp}, TileRows{s.v.data(), dp}, n, rows,
+                 row0, dp, nc, tk, rr, s);
+        break;
+      }
       default:
         DecodeTile(L.kv.dtype, kp, rows_at, n, dd, dp, s.k.data());
         DecodeTile(L.kv.dtype, vp, rows_at, n, dd, dp, s.v.data());
@@ -634,7 +648,7 @@ void RunItem(const Layout& L, const std::vector<QueryRef>& refs, const Item& it,
     const bool sink_tile = t0 < sink_end;
     if (sink_tile) std::swap(s.q, s.q_sink);
     if (mass) s.m_before.assign(s.m.begin(), s.m.end());
-    FoldTile(L, it, cur, k1 - t0, rows, dp, nc, rr.data(), s);
+    FoldTile(L, it, cur, t0, k1 - t0, rows, dp, nc, rr.data(), s);
     if (mass) {
       AddTileMass(L, split_lo, t0, k1 - t0, rows,
                   it.kv_head_end - it.kv_head_begin, rr.data(), s);

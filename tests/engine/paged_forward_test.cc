@@ -81,6 +81,7 @@ class MultiSeqDriver {
     EXPECT_TRUE(st.ok()) << st;
     return rows;
   }
+  const std::vector<int32_t>& table(int s) const { return tables_[s]; }
 
  private:
   CpuLlamaModel* model_;
@@ -291,6 +292,65 @@ TEST(PagedForwardKvWindow, SinksAtInCacheDistanceMatchReference) {
 
 TEST(PagedForwardKvWindow, SinksAtWrittenDistanceMatchReference) {
   RunWindowedAgainstReference(false);
+}
+
+}  // namespace
+}  // namespace kvserve::models
+
+namespace kvserve::models {
+namespace {
+
+// int2 keys are quantized per channel over each key group's rows, from the
+// exact keys the model stages: a sequence written one token at a time ends
+// with layer 0's key pages byte for byte those of one prefill (layer 0's
+// keys depend on the tokens alone). A group whose staged keys are lost (a
+// block refilled by a swap) is rebuilt from its codes, and counted.
+TEST(PagedForwardLowBitKv, KeyGroupsRequantizeFromExactKeys) {
+  const ModelConfig c = SmallConfig(4, 2);
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int32_t> tok(0, c.vocab_size - 1);
+  std::vector<int32_t> seq(40);
+  for (auto& t : seq) t = tok(rng);
+  struct Run {
+    std::unique_ptr<CpuLlamaModel> model;
+    std::unique_ptr<engine::KvCacheStorage> kv;
+    std::unique_ptr<MultiSeqDriver> drv;
+  };
+  auto make = [&] {
+    Run r;
+    r.model = *CpuLlamaModel::Create(c, RandomWeights(c, 5));
+    r.kv = *engine::KvCacheStorage::Create({c.num_layers, c.num_kv_heads,
+                                            c.head_dim, 16, 8, 0,
+                                            kvcache::KvDtype::kInt2});
+    r.drv = std::make_unique<MultiSeqDriver>(
+        r.model.get(), r.kv.get(), std::vector<std::vector<int32_t>>{seq}, 3);
+    return r;
+  };
+  Run prefill = make(), decode = make(), lost = make();
+  std::vector<float> logits;
+  prefill.drv->Step({{0, 40}}, &logits);
+  for (int i = 0; i < 40; ++i) {
+    decode.drv->Step({{0, 1}}, &logits);
+    if (i == 19) {  // 4 rows into the second group: its keys lost
+      lost.model->key_stage().Forget(lost.drv->table(0)[1], 16);
+    }
+    lost.drv->Step({{0, 1}}, &logits);
+  }
+  const KvCacheView& v = prefill.kv->view();
+  auto layer0_keys = [&](const Run& r, int b) {
+    const std::byte* p =
+        r.kv->view().k[0] + r.drv->table(0)[b] * v.BlockBytes();
+    return std::vector<std::byte>(p, p + v.BlockBytes());
+  };
+  for (int b = 0; b < 3; ++b) {
+    EXPECT_EQ(layer0_keys(prefill, b), layer0_keys(decode, b)) << "block " << b;
+  }
+  EXPECT_EQ(layer0_keys(prefill, 0), layer0_keys(lost, 0));
+  EXPECT_EQ(prefill.model->key_stage().rebuilt_groups(), 0);
+  EXPECT_EQ(decode.model->key_stage().rebuilt_groups(), 0);
+  EXPECT_EQ(lost.model->key_stage().rebuilt_groups(), 1);
+  // Positions 32..39: the third group, partly filled, still staged.
+  EXPECT_EQ(decode.model->key_stage().num_entries(), 1u);
 }
 
 }  // namespace

@@ -32,18 +32,21 @@ TEST(KvDtypeTest, ParsesNamesAndAliases) {
   EXPECT_EQ(*ParseKvDtype("q8_0"), KvDtype::kInt8);
   EXPECT_EQ(*ParseKvDtype("int4"), KvDtype::kInt4);
   EXPECT_EQ(*ParseKvDtype("Q4_0"), KvDtype::kInt4);
+  EXPECT_EQ(*ParseKvDtype("int3"), KvDtype::kInt3);
+  EXPECT_EQ(*ParseKvDtype("I2"), KvDtype::kInt2);
   EXPECT_EQ(*ParseKvDtype("f32"), KvDtype::kF32);
-  absl::StatusOr<KvDtype> bad = ParseKvDtype("int3");
+  absl::StatusOr<KvDtype> bad = ParseKvDtype("int5");
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(bad.status().message(), HasSubstr("'int3'"));
+  EXPECT_THAT(bad.status().message(), HasSubstr("'int5'"));
   EXPECT_THAT(bad.status().message(),
-              HasSubstr("bf16, fp16, fp8, int8, int4, f32"));
+              HasSubstr("bf16, fp16, fp8, int8, int4, int3, int2, f32"));
 }
 
 TEST(KvDtypeTest, BytesAndNamesRoundTrip) {
-  for (KvDtype d : {KvDtype::kF32, KvDtype::kBF16, KvDtype::kF16, KvDtype::kFP8,
-                    KvDtype::kInt8, KvDtype::kInt4}) {
+  for (KvDtype d :
+       {KvDtype::kF32, KvDtype::kBF16, KvDtype::kF16, KvDtype::kFP8,
+        KvDtype::kInt8, KvDtype::kInt4, KvDtype::kInt3, KvDtype::kInt2}) {
     EXPECT_EQ(*ParseKvDtype(KvDtypeName(d)), d);
   }
   EXPECT_EQ(KvBytesPerElement(KvDtype::kF32), 4);
@@ -55,6 +58,36 @@ TEST(KvDtypeTest, BytesAndNamesRoundTrip) {
   EXPECT_EQ(KvRowBytes(KvDtype::kInt8, 128), 136);
   EXPECT_EQ(KvRowBytes(KvDtype::kInt4, 64), 36);
   EXPECT_EQ(KvRowBytes(KvDtype::kF16, 64), 128);
+}
+
+// KIVI's goals: int2 at least 4x and int3 at least 3.2x fewer bytes than
+// fp16, scales and mins counted (a (scale, min) fp16 pair per 16 elements).
+TEST(KvDtypeTest, LowBitDtypesCountTheirScales) {
+  EXPECT_EQ(KvRowBytes(KvDtype::kInt2, 64), 16 + 16);
+  EXPECT_EQ(KvRowBytes(KvDtype::kInt3, 64), 24 + 16);
+  EXPECT_EQ(KvRowBytes(KvDtype::kInt3, 128), 48 + 32);
+  EXPECT_EQ(KvBytesPerElement(KvDtype::kInt2), 0.5);
+  EXPECT_EQ(KvBytesPerElement(KvDtype::kInt3), 0.625);
+  for (const KvShape& s : {kLlama3_70B, kSmolLM2_135M}) {
+    const int64_t fp16 = KvBytesPerToken(s, KvDtype::kF16);
+    EXPECT_LE(KvBytesPerToken(s, KvDtype::kInt2) * 4, fp16);
+    EXPECT_LE(KvBytesPerToken(s, KvDtype::kInt3) * 16, fp16 * 5);  // 3.2x
+  }
+  EXPECT_EQ(KvRotationFor(KvDtype::kInt2, 64).k, 64);
+  EXPECT_EQ(KvRotationFor(KvDtype::kInt3, 128).v, 64);
+}
+
+TEST(KvDtypeTest, LowBitDtypesNeedWholeKeyGroups) {
+  EXPECT_TRUE(CheckKvDtypeShape(KvDtype::kInt2, 48).ok());
+  absl::Status st = CheckKvDtypeShape(KvDtype::kInt3, 40);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(st.message(), HasSubstr("head_dim 40 is not a multiple of 16"));
+  EXPECT_TRUE(CheckKvDtypeBlockSize(KvDtype::kInt2, 32).ok());
+  EXPECT_TRUE(CheckKvDtypeBlockSize(KvDtype::kInt8, 7).ok());
+  st = CheckKvDtypeBlockSize(KvDtype::kInt2, 24);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(st.message(), HasSubstr("--block-size 24"));
+  EXPECT_THAT(st.message(), HasSubstr("multiple of 16"));
 }
 
 TEST(KvDtypeTest, QuantizedDtypesNeedWholeGroups) {
