@@ -79,7 +79,8 @@ absl::Status CheckKvDtypeShape(KvDtype dtype, int head_dim) {
 absl::Status CheckKvDtypeBlockSize(KvDtype dtype, int block_size) {
   if (KvLowBits(dtype) > 0 && block_size % kKvKeyGroupTokens != 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "--block-size %d: KV dtype %s quantizes keys per channel across "
+        "--block-size %d: --kv-cache-dtype %s quantizes keys per channel "
+        "across "
         "groups of %d tokens inside a block; use a multiple of %d",
         block_size, KvDtypeName(dtype), kKvKeyGroupTokens, kKvKeyGroupTokens));
   }

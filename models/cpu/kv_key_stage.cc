@@ -112,7 +112,8 @@ void KvKeyStage::EvictIdle() {
   if (static_cast<int64_t>(entries_.size()) <= capacity_) return;
   std::vector<std::pair<int64_t, int64_t>> by_use;  // (last_use, group)
   by_use.reserve(entries_.size());
-  for (const auto& [group, e] : entries_) by_use.push_back({e.last_use, group});
+  for (const auto& [group, e] : entries_)
+    by_use.emplace_back(e.last_use, group);
   std::sort(by_use.begin(), by_use.end());
   const size_t drop = entries_.size() - static_cast<size_t>(capacity_);
   for (size_t i = 0; i < drop; ++i) {

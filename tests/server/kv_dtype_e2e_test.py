@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
 """--kv-cache-dtype end to end through the real binary, for every CPU dtype.
 
-For f32, fp16, bf16, int8 and int4: the daemon on a 64 MiB KV budget
+For f32, fp16, bf16, int8, int4, int3 and int2: the daemon on a 64 MiB
+KV budget
 reports the dtype and its bytes per token in GetModelInfo, /v1/models and
 the kvserve_cache_config_info gauge; its block count is the one `kvserve
 plan --memory 64MiB --kv-dtype D` computes (plan and pool agree to the
 block); a greedy completion of "The capital of France is" over HTTP starts
-with " Paris" (all but int4, whose answer is only checked to be text).
-`kvserve generate` takes the flag too. Combinations that cannot run are
-refused at start, naming the flag: fp8 on the CPU, an unknown name.
+with " Paris" (int4, int3 and int2 answers are only checked to be text;
+the low-bit ones generate 24 tokens, past their first 16-token key
+group). `kvserve generate` takes the flag too. Combinations that cannot
+run are refused at start, naming the flag: fp8 on the CPU, an unknown
+name, int2 on blocks that do not hold whole key groups.
 --rope-scale 2 doubles the context a request may use.
 
     kv_dtype_e2e_test.py --binary build/server/kvserve --source-dir .
@@ -32,7 +35,7 @@ PB_GRPC = None
 BUDGET = 64 << 20
 # SmolLM2-135M: 2 (K, V) x 30 layers x 3 KV heads x one 64-element row.
 BYTES_PER_TOKEN = {"f32": 46080, "fp16": 23040, "bf16": 23040,
-                   "int8": 12240, "int4": 6480}
+                   "int8": 12240, "int4": 6480, "int3": 7200, "int2": 5760}
 
 
 def plan_blocks(dtype):
@@ -79,11 +82,13 @@ class KvDtypes(unittest.TestCase):
                         base + "/v1/completions",
                         data=json.dumps({
                             "prompt": "The capital of France is",
-                            "max_tokens": 4, "temperature": 0}).encode(),
+                            "max_tokens": 24 if dtype in ("int3", "int2")
+                            else 4,
+                            "temperature": 0}).encode(),
                         headers={"Content-Type": "application/json"})
                     with urllib.request.urlopen(req, timeout=60) as r:
                         text = json.loads(r.read())["choices"][0]["text"]
-                    if dtype != "int4":
+                    if dtype not in ("int4", "int3", "int2"):
                         self.assertTrue(text.startswith(" Paris"), text)
                     else:
                         self.assertTrue(text)
@@ -124,13 +129,17 @@ class KvDtypes(unittest.TestCase):
         self.assertTrue(out.stdout.startswith(" Paris"), out.stdout)
 
     def test_impossible_dtypes_are_refused_at_start(self):
-        cases = [("fp8", "CPU backend stores f32, bf16, fp16, int8 or int4"),
-                 ("int3", "unknown KV dtype 'int3'")]
-        for dtype, why in cases:
+        cases = [("fp8", "CPU backend stores f32, bf16, fp16, int8, int4, "
+                 "int3 or int2", []),
+                 ("int5", "unknown KV dtype 'int5'", []),
+                 ("int2", "--block-size 24: --kv-cache-dtype int2 quantizes keys",
+                  ["--block-size", "24"])]
+        for dtype, why, extra in cases:
             with self.subTest(dtype=dtype):
                 out = subprocess.run(
                     [ARGS.binary, "--model", "smollm2-135m", "--port", "0",
-                     "--metrics-port", "0", "--kv-cache-dtype", dtype],
+                     "--metrics-port", "0", "--kv-cache-dtype", dtype,
+                     *extra],
                     capture_output=True, text=True, timeout=120,
                     cwd=ARGS.source_dir)
                 self.assertNotEqual(out.returncode, 0)
