@@ -139,9 +139,9 @@ void DtypeArgs(benchmark::internal::Benchmark* b,
                std::initializer_list<int64_t> contexts) {
   // int3/int2 keys are written as value rows here: the kernel's reads
   // (codes, then each group's scales) cost the same whatever the bytes.
-  for (KvDtype d : {KvDtype::kF32, KvDtype::kF16, KvDtype::kBF16,
-                    KvDtype::kInt8, KvDtype::kInt4, KvDtype::kInt3,
-                    KvDtype::kInt2}) {
+  for (KvDtype d :
+       {KvDtype::kF32, KvDtype::kF16, KvDtype::kBF16, KvDtype::kInt8,
+        KvDtype::kInt4, KvDtype::kInt3, KvDtype::kInt2}) {
     for (int64_t c : contexts) b->Args({static_cast<int64_t>(d), c});
   }
 }
