@@ -295,9 +295,9 @@ TEST(PlanFlagsTest, BadFlagsNameTheFlag) {
       {{"--model", "llama3-70b", "--context", "0"},
        "invalid value '0' for --context"},
       {{"--model", "llama3-70b", "--context"}, "flag --context needs a value"},
-      {{"--model", "llama3-70b", "--kv-dtype", "int3"},
-       "invalid value 'int3' for --kv-dtype: expected bf16, fp16, fp8, int8, "
-       "int4 or f32"},
+      {{"--model", "llama3-70b", "--kv-dtype", "int5"},
+       "invalid value 'int5' for --kv-dtype: expected bf16, fp16, fp8, int8, "
+       "int4, int3, int2 or f32"},
       {{"--model", "llama3-70b", "--gpu", "b200"},
        "invalid value 'b200' for --gpu: expected one of h100, h200, a100, "
        "l40s"},

@@ -122,7 +122,7 @@ class Eval(unittest.TestCase):
             f.write("Only a few words here.\n")
         cases = [
             (["--kv-cache-dtype", "fp8"], "--kv-cache-dtype fp8"),
-            (["--kv-cache-dtype", "f32,int3"], "--kv-cache-dtype"),
+            (["--kv-cache-dtype", "f32,int5"], "--kv-cache-dtype"),
             (["--context", "127", "--chunk", "32"], "--context 127"),
             (["--context", "96"], "--context 96"),  # < 2 x chunk 64
             (["--text", short], "fewer than one window of --context"),
