@@ -268,9 +268,9 @@ class KvEventsTest(unittest.TestCase):
                            bind=False)
         topic = f"kv@{POD}@{MODEL}".encode()
 
-        def batch(seq):
+        def batch(seq, t=topic):
             # [ts, [], dp_rank 0]: a heartbeat, 12 bytes.
-            return [topic, seq.to_bytes(8, "big"),
+            return [t, seq.to_bytes(8, "big"),
                     b"\x93\xcb" + struct.pack(">d", time.time()) +
                     b"\x90\x00"]
 
@@ -282,7 +282,15 @@ class KvEventsTest(unittest.TestCase):
             router.send_multipart([ident, b"", topic, m.Subscriber.END_SEQ,
                                    b""])
         try:
-            time.sleep(0.3)  # the SUB socket's subscription reaches PUB
+            # Until the SUB socket's subscription has reached PUB (a PUB
+            # drops what nobody subscribed to yet): another pod's heartbeat
+            # until one arrives, then the rest of them drained.
+            deadline = time.monotonic() + 20
+            while not sub.poll(100):
+                self.assertLess(time.monotonic(), deadline, "no subscription")
+                pub.send_multipart(batch(0, b"kv@warm-up@" + MODEL.encode()))
+            while sub.poll(300):
+                pass
             for seq in (0, 1, 3):  # 2 is lost on the way
                 pub.send_multipart(batch(seq))
             server = threading.Thread(target=answer)
