@@ -222,7 +222,10 @@ void Engine::Impl::Step() {
   if (out.empty()) return MoveBlocksOnly(out);
   for (const auto& s : out.scheduled) FirstScheduled(s, t0);
   StepResult result = runner_->Execute(out);
-  if (metrics_) metrics_->AddForwardSeconds(result.forward_seconds);
+  if (metrics_) {
+    metrics_->AddForwardSeconds(result.forward_seconds);
+    metrics_->AddKeyGroupsRebuilt(result.kv_groups_rebuilt);
+  }
   AddStepCounters(out.stats, result.swapped_out_blocks,
                   result.swapped_in_blocks);
   if (!result.status.ok()) FailStep(out, result.status);

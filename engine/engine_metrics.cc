@@ -127,6 +127,15 @@ EngineMetrics::EngineMetrics(prometheus::Registry& r,
                "dropped past their window")
            .Register(r)
            .Add({});
+  groups_rebuilt_ =
+      &BuildCounter()
+           .Name("kvserve_kv_key_groups_rebuilt_total")
+           .Help(
+               "int3/int2 key groups whose exact keys were gone (swapped out "
+               "or evicted from the model's stage) and were requantized from "
+               "their codes, a small loss of precision")
+           .Register(r)
+           .Add({});
   forward_seconds_ = &BuildCounter()
                           .Name("kvserve_engine_forward_seconds_total")
                           .Help("Wall time spent in the model forward pass")

@@ -77,6 +77,10 @@ class EngineMetrics {
   // Wall time inside the model forward pass; with the step histogram's sum
   // it gives the engine's overhead outside the forward.
   void AddForwardSeconds(double s) { forward_seconds_->Increment(s); }
+  // int3/int2 key groups requantized from their codes (ForwardOutput).
+  void AddKeyGroupsRebuilt(int64_t n) {
+    if (n > 0) groups_rebuilt_->Increment(static_cast<double>(n));
+  }
   void ObserveTtft(double s) { ttft_->Observe(s); }
   void ObserveInterToken(double s) { itl_->Observe(s); }
   void ObserveQueueTime(double s) { queue_->Observe(s); }
@@ -114,7 +118,7 @@ class EngineMetrics {
   prometheus::Counter *recomputed_tokens_, *prompt_tokens_, *generation_tokens_,
       *steps_, *rejected_, *prefix_queries_, *prefix_hits_,
       *prefix_uncacheable_, *prefix_tail_hits_, *forward_seconds_,
-      *dropped_blocks_;
+      *dropped_blocks_, *groups_rebuilt_;
   prometheus::Counter* finished_[6];
   prometheus::Gauge *swap_used_, *swap_total_, *blocks_active_peak_;
   prometheus::Counter *swap_out_bytes_, *swap_in_bytes_, *prompt_computed_;

@@ -67,6 +67,11 @@ absl::Status CheckKvDtypeShape(KvDtype dtype, int head_dim) {
         "multiple of %d",
         KvDtypeName(dtype), kKvQuantGroup, head_dim, kKvQuantGroup));
   }
+  if (KvLowBits(dtype) > 0 && head_dim > kKvLowBitMaxHeadDim) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "KV dtype %s decodes rows of at most %d elements: head_dim %d",
+        KvDtypeName(dtype), kKvLowBitMaxHeadDim, head_dim));
+  }
   if (KvLowBits(dtype) > 0 && head_dim % kKvLowBitGroup != 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "KV dtype %s stores groups of %d elements: head_dim %d is not a "

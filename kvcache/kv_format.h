@@ -40,6 +40,8 @@ inline constexpr int kKvKeyGroupTokens = 16;
 // head_dim / kKvLowBitGroup groups' pairs: the same bytes only if equal.
 // (32 and 32 measured worse than q4_0 at fewer bytes: docs/PERFORMANCE.md.)
 static_assert(kKvLowBitGroup == kKvKeyGroupTokens);
+// The CPU decoders keep a key group's scales on the stack.
+inline constexpr int kKvLowBitMaxHeadDim = 512;
 
 // Bits per code of a low-bit dtype (kInt3, kInt2); 0 for the others.
 [[nodiscard]] constexpr int KvLowBits(KvDtype dtype) {

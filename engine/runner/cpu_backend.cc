@@ -73,9 +73,11 @@ class CpuBackend final : public ModelBackend {
   absl::Status Forward(const models::ForwardBatch& batch,
                        models::ForwardOutput* out) override {
     out->argmax.clear();
+    const int64_t rebuilt = model_->key_stage().rebuilt_groups();
     absl::Status st = model_->Forward(batch, kv_->view(), &logits_);
     out->logits = absl::MakeSpan(logits_);
     out->block_mass = model_->block_mass();
+    out->kv_groups_rebuilt = model_->key_stage().rebuilt_groups() - rebuilt;
     return st;
   }
   absl::Status CopyBlocks(absl::Span<const BlockMove> moves) override;

@@ -53,10 +53,12 @@ StepResult ModelRunner::Execute(const scheduler::SchedulerOutput& out) {
   }
   result.load = models::LoadOf(batch_);
   const absl::Time fwd0 = clock_->Now();
+  step_out_.kv_groups_rebuilt = 0;
   result.status = moved.ok() ? backend_->Forward(batch_, &step_out_) : moved;
   result.forward_seconds = absl::ToDoubleSeconds(clock_->Now() - fwd0);
   result.block_mass.swap(step_out_.block_mass);
   result.block_mass_stride = batch_.max_blocks_per_seq;
+  result.kv_groups_rebuilt = step_out_.kv_groups_rebuilt;
   result.tokens.assign(result.producers.size(), 0);
   if (result.status.ok()) SampleAll(out, &result);
   return result;

@@ -57,6 +57,8 @@ struct StepResult {
   // block_mass_stride entries per scheduled request.
   std::vector<float> block_mass;
   int32_t block_mass_stride = 0;
+  // ForwardOutput::kv_groups_rebuilt of the step.
+  int64_t kv_groups_rebuilt = 0;
   // What the forward did (tokens, sequences, keys attended, K/V read).
   models::BatchLoad load;
 };

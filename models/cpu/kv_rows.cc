@@ -166,8 +166,9 @@ void DecodeKvKeyScales(KvDtype dtype, const std::byte* rows, int64_t row_stride,
 void DecodeKvKeyRow(KvDtype dtype, const std::byte* rows, int64_t row_stride,
                     int j, int head_dim, float* out) {
   const int bits = kvcache::KvLowBits(dtype);
-  float scale[512], min[512];
-  KV_CHECK(head_dim <= 512, "DecodeKvKeyRow: head_dim ", head_dim);
+  float scale[kvcache::kKvLowBitMaxHeadDim], min[kvcache::kKvLowBitMaxHeadDim];
+  KV_CHECK(head_dim <= kvcache::kKvLowBitMaxHeadDim,
+           "DecodeKvKeyRow: head_dim ", head_dim);
   DecodeKvKeyScales(dtype, rows, row_stride, head_dim, scale, min);
   const std::byte* codes = rows + j * row_stride;
   for (int c = 0; c < head_dim; ++c) {

@@ -186,32 +186,46 @@ struct Int4Rows {
   }
 };
 
-// int3/int2 codes of one row into out[0, dd): code[e] * scale[e] + min[e]
-// (one FMA, as the scalar decoders compute it). Vectors of lanes codes
-// when a lane vector lies in one two-bit plane and, for int3, starts on a
-// byte of the high-bit mask.
-HWY_INLINE void DecodeLowBitCodes(int bits, const std::byte* codes, int dd,
-                                  const float* scale, const float* min,
-                                  float* out) {
-  const DF d;
+// Whether int3/int2 rows of dd elements decode a lane vector at a time: a
+// vector lies in one two-bit plane and, for int3, starts on a byte of the
+// high-bit mask (lanes divide 16, so it also lies in one value group).
+HWY_INLINE bool LowBitVectors(int bits, int dd) {
+  const int lanes = static_cast<int>(hn::Lanes(DF()));
+  return (dd / 4) % lanes == 0 && (bits == 2 || lanes % 8 == 0) &&
+         kvcache::kKvLowBitGroup % lanes == 0;
+}
+
+// The codes of elements [e, e + lanes) of a low-bit row (LowBitVectors).
+HWY_INLINE hn::Vec<hn::RebindToSigned<DF>> LowBitCodeVec(int bits,
+                                                         const std::byte* codes,
+                                                         int dd, int e) {
   const hn::RebindToSigned<DF> di;
-  const int lanes = static_cast<int>(hn::Lanes(d));
   const int quarter = dd / 4;
   const auto* lo = reinterpret_cast<const uint8_t*>(codes);
-  if (quarter % lanes == 0 && (bits == 2 || lanes % 8 == 0)) {
-    const hn::Rebind<uint8_t, DF> du8;
-    const auto three = hn::Set(di, 3), four = hn::Set(di, 4);
+  const auto bytes = hn::BitCast(
+      di,
+      hn::PromoteTo(hn::RebindToUnsigned<DF>(),
+                    hn::LoadU(hn::Rebind<uint8_t, DF>(), lo + e % quarter)));
+  auto q =
+      hn::And(hn::ShiftRightSame(bytes, 2 * (e / quarter)), hn::Set(di, 3));
+  if (bits == 3) {
+    q = hn::Or(q, hn::IfThenElseZero(hn::LoadMaskBits(di, lo + quarter + e / 8),
+                                     hn::Set(di, 4)));
+  }
+  return q;
+}
+
+// A key row of int3/int2 into out[0, dd): code[e] * scale[e] + min[e] (one
+// FMA, as the scalar decoders compute it), the group's per-channel scales.
+HWY_INLINE void DecodeLowBitKeyRow(int bits, const std::byte* codes, int dd,
+                                   const float* scale, const float* min,
+                                   float* out) {
+  const DF d;
+  if (LowBitVectors(bits, dd)) {
+    const int lanes = static_cast<int>(hn::Lanes(d));
     for (int e = 0; e < dd; e += lanes) {
-      const auto bytes =
-          hn::BitCast(di, hn::PromoteTo(hn::RebindToUnsigned<DF>(),
-                                        hn::LoadU(du8, lo + e % quarter)));
-      auto q = hn::And(hn::ShiftRightSame(bytes, 2 * (e / quarter)), three);
-      if (bits == 3) {
-        q = hn::Or(q, hn::IfThenElseZero(
-                          hn::LoadMaskBits(di, lo + quarter + e / 8), four));
-      }
-      hn::StoreU(hn::MulAdd(hn::ConvertTo(d, q), hn::LoadU(d, scale + e),
-                            hn::LoadU(d, min + e)),
+      hn::StoreU(hn::MulAdd(hn::ConvertTo(d, LowBitCodeVec(bits, codes, dd, e)),
+                            hn::LoadU(d, scale + e), hn::LoadU(d, min + e)),
                  d, out + e);
     }
     return;
@@ -222,9 +236,52 @@ HWY_INLINE void DecodeLowBitCodes(int bits, const std::byte* codes, int dd,
   }
 }
 
+// A value row of int3/int2 into out[0, dd): each group's scale and min
+// broadcast from the row's own pairs.
+HWY_INLINE void DecodeLowBitValueRow(int bits, const std::byte* row, int dd,
+                                     float* out) {
+  constexpr int kG = kvcache::kKvLowBitGroup;
+  const DF d;
+  const std::byte* meta = row + dd * bits / 8;
+  if (LowBitVectors(bits, dd)) {
+    const int lanes = static_cast<int>(hn::Lanes(d));
+    for (int g = 0; g < dd / kG; ++g) {
+      const auto scale = hn::Set(d, GroupScale(meta + 4 * g));
+      const auto min = hn::Set(d, GroupScale(meta + 4 * g + 2));
+      for (int e = g * kG; e < (g + 1) * kG; e += lanes) {
+        hn::StoreU(hn::MulAdd(hn::ConvertTo(d, LowBitCodeVec(bits, row, dd, e)),
+                              scale, min),
+                   d, out + e);
+      }
+    }
+    return;
+  }
+  for (int e = 0; e < dd; ++e) {
+    out[e] = std::fma(static_cast<float>(cpu::LowBitCode(row, bits, dd, e)),
+                      GroupScale(meta + 4 * (e / kG)),
+                      GroupScale(meta + 4 * (e / kG) + 2));
+  }
+}
+
+// A key group's per-channel scales and mins (row r of the group holds
+// channels [r * dd / 16, (r + 1) * dd / 16)), as DecodeKvKeyScales.
+HWY_INLINE void LowBitKeyScales(int bits, const std::byte* group,
+                                int64_t stride, int dd, float* scale,
+                                float* min) {
+  const int per_row = dd / kvcache::kKvKeyGroupTokens;
+  const int64_t meta = dd * bits / 8;
+  for (int r = 0; r < kvcache::kKvKeyGroupTokens; ++r) {
+    const std::byte* m = group + r * stride + meta;
+    for (int i = 0; i < per_row; ++i) {
+      scale[r * per_row + i] = GroupScale(m + 4 * i);
+      min[r * per_row + i] = GroupScale(m + 4 * i + 2);
+    }
+  }
+}
+
 // Largest head_dim the low-bit tile decoder takes (its scales on the
-// stack); CheckKvDtypeShape keeps the CPU's shapes below it.
-inline constexpr int kMaxLowBitDim = 512;
+// stack); CheckKvDtypeShape refuses larger ones.
+inline constexpr int kMaxLowBitDim = kvcache::kKvLowBitMaxHeadDim;
 
 // Decodes int3/int2 rows at plane + rows[0, n), the KV positions t0 ..
 // t0 + n - 1, into a tile of rows `dp` floats apart. A value row carries
@@ -234,30 +291,23 @@ inline void DecodeLowBitTile(KvDtype dtype, bool keys, const std::byte* plane,
                              const int64_t* rows, int32_t t0, int n, int dd,
                              int dp, int64_t slot_bytes, float* out) {
   constexpr int kTokens = kvcache::kKvKeyGroupTokens;
-  constexpr int kG = kvcache::kKvLowBitGroup;
   const int bits = kvcache::KvLowBits(dtype);
   HWY_ALIGN float scale[kMaxLowBitDim], min[kMaxLowBitDim];
   int32_t group = -1;
   for (int t = 0; t < n; ++t) {
     const std::byte* row = plane + rows[t];
-    const int32_t pos = t0 + t;
-    if (keys) {
-      if (pos / kTokens != group) {
-        group = pos / kTokens;
-        cpu::DecodeKvKeyScales(dtype, row - (pos % kTokens) * slot_bytes,
-                               slot_bytes, dd, scale, min);
-      }
-    } else {
-      const std::byte* meta = row + dd * bits / 8;
-      for (int g = 0; g < dd / kG; ++g) {
-        uint16_t h[2];
-        std::memcpy(h, meta + 4 * g, 4);
-        std::fill_n(scale + g * kG, kG, cpu::HalfToFloat(h[0]));
-        std::fill_n(min + g * kG, kG, cpu::HalfToFloat(h[1]));
-      }
+    float* o = out + static_cast<int64_t>(t) * dp;
+    if (!keys) {
+      DecodeLowBitValueRow(bits, row, dd, o);
+      continue;
     }
-    DecodeLowBitCodes(bits, row, dd, scale, min,
-                      out + static_cast<int64_t>(t) * dp);
+    const int32_t pos = t0 + t;
+    if (pos / kTokens != group) {
+      group = pos / kTokens;
+      LowBitKeyScales(bits, row - (pos % kTokens) * slot_bytes, slot_bytes, dd,
+                      scale, min);
+    }
+    DecodeLowBitKeyRow(bits, row, dd, scale, min, o);
   }
 }
 

@@ -146,6 +146,27 @@ class KvFeaturesTest(unittest.TestCase):
                 self.assertGreater(counter(
                     m, "kvserve_preemption_recomputed_tokens_total"), 0)
 
+    def test_int2_key_groups_come_back_from_swap_rebuilt_and_counted(self):
+        # int2 quantizes a key group again as it fills, from exact keys the
+        # model stages; a sequence swapped out and back lost them, so its
+        # partly filled group is rebuilt from its codes: counted. 24 int2
+        # blocks (5,760 bytes a token); 8 requests of 80 tokens need 40.
+        prompts = [token_ids(200 + i, 40) for i in range(8)]
+        int2_block = 30 * 3 * 32 * 2 * BLOCK
+        server = Server("--no-prefix-caching", "--swap-space-bytes", "64MiB",
+                        "--preemption-mode", "swap", "--kv-cache-dtype",
+                        "int2", kv_bytes=str(24 * int2_block))
+        try:
+            got = server.generate_all(prompts, 40)
+            m = server.metrics()
+        finally:
+            server.close()
+        self.assertTrue(all(len(g) > 0 for g in got), got)
+        swapped_in = counter(m, "kvserve_swap_bytes_total", direction="in")
+        rebuilt = counter(m, "kvserve_kv_key_groups_rebuilt_total")
+        self.assertGreater(swapped_in, 0)
+        self.assertGreater(rebuilt, 0, f"swapped in {swapped_in} bytes")
+
     def test_n_completions_equal_separate_requests_and_share_blocks(self):
         server = Server("--no-prefix-caching")
         try:
