@@ -159,7 +159,19 @@ absl::Status ValidateFlags(const EvalFlags& f) {
         absl::StrFormat("--context %d: must be at least 2 x --chunk (%d)",
                         f.context, 2 * f.chunk));
   }
-  KV_RETURN_IF_ERROR(ParseDtypeList(f.kv_cache_dtype).status());
+  KV_ASSIGN_OR_RETURN(const auto dtypes, ParseDtypeList(f.kv_cache_dtype));
+  // int3/int2 read the key groups a forward writes in full precision (KIVI's
+  // residual): a chunk that spans groups would see more of its context
+  // exactly than a decode step does.
+  constexpr int64_t kGroup = kvcache::kKvKeyGroupTokens;
+  for (kvcache::KvDtype d : dtypes) {
+    if (kvcache::KvLowBits(d) > 0 && kGroup % f.chunk != 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--chunk %d: the %s lane needs a chunk dividing %d (its newest key "
+          "group is read in full precision, as a decode step reads it)",
+          f.chunk, std::string(kvcache::KvDtypeName(d)), kGroup));
+    }
+  }
   return ParsePolicyList(f.kv_policy).status();
 }
 

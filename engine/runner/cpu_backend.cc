@@ -73,11 +73,12 @@ class CpuBackend final : public ModelBackend {
   absl::Status Forward(const models::ForwardBatch& batch,
                        models::ForwardOutput* out) override {
     out->argmax.clear();
-    const int64_t rebuilt = model_->key_stage().rebuilt_groups();
+    const int64_t rebuilt = model_->residual(kv_->view()).rebuilt_groups();
     absl::Status st = model_->Forward(batch, kv_->view(), &logits_);
     out->logits = absl::MakeSpan(logits_);
     out->block_mass = model_->block_mass();
-    out->kv_groups_rebuilt = model_->key_stage().rebuilt_groups() - rebuilt;
+    out->kv_groups_rebuilt =
+        model_->residual(kv_->view()).rebuilt_groups() - rebuilt;
     return st;
   }
   absl::Status CopyBlocks(absl::Span<const BlockMove> moves) override;
@@ -185,7 +186,7 @@ absl::Status CpuBackend::CopyBlocks(absl::Span<const BlockMove> moves) {
         CheckBlock("CopyBlocks: dst block", m.dst, num_blocks()));
     kv_->CopyBlock(m.src, m.dst);
     if (KeyGroups()) {
-      model_->key_stage().Copy(m.src, m.dst, kv_->block_size());
+      model_->residual(kv_->view()).Copy(m.src, m.dst, kv_->block_size());
     }
   }
   return absl::OkStatus();
@@ -232,7 +233,8 @@ absl::Status CpuBackend::SwapIn(absl::Span<const BlockMove> moves) {
       std::memcpy(v.k[l] + m.dst * n, src + (2 * l) * n, n);
       std::memcpy(v.v[l] + m.dst * n, src + (2 * l + 1) * n, n);
     }
-    if (KeyGroups()) model_->key_stage().Forget(m.dst, kv_->block_size());
+    if (KeyGroups())
+      model_->residual(kv_->view()).Forget(m.dst, kv_->block_size());
   }
   return absl::OkStatus();
 }

@@ -159,9 +159,17 @@ void CpuLlamaModel::Embed(const ForwardBatch& batch) {
   });
 }
 
+cpu::KvResidual& CpuLlamaModel::residual(const KvCacheView& kv) {
+  std::unique_ptr<cpu::KvResidual>& r =
+      residuals_[kv.k.empty() ? nullptr : kv.k[0]];
+  if (r == nullptr) r = std::make_unique<cpu::KvResidual>();
+  return *r;
+}
+
 void CpuLlamaModel::AttentionBlock(const Layer& layer, int layer_index,
                                    const ForwardBatch& batch,
-                                   const KvCacheView& kv) {
+                                   const KvCacheView& kv,
+                                   cpu::KvResidual* residual) {
   const ModelConfig& c = config_;
   const int64_t n = batch.num_tokens();
   const int64_t hidden = c.hidden_size, d = c.head_dim;
@@ -183,7 +191,7 @@ void CpuLlamaModel::AttentionBlock(const Layer& layer, int layer_index,
   const int64_t row_bytes = kv.RowBytes();
   const kvcache::KvRotation rot =
       kvcache::KvRotationFor(kv.dtype, static_cast<int>(c.head_dim));
-  // Low-bit keys are quantized a key group at a time (KvKeyStage).
+  // Low-bit keys are quantized a key group at a time (KvResidual).
   const bool key_groups = kvcache::KvLowBits(kv.dtype) > 0;
   ParallelFor(n, 1, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
@@ -222,7 +230,8 @@ void CpuLlamaModel::AttentionBlock(const Layer& layer, int layer_index,
     }
   });
   if (key_groups) {
-    key_stage_.WriteLayer(layer_index, qkv_.data() + q_dim, qkv_dim, kv);
+    residual->WriteLayer(layer_index, qkv_.data() + q_dim,
+                         qkv_.data() + q_dim + kv_dim, qkv_dim, kv);
   }
 
   AttentionParams ap{c.num_heads, c.num_kv_heads, c.head_dim,
@@ -230,7 +239,7 @@ void CpuLlamaModel::AttentionBlock(const Layer& layer, int layer_index,
                      c.sliding_window};
   PagedAttention(ap, batch, qkv_.data(), sinks ? q_sink_.data() : nullptr,
                  qkv_dim, kv, layer_index, attn_.data(),
-                 block_mass_.empty() ? nullptr : block_mass_.data());
+                 block_mass_.empty() ? nullptr : block_mass_.data(), residual);
   if (rot.v > 0) {  // the output is a sum of rotated V rows: rotate it back
     ParallelFor(n, 1, [&](int64_t lo, int64_t hi) {
       cpu::HadamardRotate(attn_.data() + lo * q_dim, (hi - lo) * q_dim, rot.v);
@@ -308,16 +317,17 @@ absl::Status CpuLlamaModel::Forward(const ForwardBatch& batch,
     Grow(sin_kv_, n * d / 2);
     rope_.Tables(batch.positions.data(), n, cos_kv_.data(), sin_kv_.data());
   }
-  const bool key_groups = kvcache::KvLowBits(kv.dtype) > 0;
-  if (key_groups) {
+  cpu::KvResidual* residual = nullptr;
+  if (kvcache::KvLowBits(kv.dtype) > 0) {
     KV_RETURN_IF_ERROR(kvcache::CheckKvDtypeBlockSize(kv.dtype, kv.block_size));
-    key_stage_.Plan(batch, kv);
+    residual = &this->residual(kv);
+    residual->Plan(batch, kv);
   }
   for (int l = 0; l < c.num_layers; ++l) {
-    AttentionBlock(layers_[l], l, batch, kv);
+    AttentionBlock(layers_[l], l, batch, kv, residual);
     MlpBlock(layers_[l], n);
   }
-  if (key_groups) key_stage_.Commit();
+  if (residual != nullptr) residual->Commit();
 
   // Final norm only for the rows whose logits are wanted.
   const int64_t rows = static_cast<int64_t>(batch.logits_rows.size());

@@ -11,8 +11,9 @@
 #include <set>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
-#include "models/cpu/kv_key_stage.h"
+#include "models/cpu/kv_residual.h"
 #include "models/cpu/matmul.h"
 #include "models/forward_batch.h"
 #include "models/kv_view.h"
@@ -48,9 +49,10 @@ class CpuLlamaModel {
   // After a Forward of a batch with mass_seqs: ForwardOutput::block_mass
   // (empty otherwise), valid until the next Forward.
   const std::vector<float>& block_mass() const { return block_mass_; }
-  // The exact keys of the int3/int2 key groups being filled; the backend
-  // tells it when it copies or replaces a block's pages.
-  cpu::KvKeyStage& key_stage() { return key_stage_; }
+  // The full-precision rows of the int3/int2 key groups being filled in the
+  // KV pool `kv` views (one stage per pool, keyed by its first K plane); the
+  // backend tells it when it copies or replaces a block's pages.
+  cpu::KvResidual& residual(const KvCacheView& kv);
 
  private:
   struct Layer {
@@ -76,7 +78,8 @@ class CpuLlamaModel {
       const std::vector<std::string>& names);
   void Embed(const ForwardBatch& batch);
   void AttentionBlock(const Layer& layer, int layer_index,
-                      const ForwardBatch& batch, const KvCacheView& kv);
+                      const ForwardBatch& batch, const KvCacheView& kv,
+                      cpu::KvResidual* residual);
   void MlpBlock(const Layer& layer, int64_t num_tokens);
 
   ModelConfig config_;
@@ -96,7 +99,8 @@ class CpuLlamaModel {
   // of qkv_'s stride) and that rotation's tables.
   std::vector<float> q_sink_, cos_kv_, sin_kv_;
   std::vector<float> block_mass_;  // [S * max_blocks_per_seq] or empty
-  cpu::KvKeyStage key_stage_;
+  absl::flat_hash_map<const std::byte*, std::unique_ptr<cpu::KvResidual>>
+      residuals_;
 };
 
 }  // namespace kvserve::models

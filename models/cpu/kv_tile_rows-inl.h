@@ -20,6 +20,7 @@
 #endif
 
 #include "kvcache/kv_sizing.h"
+#include "models/cpu/kv_residual.h"
 #include "models/cpu/kv_rows.h"
 
 namespace kvserve::models::cpu_attn {
@@ -308,6 +309,32 @@ inline void DecodeLowBitTile(KvDtype dtype, bool keys, const std::byte* plane,
                       scale, min);
     }
     DecodeLowBitKeyRow(bits, row, dd, scale, min, o);
+  }
+}
+
+// Replaces the rows of a decoded low-bit tile (KV head h; tile row t at
+// plane offset rows[t], slot_bytes per slot) that belong to key groups the
+// forward writes with their full-precision rows (cpu::KvResidual, KIVI's
+// residual). Only rows from `from` on can be staged: the sequence's first
+// new position, rounded down to its group.
+inline void OverlayResidualRows(const cpu::KvResidual& residual, int layer,
+                                const int64_t* rows, int from, int n,
+                                int64_t slot_bytes, int h, int dd, int kv_dim,
+                                int dp, float* k, float* v) {
+  constexpr int kTokens = kvcache::kKvKeyGroupTokens;
+  for (int t = std::max(from, 0); t < n;) {
+    const int64_t slot = rows[t] / slot_bytes;
+    const int row = static_cast<int>(slot % kTokens);
+    const int len = std::min(n - t, kTokens - row);
+    int valid = 0;
+    const float* base = residual.Rows(slot / kTokens, layer, &valid);
+    for (int j = 0; base != nullptr && j < len && row + j < valid; ++j) {
+      const float* kr = base + (row + j) * kv_dim + h * dd;
+      std::memcpy(k + static_cast<int64_t>(t + j) * dp, kr, sizeof(float) * dd);
+      std::memcpy(v + static_cast<int64_t>(t + j) * dp, kr + kTokens * kv_dim,
+                  sizeof(float) * dd);
+    }
+    t += len;
   }
 }
 

@@ -74,7 +74,9 @@ struct Layout {
   int64_t partial_stride;  // floats per partial: m, l, acc[D]
   // Attention mass per block (null: nobody asked): [S * max_blocks_per_seq].
   float* block_mass;
-  int32_t mass_blocks;  // blocks one split's keys can touch
+  int32_t mass_blocks;              // blocks one split's keys can touch
+  const cpu::KvResidual* residual;  // int3/int2: rows read in full precision
+  int layer;
 };
 
 // The keys of a tile row r may see, as [lo, hi) relative to the tile's
@@ -513,6 +515,13 @@ void FoldTile(const Layout& L, const Item& it, const int64_t* rows_at,
                                    slot, s.k.data());
         cpu_attn::DecodeLowBitTile(L.kv.dtype, false, vp, rows_at, t0, n, dd,
                                    dp, slot, s.v.data());
+        if (L.residual != nullptr) {
+          const int32_t first = L.batch.positions[L.batch.seq_starts[it.seq]];
+          cpu_attn::OverlayResidualRows(
+              *L.residual, L.layer, rows_at,
+              first - first % kvcache::kKvKeyGroupTokens - t0, n, slot, h, dd,
+              L.kv.num_kv_heads * dd, dp, s.k.data(), s.v.data());
+        }
         FoldPage(TileRows{s.k.data(), dp}, TileRows{s.v.data(), dp}, n, rows,
                  row0, dp, nc, tk, rr, s);
         break;
@@ -745,7 +754,7 @@ int HeadsPerItem(const AttentionParams& p, const ForwardBatch& batch,
 void PagedAttention(const AttentionParams& p, const ForwardBatch& batch,
                     const float* q, const float* q_sink, int64_t q_stride,
                     const KvCacheView& kv, int layer, float* out,
-                    float* block_mass) {
+                    float* block_mass, const cpu::KvResidual* residual) {
   const int32_t split_keys = kAttnSplitKeys;
   const bool mass = block_mass != nullptr && !batch.mass_seqs.empty();
   const Layout L{p,
@@ -758,7 +767,9 @@ void PagedAttention(const AttentionParams& p, const ForwardBatch& batch,
                  kv.RowBytes(),
                  2 + p.head_dim,
                  block_mass,
-                 split_keys / kv.block_size + 2};
+                 split_keys / kv.block_size + 2,
+                 residual,
+                 layer};
   const int32_t num_tokens = batch.num_tokens();
   std::vector<QueryRef> refs(num_tokens);
   std::vector<Item> items;

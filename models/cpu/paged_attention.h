@@ -22,6 +22,7 @@
 
 #include <cstdint>
 
+#include "models/cpu/kv_residual.h"
 #include "models/forward_batch.h"
 #include "models/kv_view.h"
 
@@ -49,9 +50,12 @@ inline constexpr int32_t kAttnQueryTile = 16;
 // and batch.mass_seqs, adds to block_mass[s * max_blocks_per_seq + b] the
 // softmax weight that sequence s's query rows (all heads) gave the keys of
 // its table entry b (ForwardOutput::block_mass, summed over layers).
+// With `residual` (int3/int2 only), the rows of the key groups this forward
+// writes are read from it in full precision instead of their codes.
 void PagedAttention(const AttentionParams& p, const ForwardBatch& batch,
                     const float* q, const float* q_sink, int64_t q_stride,
                     const KvCacheView& kv, int layer, float* out,
-                    float* block_mass = nullptr);
+                    float* block_mass = nullptr,
+                    const cpu::KvResidual* residual = nullptr);
 
 }  // namespace kvserve::models

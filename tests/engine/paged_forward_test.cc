@@ -332,7 +332,7 @@ TEST(PagedForwardLowBitKv, KeyGroupsRequantizeFromExactKeys) {
   for (int i = 0; i < 40; ++i) {
     decode.drv->Step({{0, 1}}, &logits);
     if (i == 19) {  // 4 rows into the second group: its keys lost
-      lost.model->key_stage().Forget(lost.drv->table(0)[1], 16);
+      lost.model->residual(lost.kv->view()).Forget(lost.drv->table(0)[1], 16);
     }
     lost.drv->Step({{0, 1}}, &logits);
   }
@@ -346,11 +346,57 @@ TEST(PagedForwardLowBitKv, KeyGroupsRequantizeFromExactKeys) {
     EXPECT_EQ(layer0_keys(prefill, b), layer0_keys(decode, b)) << "block " << b;
   }
   EXPECT_EQ(layer0_keys(prefill, 0), layer0_keys(lost, 0));
-  EXPECT_EQ(prefill.model->key_stage().rebuilt_groups(), 0);
-  EXPECT_EQ(decode.model->key_stage().rebuilt_groups(), 0);
-  EXPECT_EQ(lost.model->key_stage().rebuilt_groups(), 1);
+  EXPECT_EQ(prefill.model->residual(prefill.kv->view()).rebuilt_groups(), 0);
+  EXPECT_EQ(decode.model->residual(decode.kv->view()).rebuilt_groups(), 0);
+  EXPECT_EQ(lost.model->residual(lost.kv->view()).rebuilt_groups(), 1);
   // Positions 32..39: the third group, partly filled, still staged.
-  EXPECT_EQ(decode.model->key_stage().num_entries(), 1u);
+  EXPECT_EQ(decode.model->residual(decode.kv->view()).num_entries(), 1u);
+}
+
+// KIVI's residual: attention reads the key groups a forward writes from the
+// staged f32 rows, so while a sequence is inside its first group int2 KV
+// gives f32 KV's logits (up to the rotation's rounding), decoded one token
+// at a time or prefilled at once; once a group is full it is read from its
+// codes. Two pools on one model keep separate stages (eval's lanes).
+TEST(PagedForwardLowBitKv, NewestGroupReadsFullPrecision) {
+  const ModelConfig c = SmallConfig(4, 2);
+  std::mt19937 rng(12);
+  std::uniform_int_distribution<int32_t> tok(0, c.vocab_size - 1);
+  std::vector<int32_t> seq(40);
+  for (auto& t : seq) t = tok(rng);
+  const auto model = *CpuLlamaModel::Create(c, RandomWeights(c, 6));
+  auto pool = [&](kvcache::KvDtype dtype) {
+    return *engine::KvCacheStorage::Create(
+        {c.num_layers, c.num_kv_heads, c.head_dim, 16, 8, 0, dtype});
+  };
+  const auto f32 = pool(kvcache::KvDtype::kF32);
+  const auto int2 = pool(kvcache::KvDtype::kInt2);
+  const auto int3 = pool(kvcache::KvDtype::kInt3);
+  MultiSeqDriver ref(model.get(), f32.get(), {seq}, 3);
+  MultiSeqDriver low(model.get(), int2.get(), {seq}, 3);
+  std::vector<int32_t> other_seq(40);
+  for (auto& t : other_seq) t = tok(rng);
+  MultiSeqDriver other(model.get(), int3.get(), {other_seq}, 3);
+  std::vector<float> want, got, unused;
+  double worst_in_group = 0.0, worst_after = 0.0;
+  for (int i = 0; i < 40; ++i) {
+    ref.Step({{0, 1}}, &want);
+    other.Step({{0, 1}}, &unused);  // interleaved, on the same slots
+    low.Step({{0, 1}}, &got);
+    const double err = RelErr(got.data(), {want.begin(), want.end()});
+    (i < 16 ? worst_in_group : worst_after) =
+        std::max(i < 16 ? worst_in_group : worst_after, err);
+  }
+  EXPECT_LE(worst_in_group, 1e-4);
+  EXPECT_GE(worst_after, 1e-2) << "full groups are read from int2 codes";
+
+  const auto f32b = pool(kvcache::KvDtype::kF32);
+  const auto int2b = pool(kvcache::KvDtype::kInt2);
+  MultiSeqDriver ref16(model.get(), f32b.get(), {seq}, 5);
+  MultiSeqDriver low16(model.get(), int2b.get(), {seq}, 5);
+  ref16.Step({{0, 16}}, &want);
+  low16.Step({{0, 16}}, &got);
+  EXPECT_LE(RelErr(got.data(), {want.begin(), want.end()}), 1e-4);
 }
 
 }  // namespace

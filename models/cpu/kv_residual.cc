@@ -1,4 +1,4 @@
-#include "models/cpu/kv_key_stage.h"
+#include "models/cpu/kv_residual.h"
 
 #include <algorithm>
 #include <cstring>
@@ -14,11 +14,11 @@ namespace {
 constexpr int kRows = kvcache::kKvKeyGroupTokens;
 }  // namespace
 
-void KvKeyStage::Plan(const ForwardBatch& batch, const KvCacheView& kv) {
+void KvResidual::Plan(const ForwardBatch& batch, const KvCacheView& kv) {
   ++forward_;
   runs_.clear();
-  entry_floats_ =
-      static_cast<int64_t>(kv.k.size()) * kRows * kv.num_kv_heads * kv.head_dim;
+  layer_floats_ = int64_t{2} * kRows * kv.num_kv_heads * kv.head_dim;
+  entry_floats_ = static_cast<int64_t>(kv.k.size()) * layer_floats_;
   const auto& slots = batch.slot_mapping;
   for (int32_t i = 0; i < static_cast<int32_t>(slots.size()); ++i) {
     const int64_t group = slots[i] / kRows;
@@ -38,12 +38,12 @@ void KvKeyStage::Plan(const ForwardBatch& batch, const KvCacheView& kv) {
   for (Run& r : runs_) {
     auto [it, inserted] = entries_.try_emplace(r.group);
     Entry& e = it->second;
-    if (inserted || e.keys.empty()) {
+    if (inserted || e.data.empty()) {
       if (!spare_.empty()) {
-        e.keys = std::move(spare_.back());
+        e.data = std::move(spare_.back());
         spare_.pop_back();
       }
-      e.keys.resize(entry_floats_);
+      e.data.resize(entry_floats_);
       e.rows = 0;
     }
     if (r.row_begin == 0) {
@@ -52,63 +52,84 @@ void KvKeyStage::Plan(const ForwardBatch& batch, const KvCacheView& kv) {
       r.rebuild = true;
       ++rebuilt_;
     }
+    e.live_rows = r.row_end;
+    e.last_use = forward_;
   }
   for (Run& r : runs_) r.entry = &entries_.find(r.group)->second;
 }
 
-void KvKeyStage::WriteLayer(int layer, const float* k, int64_t k_stride,
-                            const KvCacheView& kv) {
+void KvResidual::WriteLayer(int layer, const float* k, const float* v,
+                            int64_t stride, const KvCacheView& kv) {
   const int heads = kv.num_kv_heads, dd = kv.head_dim;
   const int64_t kv_dim = static_cast<int64_t>(heads) * dd;
   const int64_t row_bytes = kv.RowBytes(), slot_bytes = kv.SlotBytes();
-  std::byte* plane = kv.k[layer];
+  std::byte* k_plane = kv.k[layer];
+  const std::byte* v_plane = kv.v[layer];
   ParallelFor(
       static_cast<int64_t>(runs_.size()), 1, [&](int64_t lo, int64_t hi) {
         for (int64_t n = lo; n < hi; ++n) {
           const Run& r = runs_[n];
-          float* keys = r.entry->keys.data() + layer * kRows * kv_dim;
-          std::byte* rows = plane + r.group * kRows * slot_bytes;
-          if (r.rebuild) {
+          float* keys = r.entry->data.data() + layer * layer_floats_;
+          float* values = keys + kRows * kv_dim;
+          const int64_t first = r.group * kRows * slot_bytes;
+          std::byte* k_rows = k_plane + first;
+          if (r.rebuild) {  // the rows before this write, from their codes
             for (int j = 0; j < r.row_begin; ++j) {
               for (int h = 0; h < heads; ++h) {
-                DecodeKvKeyRow(kv.dtype, rows + h * row_bytes, slot_bytes, j,
+                DecodeKvKeyRow(kv.dtype, k_rows + h * row_bytes, slot_bytes, j,
                                dd, keys + j * kv_dim + h * dd);
+                DecodeKvRow(kv.dtype,
+                            v_plane + first + j * slot_bytes + h * row_bytes,
+                            dd, values + j * kv_dim + h * dd);
               }
             }
           }
           for (int32_t j = r.row_begin; j < r.row_end; ++j) {
             const int64_t token = r.token_begin + (j - r.row_begin);
-            std::memcpy(keys + j * kv_dim, k + token * k_stride,
+            std::memcpy(keys + j * kv_dim, k + token * stride,
+                        sizeof(float) * kv_dim);
+            std::memcpy(values + j * kv_dim, v + token * stride,
                         sizeof(float) * kv_dim);
           }
           for (int h = 0; h < heads; ++h) {
             EncodeKvKeyGroup(kv.dtype, keys + h * dd, kv_dim, r.row_end, dd,
-                             rows + h * row_bytes, slot_bytes);
+                             k_rows + h * row_bytes, slot_bytes);
           }
         }
       });
 }
 
-void KvKeyStage::Commit() {
+const float* KvResidual::Rows(int64_t group, int layer, int* rows) const {
+  auto it = entries_.find(group);
+  if (it == entries_.end() || it->second.last_use != forward_) return nullptr;
+  *rows = it->second.live_rows;
+  return it->second.data.data() + layer * layer_floats_;
+}
+
+void KvResidual::Commit() {
   for (const Run& r : runs_) {
     auto it = entries_.find(r.group);
     if (it == entries_.end()) continue;
     if (r.row_end == kRows) {
-      spare_.push_back(std::move(it->second.keys));
-      entries_.erase(it);
+      Drop(it);
       continue;
     }
     it->second.rows = r.row_end;
-    it->second.last_use = forward_;
   }
   capacity_ =
       std::max<int64_t>(capacity_, 2 * static_cast<int64_t>(runs_.size()));
   runs_.clear();
+  ++forward_;  // Rows answers nothing until the next Plan
   EvictIdle();
   if (spare_.size() > 8) spare_.resize(8);
 }
 
-void KvKeyStage::EvictIdle() {
+void KvResidual::Drop(absl::flat_hash_map<int64_t, Entry>::iterator it) {
+  spare_.push_back(std::move(it->second.data));
+  entries_.erase(it);
+}
+
+void KvResidual::EvictIdle() {
   if (static_cast<int64_t>(entries_.size()) <= capacity_) return;
   std::vector<std::pair<int64_t, int64_t>> by_use;  // (last_use, group)
   by_use.reserve(entries_.size());
@@ -116,24 +137,18 @@ void KvKeyStage::EvictIdle() {
     by_use.emplace_back(e.last_use, group);
   std::sort(by_use.begin(), by_use.end());
   const size_t drop = entries_.size() - static_cast<size_t>(capacity_);
-  for (size_t i = 0; i < drop; ++i) {
-    auto it = entries_.find(by_use[i].second);
-    spare_.push_back(std::move(it->second.keys));
-    entries_.erase(it);
-  }
+  for (size_t i = 0; i < drop; ++i) Drop(entries_.find(by_use[i].second));
 }
 
-void KvKeyStage::Forget(int32_t block, int32_t block_size) {
+void KvResidual::Forget(int32_t block, int32_t block_size) {
   const int64_t first = int64_t{block} * block_size / kRows;
   for (int64_t g = first; g < first + block_size / kRows; ++g) {
     auto it = entries_.find(g);
-    if (it == entries_.end()) continue;
-    spare_.push_back(std::move(it->second.keys));
-    entries_.erase(it);
+    if (it != entries_.end()) Drop(it);
   }
 }
 
-void KvKeyStage::Copy(int32_t src, int32_t dst, int32_t block_size) {
+void KvResidual::Copy(int32_t src, int32_t dst, int32_t block_size) {
   Forget(dst, block_size);
   const int64_t per_block = block_size / kRows;
   for (int64_t j = 0; j < per_block; ++j) {
@@ -144,7 +159,7 @@ void KvKeyStage::Copy(int32_t src, int32_t dst, int32_t block_size) {
   }
 }
 
-int64_t KvKeyStage::bytes() const {
+int64_t KvResidual::bytes() const {
   return static_cast<int64_t>(entries_.size()) * entry_floats_ *
          static_cast<int64_t>(sizeof(float));
 }
