@@ -103,8 +103,8 @@ struct ForwardOutput {
   // (0 for a sequence that did not ask). A backend without it leaves it
   // empty.
   std::vector<float> block_mass;
-  // int3/int2 key groups whose exact keys were gone and were rebuilt from
-  // their codes in this forward (lossy; models/cpu/kv_key_stage.h).
+  // int3/int2 key groups whose exact rows were gone and were rebuilt from
+  // their codes in this forward (lossy; models/cpu/kv_residual.h).
   int64_t kv_groups_rebuilt = 0;
 };
 

@@ -128,6 +128,9 @@ class Eval(unittest.TestCase):
             (["--text", short], "fewer than one window of --context"),
             (["--text", os.path.join(self.tmp, "absent.txt")], "--text"),
             (["--chunk", "0"], "--chunk"),
+            # A chunk spanning key groups would read them in full precision.
+            (["--kv-cache-dtype", "int3", "--chunk", "32"],
+             "--chunk 32: the int3 lane needs a chunk dividing 16"),
         ]
         for flags, needle in cases:
             with self.subTest(flags=flags):
@@ -161,11 +164,13 @@ class Int8KvGate(unittest.TestCase):
 class LowBitKvGate(unittest.TestCase):
     """int3 and int2 (KIVI) against llama.cpp's q4_0 layout (int4, with the
     same rotation) over two 512-token windows in chunks of 8, so every key
-    group is requantized as it fills: int3 diverges less than int4 at 11%
-    more bytes, int2 takes 11% fewer bytes than int4 and diverges far more
-    (measured 2026-12-07: KLD int3 0.070, int4 0.082, int2 0.357; 4K and
-    8K in docs/PERFORMANCE.md). Neither beats q4_0 at fewer bytes on this
-    model, so neither is recommended over it. About 7 s."""
+    group is requantized as it fills and each token reads its own group in
+    full precision, as a decode step does (KIVI's residual): int3 diverges
+    far less than int4 at 11% more bytes, int2 takes 11% fewer bytes than
+    int4 and diverges more (measured 2026-12-07: KLD int3 0.031, int4
+    0.082, int2 0.160; without the residual 0.070 and 0.357; 4K and 8K in
+    docs/PERFORMANCE.md). Neither beats q4_0 at fewer bytes on this model,
+    so neither is recommended over it. About 7 s."""
 
     def test_int3_beats_q4_0_and_int2_costs_the_fewest_bytes(self):
         out = run_eval("--context", "512", "--chunk", "8", "--max-windows",
@@ -174,9 +179,10 @@ class LowBitKvGate(unittest.TestCase):
         self.assertEqual(out.returncode, 0, out.stderr)
         rows = {r["kv_dtype"]: r for r in json.loads(out.stdout)["results"]}
         kld = {d: rows[d]["mean_kld"] for d in ("int4", "int3", "int2")}
-        self.assertLess(kld["int3"], kld["int4"], kld)
+        self.assertLess(kld["int3"], 0.6 * kld["int4"], kld)
         self.assertLess(kld["int4"], kld["int2"], kld)
-        self.assertLess(kld["int2"], 0.6, kld)
+        # Read from codes, the newest group cost int2 a KLD of 0.357.
+        self.assertLess(kld["int2"], 0.25, kld)
         size = {d: rows[d]["bytes_per_token"] for d in kld}
         self.assertEqual(size, {"int4": 6480, "int3": 7200, "int2": 5760})
         # 3.2x and 4x fewer bytes than fp16 (23,040 per token).
