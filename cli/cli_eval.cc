@@ -29,6 +29,7 @@
 #include "engine/runner/kv_cache_storage.h"
 #include "engine/runner/loaded_model.h"
 #include "engine/runner/platform.h"
+#include "kvcache/kv_format.h"
 #include "kvcache/kv_sizing.h"
 #include "models/cpu/cpu_llama_model.h"
 #include "models/forward_batch.h"
@@ -46,7 +47,12 @@
 namespace kvserve::cli {
 namespace {
 
+// Blocks of the windowed lanes (whose drops are whole blocks, as the
+// server's default block size), and of the full-cache lanes (whole key
+// groups for int3/int2; a full cache's results do not depend on it).
 constexpr int32_t kBlockSize = 16;
+constexpr int32_t kFullBlockSize = kvcache::kKvKeyGroupTokens;
+static_assert(kFullBlockSize % kBlockSize == 0);
 
 struct EvalFlags {
   // --model and --threads; eval runs on the CPU and takes its own list of
@@ -278,7 +284,7 @@ void BuildChunk(absl::Span<const int32_t> window, int32_t off, int32_t n,
   const int32_t new_len = off + n;
   batch->seq_starts = {0, n};
   batch->context_lens = {new_len};
-  batch->max_blocks_per_seq = (new_len + kBlockSize - 1) / kBlockSize;
+  batch->max_blocks_per_seq = (new_len + kFullBlockSize - 1) / kFullBlockSize;
   batch->block_tables.resize(batch->max_blocks_per_seq);
   for (int32_t b = 0; b < batch->max_blocks_per_seq; ++b) {
     batch->block_tables[b] = b;
@@ -411,7 +417,9 @@ double PplStderr(const DtypeStats& s) {
 }
 
 int64_t BlocksPerGib(const kvcache::KvShape& shape, kvcache::KvDtype d) {
-  return (int64_t{1} << 30) / kvcache::KvBytesPerBlock(shape, d, kBlockSize);
+  return (int64_t{1} << 30) /
+         kvcache::KvBytesPerBlock(
+             shape, d, kvcache::KvDtypeDefaultBlockSize(d, kBlockSize));
 }
 
 std::string FormatTable(const EvalFlags& f, const EvalResult& r) {
@@ -505,6 +513,8 @@ std::string FormatJson(const EvalFlags& f, const EvalResult& r) {
     row["mean_kld"] = s.sum_kld / s.scored;
     row["top1_agreement_pct"] = 100.0 * s.agree / s.scored;
     row["bytes_per_token"] = kvcache::KvBytesPerToken(r.shape, r.dtypes[i]);
+    row["block_size"] =
+        kvcache::KvDtypeDefaultBlockSize(r.dtypes[i], kBlockSize);
     row["blocks_per_gib"] = BlocksPerGib(r.shape, r.dtypes[i]);
     row["tokens_scored"] = s.scored;
     rows.push_back(std::move(row));
@@ -549,12 +559,12 @@ absl::StatusOr<std::vector<Lane>> MakeLanes(
   }
   for (size_t i = 0; i < lanes.size(); ++i) {
     lanes[i].dtype = lane_dtypes[i];
-    KV_ASSIGN_OR_RETURN(
-        lanes[i].kv,
-        engine::KvCacheStorage::Create(
-            {c.num_layers, c.num_kv_heads, c.head_dim, kBlockSize,
-             static_cast<int32_t>((context + kBlockSize - 1) / kBlockSize), 0,
-             lane_dtypes[i]}));
+    const int32_t bs = i < full_lanes ? kFullBlockSize : kBlockSize;
+    KV_ASSIGN_OR_RETURN(lanes[i].kv,
+                        engine::KvCacheStorage::Create(
+                            {c.num_layers, c.num_kv_heads, c.head_dim, bs,
+                             static_cast<int32_t>((context + bs - 1) / bs), 0,
+                             lane_dtypes[i]}));
   }
   return lanes;
 }

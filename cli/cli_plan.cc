@@ -105,7 +105,7 @@ namespace {
 struct PlanArgs {
   PlanFlags flags;
   int64_t tp = PlanFlags{}.tp;
-  int64_t block_size = PlanFlags{}.block_size;
+  int64_t block_size = 0;  // not given: the default for the dtype
 };
 
 // A fraction in (0, 1] into *out.
@@ -195,8 +195,8 @@ void RegisterPlanFlags(PlanArgs* a, CliArgs* args) {
                  return true;
                });
   args->Int("tp", &a->tp, "tensor-parallel ranks (default 1)", 1, 4096);
-  args->Int("block-size", &a->block_size, "tokens per KV block (default 16)", 1,
-            4096);
+  args->Int("block-size", &a->block_size,
+            "tokens per KV block (default 16; 32 for int3 and int2)", 1, 4096);
   args->Int("mean-len", &f->mean_len,
             "mean sequence length for the idle-KV comparison", 1, kMaxTokens);
   args->Custom("weight-bytes", "X",
@@ -241,7 +241,10 @@ absl::StatusOr<PlanFlags> ParsePlanFlags(const std::vector<std::string>& args) {
   KV_RETURN_IF_ERROR(cli.Parse(static_cast<int>(argv.size()), argv.data(), 0));
   PlanFlags f = std::move(a.flags);
   f.tp = static_cast<int>(a.tp);
-  f.block_size = static_cast<int>(a.block_size);
+  f.block_size = a.block_size > 0 ? static_cast<int>(a.block_size)
+                                  : kvcache::KvDtypeDefaultBlockSize(
+                                        f.kv_dtype, PlanFlags{}.block_size);
+  KV_RETURN_IF_ERROR(kvcache::CheckKvDtypeBlockSize(f.kv_dtype, f.block_size));
   if (f.memory > 0 && !f.gpu.empty()) {
     return absl::InvalidArgumentError(
         "--memory and --gpu are mutually exclusive: --memory is the KV budget "

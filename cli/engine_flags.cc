@@ -10,6 +10,7 @@
 #include "cli/sim_profile.h"
 #include "common/status_macros.h"
 #include "common/system.h"
+#include "kvcache/kv_format.h"
 #include "kvtier/redis_client.h"
 #include "models/loader/mapped_file.h"
 #include "scheduler/scheduler_config.h"
@@ -47,15 +48,16 @@ void RegisterDeviceFlags(EngineFlags* f, CliArgs* args) {
                absl::StrCat("KV element type: ", kKvDtypeAutoHelp,
                             ", f32, fp16, bf16, int8 (q8_0 layout), int4 "
                             "(q4_0 layout), int3 or int2 (KIVI: keys per "
-                            "channel over 16 tokens, --block-size a "
-                            "multiple of 16) on the CPU; bf16, fp8 (e4m3) or "
+                            "channel over 32 tokens, --block-size a "
+                            "multiple of 32) on the CPU; bf16, fp8 (e4m3) or "
                             "int8 (q8_0, --block-size a multiple of 4) on "
                             "CUDA (default ",
                             f->kv_cache_dtype, ")"));
-  args->Int(
-      "block-size", &f->block_size,
-      absl::StrCat("tokens per KV cache block (default ", f->block_size, ")"),
-      1, 1024);
+  args->Int("block-size", &f->block_size,
+            absl::StrCat("tokens per KV cache block (default ",
+                         f->default_block_size, "; whole key groups of ",
+                         kvcache::kKvKeyGroupTokens, " for int3 and int2)"),
+            1, 1024);
 }
 
 void RegisterBatchFlags(EngineFlags* f, CliArgs* args) {
@@ -245,7 +247,8 @@ EngineFlags EngineFlagsFrom(const engine::EngineConfig& defaults,
   EngineFlags f;
   f.model = std::move(model);
   f.device = std::move(device);
-  f.block_size = s.block_size;
+  f.block_size = 0;
+  f.default_block_size = s.block_size;
   f.max_num_seqs = s.max_num_seqs;
   f.max_num_batched_tokens = s.max_num_batched_tokens;
   f.kv_reservation =
@@ -289,7 +292,15 @@ absl::Status ApplyEngineFlags(const EngineFlags& f, uint32_t groups,
     KV_RETURN_IF_ERROR(ApplyDeviceFlags(f.device, sim, f.sim_profile, e));
     KV_ASSIGN_OR_RETURN(e->kv_cache_dtype,
                         ParseKvCacheDtypeFlag(f.kv_cache_dtype));
-    s.block_size = static_cast<int32_t>(f.block_size);
+    if (f.block_size > 0) {
+      s.block_size = static_cast<int32_t>(f.block_size);
+    } else {
+      s.block_size = static_cast<int32_t>(f.default_block_size);
+      if (e->kv_cache_dtype.has_value()) {
+        s.block_size =
+            kvcache::KvDtypeDefaultBlockSize(*e->kv_cache_dtype, s.block_size);
+      }
+    }
   }
   if (groups & kBatchFlags) {
     s.max_num_seqs = static_cast<int32_t>(f.max_num_seqs);

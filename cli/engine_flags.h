@@ -22,7 +22,8 @@ struct EngineFlags {
   int64_t threads = 0;  // CPU compute threads; 0: all
   std::string device;
   std::string kv_cache_dtype = "auto";
-  int64_t block_size = 0;
+  int64_t block_size = 0;           // 0: not given, the dtype's default
+  int64_t default_block_size = 16;  // rounded up to key groups for int3/int2
   int64_t max_num_seqs = 0, max_num_batched_tokens = 0;
   std::string kv_reservation;
   bool prefix_caching = true;

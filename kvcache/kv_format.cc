@@ -51,7 +51,7 @@ int64_t KvRowBytes(KvDtype dtype, int head_dim) {
       return groups * (kKvQuantGroup / 2 + 2);
     case KvDtype::kInt3:
     case KvDtype::kInt2: {
-      // Codes, then one fp16 (scale, min) pair per 16 elements.
+      // Codes, then one fp16 (scale, min) pair per kKvLowBitGroup elements.
       const int64_t low = (d + kKvLowBitGroup - 1) / kKvLowBitGroup;
       return (d * KvLowBits(dtype) + 7) / 8 + 4 * low;
     }
@@ -90,6 +90,12 @@ absl::Status CheckKvDtypeBlockSize(KvDtype dtype, int block_size) {
         block_size, KvDtypeName(dtype), kKvKeyGroupTokens, kKvKeyGroupTokens));
   }
   return absl::OkStatus();
+}
+
+int KvDtypeDefaultBlockSize(KvDtype dtype, int block_size) {
+  if (KvLowBits(dtype) == 0) return block_size;
+  return (block_size + kKvKeyGroupTokens - 1) / kKvKeyGroupTokens *
+         kKvKeyGroupTokens;
 }
 
 KvRotation KvRotationFor(KvDtype dtype, int head_dim) {

@@ -27,18 +27,19 @@ namespace kvserve::kvcache {
 // kInt3 and kInt2 are KIVI-style (asymmetric: x = code * scale + min, fp16
 // scale and min): values per token in groups of kKvLowBitGroup channels,
 // keys per channel across the kKvKeyGroupTokens tokens of a key group
-// (slots [16j, 16j + 16) of a block). Both rows are head_dim x bits / 8
-// bytes of codes and head_dim / 16 (scale, min) pairs: a value row's own
+// (slots [32j, 32j + 32) of a block). Both rows are head_dim x bits / 8
+// bytes of codes and head_dim / 32 (scale, min) pairs: a value row's own
 // groups, a key row its share of its group's channels (row j of a group
-// holds channels [j * head_dim / 16, (j + 1) * head_dim / 16)). 0.5 and
-// 0.625 bytes per element with scales: 4x and 3.2x fewer than fp16.
+// holds channels [j * head_dim / 32, (j + 1) * head_dim / 32)). 0.375 and
+// 0.5 bytes per element with scales: 5.3x and 4x fewer than fp16.
 enum class KvDtype { kF32, kBF16, kF16, kFP8, kInt8, kInt4, kInt3, kInt2 };
 inline constexpr int kKvQuantGroup = 32;
-inline constexpr int kKvLowBitGroup = 16;
-inline constexpr int kKvKeyGroupTokens = 16;
+inline constexpr int kKvLowBitGroup = 32;
+inline constexpr int kKvKeyGroupTokens = 32;
 // A key row holds head_dim / kKvKeyGroupTokens channels' pairs, a value row
 // head_dim / kKvLowBitGroup groups' pairs: the same bytes only if equal.
-// (32 and 32 measured worse than q4_0 at fewer bytes: docs/PERFORMANCE.md.)
+// Groups of 32 rather than 16: int3 then beats q4_0's quality at fewer
+// bytes (docs/PERFORMANCE.md, "Low-bit KV").
 static_assert(kKvLowBitGroup == kKvKeyGroupTokens);
 // The CPU decoders keep a key group's scales on the stack.
 inline constexpr int kKvLowBitMaxHeadDim = 512;
@@ -67,6 +68,9 @@ inline constexpr int kKvLowBitMaxHeadDim = 512;
 // OK iff a block of `block_size` tokens holds whole key groups of `dtype`
 // (a multiple of kKvKeyGroupTokens for the low-bit dtypes).
 [[nodiscard]] absl::Status CheckKvDtypeBlockSize(KvDtype dtype, int block_size);
+// The block size `dtype` gets when none was asked for: `block_size` (the
+// default), rounded up to whole key groups for the low-bit dtypes.
+[[nodiscard]] int KvDtypeDefaultBlockSize(KvDtype dtype, int block_size);
 // Canonical short name: "f32", "bf16", "fp16", "fp8", "int8", "int4",
 // "int3", "int2".
 [[nodiscard]] std::string_view KvDtypeName(KvDtype dtype);

@@ -1,7 +1,7 @@
 // The full-precision K and V rows of the int3/int2 key groups being filled
 // (KIVI's residual, kvcache/kv_format.h), one stage per KV pool.
 //
-// Those dtypes quantize a key group per channel across its 16 tokens, so a
+// Those dtypes quantize a key group per channel across its 32 tokens, so a
 // group that gains a row is quantized again as a whole, from these f32
 // keys rather than from its codes: each write leaves the pages holding a
 // valid quantization of the rows present (fitted to them alone), and the
@@ -47,8 +47,8 @@ class KvResidual {
   void Commit();
 
   // Between WriteLayer(layer) and Commit: layer `layer`'s rows of key group
-  // `group` (first slot / 16) when this forward writes it, else null. Keys
-  // of row j at [j * kv_dim, ...), values 16 * kv_dim floats after; rows
+  // `group` (first slot / 32) when this forward writes it, else null. Keys
+  // of row j at [j * kv_dim, ...), values 32 * kv_dim floats after; rows
   // [0, *rows) are valid.
   [[nodiscard]] const float* Rows(int64_t group, int layer, int* rows) const;
 
@@ -68,11 +68,11 @@ class KvResidual {
     int32_t rows = 0;         // leading rows staged (as of the last Commit)
     int32_t live_rows = 0;    // rows valid during forward `last_use`
     int64_t last_use = 0;     // forward counter of the last write
-    std::vector<float> data;  // [layers][K, V][16][kv_dim]
+    std::vector<float> data;  // [layers][K, V][32][kv_dim]
   };
   // A run of one group's rows written by consecutive tokens.
   struct Run {
-    int64_t group;  // first slot / 16
+    int64_t group;  // first slot / 32
     int32_t row_begin, row_end, token_begin;
     bool rebuild;
     Entry* entry;
@@ -83,7 +83,7 @@ class KvResidual {
   int64_t capacity_ = 64;
   int64_t forward_ = 0;
   int64_t rebuilt_ = 0;
-  int64_t layer_floats_ = 0;  // 2 * 16 * kv_dim
+  int64_t layer_floats_ = 0;  // 2 * 32 * kv_dim
   int64_t entry_floats_ = 0;
   absl::flat_hash_map<int64_t, Entry> entries_;
   std::vector<Run> runs_;

@@ -9,14 +9,14 @@
 //         bytes whose low nibbles are elements 0..15 and high nibbles
 //         16..31; x = d * (q - 8), d = (the element of largest magnitude) / -8
 //   int3, int2 (KIVI-style, kvcache/kv_format.h) head_dim x bits / 8 bytes
-//         of codes, then head_dim / 16 fp16 (scale, min) pairs; x = code *
+//         of codes, then head_dim / 32 fp16 (scale, min) pairs; x = code *
 //         scale + min, scale = (max - min) / (2^bits - 1). Code planes: the
 //         low two bits of element e in byte e % (head_dim / 4) at bit
 //         2 * (e / (head_dim / 4)); int3's high bit in the bitmask after
 //         them (bit e % 8 of byte e / 8). A value row's pairs are its own
-//         groups of 16 elements; key rows come in groups of 16 tokens
+//         groups of 32 elements; key rows come in groups of 32 tokens
 //         quantized per channel (EncodeKvKeyGroup), row j holding the pairs
-//         of channels [j * head_dim / 16, (j + 1) * head_dim / 16).
+//         of channels [j * head_dim / 32, (j + 1) * head_dim / 32).
 // The encoders are the write path of the forward pass (and llama.cpp's
 // reference quantizers for the two integer types); the decoders are the
 // reference the vectorized attention kernel is tested against.
@@ -39,7 +39,7 @@ void EncodeKvRow(kvcache::KvDtype dtype, const float* x, int head_dim,
 void DecodeKvRow(kvcache::KvDtype dtype, const std::byte* row, int head_dim,
                  float* out);
 
-// The first n (1..16) key rows of one int3/int2 key group: x row i at
+// The first n (1..32) key rows of one int3/int2 key group: x row i at
 // x + i * x_stride, quantized per channel over those n rows. Writes the
 // codes of rows [0, n) and the (scale, min) pairs of all 16 rows; `rows`
 // is the group's first row, rows `row_stride` bytes apart.

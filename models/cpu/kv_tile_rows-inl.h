@@ -265,7 +265,7 @@ HWY_INLINE void DecodeLowBitValueRow(int bits, const std::byte* row, int dd,
 }
 
 // A key group's per-channel scales and mins (row r of the group holds
-// channels [r * dd / 16, (r + 1) * dd / 16)), as DecodeKvKeyScales.
+// channels [r * dd / 32, (r + 1) * dd / 32)), as DecodeKvKeyScales.
 HWY_INLINE void LowBitKeyScales(int bits, const std::byte* group,
                                 int64_t stride, int dd, float* scale,
                                 float* min) {
@@ -287,7 +287,7 @@ inline constexpr int kMaxLowBitDim = kvcache::kKvLowBitMaxHeadDim;
 // Decodes int3/int2 rows at plane + rows[0, n), the KV positions t0 ..
 // t0 + n - 1, into a tile of rows `dp` floats apart. A value row carries
 // its own scales; a key row's come from its key group, whose first row is
-// (t0 + t) % 16 slots (slot_bytes apart) before it in the same block.
+// (t0 + t) % 32 slots (slot_bytes apart) before it in the same block.
 inline void DecodeLowBitTile(KvDtype dtype, bool keys, const std::byte* plane,
                              const int64_t* rows, int32_t t0, int n, int dd,
                              int dp, int64_t slot_bytes, float* out) {

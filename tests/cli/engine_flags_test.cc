@@ -33,7 +33,8 @@ TEST(EngineFlagsTest, HelpSaysTheDefaultsItStartsFrom) {
   EXPECT_THAT(usage, HasSubstr("(default tiny)"));
   EXPECT_THAT(usage, HasSubstr("default sim:h100)"));
   EXPECT_THAT(usage, HasSubstr("most requests running at once (default 123)"));
-  EXPECT_THAT(usage, HasSubstr("tokens per KV cache block (default 32)"));
+  EXPECT_THAT(usage, HasSubstr("tokens per KV cache block (default 32; "
+                               "whole key groups of 32 for int3 and int2)"));
   EXPECT_THAT(usage, HasSubstr("(default 3GiB; 0 = swapping off)"));
 }
 
@@ -66,6 +67,15 @@ TEST(EngineFlagsTest, ParsedValuesReachTheConfig) {
   EXPECT_EQ(e.sim.seed, 9u);
   EXPECT_EQ(e.sim.speed, 0.0);
   EXPECT_EQ(e.scheduler.block_size, 8);
+  // Not given: the default, rounded up to whole key groups for int2.
+  EngineFlags low = EngineFlagsFrom(engine::EngineConfig(), "m", "cpu");
+  low.kv_cache_dtype = "int2";
+  engine::EngineConfig le;
+  ASSERT_TRUE(ApplyEngineFlags(low, kAllEngineFlags, &le).ok());
+  EXPECT_EQ(le.scheduler.block_size, 32);
+  low.kv_cache_dtype = "int8";
+  ASSERT_TRUE(ApplyEngineFlags(low, kAllEngineFlags, &le).ok());
+  EXPECT_EQ(le.scheduler.block_size, 16);
   EXPECT_EQ(e.scheduler.max_num_seqs, 7);
   EXPECT_EQ(e.scheduler.kv_reservation, scheduler::KvReservation::kMaxLength);
   EXPECT_FALSE(e.scheduler.enable_prefix_caching);

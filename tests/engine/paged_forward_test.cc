@@ -300,16 +300,24 @@ TEST(PagedForwardKvWindow, SinksAtWrittenDistanceMatchReference) {
 namespace kvserve::models {
 namespace {
 
+// A model whose head_dim holds whole int3/int2 groups (32 elements).
+ModelConfig LowBitConfig() {
+  ModelConfig c = SmallConfig(2, 1);
+  c.head_dim = 32;
+  return c;
+}
+constexpr int kGroupRows = kvcache::kKvKeyGroupTokens;
+
 // int2 keys are quantized per channel over each key group's rows, from the
 // exact keys the model stages: a sequence written one token at a time ends
 // with layer 0's key pages byte for byte those of one prefill (layer 0's
 // keys depend on the tokens alone). A group whose staged keys are lost (a
 // block refilled by a swap) is rebuilt from its codes, and counted.
 TEST(PagedForwardLowBitKv, KeyGroupsRequantizeFromExactKeys) {
-  const ModelConfig c = SmallConfig(4, 2);
+  const ModelConfig c = LowBitConfig();
   std::mt19937 rng(11);
   std::uniform_int_distribution<int32_t> tok(0, c.vocab_size - 1);
-  std::vector<int32_t> seq(40);
+  std::vector<int32_t> seq(80);
   for (auto& t : seq) t = tok(rng);
   struct Run {
     std::unique_ptr<CpuLlamaModel> model;
@@ -320,7 +328,7 @@ TEST(PagedForwardLowBitKv, KeyGroupsRequantizeFromExactKeys) {
     Run r;
     r.model = *CpuLlamaModel::Create(c, RandomWeights(c, 5));
     r.kv = *engine::KvCacheStorage::Create({c.num_layers, c.num_kv_heads,
-                                            c.head_dim, 16, 8, 0,
+                                            c.head_dim, kGroupRows, 8, 0,
                                             kvcache::KvDtype::kInt2});
     r.drv = std::make_unique<MultiSeqDriver>(
         r.model.get(), r.kv.get(), std::vector<std::vector<int32_t>>{seq}, 3);
@@ -328,11 +336,12 @@ TEST(PagedForwardLowBitKv, KeyGroupsRequantizeFromExactKeys) {
   };
   Run prefill = make(), decode = make(), lost = make();
   std::vector<float> logits;
-  prefill.drv->Step({{0, 40}}, &logits);
-  for (int i = 0; i < 40; ++i) {
+  prefill.drv->Step({{0, 80}}, &logits);
+  for (int i = 0; i < 80; ++i) {
     decode.drv->Step({{0, 1}}, &logits);
-    if (i == 19) {  // 4 rows into the second group: its keys lost
-      lost.model->residual(lost.kv->view()).Forget(lost.drv->table(0)[1], 16);
+    if (i == kGroupRows + 3) {  // 4 rows into the second group: lost
+      lost.model->residual(lost.kv->view())
+          .Forget(lost.drv->table(0)[1], kGroupRows);
     }
     lost.drv->Step({{0, 1}}, &logits);
   }
@@ -349,7 +358,7 @@ TEST(PagedForwardLowBitKv, KeyGroupsRequantizeFromExactKeys) {
   EXPECT_EQ(prefill.model->residual(prefill.kv->view()).rebuilt_groups(), 0);
   EXPECT_EQ(decode.model->residual(decode.kv->view()).rebuilt_groups(), 0);
   EXPECT_EQ(lost.model->residual(lost.kv->view()).rebuilt_groups(), 1);
-  // Positions 32..39: the third group, partly filled, still staged.
+  // Positions 64..79: the third group, partly filled, still staged.
   EXPECT_EQ(decode.model->residual(decode.kv->view()).num_entries(), 1u);
 }
 
@@ -359,33 +368,33 @@ TEST(PagedForwardLowBitKv, KeyGroupsRequantizeFromExactKeys) {
 // at a time or prefilled at once; once a group is full it is read from its
 // codes. Two pools on one model keep separate stages (eval's lanes).
 TEST(PagedForwardLowBitKv, NewestGroupReadsFullPrecision) {
-  const ModelConfig c = SmallConfig(4, 2);
+  const ModelConfig c = LowBitConfig();
   std::mt19937 rng(12);
   std::uniform_int_distribution<int32_t> tok(0, c.vocab_size - 1);
-  std::vector<int32_t> seq(40);
+  std::vector<int32_t> seq(80);
   for (auto& t : seq) t = tok(rng);
   const auto model = *CpuLlamaModel::Create(c, RandomWeights(c, 6));
   auto pool = [&](kvcache::KvDtype dtype) {
     return *engine::KvCacheStorage::Create(
-        {c.num_layers, c.num_kv_heads, c.head_dim, 16, 8, 0, dtype});
+        {c.num_layers, c.num_kv_heads, c.head_dim, kGroupRows, 8, 0, dtype});
   };
   const auto f32 = pool(kvcache::KvDtype::kF32);
   const auto int2 = pool(kvcache::KvDtype::kInt2);
   const auto int3 = pool(kvcache::KvDtype::kInt3);
   MultiSeqDriver ref(model.get(), f32.get(), {seq}, 3);
   MultiSeqDriver low(model.get(), int2.get(), {seq}, 3);
-  std::vector<int32_t> other_seq(40);
+  std::vector<int32_t> other_seq(80);
   for (auto& t : other_seq) t = tok(rng);
   MultiSeqDriver other(model.get(), int3.get(), {other_seq}, 3);
   std::vector<float> want, got, unused;
   double worst_in_group = 0.0, worst_after = 0.0;
-  for (int i = 0; i < 40; ++i) {
+  for (int i = 0; i < 80; ++i) {
     ref.Step({{0, 1}}, &want);
     other.Step({{0, 1}}, &unused);  // interleaved, on the same slots
     low.Step({{0, 1}}, &got);
     const double err = RelErr(got.data(), {want.begin(), want.end()});
-    (i < 16 ? worst_in_group : worst_after) =
-        std::max(i < 16 ? worst_in_group : worst_after, err);
+    double& worst = i < kGroupRows ? worst_in_group : worst_after;
+    worst = std::max(worst, err);
   }
   EXPECT_LE(worst_in_group, 1e-4);
   EXPECT_GE(worst_after, 1e-2) << "full groups are read from int2 codes";
@@ -394,8 +403,8 @@ TEST(PagedForwardLowBitKv, NewestGroupReadsFullPrecision) {
   const auto int2b = pool(kvcache::KvDtype::kInt2);
   MultiSeqDriver ref16(model.get(), f32b.get(), {seq}, 5);
   MultiSeqDriver low16(model.get(), int2b.get(), {seq}, 5);
-  ref16.Step({{0, 16}}, &want);
-  low16.Step({{0, 16}}, &got);
+  ref16.Step({{0, kGroupRows}}, &want);
+  low16.Step({{0, kGroupRows}}, &got);
   EXPECT_LE(RelErr(got.data(), {want.begin(), want.end()}), 1e-4);
 }
 

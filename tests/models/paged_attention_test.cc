@@ -112,7 +112,7 @@ class Cache {
 
  private:
   bool KeyGroups() const { return kvcache::KvLowBits(dtype_) > 0; }
-  // int3/int2 keys, a key group of 16 positions at a time (the last one of
+  // int3/int2 keys, a key group of 32 positions at a time (the last one of
   // the sequence partly filled, as a sequence's newest group is).
   void EncodeKeyGroups(size_t q, int32_t ctx) {
     constexpr int kTokens = kvcache::kKvKeyGroupTokens;
@@ -267,7 +267,7 @@ Errors Measure(const Shape& s, KvDtype dtype, uint32_t seed, bool sinks) {
 // measured <= 3.5e-7 for every dtype and shape below: 2e-6. Against the
 // original float values, measured maxima: f32 1.6e-7, fp16 3.0e-4, bf16
 // 3.5e-3, int8 4.8e-3, int4 0.117, int3 0.181, int2 0.429 (keys per
-// channel over 16 uniform tokens, the sequences' last groups partly
+// channel over 32 uniform tokens, the sequences' last groups partly
 // filled); the tolerances are about twice that.
 double OriginalTolerance(KvDtype d) {
   switch (d) {
@@ -313,11 +313,13 @@ TEST_P(PagedAttentionTest, MatchesFloat64Reference) {
 // 32-element groups).
 std::vector<std::tuple<KvDtype, Shape>> Cases() {
   const Shape shapes[] = {
-      {9, 3, 64, 16, 0},    // GQA (SmolLM2)
-      {4, 4, 32, 24, 0},    // MHA, 24-token blocks
-      {8, 1, 128, 16, 0},   // MQA, Llama's head_dim
-      {6, 2, 40, 7, 0},     // head_dim off the vector width, 7-token blocks
-      {4, 2, 64, 16, 37}};  // sliding window
+      {9, 3, 64, 16, 0},     // GQA (SmolLM2)
+      {4, 4, 32, 24, 0},     // MHA, 24-token blocks
+      {8, 1, 128, 16, 0},    // MQA, Llama's head_dim
+      {6, 2, 40, 7, 0},      // head_dim off the vector width, 7-token blocks
+      {4, 2, 64, 16, 37},    // sliding window
+      {9, 3, 64, 32, 0},     // GQA, 32-token blocks (whole int3/int2 groups)
+      {4, 2, 128, 64, 37}};  // sliding window, 64-token blocks
   std::vector<std::tuple<KvDtype, Shape>> out;
   for (KvDtype d :
        {KvDtype::kF32, KvDtype::kF16, KvDtype::kBF16, KvDtype::kInt8,

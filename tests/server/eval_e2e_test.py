@@ -129,8 +129,8 @@ class Eval(unittest.TestCase):
             (["--text", os.path.join(self.tmp, "absent.txt")], "--text"),
             (["--chunk", "0"], "--chunk"),
             # A chunk spanning key groups would read them in full precision.
-            (["--kv-cache-dtype", "int3", "--chunk", "32"],
-             "--chunk 32: the int3 lane needs a chunk dividing 16"),
+            (["--kv-cache-dtype", "int3", "--chunk", "64"],
+             "--chunk 64: the int3 lane needs a chunk dividing 32"),
         ]
         for flags, needle in cases:
             with self.subTest(flags=flags):
@@ -164,15 +164,14 @@ class Int8KvGate(unittest.TestCase):
 class LowBitKvGate(unittest.TestCase):
     """int3 and int2 (KIVI) against llama.cpp's q4_0 layout (int4, with the
     same rotation) over two 512-token windows in chunks of 8, so every key
-    group is requantized as it fills and each token reads its own group in
-    full precision, as a decode step does (KIVI's residual): int3 diverges
-    far less than int4 at 11% more bytes, int2 takes 11% fewer bytes than
-    int4 and diverges more (measured 2026-12-07: KLD int3 0.031, int4
-    0.082, int2 0.160; without the residual 0.070 and 0.357; 4K and 8K in
-    docs/PERFORMANCE.md). Neither beats q4_0 at fewer bytes on this model,
-    so neither is recommended over it. About 7 s."""
+    group (32 tokens) is requantized as it fills and each token reads its
+    own group in full precision, as a decode step does (KIVI's residual):
+    int3 diverges half as much as int4 in 11% fewer bytes; int2 takes a
+    third fewer bytes and diverges more (measured 2026-12-07: KLD int3
+    0.038, int4 0.082, int2 0.261; with the newest group read from its
+    codes 0.086 and 0.633; 4K and 8K in docs/PERFORMANCE.md). About 7 s."""
 
-    def test_int3_beats_q4_0_and_int2_costs_the_fewest_bytes(self):
+    def test_int3_beats_q4_0_in_fewer_bytes(self):
         out = run_eval("--context", "512", "--chunk", "8", "--max-windows",
                        "2", "--kv-cache-dtype", "f32,int4,int3,int2",
                        "--json")
@@ -181,13 +180,12 @@ class LowBitKvGate(unittest.TestCase):
         kld = {d: rows[d]["mean_kld"] for d in ("int4", "int3", "int2")}
         self.assertLess(kld["int3"], 0.6 * kld["int4"], kld)
         self.assertLess(kld["int4"], kld["int2"], kld)
-        # Read from codes, the newest group cost int2 a KLD of 0.357.
-        self.assertLess(kld["int2"], 0.25, kld)
+        self.assertLess(kld["int2"], 0.4, kld)
         size = {d: rows[d]["bytes_per_token"] for d in kld}
-        self.assertEqual(size, {"int4": 6480, "int3": 7200, "int2": 5760})
-        # 3.2x and 4x fewer bytes than fp16 (23,040 per token).
-        self.assertLessEqual(size["int3"] * 16, 23040 * 5)
-        self.assertLessEqual(size["int2"] * 4, 23040)
+        self.assertEqual(size, {"int4": 6480, "int3": 5760, "int2": 4320})
+        # 4x and 5.3x fewer bytes than fp16 (23,040 per token).
+        self.assertLessEqual(size["int3"] * 4, 23040)
+        self.assertLessEqual(size["int2"] * 16, 23040 * 3)
 
 
 class KvPolicyGate(unittest.TestCase):

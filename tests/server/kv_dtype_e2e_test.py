@@ -8,7 +8,7 @@ the kvserve_cache_config_info gauge; its block count is the one `kvserve
 plan --memory 64MiB --kv-dtype D` computes (plan and pool agree to the
 block); a greedy completion of "The capital of France is" over HTTP starts
 with " Paris" (int4, int3 and int2 answers are only checked to be text;
-the low-bit ones generate 24 tokens, past their first 16-token key
+the low-bit ones generate 40 tokens, past their first 32-token key
 group). `kvserve generate` takes the flag too. Combinations that cannot
 run are refused at start, naming the flag: fp8 on the CPU, an unknown
 name, int2 on blocks that do not hold whole key groups.
@@ -35,7 +35,7 @@ PB_GRPC = None
 BUDGET = 64 << 20
 # SmolLM2-135M: 2 (K, V) x 30 layers x 3 KV heads x one 64-element row.
 BYTES_PER_TOKEN = {"f32": 46080, "fp16": 23040, "bf16": 23040,
-                   "int8": 12240, "int4": 6480, "int3": 7200, "int2": 5760}
+                   "int8": 12240, "int4": 6480, "int3": 5760, "int2": 4320}
 
 
 def plan_blocks(dtype):
@@ -66,8 +66,9 @@ class KvDtypes(unittest.TestCase):
                     self.assertEqual(info.kv_dtype, dtype)
                     self.assertEqual(info.kv_bytes_per_token, per_token)
                     self.assertEqual(info.num_blocks, plan_blocks(dtype))
+                    block = 32 if dtype in ("int3", "int2") else 16
                     self.assertEqual(info.num_blocks,
-                                     BUDGET // (16 * per_token))
+                                     BUDGET // (block * per_token))
                     base = f"http://127.0.0.1:{server.http_port}"
                     with urllib.request.urlopen(base + "/v1/models",
                                                 timeout=30) as r:
@@ -82,7 +83,7 @@ class KvDtypes(unittest.TestCase):
                         base + "/v1/completions",
                         data=json.dumps({
                             "prompt": "The capital of France is",
-                            "max_tokens": 24 if dtype in ("int3", "int2")
+                            "max_tokens": 40 if dtype in ("int3", "int2")
                             else 4,
                             "temperature": 0}).encode(),
                         headers={"Content-Type": "application/json"})
@@ -132,8 +133,8 @@ class KvDtypes(unittest.TestCase):
         cases = [("fp8", "CPU backend stores f32, bf16, fp16, int8, int4, "
                  "int3 or int2", []),
                  ("int5", "unknown KV dtype 'int5'", []),
-                 ("int2", "--block-size 24: --kv-cache-dtype int2 quantizes keys",
-                  ["--block-size", "24"])]
+                 ("int2", "--block-size 16: --kv-cache-dtype int2 quantizes keys",
+                  ["--block-size", "16"])]
         for dtype, why, extra in cases:
             with self.subTest(dtype=dtype):
                 out = subprocess.run(

@@ -149,13 +149,14 @@ class KvFeaturesTest(unittest.TestCase):
     def test_int2_key_groups_come_back_from_swap_rebuilt_and_counted(self):
         # int2 quantizes a key group again as it fills, from exact keys the
         # model stages; a sequence swapped out and back lost them, so its
-        # partly filled group is rebuilt from its codes: counted. 24 int2
-        # blocks (5,760 bytes a token); 8 requests of 80 tokens need 40.
+        # partly filled group is rebuilt from its codes: counted. 16 int2
+        # blocks of 32 tokens (the dtype's default block size; 4,320 bytes
+        # a token); 8 requests of 80 tokens need 24.
         prompts = [token_ids(200 + i, 40) for i in range(8)]
-        int2_block = 30 * 3 * 32 * 2 * BLOCK
+        int2_block = 30 * 3 * 24 * 2 * 32
         server = Server("--no-prefix-caching", "--swap-space-bytes", "64MiB",
                         "--preemption-mode", "swap", "--kv-cache-dtype",
-                        "int2", kv_bytes=str(24 * int2_block))
+                        "int2", kv_bytes=str(16 * int2_block))
         try:
             got = server.generate_all(prompts, 40)
             m = server.metrics()
