@@ -1,11 +1,11 @@
 // The CPU paged attention kernel (models/cpu/paged_attention.h) on the
 // default model's attention shape (9 query / 3 KV heads, head_dim 64,
-// block 16, 30 layers): the attention of one step over all layers, for the
-// decode of `seqs` sequences of `context` keys and for one prefill chunk of
-// `chunk` query tokens at the end of `context` keys, per KV dtype. Each
-// layer has its own pages, so from 4K keys on the cache outgrows the L3 as
-// in a real model. Items/s counts attended (query token, key) pairs per KV
-// head and layer, so figures compare across contexts.
+// block 16 (32 for int3/int2), 30 layers): the attention of one step over all
+// layers, for the decode of `seqs` sequences of `context` keys and for one
+// prefill chunk of `chunk` query tokens at the end of `context` keys, per KV
+// dtype. Each layer has its own pages, so from 4K keys on the cache outgrows
+// the L3 as in a real model. Items/s counts attended (query token, key) pairs
+// per KV head and layer, so figures compare across contexts.
 //
 //   build/tools/cpu_attention_bench --benchmark_filter=Decode
 #include <algorithm>
@@ -42,10 +42,12 @@ struct Setup {
 
   Setup(KvDtype dtype, int seqs, int context, int chunk, int layers,
         bool shuffle) {
-    const int32_t per_seq = (context + kBlock - 1) / kBlock;
+    // int3/int2 need blocks of whole key groups (32 tokens).
+    const int32_t bs = kvcache::KvDtypeDefaultBlockSize(dtype, kBlock);
+    const int32_t per_seq = (context + bs - 1) / bs;
     const int32_t blocks = per_seq * seqs;
     const int64_t row = kvcache::KvRowBytes(dtype, kDim);
-    const int64_t slots = static_cast<int64_t>(blocks) * kBlock;
+    const int64_t slots = static_cast<int64_t>(blocks) * bs;
     const int64_t plane = slots * kKvHeads * row;
     k_buf = *PageBuffer::Reserve(plane * layers, "bench K");
     v_buf = *PageBuffer::Reserve(plane * layers, "bench V");
@@ -60,7 +62,7 @@ struct Setup {
       for (float& e : x) e = u(rng);
       cpu::EncodeKvRow(dtype, x.data(), kDim, v + r * row);
     }
-    view = {blocks, kBlock, kKvHeads, kDim, dtype, {}, {}};
+    view = {blocks, bs, kKvHeads, kDim, dtype, {}, {}};
     for (int l = 0; l < layers; ++l) {  // the same contents on every layer
       if (l > 0) {
         std::copy_n(k, plane, k + l * plane);
