@@ -7,7 +7,8 @@
 // matrix, so each K/V row is read once per group), and keeps an online
 // softmax. Decode reads f32/f16/bf16/q8_0/q4_0 rows in place, converting in
 // registers; a prefill tile decodes each KV tile once into f32
-// (models/cpu/kv_tile_rows-inl.h). Items run in parallel and write partial
+// (models/cpu/kv_tile_rows-inl.h; scoring and accumulation in
+// models/cpu/attn_rows-inl.h). Items run in parallel and write partial
 // (max, sum, accumulator) rows; a combine merges each query head's splits
 // in order, so decode spreads one sequence's context over all threads
 // (flash-decoding).
