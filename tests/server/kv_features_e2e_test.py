@@ -151,8 +151,10 @@ class KvFeaturesTest(unittest.TestCase):
         # model stages; a sequence swapped out and back lost them, so its
         # partly filled group is rebuilt from its codes: counted. 16 int2
         # blocks of 32 tokens (the dtype's default block size; 4,320 bytes
-        # a token); 8 requests of 80 tokens need 24.
-        prompts = [token_ids(200 + i, 40) for i in range(8)]
+        # a token); 8 requests of 80 to 115 tokens need about 28. Prompts of
+        # different lengths, so that the sequences swapped out are not all
+        # at a key group's first row (which would rebuild nothing).
+        prompts = [token_ids(200 + i, 40 + 5 * i) for i in range(8)]
         int2_block = 30 * 3 * 24 * 2 * 32
         server = Server("--no-prefix-caching", "--swap-space-bytes", "64MiB",
                         "--preemption-mode", "swap", "--kv-cache-dtype",

@@ -253,7 +253,16 @@ class RemoteTierTest(unittest.TestCase):
             m = a.wait_metrics(lambda m: counter(
                 m, "kvserve_kv_tier_stores_total", tier="remote") >= 36 and
                 counter(m, "kvserve_kv_tier_stores_total", tier="disk") >= 36)
+            # The replies' blocks may still be on their way to the store:
+            # counted once the count holds still for a second.
             stored = counter(m, "kvserve_kv_tier_stores_total", tier="remote")
+            while True:
+                time.sleep(1.0)
+                now = counter(a.metrics(), "kvserve_kv_tier_stores_total",
+                              tier="remote")
+                if now == stored:
+                    break
+                stored = now
             code, out = a.purge({"cache_scope": "", "cache_salt": "s1"})
             self.assertEqual(code, 200, out)
             n1 = out["purged"]["remote"]
