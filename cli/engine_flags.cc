@@ -69,6 +69,23 @@ void RegisterBatchFlags(EngineFlags* f, CliArgs* args) {
             absl::StrCat("token budget of one engine step (default ",
                          f->max_num_batched_tokens, ")"),
             1, 1 << 22);
+  args->String("speculative", &f->speculative,
+               absl::StrCat("speculative decoding: off, or ngram (prompt "
+                            "lookup: drafts copied from earlier in the prompt "
+                            "and output, verified in the batched step; "
+                            "outputs unchanged) (default ",
+                            f->speculative, ")"));
+  args->Int("num-speculative-tokens", &f->num_speculative_tokens,
+            absl::StrCat("--speculative: most draft tokens a sequence "
+                         "verifies per step (default ",
+                         f->num_speculative_tokens, ")"),
+            1, 64);
+  args->Int("speculative-max-batch", &f->speculative_max_batch,
+            absl::StrCat("--speculative: no drafts while more sequences than "
+                         "this decode (under load a draft costs more than it "
+                         "saves) (default ",
+                         f->speculative_max_batch, ")"),
+            1, 65536);
   args->String("kv-reservation", &f->kv_reservation,
                absl::StrCat("paged (allocate KV blocks as tokens arrive) or "
                             "max-length (each request holds a max-model-len "
@@ -308,6 +325,11 @@ absl::Status ApplyEngineFlags(const EngineFlags& f, uint32_t groups,
     KV_ASSIGN_OR_RETURN(s.kv_reservation,
                         scheduler::ParseKvReservation(f.kv_reservation));
     s.enable_prefix_caching = f.prefix_caching;
+    KV_ASSIGN_OR_RETURN(e->speculative.mode,
+                        engine::ParseSpeculativeMode(f.speculative));
+    e->speculative.num_tokens = static_cast<int32_t>(f.num_speculative_tokens);
+    e->speculative.max_decode_batch =
+        static_cast<int32_t>(f.speculative_max_batch);
   }
   if (groups & kPoolFlags) {
     e->kv_cache_bytes = f.kv_cache_bytes;

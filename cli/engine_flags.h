@@ -26,6 +26,9 @@ struct EngineFlags {
   int64_t default_block_size = 16;  // rounded up to key groups for int3/int2
   int64_t max_num_seqs = 0, max_num_batched_tokens = 0;
   std::string kv_reservation;
+  std::string speculative = "off";  // --speculative
+  int64_t num_speculative_tokens = 4;
+  int64_t speculative_max_batch = 4;
   bool prefix_caching = true;
   int64_t kv_cache_bytes = 0;
   double kv_cache_fraction = 0, gpu_memory_fraction = 0;

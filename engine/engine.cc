@@ -97,6 +97,12 @@ absl::Status Engine::Impl::Init(
         absl::ToInt64Milliseconds(config_.fault_step_delay));
   }
   const ModelBackend& backend_ref = runner_->backend();
+  if (config_.speculative.mode != SpeculativeMode::kOff &&
+      backend_ref.device_name().starts_with("cuda")) {
+    // Its logits buffers hold one row per sequence; a draft needs more.
+    return absl::InvalidArgumentError(
+        "--speculative: not built for the cuda backend yet; use --device cpu");
+  }
   if (config_.kv_tiers.host_bytes > 0 || !config_.kv_tiers.disk_dir.empty() ||
       !config_.kv_tiers.remote_url.empty()) {
     if (registry) {

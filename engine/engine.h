@@ -24,6 +24,7 @@
 #include "engine/runner/device.h"
 #include "engine/runner/loaded_model.h"
 #include "engine/runner/model_backend.h"
+#include "engine/speculation.h"
 #include "engine/stream_state.h"
 #include "kvcache/kv_format.h"
 #include "kvcache/kv_sizing.h"
@@ -117,6 +118,8 @@ struct EngineConfig {
   // Checks the KV invariants after every step (always on in debug and
   // sanitizer builds; --kv-debug-invariants): a broken one aborts.
   bool debug_invariants = false;
+  // Speculative decoding (--speculative, engine/speculation.h).
+  SpeculativeConfig speculative;
 };
 
 // Static facts about the loaded model and cache, for GetModelInfo and logs.

@@ -107,7 +107,7 @@ void Engine::Impl::ForkChildren(RequestId parent_id,
     }
     // One token is its whole budget: it never entered the scheduler.
     const bool one_token = child.spec.max_tokens <= 1;
-    EmitToken(child, res, now);  // finishes it on a stop
+    EmitToken(child, res, now, 0.0);  // its first token; finishes it on a stop
     if (one_token) FinishRequest(id, FinishReason::kLength);  // if still live
   }
   // Seats held for children that did not join (they ended on their first

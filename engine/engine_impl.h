@@ -130,7 +130,9 @@ class Engine::Impl {
   void FailStep(const scheduler::SchedulerOutput& out,
                 const absl::Status& status);
   // Emits one sampled token of `r`; finishes it on a stop or at max_tokens.
-  void EmitToken(LiveRequest& r, SampleResult& res, absl::Time now);
+  // `gap`: seconds since its previous token (a step's tokens share its
+  // time).
+  void EmitToken(LiveRequest& r, SampleResult& res, absl::Time now, double gap);
   // n > 1: samples each child's first token from the parent's raw prompt
   // `logits` and forks it off the parent in the scheduler.
   void ForkChildren(RequestId parent, const std::vector<float>& logits);
@@ -142,9 +144,12 @@ class Engine::Impl {
   // tenant's share of it; counts it otherwise.
   [[nodiscard]] absl::Status TakeQueueRoom(const RequestSpec& spec)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void EmitTokens(const scheduler::SchedulerOutput& out,
-                  const std::vector<int32_t>& producers,
-                  std::vector<SampleResult>& sampled);
+  // Emits each producer's sampled tokens in order (StepResult::counts),
+  // and what its draft accepted; a stop ends it and drops the rest.
+  void EmitTokens(const scheduler::SchedulerOutput& out, StepResult& result);
+  // Speculative decoding: drafts for the running requests that decode next
+  // (SpeculationControl decides), handed to the scheduler before Schedule.
+  void ProposeDrafts();
   // Ends a live request for a reason of the engine's (a stop, cancel,
   // deadline, error): the scheduler ends it too, then CloseRequest.
   void FinishRequest(RequestId id, FinishReason reason,

@@ -10,6 +10,7 @@
 #include "common/clock.h"
 #include "common/status_macros.h"
 #include "engine/engine_impl.h"
+#include "kvcache/kv_format.h"
 #include "spdlog/spdlog.h"
 
 namespace kvserve::engine {
@@ -181,13 +182,13 @@ void Engine::Impl::FinishAborted(RequestId id) {
   FinishRequest(id, FinishReason::kCancelled);
 }
 
-void Engine::Impl::EmitToken(LiveRequest& r, SampleResult& res,
-                             absl::Time now) {
+void Engine::Impl::EmitToken(LiveRequest& r, SampleResult& res, absl::Time now,
+                             double gap) {
   if (r.first_token == absl::InfinitePast()) {
     r.first_token = now;
     if (metrics_) metrics_->ObserveTtft(SecondsBetween(r.arrival, now));
   } else if (metrics_) {
-    metrics_->ObserveInterToken(SecondsBetween(r.last_token, now));
+    metrics_->ObserveInterToken(gap);
   }
   r.last_token = now;
   ++r.completion_tokens;
@@ -203,20 +204,77 @@ void Engine::Impl::EmitToken(LiveRequest& r, SampleResult& res,
 }
 
 void Engine::Impl::EmitTokens(const scheduler::SchedulerOutput& out,
-                              const std::vector<int32_t>& producers,
-                              std::vector<SampleResult>& sampled) {
+                              StepResult& result) {
   const absl::Time now = clock_->Now();
-  for (size_t k = 0; k < producers.size(); ++k) {
-    auto it = live_reqs_.find(out.scheduled[producers[k]].id);
+  size_t first = 0;
+  int64_t emitted = 0;
+  for (size_t k = 0; k < result.producers.size(); ++k) {
+    const auto& s = out.scheduled[result.producers[k]];
+    const int32_t n = result.counts.empty() ? 1 : result.counts[k];
+    const size_t begin = first;
+    first += n;
+    auto it = live_reqs_.find(s.id);
     if (it == live_reqs_.end()) continue;
-    EmitToken(*it->second, sampled[k], now);
+    LiveRequest& r = *it->second;
+    if (s.num_draft_tokens > 0) {
+      r.draft_tokens += s.num_draft_tokens;
+      r.accepted_draft_tokens += n - 1;
+      r.speculation.Observe(s.num_draft_tokens, n - 1);
+      if (metrics_) metrics_->AddSpeculation(s.num_draft_tokens, n - 1);
+    }
+    // The step's tokens share the time since the request's previous one.
+    const double gap =
+        r.last_token == absl::InfinitePast()
+            ? 0.0
+            : SecondsBetween(r.last_token, now) / static_cast<double>(n);
+    for (size_t j = begin; j < first; ++j) {
+      EmitToken(r, result.sampled[j], now, gap);
+      ++emitted;
+      // A stop ended it (and forgot it): its later tokens are dropped.
+      if (!live_reqs_.contains(s.id)) break;
+    }
   }
-  if (metrics_) metrics_->AddGenerationTokens(producers.size());
+  if (metrics_) metrics_->AddGenerationTokens(emitted);
+}
+
+void Engine::Impl::ProposeDrafts() {
+  const SpeculativeConfig& c = config_.speculative;
+  if (c.mode == SpeculativeMode::kOff) return;
+  int32_t decoding = 0;
+  for (const RequestId id : scheduler_->RunningIds()) {
+    const scheduler::Request* r = scheduler_->GetRequest(id);
+    if (r != nullptr && r->num_tokens() - r->num_computed_tokens() == 1) {
+      ++decoding;
+    }
+  }
+  if (decoding == 0 || decoding > c.max_decode_batch) return;
+  for (const RequestId id : scheduler_->RunningIds()) {
+    const scheduler::Request* r = scheduler_->GetRequest(id);
+    auto it = live_reqs_.find(id);
+    if (r == nullptr || it == live_reqs_.end() || !it->second->spec.speculate ||
+        r->num_tokens() - r->num_computed_tokens() != 1) {
+      continue;
+    }
+    int32_t k = std::min(r->max_tokens() - r->num_output_tokens() - 1,
+                         it->second->speculation.Draft(c.num_tokens));
+    if (kvcache::KvLowBits(info_.kv_dtype) > 0) {
+      // int3/int2: within the key group of its last known token, so that
+      // every token verified reads the groups in full precision that it
+      // would read decoded alone (models/cpu/kv_residual.h).
+      constexpr int32_t kGroup = kvcache::kKvKeyGroupTokens;
+      k = std::min(k, kGroup - 1 - (r->num_tokens() - 1) % kGroup);
+    }
+    if (k <= 0) continue;
+    std::vector<int32_t> draft =
+        NgramDraft(r->tokens(), c.ngram_max, c.ngram_min, k);
+    if (!draft.empty()) scheduler_->SetDraft(id, std::move(draft));
+  }
 }
 
 void Engine::Impl::Step() {
   loop_owner_.CheckOwner("Engine::Impl::Step");
   const absl::Time t0 = clock_->Now();
+  ProposeDrafts();
   scheduler::SchedulerOutput out = scheduler_->Schedule();
   MarkPreempted(out.preempted, t0);
   if (out.empty()) return MoveBlocksOnly(out);
@@ -233,7 +291,7 @@ void Engine::Impl::Step() {
     scheduler_->AddBlockMass(out, result.block_mass, result.block_mass_stride);
   }
   std::vector<scheduler::FinishedRequest> finished =
-      scheduler_->UpdateFromOutput(out, result.tokens);
+      scheduler_->UpdateFromOutput(out, result.tokens, result.counts);
   // Write-through of the blocks just registered, before any can be reused.
   if (tiers_) tiers_->StoreNewlyCached();
   if (result.status.ok()) Deliver(out, result);
@@ -267,7 +325,7 @@ void Engine::Impl::Deliver(const scheduler::SchedulerOutput& out,
   for (const auto& [id, logits] : result.fork_logits) {
     ForkChildren(id, logits);
   }
-  EmitTokens(out, result.producers, result.sampled);
+  EmitTokens(out, result);
 }
 
 void Engine::Impl::RetireFinished(
@@ -450,6 +508,8 @@ KvUsage Engine::Impl::KvUsageOf(const LiveRequest& r, double queued_seconds,
   kv.preemptions_swap = s.preemptions_swap;
   kv.recomputed_tokens = s.recomputed_tokens;
   kv.dropped_tokens = s.dropped_tokens;
+  kv.draft_tokens = r.draft_tokens;
+  kv.accepted_draft_tokens = r.accepted_draft_tokens;
   kv.swapped_out_bytes = s.swapped_out_blocks * block_bytes;
   kv.swapped_in_bytes = s.swapped_in_blocks * block_bytes;
   kv.queued_seconds = queued_seconds;

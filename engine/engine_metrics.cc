@@ -188,6 +188,25 @@ EngineMetrics::EngineMetrics(prometheus::Registry& r,
            .Help("Times each finished request was preempted")
            .Register(r)
            .Add({}, Histogram::BucketBoundaries{0, 1, 2, 4, 8, 16, 32});
+  spec_draft_ = &BuildCounter()
+                     .Name("kvserve_spec_decode_draft_tokens_total")
+                     .Help("Draft tokens verified by speculative decoding")
+                     .Register(r)
+                     .Add({});
+  spec_accepted_ =
+      &BuildCounter()
+           .Name("kvserve_spec_decode_accepted_tokens_total")
+           .Help(
+               "Draft tokens speculative decoding accepted (the rest, "
+               "draft less accepted, were computed in vain)")
+           .Register(r)
+           .Add({});
+  spec_accept_len_ =
+      &BuildHistogram()
+           .Name("kvserve_spec_decode_acceptance_length")
+           .Help("Draft tokens accepted per verified draft")
+           .Register(r)
+           .Add({}, Histogram::BucketBoundaries{0, 1, 2, 3, 4, 6, 8, 12, 16});
   auto& fin = BuildCounter()
                   .Name("kvserve_requests_finished_total")
                   .Help("Finished requests by reason")

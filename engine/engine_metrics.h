@@ -73,6 +73,13 @@ class EngineMetrics {
   void AddRecomputedTokens(int64_t n) { recomputed_tokens_->Increment(n); }
   void AddPromptTokens(int64_t n) { prompt_tokens_->Increment(n); }
   void AddGenerationTokens(int64_t n) { generation_tokens_->Increment(n); }
+  // Speculative decoding: one verified draft of `drafted` tokens of which
+  // `accepted` were kept.
+  void AddSpeculation(int32_t drafted, int32_t accepted) {
+    spec_draft_->Increment(drafted);
+    spec_accepted_->Increment(accepted);
+    spec_accept_len_->Observe(accepted);
+  }
   void ObserveStep(double seconds, int64_t tokens);
   // Wall time inside the model forward pass; with the step histogram's sum
   // it gives the engine's overhead outside the forward.
@@ -123,6 +130,8 @@ class EngineMetrics {
   prometheus::Gauge *swap_used_, *swap_total_, *blocks_active_peak_;
   prometheus::Counter *swap_out_bytes_, *swap_in_bytes_, *prompt_computed_;
   prometheus::Histogram* request_preemptions_;
+  prometheus::Counter *spec_draft_, *spec_accepted_;
+  prometheus::Histogram* spec_accept_len_;
   int64_t bytes_per_block_ = 0;
   prometheus::Counter *deadline_queued_, *deadline_running_;
   prometheus::Family<prometheus::Counter>*tenant_requests_, *tenant_prompt_,

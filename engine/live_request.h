@@ -11,6 +11,7 @@
 #include "absl/time/time.h"
 #include "engine/output_processor.h"
 #include "engine/request_spec.h"
+#include "engine/speculation.h"
 #include "engine/stream_state.h"
 #include "scheduler/request.h"
 
@@ -46,6 +47,9 @@ struct LiveRequest {
   // time it spent preempted before that.
   absl::Time preempted_at = absl::InfinitePast();
   double preempted_seconds = 0;
+  // Speculative decoding: its acceptance history and totals.
+  SpeculationControl speculation;
+  int64_t draft_tokens = 0, accepted_draft_tokens = 0;
 };
 
 using LiveRequestMap =

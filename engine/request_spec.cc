@@ -58,6 +58,8 @@ void AddKvUsage(const KvUsage& part, KvUsage* sum) {
   sum->cached_tokens_disk += part.cached_tokens_disk;
   sum->cached_tokens_remote += part.cached_tokens_remote;
   sum->cached_tokens_host += part.cached_tokens_host;
+  sum->draft_tokens += part.draft_tokens;
+  sum->accepted_draft_tokens += part.accepted_draft_tokens;
 }
 
 }  // namespace kvserve::engine

@@ -56,6 +56,9 @@ struct RequestSpec {
   int32_t n = 1;
   // A bounded KV cache (kv_policy "streaming"); disabled: the full cache.
   scheduler::KvWindow kv_window;
+  // Speculative decoding where the engine has it on (--speculative);
+  // false: this request never drafts.
+  bool speculate = true;
 };
 
 // The limits of a spec that do not depend on the KV pool: n in [1,
@@ -96,6 +99,9 @@ struct KvUsage {
   int32_t cached_tokens_host = 0;
   int32_t cached_tokens_disk = 0;
   int32_t cached_tokens_remote = 0;
+  // Speculative decoding: draft tokens verified for it, and accepted.
+  int64_t draft_tokens = 0;
+  int64_t accepted_draft_tokens = 0;
 };
 
 struct Usage {

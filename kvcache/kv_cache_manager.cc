@@ -483,6 +483,22 @@ void KvCacheManager::DropBlocks(RequestId request, int32_t first,
   pool_.Free(gone);
 }
 
+void KvCacheManager::TrimBlocks(RequestId request, int32_t num_blocks) {
+  owner_.CheckOwner("KvCacheManager");
+  auto it = tables_.find(request);
+  if (it == tables_.end()) return;
+  Table& table = it->second;
+  const auto size = static_cast<int32_t>(table.blocks.size());
+  if (size <= num_blocks) return;
+  KV_CHECK(num_blocks >= table.num_hashed, "trim of request ", request, " to ",
+           num_blocks, " blocks below its ", table.num_hashed, " hashed ones");
+  std::vector<BlockId> gone(table.blocks.begin() + num_blocks,
+                            table.blocks.end());
+  table.blocks.resize(num_blocks);
+  std::reverse(gone.begin(), gone.end());
+  pool_.Free(gone);
+}
+
 void KvCacheManager::Fork(RequestId parent, RequestId child,
                           int32_t num_blocks) {
   owner_.CheckOwner("KvCacheManager");

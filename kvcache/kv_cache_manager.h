@@ -324,6 +324,13 @@ class KvCacheManager {
   // block being written stays) (KV_CHECKed).
   void DropBlocks(RequestId request, int32_t first, int32_t count);
 
+  // Speculative decoding's rollback: frees the entries of `request`'s table
+  // past its first `num_blocks` (blocks allocated for draft tokens that
+  // were rejected), the last first. They hold no computed token, so none is
+  // hashed. Preconditions: num_blocks >= the table's hashed blocks; no-op
+  // when the table holds no more than num_blocks (KV_CHECKed).
+  void TrimBlocks(RequestId request, int32_t num_blocks);
+
   // Makes `child` share the first `num_blocks` of `parent`'s blocks (ref
   // count +1 each; -1: all of them). A partially filled last block is shared
   // too: AllocateForWrite copies it before the first write.

@@ -236,6 +236,9 @@ class Request {
   [[nodiscard]] int32_t kv_tokens() const {
     return num_computed_tokens_ - kv_dropped_tokens_;
   }
+  // Speculative decoding: tokens proposed to follow its last one, for its
+  // next decode step (Scheduler::SetDraft; cleared by Schedule).
+  [[nodiscard]] const std::vector<int32_t>& draft() const { return draft_; }
   [[nodiscard]] const TenantPolicy& tenant() const { return tenant_; }
   void set_tenant(TenantPolicy tenant) { tenant_ = std::move(tenant); }
   // Completions this request will become (n): its sequences count against
@@ -283,6 +286,7 @@ class Request {
   RequestId id_;
   std::vector<int32_t> prompt_;
   std::vector<int32_t> output_;
+  std::vector<int32_t> draft_;
   int32_t max_tokens_;
   int32_t priority_;
   int64_t arrival_time_ns_;

@@ -242,6 +242,13 @@ SchedulerOutput Scheduler::Schedule() {
     TopUpPrefills(plan);
   }
   SchedulerOutput out = BuildOutput(plan);
+  // Drafts are for this step only (their tokens are in `out` now).
+  for (Request* r : running_) r->draft_.clear();
+  for (const RequestId id : out.preempted) {
+    if (auto it = requests_.find(id); it != requests_.end()) {
+      it->second->draft_.clear();
+    }
+  }
   const StepStats after = CumulativeStepStats();
   out.stats = {
       .preemptions_recompute =
@@ -308,11 +315,27 @@ void Scheduler::ScheduleDecodes(StepPlan& plan) {
       ++i;
       continue;
     }
-    if (!AllocateOrPreempt(&i, 1, plan)) continue;  // running_[i] moved on
-    plan.scheduled.emplace_back(r, 1);
-    plan.budget -= 1;
+    // Its draft, as far as the budget and max_tokens go (SetDraft).
+    const auto k = static_cast<int32_t>(std::min<int64_t>(
+        {static_cast<int64_t>(r->draft_.size()), plan.budget - 1,
+         r->max_tokens() - r->num_output_tokens() - 1}));
+    r->draft_.resize(std::max(k, 0));
+    const int32_t n = 1 + static_cast<int32_t>(r->draft_.size());
+    if (!AllocateOrPreempt(&i, n, plan)) continue;  // running_[i] moved on
+    plan.scheduled.emplace_back(r, n);
+    plan.budget -= n;
     ++i;
   }
+}
+
+void Scheduler::SetDraft(RequestId id, std::vector<int32_t> draft) {
+  owner_.CheckOwner("Scheduler");
+  auto it = requests_.find(id);
+  if (it == requests_.end() || it->second->kv_window_.enabled() ||
+      it->second->status_ != RequestStatus::kRunning) {
+    return;
+  }
+  it->second->draft_ = std::move(draft);
 }
 
 Request* Scheduler::ShortLaneCandidate(int32_t budget) const {
@@ -467,9 +490,16 @@ SchedulerOutput Scheduler::BuildOutput(StepPlan& plan) {
     }
     s.num_new_tokens = n;
     s.token_offset = static_cast<int32_t>(out.token_ids.size());
-    AppendTokens(*r, s.start_position, n, out.token_ids);
+    // Known tokens, then a decode's draft (ScheduleDecodes sized it).
+    const int32_t known = std::min(n, r->num_tokens() - s.start_position);
+    AppendTokens(*r, s.start_position, known, out.token_ids);
+    s.num_draft_tokens = n - known;
+    KV_CHECK(s.num_draft_tokens <= static_cast<int32_t>(r->draft_.size()),
+             "request ", r->id(), " scheduled past its draft");
+    out.token_ids.insert(out.token_ids.end(), r->draft_.begin(),
+                         r->draft_.begin() + s.num_draft_tokens);
     r->num_computed_tokens_ += n;
-    s.produces_token = r->num_computed_tokens_ == r->num_tokens();
+    s.produces_token = r->num_computed_tokens_ >= r->num_tokens();
     const std::vector<kvcache::BlockId>& table = kv_.GetBlockTable(r->id());
     s.block_offset = static_cast<int32_t>(out.block_ids.size());
     s.num_blocks = static_cast<int32_t>(table.size());
@@ -502,34 +532,53 @@ void Scheduler::AppendTokens(const Request& r, int32_t begin, int32_t n,
 }
 
 std::vector<FinishedRequest> Scheduler::UpdateFromOutput(
-    const SchedulerOutput& output, absl::Span<const int32_t> sampled) {
+    const SchedulerOutput& output, absl::Span<const int32_t> sampled,
+    absl::Span<const int32_t> counts) {
   owner_.CheckOwner("Scheduler");
   KV_CHECK(output.empty() || (pending_update_ && output.step == num_steps_ - 1),
            "UpdateFromOutput of step ", output.step, ", latest is ",
            num_steps_ - 1);
   pending_update_ = false;
   std::vector<FinishedRequest> finished;
-  size_t k = 0;
+  size_t k = 0, producer = 0;
   for (const ScheduledRequest& s : output.scheduled) {
-    int32_t token = 0;
+    absl::Span<const int32_t> tokens;
     if (s.produces_token) {
-      KV_CHECK(k < sampled.size(), "sampled has ", sampled.size(), " tokens");
-      token = sampled[k++];
+      const size_t m = counts.empty() ? 1 : counts[producer];
+      KV_CHECK(counts.empty() || producer < counts.size(), "counts has ",
+               counts.size(), " entries");
+      KV_CHECK(m >= 1 && m <= static_cast<size_t>(s.num_draft_tokens) + 1,
+               "request ", s.id, " sampled ", m, " tokens with ",
+               s.num_draft_tokens, " drafted");
+      KV_CHECK(k + m <= sampled.size(), "sampled has ", sampled.size(),
+               " tokens");
+      tokens = sampled.subspan(k, m);
+      k += m;
+      ++producer;
     }
     auto it = requests_.find(s.id);
-    // Finished (e.g. aborted) since Schedule(): drop its token.
+    // Finished (e.g. aborted) since Schedule(): drop its tokens.
     if (it == requests_.end()) continue;
     Request* r = it->second.get();
     if (r->status_ != RequestStatus::kRunning) continue;
+    if (s.num_draft_tokens > 0) {  // KV of the rejected drafts rolled back
+      const int32_t accepted = static_cast<int32_t>(tokens.size()) - 1;
+      r->num_computed_tokens_ -= s.num_draft_tokens - accepted;
+      kv_.TrimBlocks(r->id(), static_cast<int32_t>(
+                                  reservation_->HeldBlocks(r->kv_tokens())));
+    }
     // Its KV of this step is written now: register its full blocks.
     CacheComputedBlocks(*r);
     if (!s.produces_token) continue;
     r->consecutive_preemptions_ = 0;  // it caught up: not thrashing
-    r->output_.push_back(token);
-    if (r->num_output_tokens() >= r->max_tokens()) {
-      r->status_ = RequestStatus::kFinishedLength;
-      finished.push_back(
-          {r->id(), FinishReason::kLength, r->num_preemptions_, r->kv_stats_});
+    for (const int32_t token : tokens) {
+      r->output_.push_back(token);
+      if (r->num_output_tokens() >= r->max_tokens()) {
+        r->status_ = RequestStatus::kFinishedLength;
+        finished.push_back({r->id(), FinishReason::kLength, r->num_preemptions_,
+                            r->kv_stats_});
+        break;
+      }
     }
   }
   KV_CHECK(k == sampled.size(), "sampled has ", sampled.size(),

@@ -133,6 +133,12 @@ struct ScheduledRequest {
   // True when this step computes the request's last known token: sample
   // from the logits of its last new token and report the result.
   bool produces_token = false;
+  // Speculative decoding: its last num_draft_tokens new tokens are a draft
+  // (Scheduler::SetDraft) after its last known token. The step samples the
+  // last known token's row and each draft row in turn while the sample
+  // equals the next draft token, and reports every token it sampled (1 to
+  // num_draft_tokens + 1); KV past the accepted ones is rolled back.
+  int32_t num_draft_tokens = 0;
   // Offset of its new tokens in SchedulerOutput::token_ids (the sum of the
   // num_new_tokens before it: ForwardBatch's seq_starts).
   int32_t token_offset = 0;
@@ -339,13 +345,26 @@ class Scheduler {
   // non-empty output went through UpdateFromOutput (KV_CHECKed).
   [[nodiscard]] SchedulerOutput Schedule();
 
-  // Appends `sampled[k]` to the k-th scheduled request of `output` that
-  // produces a token; finishes (and frees) requests that reach max_tokens and
+  // Speculative decoding: `draft`, tokens proposed to follow running
+  // request `id`'s last token, for the next Schedule. If that step decodes
+  // it, it writes its last token and up to draft.size() draft tokens (as
+  // many as the step's token budget and its max_tokens leave) and verifies
+  // them in the same forward. Ignored for a request not found, and for one
+  // with a bounded KV policy (whose drops must never see unverified tokens).
+  void SetDraft(RequestId id, std::vector<int32_t> draft);
+
+  // Appends to the k-th scheduled request of `output` that produces tokens
+  // its counts[k] sampled tokens (one each when `counts` is empty), taken
+  // from `sampled` in order; a request with a draft first rolls its KV back
+  // to its accepted tokens (counts[k] - 1 of them) and frees the blocks
+  // past them. Finishes (and frees) requests that reach max_tokens and
   // returns them. Stop conditions are the engine's: it calls Finish after.
-  // Preconditions: `output` is the latest Schedule()'s, and
-  // sampled.size() == output.num_producing() (KV_CHECKed).
+  // Preconditions: `output` is the latest Schedule()'s; counts is empty or
+  // has output.num_producing() entries, each in [1, num_draft_tokens + 1];
+  // sampled.size() is their sum (KV_CHECKed).
   std::vector<FinishedRequest> UpdateFromOutput(
-      const SchedulerOutput& output, absl::Span<const int32_t> sampled);
+      const SchedulerOutput& output, absl::Span<const int32_t> sampled,
+      absl::Span<const int32_t> counts = {});
   // Adds the latest step's attention mass per block (ForwardOutput::
   // block_mass: `stride` entries per scheduled request, in `output` order)
   // to its heavy-hitters requests' sums. Before UpdateFromOutput.

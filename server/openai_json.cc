@@ -488,6 +488,10 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view body,
   KV_RETURN_IF_ERROR(GetInt32(j, "priority", &priority));
   if (priority) out.generate.set_priority(*priority);
   KV_RETURN_IF_ERROR(ParseKvPolicy(j, &out.generate));
+  // kvserve's extension: "speculative": false opts out of --speculative.
+  bool speculative = true;
+  KV_RETURN_IF_ERROR(GetBool(j, "speculative", &speculative));
+  out.generate.set_no_speculation(!speculative);
   if (endpoint == OpenAiEndpoint::kChatCompletions &&
       !Field(j, "max_completion_tokens").is_null()) {
     out.max_tokens_name = "max_completion_tokens";

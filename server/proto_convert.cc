@@ -68,6 +68,8 @@ void ToProto(const engine::StreamDelta& delta,
     k->set_preemptions_swap(kv.preemptions_swap);
     k->set_recomputed_tokens(kv.recomputed_tokens);
     k->set_dropped_tokens(kv.dropped_tokens);
+    k->set_draft_tokens(kv.draft_tokens);
+    k->set_accepted_draft_tokens(kv.accepted_draft_tokens);
     k->set_swapped_out_bytes(kv.swapped_out_bytes);
     k->set_swapped_in_bytes(kv.swapped_in_bytes);
     k->set_queued_seconds(kv.queued_seconds);

@@ -315,6 +315,7 @@ absl::StatusOr<engine::RequestSpec> ToRequestSpec(
   spec.priority = request.priority();
   spec.cache_salt = request.cache_salt();
   spec.n = request.n() == 0 ? 1 : request.n();  // 0: unset
+  spec.speculate = !request.no_speculation();
   spec.kv_window = limits.default_kv_window;
   if (request.has_kv_policy()) {
     KV_ASSIGN_OR_RETURN(spec.kv_window, ToKvWindow(request.kv_policy()));

@@ -59,8 +59,11 @@ StepResult ModelRunner::Execute(const scheduler::SchedulerOutput& out) {
   result.block_mass.swap(step_out_.block_mass);
   result.block_mass_stride = batch_.max_blocks_per_seq;
   result.kv_groups_rebuilt = step_out_.kv_groups_rebuilt;
-  result.tokens.assign(result.producers.size(), 0);
-  if (result.status.ok()) SampleAll(out, &result);
+  if (result.status.ok()) {
+    SampleAll(out, &result);
+  } else {  // one token each, as UpdateFromOutput needs
+    result.tokens.assign(result.producers.size(), 0);
+  }
   return result;
 }
 
@@ -129,10 +132,13 @@ void ModelRunner::BuildBatch(const scheduler::SchedulerOutput& out,
     }
     b.seq_starts.push_back(s.token_offset + s.num_new_tokens);
     b.context_lens.push_back(s.start_position + s.num_new_tokens - s.kv_offset);
-    if (s.produces_token) {
-      b.logits_rows.push_back(s.token_offset + s.num_new_tokens - 1);
+    if (s.produces_token) {  // its last known token's row, then its drafts'
+      const bool argmax = requests_.at(s.id).NeedsOnlyArgmax();
+      for (int32_t j = s.num_draft_tokens; j >= 0; --j) {
+        b.logits_rows.push_back(s.token_offset + s.num_new_tokens - 1 - j);
+        b.argmax_only.push_back(argmax);
+      }
       producers->push_back(static_cast<int32_t>(i));
-      b.argmax_only.push_back(requests_.at(s.id).NeedsOnlyArgmax());
     }
   }
 }
@@ -140,27 +146,51 @@ void ModelRunner::BuildBatch(const scheduler::SchedulerOutput& out,
 void ModelRunner::SampleAll(const scheduler::SchedulerOutput& out,
                             StepResult* result) {
   const std::vector<int32_t>& producers = result->producers;
-  std::vector<SampleResult>& sampled = result->sampled;
-  sampled.resize(producers.size());
+  result->counts.resize(producers.size());
+  int64_t row = 0;  // logits row of the producer's first sample
   for (size_t k = 0; k < producers.size(); ++k) {
     const auto& s = out.scheduled[producers[k]];
     RunnerRequest& r = requests_.at(s.id);
-    if (!step_out_.argmax.empty() && r.NeedsOnlyArgmax()) {
-      // The backend reduced the row on the device (and may not have copied
-      // it): the same token Sample would pick from it.
-      sampled[k] = SampleFromArgmax(step_out_.argmax[k], r.sampler);
-    } else {
-      absl::Span<float> logits(step_out_.logits.data() + k * vocab_size_,
-                               vocab_size_);
-      if (r.forks_pending) {
-        result->fork_logits[s.id].assign(logits.begin(), logits.end());
-      }
-      sampled[k] = Sample(logits, r.sampling, r.history, r.sampler);
+    const auto drafts = out.TokenIds(s).last(s.num_draft_tokens);
+    // Each row is sampled as a step without speculation would sample it
+    // (the same draw, history and penalties); a draft token is accepted
+    // while it is what was sampled. For drafts that are single tokens this
+    // is the rejection rule: the outputs, and their distribution, are those
+    // of decoding without a draft.
+    int32_t n = 0;
+    for (int32_t j = 0; j <= s.num_draft_tokens; ++j) {
+      SampleResult res = SampleRow(s.id, r, row + j, result);
+      const int32_t token = res.token;
+      result->sampled.push_back(std::move(res));
+      result->tokens.push_back(token);
+      ++n;
+      if (j == s.num_draft_tokens || token != drafts[j]) break;
     }
     r.forks_pending = false;
-    r.Sampled(sampled[k].token);
-    result->tokens[k] = sampled[k].token;
+    result->counts[k] = n;
+    result->draft_tokens += s.num_draft_tokens;
+    result->accepted_tokens += n - 1;
+    row += s.num_draft_tokens + 1;
   }
+}
+
+SampleResult ModelRunner::SampleRow(RequestId id, RunnerRequest& r, int64_t row,
+                                    StepResult* result) {
+  SampleResult res;
+  if (!step_out_.argmax.empty() && r.NeedsOnlyArgmax()) {
+    // The backend reduced the row on the device (and may not have copied
+    // it): the same token Sample would pick from it.
+    res = SampleFromArgmax(step_out_.argmax[row], r.sampler);
+  } else {
+    absl::Span<float> logits(step_out_.logits.data() + row * vocab_size_,
+                             vocab_size_);
+    if (r.forks_pending) {
+      result->fork_logits[id].assign(logits.begin(), logits.end());
+    }
+    res = Sample(logits, r.sampling, r.history, r.sampler);
+  }
+  r.Sampled(res.token);
+  return res;
 }
 
 }  // namespace kvserve::engine

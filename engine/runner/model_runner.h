@@ -40,12 +40,18 @@ struct StepResult {
   // OK, or the error of the first failed block move or of the forward; then
   // `sampled` is empty and `tokens` holds zeros.
   absl::Status status;
-  // Indices into SchedulerOutput::scheduled of the requests that produce a
-  // token, in order; `sampled` and `tokens` are parallel to it.
+  // Indices into SchedulerOutput::scheduled of the requests that produce
+  // tokens, in order; counts[k] is how many producer k sampled (1, or up to
+  // 1 + its draft tokens), and `sampled` and `tokens` hold them all, producer
+  // after producer.
   std::vector<int32_t> producers;
+  std::vector<int32_t> counts;
   std::vector<SampleResult> sampled;
   // The sampled token ids, the form Scheduler::UpdateFromOutput takes.
   std::vector<int32_t> tokens;
+  // Speculative decoding: draft tokens scored in this step, and accepted.
+  int32_t draft_tokens = 0;
+  int32_t accepted_tokens = 0;
   // Raw prompt logits of the n > 1 parents that fork in this step, by id.
   absl::flat_hash_map<RequestId, std::vector<float>> fork_logits;
   // Blocks moved to and from swap slots by this step.
@@ -110,6 +116,9 @@ class ModelRunner {
   void BuildBatch(const scheduler::SchedulerOutput& out,
                   std::vector<int32_t>* producers);
   void SampleAll(const scheduler::SchedulerOutput& out, StepResult* result);
+  // Samples logits row `row` of the step for request `id` (`r`).
+  SampleResult SampleRow(RequestId id, RunnerRequest& r, int64_t row,
+                         StepResult* result);
 
   std::unique_ptr<ModelBackend> backend_;
   const int32_t block_size_;

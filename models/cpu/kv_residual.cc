@@ -48,7 +48,7 @@ void KvResidual::Plan(const ForwardBatch& batch, const KvCacheView& kv) {
     }
     if (r.row_begin == 0) {
       e.rows = 0;
-    } else if (e.rows != r.row_begin) {
+    } else if (e.rows < r.row_begin) {  // rows [0, row_begin) missing
       r.rebuild = true;
       ++rebuilt_;
     }
@@ -107,14 +107,19 @@ const float* KvResidual::Rows(int64_t group, int layer, int* rows) const {
 }
 
 void KvResidual::Commit() {
+  // Groups filled by the previous forward and not written again by this
+  // one go now; this forward's full ones wait a forward, in case their
+  // last rows were a rejected speculative draft that is written again.
+  for (const int64_t group : filled_) {
+    auto it = entries_.find(group);
+    if (it != entries_.end() && it->second.last_use != forward_) Drop(it);
+  }
+  filled_.clear();
   for (const Run& r : runs_) {
     auto it = entries_.find(r.group);
     if (it == entries_.end()) continue;
-    if (r.row_end == kRows) {
-      Drop(it);
-      continue;
-    }
     it->second.rows = r.row_end;
+    if (r.row_end == kRows) filled_.push_back(r.group);
   }
   capacity_ =
       std::max<int64_t>(capacity_, 2 * static_cast<int64_t>(runs_.size()));

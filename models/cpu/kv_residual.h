@@ -14,10 +14,12 @@
 //
 // Entries are keyed by a group's first slot, so they follow the pages:
 // a group written from its first row starts afresh; a group whose entry is
-// missing or does not hold exactly the rows before a write (evicted, or
-// its block refilled by a copy or a swap, Forget/Copy) is rebuilt from its
-// codes first, lossy and counted (rebuilt_groups). A full group's entry
-// goes after the forward that filled it; the least recently written go
+// missing or holds fewer rows than precede a write (evicted, or its block
+// refilled by a copy or a swap, Forget/Copy) is rebuilt from its codes
+// first, lossy and counted (rebuilt_groups); one that holds more (rows of a
+// speculative draft that was rejected) keeps its leading rows, exact. A
+// full group's entry goes one forward after the forward that filled it
+// (unless that one wrote it again); the least recently written go
 // past `capacity` entries (a request that ended mid-group leaves one
 // behind). Not thread-safe: the forward's thread calls it; WriteLayer
 // parallelizes over groups and Rows may be called from any thread between
@@ -43,7 +45,8 @@ class KvResidual {
   // rows are the caller's to encode.
   void WriteLayer(int layer, const float* k, const float* v, int64_t stride,
                   const KvCacheView& kv);
-  // After the last layer: the groups' rows counted, full groups dropped.
+  // After the last layer: the groups' rows counted; groups the previous
+  // forward filled and this one did not write dropped.
   void Commit();
 
   // Between WriteLayer(layer) and Commit: layer `layer`'s rows of key group
@@ -87,6 +90,7 @@ class KvResidual {
   int64_t entry_floats_ = 0;
   absl::flat_hash_map<int64_t, Entry> entries_;
   std::vector<Run> runs_;
+  std::vector<int64_t> filled_;            // groups the latest forward filled
   std::vector<std::vector<float>> spare_;  // buffers of dropped entries
 };
 

@@ -1,0 +1,62 @@
+// Speculative decoding on the engine side: the prompt-lookup (n-gram)
+// proposer and the per-request controller that decides how many draft
+// tokens a decode step verifies. The scheduler schedules a draft with the
+// request's last token (Scheduler::SetDraft); the model runner samples each
+// row as decoding without a draft would and keeps the drafts it sampled
+// (ModelRunner::SampleAll), so outputs do not change, only how many come
+// out of one forward.
+//
+// "Never slower": a draft costs its tokens' share of the forward, so it is
+// proposed only where it is likely to pay: not when more than
+// max_decode_batch sequences decode (verification competes with other
+// sequences' tokens for the step's compute), and not for a request whose
+// recent drafts were mostly rejected (it backs off exponentially).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "kvcache/kv_cache_manager.h"
+
+namespace kvserve::engine {
+
+enum class SpeculativeMode { kOff, kNgram };
+
+// "off" or "ngram"; InvalidArgument naming --speculative otherwise.
+[[nodiscard]] absl::StatusOr<SpeculativeMode> ParseSpeculativeMode(
+    absl::string_view name);
+[[nodiscard]] const char* SpeculativeModeName(SpeculativeMode mode);
+
+struct SpeculativeConfig {
+  SpeculativeMode mode = SpeculativeMode::kOff;
+  int32_t num_tokens = 4;  // --num-speculative-tokens: most drafts per step
+  // Prompt lookup: the longest suffix of ngram_max down to ngram_min tokens
+  // that occurred before.
+  int32_t ngram_max = 4, ngram_min = 2;
+  // Decoding sequences above which no draft is proposed.
+  int32_t max_decode_batch = 4;
+};
+
+// Prompt lookup: the (at most k) tokens that followed the latest earlier
+// occurrence of the longest suffix of `tokens` of ngram_max down to
+// ngram_min tokens; empty when none occurred. O(tokens x ngram_max).
+[[nodiscard]] std::vector<int32_t> NgramDraft(
+    const kvcache::TokenSequence& tokens, int32_t ngram_max, int32_t ngram_min,
+    int32_t k);
+
+// One request's acceptance history. Draft() says how many tokens to
+// propose next (0: skip this step); Observe() records a verified draft.
+class SpeculationControl {
+ public:
+  [[nodiscard]] int32_t Draft(int32_t max_tokens);
+  void Observe(int32_t drafted, int32_t accepted);
+
+ private:
+  double accept_rate_ = 0.5;  // moving average of accepted / drafted
+  int32_t backoff_ = 0;       // steps to sit out after a poor run
+  int32_t skip_ = 0;          // steps left to sit out
+};
+
+}  // namespace kvserve::engine
