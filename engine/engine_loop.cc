@@ -267,7 +267,11 @@ void Engine::Impl::ProposeDrafts() {
     if (k <= 0) continue;
     std::vector<int32_t> draft =
         NgramDraft(r->tokens(), c.ngram_max, c.ngram_min, k);
-    if (!draft.empty()) scheduler_->SetDraft(id, std::move(draft));
+    if (draft.empty()) {
+      it->second->speculation.NoDraft();
+    } else {
+      scheduler_->SetDraft(id, std::move(draft));
+    }
   }
 }
 

@@ -56,8 +56,15 @@ int32_t SpeculationControl::Draft(int32_t max_tokens) {
   return std::clamp(static_cast<int32_t>(expect) + 1, 1, max_tokens);
 }
 
+void SpeculationControl::NoDraft() {
+  constexpr int32_t kMaxMissSkip = 8;
+  misses_ = std::min(misses_ + 1, kMaxMissSkip);
+  skip_ = std::max(skip_, misses_);
+}
+
 void SpeculationControl::Observe(int32_t drafted, int32_t accepted) {
   if (drafted <= 0) return;
+  misses_ = 0;
   const double rate = static_cast<double>(accepted) / drafted;
   accept_rate_ = 0.7 * accept_rate_ + 0.3 * rate;
   if (accept_rate_ < 0.25) {

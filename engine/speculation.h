@@ -52,11 +52,16 @@ class SpeculationControl {
  public:
   [[nodiscard]] int32_t Draft(int32_t max_tokens);
   void Observe(int32_t drafted, int32_t accepted);
+  // The proposer found nothing: look again after a pause that grows with
+  // the misses in a row (at most kMaxMissSkip steps), so text without
+  // repeats does not pay a scan of its context every step.
+  void NoDraft();
 
  private:
   double accept_rate_ = 0.5;  // moving average of accepted / drafted
   int32_t backoff_ = 0;       // steps to sit out after a poor run
   int32_t skip_ = 0;          // steps left to sit out
+  int32_t misses_ = 0;        // proposals in a row that found nothing
 };
 
 }  // namespace kvserve::engine

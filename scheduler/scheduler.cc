@@ -306,6 +306,11 @@ int32_t Scheduler::NumNewTokens(const Request& r, int32_t computed,
 }
 
 void Scheduler::ScheduleDecodes(StepPlan& plan) {
+  // Decodes not yet scheduled: drafts leave each of them its one token.
+  int64_t decodes = 0;
+  for (const Request* r : running_) {
+    if (r->num_tokens() - r->num_computed_tokens_ == 1) ++decodes;
+  }
   size_t i = 0;
   while (i < running_.size() && plan.budget > 0) {
     Request* r = running_[i];
@@ -315,27 +320,16 @@ void Scheduler::ScheduleDecodes(StepPlan& plan) {
       ++i;
       continue;
     }
-    // Its draft, as far as the budget and max_tokens go (SetDraft).
-    const auto k = static_cast<int32_t>(std::min<int64_t>(
-        {static_cast<int64_t>(r->draft_.size()), plan.budget - 1,
-         r->max_tokens() - r->num_output_tokens() - 1}));
-    r->draft_.resize(std::max(k, 0));
+    // Its draft (SetDraft), as far as the budget (less one token for each
+    // decode after it), max_tokens and the free blocks go.
+    --decodes;
+    r->draft_.resize(std::max(0, DraftTokens(*r, plan.budget - 1 - decodes)));
     const int32_t n = 1 + static_cast<int32_t>(r->draft_.size());
     if (!AllocateOrPreempt(&i, n, plan)) continue;  // running_[i] moved on
     plan.scheduled.emplace_back(r, n);
     plan.budget -= n;
     ++i;
   }
-}
-
-void Scheduler::SetDraft(RequestId id, std::vector<int32_t> draft) {
-  owner_.CheckOwner("Scheduler");
-  auto it = requests_.find(id);
-  if (it == requests_.end() || it->second->kv_window_.enabled() ||
-      it->second->status_ != RequestStatus::kRunning) {
-    return;
-  }
-  it->second->draft_ = std::move(draft);
 }
 
 Request* Scheduler::ShortLaneCandidate(int32_t budget) const {
@@ -544,9 +538,9 @@ std::vector<FinishedRequest> Scheduler::UpdateFromOutput(
   for (const ScheduledRequest& s : output.scheduled) {
     absl::Span<const int32_t> tokens;
     if (s.produces_token) {
-      const size_t m = counts.empty() ? 1 : counts[producer];
       KV_CHECK(counts.empty() || producer < counts.size(), "counts has ",
                counts.size(), " entries");
+      const size_t m = counts.empty() ? 1 : counts[producer];
       KV_CHECK(m >= 1 && m <= static_cast<size_t>(s.num_draft_tokens) + 1,
                "request ", s.id, " sampled ", m, " tokens with ",
                s.num_draft_tokens, " drafted");
@@ -567,18 +561,22 @@ std::vector<FinishedRequest> Scheduler::UpdateFromOutput(
       kv_.TrimBlocks(r->id(), static_cast<int32_t>(
                                   reservation_->HeldBlocks(r->kv_tokens())));
     }
-    // Its KV of this step is written now: register its full blocks.
-    CacheComputedBlocks(*r);
-    if (!s.produces_token) continue;
-    r->consecutive_preemptions_ = 0;  // it caught up: not thrashing
-    for (const int32_t token : tokens) {
-      r->output_.push_back(token);
-      if (r->num_output_tokens() >= r->max_tokens()) {
-        r->status_ = RequestStatus::kFinishedLength;
-        finished.push_back({r->id(), FinishReason::kLength, r->num_preemptions_,
-                            r->kv_stats_});
-        break;
+    bool at_length = false;
+    if (s.produces_token) {
+      r->consecutive_preemptions_ = 0;  // it caught up: not thrashing
+      for (const int32_t token : tokens) {
+        r->output_.push_back(token);
+        at_length = r->num_output_tokens() >= r->max_tokens();
+        if (at_length) break;
       }
+    }
+    // Its KV of this step is written now: register its full blocks (after
+    // the tokens, so a block its accepted drafts filled is one of them).
+    CacheComputedBlocks(*r);
+    if (at_length) {
+      r->status_ = RequestStatus::kFinishedLength;
+      finished.push_back(
+          {r->id(), FinishReason::kLength, r->num_preemptions_, r->kv_stats_});
     }
   }
   KV_CHECK(k == sampled.size(), "sampled has ", sampled.size(),

@@ -432,6 +432,9 @@ class Scheduler {
   // Step 1: decodes, then prefill chunks sharing what is left but
   // plan.reserve.
   void ScheduleDecodes(StepPlan& plan);
+  // Draft tokens `r` may verify this step within `budget` tokens (its
+  // draft, cut by max_tokens and by the blocks free of any content).
+  [[nodiscard]] int32_t DraftTokens(const Request& r, int64_t budget) const;
   void SchedulePrefills(StepPlan& plan);
   // The short lane (see the header comment): the first of the first
   // kShortLaneWindow waiting requests whose remaining prompt is within the

@@ -1,5 +1,6 @@
-// Scheduler: KV growth of running requests, copy-on-write, preemption
-// (recompute or swap) and forks. See scheduler.h for the step's contract.
+// Scheduler: KV growth of running requests (speculative drafts included),
+// copy-on-write, preemption (recompute or swap) and forks. See scheduler.h for
+// the step's contract.
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -28,6 +29,35 @@ bool Scheduler::AllocateOrPreempt(size_t* index, int32_t n, StepPlan& plan) {
   }
   NotePeakBlocks(*r);
   return true;
+}
+
+int32_t Scheduler::DraftTokens(const Request& r, int64_t budget) const {
+  int64_t k = std::min<int64_t>({static_cast<int64_t>(r.draft_.size()), budget,
+                                 r.max_tokens() - r.num_output_tokens() - 1});
+  if (k <= 0) return 0;
+  // A draft never preempts, evicts a cached block or dips into the
+  // watermark: past the blocks its last token needs, it takes only blocks
+  // that are free and hold nothing, else it stops where they end.
+  const int32_t bs = config_.block_size;
+  const int64_t last = r.kv_tokens() + 1;  // KV tokens with its last token
+  const int64_t spare = kv_.pool().num_free() -
+                        kv_.pool().num_cached_evictable() - watermark_blocks_;
+  const int64_t extra = kvcache::BlocksForTokens(last + k, bs) -
+                        kvcache::BlocksForTokens(last, bs);
+  if (extra > spare) {
+    k = std::min<int64_t>(k, kvcache::BlocksForTokens(last, bs) * bs - last);
+  }
+  return static_cast<int32_t>(k);
+}
+
+void Scheduler::SetDraft(RequestId id, std::vector<int32_t> draft) {
+  owner_.CheckOwner("Scheduler");
+  auto it = requests_.find(id);
+  if (it == requests_.end() || it->second->kv_window_.enabled() ||
+      it->second->status_ != RequestStatus::kRunning) {
+    return;
+  }
+  it->second->draft_ = std::move(draft);
 }
 
 bool Scheduler::PriorityPreemptionHelps(const Request& head) const {

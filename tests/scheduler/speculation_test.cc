@@ -123,6 +123,43 @@ TEST_F(SpeculationTest, OnlyVerifiedTokensEnterThePrefixCache) {
   EXPECT_EQ(sched_.GetRequest(2)->num_cached_tokens(), 8);
 }
 
+TEST_F(SpeculationTest, BlocksFilledByAcceptedDraftsAreCachedAtOnce) {
+  ASSERT_TRUE(sched_.AddRequest(Make(1, 6, 7)).ok());
+  Step({{7}});
+  // Positions 6..11 verified and a bonus token: 12 computed tokens, three
+  // full blocks, and max_tokens (7) reached in the same step.
+  sched_.SetDraft(1, {8, 9, 10, 11, 12});
+  Step({{8, 9, 10, 11, 12, 13}});
+  ASSERT_EQ(finished_.size(), 1u);
+  std::vector<int32_t> prompt;
+  for (int32_t i = 0; i < 6; ++i) prompt.push_back(1000 + i);
+  for (int32_t t : {7, 8, 9, 10, 11, 12, 0}) prompt.push_back(t);
+  ASSERT_TRUE(sched_.AddRequest(std::make_unique<Request>(2, prompt, 2)).ok());
+  Step({{1}});
+  EXPECT_EQ(sched_.GetRequest(2)->num_cached_tokens(), 12);
+}
+
+TEST(SpeculationPool, ADraftNeverPreemptsOrTakesTheLastBlocks) {
+  SchedulerConfig c = Config();
+  c.num_blocks = 4;
+  c.enable_prefix_caching = false;
+  Scheduler sched(c);
+  ASSERT_TRUE(sched.AddRequest(Make(1, 6, 10)).ok());
+  ASSERT_TRUE(sched.AddRequest(Make(2, 7, 2)).ok());
+  SchedulerOutput out = sched.Schedule();  // both prefills: the pool is full
+  (void)sched.UpdateFromOutput(out, std::vector<int32_t>{7, 7});
+  sched.SetDraft(1, {8, 9, 10, 11, 12});
+  out = sched.Schedule();
+  EXPECT_TRUE(out.preempted.empty());
+  ASSERT_EQ(out.scheduled.size(), 2u);
+  // Request 1's last token sits at position 6 of its 8-slot blocks: one
+  // draft token fits, the rest would need a block nobody has.
+  EXPECT_EQ(out.scheduled[0].num_draft_tokens, 1);
+  (void)sched.UpdateFromOutput(out, std::vector<int32_t>{8, 9, 3},
+                               std::vector<int32_t>{2, 1});
+  EXPECT_TRUE(sched.CheckInvariants().ok());
+}
+
 TEST_F(SpeculationTest, BoundedKvRequestsAndWaitingOnesTakeNoDraft) {
   auto windowed = Make(1, 6, 20);
   windowed->set_kv_window({.sinks = 4, .window = 16});
