@@ -67,7 +67,7 @@ struct EvalFlags {
   // after one scores its sinks at their written positions instead.
   std::string kv_policy;
   int64_t context = 512;
-  int64_t chunk = 64;
+  int64_t chunk = 0;  // 0: 64, or one key group with an int3/int2 lane
   int64_t max_windows = 0;
   // --context may pass the model's trained context (with --kv-policy only):
   // the full-cache lanes then run where the model was never trained, and
@@ -153,6 +153,18 @@ absl::StatusOr<std::vector<EvalPolicy>> ParsePolicyList(
     if (p.window.enabled()) out.push_back(std::move(p));
   }
   return out;
+}
+
+// The default --chunk: 64 tokens, or one key group (32) when an int3/int2
+// lane needs a chunk dividing it (ValidateFlags).
+void ResolveChunk(EvalFlags* f) {
+  if (f->chunk > 0) return;
+  f->chunk = 64;
+  const auto dtypes = ParseDtypeList(f->kv_cache_dtype);
+  if (!dtypes.ok()) return;  // ValidateFlags says why
+  for (kvcache::KvDtype d : *dtypes) {
+    if (kvcache::KvLowBits(d) > 0) f->chunk = kvcache::kKvKeyGroupTokens;
+  }
 }
 
 absl::Status ValidateFlags(const EvalFlags& f) {
@@ -658,7 +670,10 @@ int RunEvalCommand(int argc, const char* const* argv) {
            "window length in tokens (even, >= 2 x --chunk); the second "
            "half of each window is scored",
            2, 1 << 20);
-  args.Int("chunk", &f.chunk, "prefill chunk in tokens", 1, 1 << 20);
+  args.Int("chunk", &f.chunk,
+           "prefill chunk in tokens (default 64; 32 with an int3 or int2 "
+           "lane)",
+           1, 1 << 20);
   args.Int("max-windows", &f.max_windows, "windows to score (0: all)", 0,
            INT64_MAX);
   args.Bool("past-trained-context", &f.past_trained_context,
@@ -672,6 +687,7 @@ int RunEvalCommand(int argc, const char* const* argv) {
     std::fputs(args.Usage().c_str(), stdout);
     return 0;
   }
+  ResolveChunk(&f);
   if (s.ok()) s = ValidateFlags(f);
   if (!s.ok()) {
     std::fprintf(stderr, "kvserve: %s\n", std::string(s.message()).c_str());

@@ -171,6 +171,12 @@ class LowBitKvGate(unittest.TestCase):
     0.038, int4 0.082, int2 0.261; with the newest group read from its
     codes 0.086 and 0.633; 4K and 8K in docs/PERFORMANCE.md). About 7 s."""
 
+    def test_a_low_bit_lane_defaults_to_one_key_group_per_chunk(self):
+        out = run_eval("--kv-cache-dtype", "int2", "--max-windows", "1",
+                       "--json")
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertEqual(json.loads(out.stdout)["chunk"], 32)
+
     def test_int3_beats_q4_0_in_fewer_bytes(self):
         out = run_eval("--context", "512", "--chunk", "8", "--max-windows",
                        "2", "--kv-cache-dtype", "f32,int4,int3,int2",
