@@ -11,8 +11,8 @@ rarely are: the cost side). The outputs of both servers must be equal
 
     tools/spec_bench.py --binary build/server/kvserve --source-dir . [--repeats 5]
 
-Not yet: llama-server with its n-gram speculation, batches above 1, a draft
-model (issue 42's benchmark).
+Measures neither llama-server with its n-gram speculation, nor batches
+above 1, nor a draft model.
 """
 import argparse
 import os
