@@ -240,21 +240,22 @@ void Engine::Impl::EmitTokens(const scheduler::SchedulerOutput& out,
 void Engine::Impl::ProposeDrafts() {
   const SpeculativeConfig& c = config_.speculative;
   if (c.mode == SpeculativeMode::kOff) return;
-  int32_t decoding = 0;
+  // The running requests that decode next (one token left to compute).
+  std::vector<const scheduler::Request*> decoding;
   for (const RequestId id : scheduler_->RunningIds()) {
     const scheduler::Request* r = scheduler_->GetRequest(id);
     if (r != nullptr && r->num_tokens() - r->num_computed_tokens() == 1) {
-      ++decoding;
+      decoding.push_back(r);
     }
   }
-  if (decoding == 0 || decoding > c.max_decode_batch) return;
-  for (const RequestId id : scheduler_->RunningIds()) {
-    const scheduler::Request* r = scheduler_->GetRequest(id);
+  if (decoding.empty() ||
+      decoding.size() > static_cast<size_t>(c.max_decode_batch)) {
+    return;
+  }
+  for (const scheduler::Request* r : decoding) {
+    const RequestId id = r->id();
     auto it = live_reqs_.find(id);
-    if (r == nullptr || it == live_reqs_.end() || !it->second->spec.speculate ||
-        r->num_tokens() - r->num_computed_tokens() != 1) {
-      continue;
-    }
+    if (it == live_reqs_.end() || !it->second->spec.speculate) continue;
     int32_t k = std::min(r->max_tokens() - r->num_output_tokens() - 1,
                          it->second->speculation.Draft(c.num_tokens));
     if (kvcache::KvLowBits(info_.kv_dtype) > 0) {
