@@ -70,11 +70,22 @@ void RegisterBatchFlags(EngineFlags* f, CliArgs* args) {
                          f->max_num_batched_tokens, ")"),
             1, 1 << 22);
   args->String("speculative", &f->speculative,
-               absl::StrCat("speculative decoding: off, or ngram (prompt "
+               absl::StrCat("speculative decoding: off, ngram (prompt "
                             "lookup: drafts copied from earlier in the prompt "
-                            "and output, verified in the batched step; "
-                            "outputs unchanged) (default ",
+                            "and output) or draft (a smaller model with the "
+                            "same tokenizer, --speculative-draft-model); "
+                            "drafts are verified in the batched step and the "
+                            "outputs do not change (default ",
                             f->speculative, ")"));
+  args->String("speculative-draft-model", &f->speculative_draft_model,
+               "--speculative draft: the draft model (a GGUF file or HF "
+               "directory with the target's tokenizer), run on the CPU with "
+               "a KV pool of its own");
+  args->Float("speculative-draft-p-min", &f->speculative_draft_p_min,
+              absl::StrCat("--speculative draft: stop drafting a sequence at "
+                           "a token the draft gives less probability (default ",
+                           f->speculative_draft_p_min, ")"),
+              0.0, 1.0);
   args->Int("num-speculative-tokens", &f->num_speculative_tokens,
             absl::StrCat("--speculative: most draft tokens a sequence "
                          "verifies per step (default ",
@@ -330,6 +341,14 @@ absl::Status ApplyEngineFlags(const EngineFlags& f, uint32_t groups,
     e->speculative.num_tokens = static_cast<int32_t>(f.num_speculative_tokens);
     e->speculative.max_decode_batch =
         static_cast<int32_t>(f.speculative_max_batch);
+    e->speculative.draft_model = f.speculative_draft_model;
+    e->speculative.draft_p_min = static_cast<float>(f.speculative_draft_p_min);
+    const bool draft = e->speculative.mode == engine::SpeculativeMode::kDraft;
+    if (draft == f.speculative_draft_model.empty()) {
+      return absl::InvalidArgumentError(
+          draft ? "--speculative draft: needs --speculative-draft-model"
+                : "--speculative-draft-model: needs --speculative draft");
+    }
   }
   if (groups & kPoolFlags) {
     e->kv_cache_bytes = f.kv_cache_bytes;

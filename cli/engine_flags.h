@@ -27,6 +27,8 @@ struct EngineFlags {
   int64_t max_num_seqs = 0, max_num_batched_tokens = 0;
   std::string kv_reservation;
   std::string speculative = "off";  // --speculative
+  std::string speculative_draft_model;
+  double speculative_draft_p_min = 0.75;
   int64_t num_speculative_tokens = 4;
   int64_t speculative_max_batch = 4;
   bool prefix_caching = true;

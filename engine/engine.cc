@@ -103,6 +103,17 @@ absl::Status Engine::Impl::Init(
     return absl::InvalidArgumentError(
         "--speculative: not built for the cuda backend yet; use --device cpu");
   }
+  if (config_.speculative.mode == SpeculativeMode::kDraft) {
+    DraftModelConfig dc;
+    dc.path = config_.speculative.draft_model;
+    // Room for the sequences drafted for at once and as many again, so
+    // that one leaving the batch for a while keeps its draft KV.
+    dc.max_seqs = std::clamp(2 * config_.speculative.max_decode_batch, 2, 16);
+    dc.max_model_len = max_model_len_;
+    dc.p_min = config_.speculative.draft_p_min;
+    KV_ASSIGN_OR_RETURN(draft_, DraftModel::Create(dc, *model_.tokenizer));
+    spdlog::info("speculative decoding: draft model {}", draft_->path());
+  }
   if (config_.kv_tiers.host_bytes > 0 || !config_.kv_tiers.disk_dir.empty() ||
       !config_.kv_tiers.remote_url.empty()) {
     if (registry) {

@@ -19,6 +19,7 @@
 #include "engine/kv_state.h"
 #include "engine/kv_tiers.h"
 #include "engine/live_request.h"
+#include "engine/runner/draft_model.h"
 #include "engine/runner/model_backend.h"
 #include "engine/runner/model_runner.h"
 #include "engine/tier_metrics.h"
@@ -149,6 +150,8 @@ class Engine::Impl {
   void EmitTokens(const scheduler::SchedulerOutput& out, StepResult& result);
   // Speculative decoding: drafts for the running requests that decode next
   // (SpeculationControl decides), handed to the scheduler before Schedule.
+  // A failed draft forward is logged and counted; the step goes on without
+  // drafts.
   void ProposeDrafts();
   // Ends a live request for a reason of the engine's (a stop, cancel,
   // deadline, error): the scheduler ends it too, then CloseRequest.
@@ -188,6 +191,8 @@ class Engine::Impl {
   std::atomic<bool>* draining_;
   ModelInfo info_;
   std::unique_ptr<ModelRunner> runner_;
+  // --speculative draft: the draft model (null otherwise).
+  std::unique_ptr<DraftModel> draft_;
   std::unique_ptr<scheduler::Scheduler> scheduler_;
   // With tiers and a registry; before tiers_, whose writer thread reports
   // to it, so it outlives that thread.

@@ -252,6 +252,7 @@ void Engine::Impl::ProposeDrafts() {
       decoding.size() > static_cast<size_t>(c.max_decode_batch)) {
     return;
   }
+  std::vector<DraftQuery> queries;  // for the draft model
   for (const scheduler::Request* r : decoding) {
     const RequestId id = r->id();
     auto it = live_reqs_.find(id);
@@ -266,12 +267,36 @@ void Engine::Impl::ProposeDrafts() {
       k = std::min(k, kGroup - 1 - (r->num_tokens() - 1) % kGroup);
     }
     if (k <= 0) continue;
+    if (draft_) {
+      queries.push_back({.id = id, .tokens = r->tokens(), .max_tokens = k});
+      continue;
+    }
     std::vector<int32_t> draft =
         NgramDraft(r->tokens(), c.ngram_max, c.ngram_min, k);
     if (draft.empty()) {
       it->second->speculation.NoDraft();
     } else {
       scheduler_->SetDraft(id, std::move(draft));
+    }
+  }
+  if (queries.empty()) return;
+  const double seconds = draft_->forward_seconds();
+  absl::StatusOr<std::vector<std::vector<int32_t>>> drafts =
+      draft_->Propose(queries);
+  if (metrics_)
+    metrics_->AddDraftModelSeconds(draft_->forward_seconds() - seconds);
+  if (!drafts.ok()) {
+    spdlog::error("speculative decoding: the draft model failed: {}",
+                  drafts.status().ToString());
+    if (metrics_) metrics_->AddDraftFailure();
+    return;
+  }
+  for (size_t i = 0; i < queries.size(); ++i) {
+    std::vector<int32_t>& draft = (*drafts)[i];
+    if (draft.empty()) {
+      live_reqs_.at(queries[i].id)->speculation.NoDraft();
+    } else {
+      scheduler_->SetDraft(queries[i].id, std::move(draft));
     }
   }
 }
@@ -468,6 +493,7 @@ void Engine::Impl::CloseRequest(RequestId id, FinishReason reason,
   r.pending_forks = 0;
   if (r.spec.deadline.has_value()) deadlines_.erase({*r.spec.deadline, id});
   runner_->RemoveRequest(id);
+  if (draft_) draft_->Forget(id);
   live_reqs_.erase(it);
   absl::MutexLock lock(&mu_);
   --live_;

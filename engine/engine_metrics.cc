@@ -207,6 +207,20 @@ EngineMetrics::EngineMetrics(prometheus::Registry& r,
            .Help("Draft tokens accepted per verified draft")
            .Register(r)
            .Add({}, Histogram::BucketBoundaries{0, 1, 2, 3, 4, 6, 8, 12, 16});
+  spec_draft_seconds_ =
+      &BuildCounter()
+           .Name("kvserve_spec_decode_draft_model_seconds_total")
+           .Help(
+               "Wall time of the draft model's forwards (--speculative "
+               "draft), inside the engine step")
+           .Register(r)
+           .Add({});
+  spec_draft_failures_ =
+      &BuildCounter()
+           .Name("kvserve_spec_decode_draft_failures_total")
+           .Help("Steps whose draft model failed (they ran without drafts)")
+           .Register(r)
+           .Add({});
   auto& fin = BuildCounter()
                   .Name("kvserve_requests_finished_total")
                   .Help("Finished requests by reason")

@@ -80,6 +80,8 @@ class EngineMetrics {
     spec_accepted_->Increment(accepted);
     spec_accept_len_->Observe(accepted);
   }
+  void AddDraftModelSeconds(double s) { spec_draft_seconds_->Increment(s); }
+  void AddDraftFailure() { spec_draft_failures_->Increment(); }
   void ObserveStep(double seconds, int64_t tokens);
   // Wall time inside the model forward pass; with the step histogram's sum
   // it gives the engine's overhead outside the forward.
@@ -130,7 +132,8 @@ class EngineMetrics {
   prometheus::Gauge *swap_used_, *swap_total_, *blocks_active_peak_;
   prometheus::Counter *swap_out_bytes_, *swap_in_bytes_, *prompt_computed_;
   prometheus::Histogram* request_preemptions_;
-  prometheus::Counter *spec_draft_, *spec_accepted_;
+  prometheus::Counter *spec_draft_, *spec_accepted_, *spec_draft_seconds_,
+      *spec_draft_failures_;
   prometheus::Histogram* spec_accept_len_;
   int64_t bytes_per_block_ = 0;
   prometheus::Counter *deadline_queued_, *deadline_running_;

@@ -12,12 +12,21 @@ absl::StatusOr<SpeculativeMode> ParseSpeculativeMode(absl::string_view name) {
   const std::string n = absl::AsciiStrToLower(name);
   if (n == "off" || n.empty()) return SpeculativeMode::kOff;
   if (n == "ngram") return SpeculativeMode::kNgram;
+  if (n == "draft") return SpeculativeMode::kDraft;
   return absl::InvalidArgumentError(
-      absl::StrCat("--speculative ", name, ": expected off or ngram"));
+      absl::StrCat("--speculative ", name, ": expected off, ngram or draft"));
 }
 
 const char* SpeculativeModeName(SpeculativeMode mode) {
-  return mode == SpeculativeMode::kNgram ? "ngram" : "off";
+  switch (mode) {
+    case SpeculativeMode::kNgram:
+      return "ngram";
+    case SpeculativeMode::kDraft:
+      return "draft";
+    case SpeculativeMode::kOff:
+      break;
+  }
+  return "off";
 }
 
 std::vector<int32_t> NgramDraft(const kvcache::TokenSequence& tokens,

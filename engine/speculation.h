@@ -1,5 +1,6 @@
 // Speculative decoding on the engine side: the prompt-lookup (n-gram)
-// proposer and the per-request controller that decides how many draft
+// proposer (the draft-model one is engine/runner/draft_model.h) and the
+// per-request controller that decides how many draft
 // tokens a decode step verifies. The scheduler schedules a draft with the
 // request's last token (Scheduler::SetDraft); the model runner samples each
 // row as decoding without a draft would and keeps the drafts it sampled
@@ -14,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -22,9 +24,9 @@
 
 namespace kvserve::engine {
 
-enum class SpeculativeMode { kOff, kNgram };
+enum class SpeculativeMode { kOff, kNgram, kDraft };
 
-// "off" or "ngram"; InvalidArgument naming --speculative otherwise.
+// "off", "ngram" or "draft"; InvalidArgument naming --speculative otherwise.
 [[nodiscard]] absl::StatusOr<SpeculativeMode> ParseSpeculativeMode(
     absl::string_view name);
 [[nodiscard]] const char* SpeculativeModeName(SpeculativeMode mode);
@@ -37,6 +39,10 @@ struct SpeculativeConfig {
   int32_t ngram_max = 4, ngram_min = 2;
   // Decoding sequences above which no draft is proposed.
   int32_t max_decode_batch = 4;
+  // kDraft: the draft model's file (engine/runner/draft_model.h) and the
+  // probability below which it stops drafting a sequence.
+  std::string draft_model;
+  float draft_p_min = 0.75f;
 };
 
 // Prompt lookup: the (at most k) tokens that followed the latest earlier
