@@ -8,7 +8,8 @@ file has the default model's tokenizer and chat template and a shape whose
 rows are multiples of 256, so that llama-quantize turns it into a realistic
 K-quant mix for speed, memory and agreement measurements against llama.cpp.
 The weights are random (seeded): its text is noise, but kvserve and llama.cpp
-compute the same noise.
+compute the same noise. A tiny shape of it is a draft model that accepts
+nothing (tests/server/speculative_e2e_test.py).
 
     tools/make_synthetic_gguf.py --out build-llama/synth-f16.gguf \\
         [--hidden 2048 --ffn 5632 --layers 8 --heads 32 --kv-heads 4]
@@ -37,7 +38,7 @@ SHAPE_KEYS = {
 }
 
 
-def copy_metadata(reader, writer):
+def copy_metadata(reader, writer, swap_tokens=None):
     for field in reader.fields.values():
         name = field.name
         if name.startswith("GGUF.") or name in SHAPE_KEYS:
@@ -46,7 +47,11 @@ def copy_metadata(reader, writer):
             continue  # the writer writes it
         vtype = field.types[0]
         sub = field.types[1] if vtype == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(name, field.contents(), vtype, sub_type=sub)
+        value = field.contents()
+        if name == "tokenizer.ggml.tokens" and swap_tokens:
+            i, j = swap_tokens
+            value[i], value[j] = value[j], value[i]
+        writer.add_key_value(name, value, vtype, sub_type=sub)
 
 
 def main():
@@ -59,6 +64,9 @@ def main():
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--kv-heads", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--swap-tokens", metavar="I,J",
+                    help="exchange the texts of tokens I and J (a tokenizer "
+                    "that differs from the source's, for tests)")
     args = ap.parse_args()
     if args.hidden % args.heads or args.heads % args.kv_heads:
         sys.exit("--hidden must divide by --heads, --heads by --kv-heads")
@@ -68,7 +76,9 @@ def main():
     vocab = len(reader.fields["tokenizer.ggml.tokens"].contents())
     writer = gguf.GGUFWriter(args.out, "llama")
     writer.add_name(f"synthetic-llama-{args.hidden}x{args.layers}")
-    copy_metadata(reader, writer)
+    swap = ([int(t) for t in args.swap_tokens.split(",")]
+            if args.swap_tokens else None)
+    copy_metadata(reader, writer, swap)
     writer.add_embedding_length(args.hidden)
     writer.add_feed_forward_length(args.ffn)
     writer.add_block_count(args.layers)

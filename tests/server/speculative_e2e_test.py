@@ -11,13 +11,20 @@ in one forward), under a KV budget so small that requests are preempted,
 with int2 KV (whose newest key group is staged and rolls back too), and for
 n = 2 completions. Drafts must actually be accepted (the metrics and
 usage.kvserve.speculative say how many), and "speculative": false opts a
-request out. About 60 s.
+request out. --speculative draft is held to the same outputs with two
+draft models: the target's own file (whose drafts are nearly all accepted;
+alone and batched, preempted and forked) and a random-weight one-layer
+model with the same tokenizer (tools/make_synthetic_gguf.py), whose drafts
+are rejected; a draft whose tokenizer differs by one token, or a flag
+without its partner, is refused at start-up, naming the flag. About 25 s.
 
     speculative_e2e_test.py --binary build/server/kvserve --source-dir .
 """
 import json
 import os
+import subprocess
 import sys
+import tempfile
 import unittest
 import urllib.request
 
@@ -134,6 +141,90 @@ class SpeculativeDecoding(unittest.TestCase):
                             mode="recompute", reason="no_free_block")
         self.assertGreater(preempted, 0, "no preemption")
 
+    def test_draft_model_outputs_unchanged(self):
+        own = os.path.join(ARGS.source_dir, "weights",
+                           "SmolLM2-135M-Instruct.Q4_1.gguf")
+        server = Server("--speculative", "draft",
+                        "--speculative-draft-model", own)
+        try:
+            got = texts(server)
+            m = server.metrics()
+        finally:
+            server.close()
+        self.check(got)
+        # The target's own weights draft: all but a few drafts are accepted
+        # (the draft's KV is fp16, the target's int8, so near ties may
+        # differ).
+        accepted = counter(m, "kvserve_spec_decode_accepted_tokens_total")
+        drafted = counter(m, "kvserve_spec_decode_draft_tokens_total")
+        self.assertGreater(accepted, MAX_TOKENS, m)
+        self.assertGreaterEqual(accepted, 0.8 * drafted)
+        self.assertGreater(
+            counter(m, "kvserve_spec_decode_draft_model_seconds_total"), 0)
+        self.assertEqual(
+            counter(m, "kvserve_spec_decode_draft_failures_total"), 0)
+
+        block = 12240 * 16
+        server = Server("--speculative", "draft", "--speculative-draft-model",
+                        own, "--speculative-max-batch", "64",
+                        "--kv-cache-bytes", str(16 * block),
+                        "--swap-space-bytes", "0")
+        try:
+            got = texts(server, parallel=True)
+            n2 = server.complete(PROMPTS[3][1], PROMPTS[3][2], n=2)
+            m = server.metrics()
+        finally:
+            server.close()
+        self.check(got)
+        self.assertEqual([c["text"] for c in n2["choices"]],
+                         [c["text"] for c in self.want_n2["choices"]])
+        self.assertGreater(
+            counter(m, "kvserve_spec_decode_accepted_tokens_total"), 0)
+        self.assertGreater(counter(m, "kvserve_preemptions_total",
+                                   mode="recompute", reason="no_free_block"),
+                           0, "no preemption")
+
+    def test_random_draft_changes_nothing(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            tiny = synthetic_draft(tmp, "tiny.gguf")
+            server = Server("--speculative", "draft",
+                            "--speculative-draft-model", tiny,
+                            "--speculative-draft-p-min", "0")
+            try:
+                got = texts(server)
+                m = server.metrics()
+            finally:
+                server.close()
+        self.check(got)
+        drafted = counter(m, "kvserve_spec_decode_draft_tokens_total")
+        accepted = counter(m, "kvserve_spec_decode_accepted_tokens_total")
+        self.assertGreater(drafted, 0)
+        self.assertLess(accepted, 0.2 * drafted, m)
+
+    def test_bad_draft_flags_are_refused(self):
+        own = os.path.join(ARGS.source_dir, "weights",
+                           "SmolLM2-135M-Instruct.Q4_1.gguf")
+        with tempfile.TemporaryDirectory() as tmp:
+            swapped = synthetic_draft(tmp, "swapped.gguf", "100,101")
+            cases = [
+                (["--speculative", "draft"],
+                 "--speculative draft: needs --speculative-draft-model"),
+                (["--speculative-draft-model", own],
+                 "--speculative-draft-model: needs --speculative draft"),
+                (["--speculative", "draft", "--speculative-draft-model",
+                  swapped], "token 100 differs from the target's"),
+                (["--speculative", "draft", "--speculative-draft-model",
+                  os.path.join(tmp, "absent.gguf")],
+                 "--speculative-draft-model: model path"),
+            ]
+            for flags, want in cases:
+                run = subprocess.run(
+                    [ARGS.binary, "--model", own, "--port", "0",
+                     "--metrics-port", "0", *flags],
+                    capture_output=True, text=True, timeout=120)
+                self.assertNotEqual(run.returncode, 0, flags)
+                self.assertIn(want, run.stdout + run.stderr, flags)
+
     def test_int2_kv_rolls_its_staged_group_back(self):
         runs = []
         for mode in ("off", "ngram"):
@@ -143,6 +234,20 @@ class SpeculativeDecoding(unittest.TestCase):
             finally:
                 server.close()
         self.assertEqual(runs[1], runs[0])
+
+
+def synthetic_draft(tmp, name, swap_tokens=None):
+    """A one-layer random-weight model with the default model's tokenizer
+    (or that tokenizer with two tokens exchanged), written to tmp/name."""
+    out = os.path.join(tmp, name)
+    cmd = [sys.executable,
+           os.path.join(ARGS.source_dir, "tools", "make_synthetic_gguf.py"),
+           "--out", out, "--hidden", "64", "--ffn", "128", "--layers", "1",
+           "--heads", "2", "--kv-heads", "1"]
+    if swap_tokens:
+        cmd += ["--swap-tokens", swap_tokens]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=120)
+    return out
 
 
 def setup(args, pb, pb_grpc):
