@@ -28,8 +28,8 @@ struct EngineFlags {
   std::string kv_reservation;
   std::string speculative = "off";  // --speculative
   std::string speculative_draft_model;
-  double speculative_draft_p_min = 0.75;
-  int64_t num_speculative_tokens = 4;
+  double speculative_draft_p_min = 0.0;
+  int64_t num_speculative_tokens = 8;
   int64_t speculative_max_batch = 4;
   bool prefix_caching = true;
   int64_t kv_cache_bytes = 0;

@@ -193,6 +193,8 @@ class Engine::Impl {
   std::unique_ptr<ModelRunner> runner_;
   // --speculative draft: the draft model (null otherwise).
   std::unique_ptr<DraftModel> draft_;
+  // What a draft token costs (measured on the engine's own steps).
+  SpeculationCost spec_cost_;
   std::unique_ptr<scheduler::Scheduler> scheduler_;
   // With tiers and a registry; before tiers_, whose writer thread reports
   // to it, so it outlives that thread.

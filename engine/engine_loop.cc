@@ -258,7 +258,8 @@ void Engine::Impl::ProposeDrafts() {
     auto it = live_reqs_.find(id);
     if (it == live_reqs_.end() || !it->second->spec.speculate) continue;
     int32_t k = std::min(r->max_tokens() - r->num_output_tokens() - 1,
-                         it->second->speculation.Draft(c.num_tokens));
+                         it->second->speculation.Draft(
+                             c.num_tokens, spec_cost_.PerDraftToken()));
     if (kvcache::KvLowBits(info_.kv_dtype) > 0) {
       // int3/int2: within the key group of its last known token, so that
       // every token verified reads the groups in full precision that it
@@ -283,14 +284,19 @@ void Engine::Impl::ProposeDrafts() {
   const double seconds = draft_->forward_seconds();
   absl::StatusOr<std::vector<std::vector<int32_t>>> drafts =
       draft_->Propose(queries);
-  if (metrics_)
-    metrics_->AddDraftModelSeconds(draft_->forward_seconds() - seconds);
+  const double draft_seconds = draft_->forward_seconds() - seconds;
+  if (metrics_) metrics_->AddDraftModelSeconds(draft_seconds);
   if (!drafts.ok()) {
     spdlog::error("speculative decoding: the draft model failed: {}",
                   drafts.status().ToString());
     if (metrics_) metrics_->AddDraftFailure();
     return;
   }
+  int64_t drafted = 0;
+  for (const std::vector<int32_t>& d : *drafts) {
+    drafted += static_cast<int64_t>(d.size());
+  }
+  spec_cost_.ObserveDraft(draft_seconds, drafted);
   for (size_t i = 0; i < queries.size(); ++i) {
     std::vector<int32_t>& draft = (*drafts)[i];
     if (draft.empty()) {
@@ -317,6 +323,11 @@ void Engine::Impl::Step() {
   AddStepCounters(out.stats, result.swapped_out_blocks,
                   result.swapped_in_blocks);
   if (!result.status.ok()) FailStep(out, result.status);
+  if (result.status.ok() && config_.speculative.mode != SpeculativeMode::kOff &&
+      result.load.tokens == result.load.seqs + result.draft_tokens) {
+    spec_cost_.ObserveStep(result.forward_seconds, result.load.seqs,
+                           result.draft_tokens);
+  }
   if (result.status.ok() && !result.block_mass.empty()) {
     scheduler_->AddBlockMass(out, result.block_mass, result.block_mass_stride);
   }

@@ -55,14 +55,44 @@ std::vector<int32_t> NgramDraft(const kvcache::TokenSequence& tokens,
   return out;
 }
 
-int32_t SpeculationControl::Draft(int32_t max_tokens) {
+int32_t SpeculationControl::Draft(int32_t max_tokens, double cost_per_token) {
   if (skip_ > 0) {
     --skip_;
     return 0;
   }
-  // Proposes about as many as it expects to be accepted, and one more.
-  const double expect = accept_rate_ / std::max(1e-3, 1.0 - accept_rate_);
-  return std::clamp(static_cast<int32_t>(expect) + 1, 1, max_tokens);
+  const double a = std::clamp(accept_rate_, 0.0, 0.98);
+  int32_t best_k = 1;
+  double best = 0, gain = 1, p = 1;
+  for (int32_t k = 1; k <= max_tokens; ++k) {
+    p *= a;
+    gain += p;
+    const double value = gain / (1.0 + k * cost_per_token);
+    if (value > best * 1.0001) best = value, best_k = k;
+  }
+  return best_k;
+}
+
+void SpeculationCost::ObserveStep(double seconds, int64_t seqs,
+                                  int64_t drafts) {
+  if (seqs <= 0 || seconds <= 0) return;
+  const double per_seq = seconds / static_cast<double>(seqs);
+  if (drafts == 0) {
+    plain_ = plain_ == 0 ? per_seq : 0.9 * plain_ + 0.1 * per_seq;
+    return;
+  }
+  if (plain_ == 0) return;
+  // The step's time over the same sequences' plain steps, per draft token.
+  const double extra = (seconds - plain_ * static_cast<double>(seqs)) /
+                       (plain_ * static_cast<double>(drafts));
+  verify_ = std::clamp(0.9 * verify_ + 0.1 * extra, 0.0, 1.0);
+  if (draft_secs_ > 0) propose_ = draft_secs_ / plain_;
+}
+
+void SpeculationCost::ObserveDraft(double seconds, int64_t drafts) {
+  if (drafts <= 0) return;
+  const double per = seconds / static_cast<double>(drafts);
+  draft_secs_ = draft_secs_ == 0 ? per : 0.9 * draft_secs_ + 0.1 * per;
+  if (plain_ > 0) propose_ = draft_secs_ / plain_;
 }
 
 void SpeculationControl::NoDraft() {

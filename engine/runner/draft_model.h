@@ -40,9 +40,9 @@ struct DraftModelConfig {
   int32_t max_model_len = 0;  // tokens a slot holds (the target's limit)
   int32_t block_size = 16;
   // A sequence's drafting stops at a token the draft gives less than this
-  // probability (llama.cpp's --draft-p-min): a likely rejection is not
-  // worth its share of the verifying forward.
-  float p_min = 0.75f;
+  // probability (llama.cpp's --spec-draft-p-min, whose default is 0 too):
+  // a likely rejection is not worth its share of the verifying forward.
+  float p_min = 0.0f;
   // Prompt tokens the draft catches up on per call, over all sequences; a
   // sequence still behind proposes nothing, so a long prompt does not stall
   // the step.
