@@ -23,10 +23,11 @@ LoadedModel& LoadedModel::operator=(LoadedModel&&) noexcept = default;
 
 std::string DescribeWeights(const LoadedModel& m) {
   if (m.model == nullptr) return "";
+  const std::string& note = m.model->tile_prefetch_note();
   return absl::StrFormat(
-      "%s, %.1f MiB packed",
+      "%s, %.1f MiB packed%s%s",
       models::FileBytesByTypeText(m.model->source_bytes_by_type()),
-      m.model->weight_bytes() / 1048576.0);
+      m.model->weight_bytes() / 1048576.0, note.empty() ? "" : "; ", note);
 }
 
 namespace {

@@ -35,6 +35,10 @@ class CpuLlamaModel {
   const ModelConfig& config() const { return config_; }
   // Bytes of packed weights held (including both kernel representations).
   size_t weight_bytes() const { return weight_bytes_; }
+  // How Create chose SetSmallTilePrefetch's level ("" when no matrix has
+  // small tiles): both levels' best time of one decode pass over the
+  // weights, for the start log.
+  const std::string& tile_prefetch_note() const { return prefetch_note_; }
   // Bytes of the source tensors the forward reads, by ggml type name (each
   // tensor once): what the file holds, beside weight_bytes().
   const std::map<std::string, int64_t>& source_bytes_by_type() const {
@@ -70,6 +74,10 @@ class CpuLlamaModel {
       : config_(config), weights_(std::move(weights)), rope_(config) {}
 
   [[nodiscard]] absl::Status LoadWeights();
+  // Times a batch-1 pass over every packed matrix with small tiles
+  // prefetched into L1, then L2 (alternating, best of 3) and keeps the
+  // faster process-wide (matmul.h, SetSmallTilePrefetch).
+  void TuneTilePrefetch();
   // The tensor `name`, counted once in source_bytes_.
   [[nodiscard]] absl::StatusOr<RawTensor> GetCounted(const std::string& name);
   [[nodiscard]] absl::StatusOr<std::vector<float>> LoadVector(
@@ -90,6 +98,7 @@ class CpuLlamaModel {
   std::unique_ptr<cpu::PackedMatrix> output_;
   std::vector<Layer> layers_;
   size_t weight_bytes_ = 0;
+  std::string prefetch_note_;
   std::map<std::string, int64_t> source_bytes_;
   std::set<std::string> counted_;
 

@@ -108,6 +108,16 @@ int64_t PackedMatrix::cols() const { return data_->cols; }
 GgmlType PackedMatrix::source_type() const { return data_->type; }
 size_t PackedMatrix::bytes() const { return data_->Bytes(); }
 
+bool PackedMatrix::HasSmallTiles() const {
+  if (!data_->tiles.has_value()) return false;
+  const internal::QuantTiles& t = *data_->tiles;
+  if (t.segments.empty()) return t.tile_stride <= internal::kSmallTileBytes;
+  for (const internal::QuantTiles& s : t.segments) {
+    if (s.tile_stride <= internal::kSmallTileBytes) return true;
+  }
+  return false;
+}
+
 bool PackedMatrix::Supports(MatMulPath path) const {
   switch (path) {
     case MatMulPath::kAuto:
@@ -184,6 +194,25 @@ void MatMulWithPath(const float* x, int64_t m, const PackedMatrix& w, float* y,
            " not packed for this matrix");
   if (m <= 0) return;
   RunMatMul(x, m, w.data(), y, path);
+}
+
+namespace internal {
+std::atomic<bool> small_tiles_to_l1{true};
+}  // namespace internal
+
+void SetSmallTilePrefetch(TilePrefetchLevel level) {
+  internal::small_tiles_to_l1.store(level == TilePrefetchLevel::kL1,
+                                    std::memory_order_relaxed);
+}
+
+TilePrefetchLevel SmallTilePrefetch() {
+  return internal::small_tiles_to_l1.load(std::memory_order_relaxed)
+             ? TilePrefetchLevel::kL1
+             : TilePrefetchLevel::kL2;
+}
+
+const char* TilePrefetchLevelName(TilePrefetchLevel level) {
+  return level == TilePrefetchLevel::kL1 ? "L1" : "L2";
 }
 
 absl::StatusOr<std::vector<float>> DequantizeToF32(const RawTensor& t) {

@@ -68,6 +68,9 @@ class PackedMatrix {
   size_t bytes() const;
   // True if `path` can run on this matrix (kAuto always can).
   bool Supports(MatMulPath path) const;
+  // True if its quantized tiles (or one segment's) are small enough for
+  // SetSmallTilePrefetch to apply.
+  bool HasSmallTiles() const;
 
   // The representations; for the kernels in models/cpu/ only.
   const internal::PackedData& data() const { return *data_; }
@@ -96,6 +99,18 @@ void MatMul(const float* x, int64_t m, const PackedMatrix& w, float* y);
 // MatMul forcing a kernel family; KV_CHECKs w.Supports(path).
 void MatMulWithPath(const float* x, int64_t m, const PackedMatrix& w, float* y,
                     MatMulPath path);
+
+// Where the quantized kernels prefetch the next weight tile of a matrix whose
+// tiles are at most 16 KiB (models of hidden size up to ~1,000; larger tiles
+// always go to L2). Process-wide; results do not depend on it, only speed,
+// and which level streams faster depends on the core (AMD Zen 4: L2, 1.2-1.6x
+// the decode matmuls' rate on the 135M model; a core that keeps up better
+// with L1 fills may differ). CpuLlamaModel::Create measures both on its own
+// weights and keeps the faster.
+enum class TilePrefetchLevel { kL1, kL2 };
+void SetSmallTilePrefetch(TilePrefetchLevel level);
+[[nodiscard]] TilePrefetchLevel SmallTilePrefetch();
+[[nodiscard]] const char* TilePrefetchLevelName(TilePrefetchLevel level);
 
 // Weights of `t` dequantized to fp32 (rows x cols, row-major) with ggml's
 // semantics: test references and benchmark baselines.

@@ -24,6 +24,10 @@
 namespace kvserve::models::cpu::internal {
 namespace {
 
+bool SmallTilesToL1() {
+  return small_tiles_to_l1.load(std::memory_order_relaxed);
+}
+
 // Activation rows sharing one pass over a weight tile.
 constexpr int kMaxMr = 8;
 static_assert(kMaxMr == kBiasedActsRows,
@@ -87,7 +91,7 @@ struct TilePrefetch {
 
   explicit TilePrefetch(const QuantTiles& w)
       : dist(static_cast<int64_t>(w.tile_stride)),
-        to_l1(w.tile_stride <= 16 * 1024) {}
+        to_l1(w.tile_stride <= kSmallTileBytes && SmallTilesToL1()) {}
   // Four cache lines from p + dist.
   [[gnu::always_inline]] inline void Lines4(const void* p) const {
     const char* c = static_cast<const char*>(p) + dist;

@@ -6,6 +6,7 @@
 // threads: QuantMatMul splits tiles over kvserve::ParallelFor.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <vector>
 
@@ -107,6 +108,11 @@ enum class QuantIsa { kBest, kAvx2, kPortable };
 
 // y[i, r] = sum_k x[i, k] W[r, k] for all rows r of w (y row stride =
 // w.rows); x given quantized. Parallel over tiles.
+// SetSmallTilePrefetch's state (matmul.h): true while tiles of at most
+// kSmallTileBytes are prefetched into L1.
+inline constexpr size_t kSmallTileBytes = 16 * 1024;
+extern std::atomic<bool> small_tiles_to_l1;
+
 void QuantMatMul(const ActSet& acts, const QuantTiles& w, float* y,
                  QuantIsa isa = QuantIsa::kBest);
 // The same with one quantization, which must be the one w reads.

@@ -263,6 +263,34 @@ TEST(MatMulDefaultPackTest, ModelShapes) {
   }
 }
 
+// The prefetch level of small tiles changes speed only: the outputs are
+// bit-identical, and the tiles of a 4096-wide matrix are not small.
+TEST(MatMulDefaultPackTest, TilePrefetchLevelChangesNoResult) {
+  const TilePrefetchLevel saved = SmallTilePrefetch();
+  for (GgmlType type : {GgmlType::kQ4_1, GgmlType::kQ8_0, GgmlType::kQ4_0}) {
+    const TestWeights w = MakeWeights(type, 960, 768, 4);
+    absl::StatusOr<PackedMatrix> packed = PackMatrix(w.Tensor());
+    ASSERT_TRUE(packed.ok()) << packed.status();
+    EXPECT_TRUE(packed->HasSmallTiles()) << TypeName(type);
+    for (int64_t m : {1, 5, 40}) {
+      const std::vector<float> x = RandomActivations(m, 768, 7);
+      std::vector<float> y1(m * 960), y2(m * 960);
+      SetSmallTilePrefetch(TilePrefetchLevel::kL1);
+      EXPECT_EQ(SmallTilePrefetch(), TilePrefetchLevel::kL1);
+      MatMul(x.data(), m, *packed, y1.data());
+      SetSmallTilePrefetch(TilePrefetchLevel::kL2);
+      EXPECT_EQ(SmallTilePrefetch(), TilePrefetchLevel::kL2);
+      MatMul(x.data(), m, *packed, y2.data());
+      EXPECT_EQ(y1, y2) << TypeName(type) << " m=" << m;
+    }
+  }
+  const TestWeights big = MakeWeights(GgmlType::kQ8_0, 32, 4096, 4);
+  absl::StatusOr<PackedMatrix> packed = PackMatrix(big.Tensor());
+  ASSERT_TRUE(packed.ok());
+  EXPECT_FALSE(packed->HasSmallTiles());
+  SetSmallTilePrefetch(saved);
+}
+
 TEST(MatMulTest, FloatKernelsHandleOddCols) {
   for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16}) {
     const TestWeights w = MakeWeights(type, 21, 37, 1);
