@@ -36,7 +36,7 @@ struct SpeculativeConfig {
   int32_t num_tokens = 8;  // --num-speculative-tokens: most drafts per step
   // Prompt lookup: the longest suffix of ngram_max down to ngram_min tokens
   // that occurred before.
-  int32_t ngram_max = 8, ngram_min = 2;
+  int32_t ngram_max = 8, ngram_min = 1;
   // Decoding sequences above which no draft is proposed.
   int32_t max_decode_batch = 4;
   // kDraft: the draft model's file (engine/runner/draft_model.h) and the

@@ -9,16 +9,24 @@ model does copy from these): grounded ones, where the answer repeats the
 prompt's text, "copy", "rewrite" (present tense), "answer" (quote a
 passage), "summary", "code" (rename a function in 17 lines of Python), and
 "open" (a story, nothing to copy: speculation's cost side). Every request is
-greedy (temperature 0, top_k 1) and asks for exactly --max-tokens tokens
-(ignore_eos), prompts sent as the same token ids to every server (tokenized
-by llama-server's /tokenize after its /apply-template).
+greedy (temperature 0, top_k 1) and streamed, prompts sent as the same token
+ids to every server (tokenized by llama-server's /tokenize after its
+/apply-template). Grounded tasks end where the model ends its answer (EOS, at
+most 2 x --max-tokens: past its EOS a model writes a new conversation, which
+is open-ended text, not the task); "open" generates exactly --max-tokens
+(ignore_eos). Token counts are the servers' usage, checked against the
+request.
 
-At 1 stream each task is one request; at N > 1, N requests at once cycling
-through the six tasks. Lanes (servers) run one at a time while the others
-idle, in A B ... B A order per repeat after a warm-up. Reported per point:
-median output tok/s and range over --repeats, the ratio of medians to
-kvserve without speculation, drafts accepted / proposed, and kvserve's
-engine thread CPU seconds per output token (thread "kv-engine"). The
+At 1 stream each task is one request, rated by its decode rate: tokens after
+the first over the time from the first to the last (prefill is the same work
+with or without speculation); "grounded" is that rate over the five grounded
+tasks together, "all" output tokens over the wall time (prefill included).
+At N > 1, N requests at once cycling through the six tasks, rated by output
+tokens over the wall time. Lanes (servers) run one at a time while the
+others idle, in A B ... B A order per repeat after a warm-up. Reported per
+point: median and range over --repeats, the ratio of medians to kvserve
+without speculation, drafts accepted / proposed, and kvserve's engine
+thread CPU seconds per output token (thread "kv-engine"). The
 greedy outputs of kvserve with and without speculation must be identical
 (a difference fails the run); those of llama-server are compared with
 kvserve's (agreement of the first 32 tokens, counted, not required: the two
@@ -33,9 +41,12 @@ llama-server: build-llama/bin/llama-server (tools/build_llama_cpp.sh), -t/-tb
 as --threads, -fa on, f16 KV, -np = streams, its prompt cache off;
 speculation: --llama-spec (default: ngram-simple with a 4-token lookup and
 8-token drafts, the best of its n-gram modes on these tasks; see
-docs/PERFORMANCE.md). Without the binary the llama lanes are skipped.
+docs/PERFORMANCE.md), and with --draft-model --spec-type draft-simple
+--model-draft (its defaults otherwise). Without the binary the llama lanes
+are skipped.
 """
 import argparse
+import asyncio
 import concurrent.futures
 import json
 import os
@@ -47,6 +58,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "server"))
+import sse_client  # noqa: E402
 from bench_vs_llama_server import LlamaServerProcess, post_json  # noqa: E402
 from kvserve_process import KvserveProcess, thread_cpu_seconds  # noqa: E402
 
@@ -101,23 +113,41 @@ class Lane:
     def __init__(self, name, kind, server):
         self.name, self.kind, self.server = name, kind, server
 
-    def complete(self, prompt, max_tokens):
+    def complete(self, prompt, max_tokens, ignore_eos):
+        """One streamed greedy completion: its text, token count, drafts,
+        and the times of its request, first and last text events."""
         body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-                "top_k": 1, "ignore_eos": True}
+                "top_k": 1, "ignore_eos": ignore_eos, "stream": True,
+                "stream_options": {"include_usage": True}}
         if self.kind == "llama":
             body["cache_prompt"] = False
-        out = post_json(self.server.http_port, "/v1/completions", body,
-                        timeout=600)
-        usage = out.get("usage", {})
-        spec = (usage.get("kvserve") or {}).get("speculative") or {}
-        timings = out.get("timings") or {}
-        return {
-            "text": out["choices"][0]["text"],
-            "tokens": usage.get("completion_tokens"),
-            "drafted": spec.get("draft_tokens", timings.get("draft_n", 0)),
-            "accepted": spec.get("accepted_tokens",
-                                 timings.get("draft_n_accepted", 0)),
-        }
+        return asyncio.run(self._stream(body))
+
+    async def _stream(self, body):
+        r = {"text": "", "tokens": None, "drafted": 0, "accepted": 0,
+             "start": time.perf_counter(), "first": None, "last": None}
+        async for now, data in sse_client.stream_events(
+                "127.0.0.1", self.server.http_port, "/v1/completions", body):
+            if data == "[DONE]":
+                break
+            event = json.loads(data)
+            for choice in event.get("choices") or []:
+                if choice.get("text"):
+                    r["text"] += choice["text"]
+                    r["first"] = r["first"] or now
+                    r["last"] = now
+            usage = event.get("usage") or {}
+            if usage:
+                r["tokens"] = usage.get("completion_tokens")
+                spec = (usage.get("kvserve") or {}).get("speculative") or {}
+                r["drafted"] = spec.get("draft_tokens", r["drafted"])
+                r["accepted"] = spec.get("accepted_tokens", r["accepted"])
+            timings = event.get("timings") or {}
+            if "draft_n" in timings:
+                r["drafted"] = timings["draft_n"]
+                r["accepted"] = timings.get("draft_n_accepted", 0)
+        r["end"] = time.perf_counter()
+        return r
 
     def engine_cpu(self):
         if self.kind != "kv":
@@ -152,6 +182,10 @@ def start_lanes(args, streams):
         lanes.append(Lane("llama-off", "llama", LlamaServerProcess(base)))
         lanes.append(Lane("llama-ngram", "llama", LlamaServerProcess(
             base + shlex.split(args.llama_spec))))
+        if args.draft_model:
+            lanes.append(Lane("llama-draft", "llama", LlamaServerProcess(
+                base + ["--spec-type", "draft-simple", "--model-draft",
+                        args.draft_model])))
     return lanes
 
 
@@ -173,30 +207,38 @@ def chat_prompts(lanes):
 
 
 def run_point(lane, prompts, streams, max_tokens):
-    """One measurement: wall seconds, the results, engine CPU seconds."""
+    """One measurement: wall seconds, the results, engine CPU seconds.
+    Grounded tasks stop where the model ends its answer (at most
+    2 x max_tokens); "open" generates exactly max_tokens (ignore_eos)."""
     names = (list(prompts) if streams == 1 else
              [list(TASKS)[i % len(TASKS)] for i in range(streams)])
+
+    def one(name):
+        grounded = name in GROUNDED
+        r = lane.complete(prompts[name],
+                          2 * max_tokens if grounded else max_tokens,
+                          not grounded)
+        if not r["tokens"] or (not grounded and r["tokens"] != max_tokens):
+            sys.exit(f"spec_bench: {lane.name} {name}: {r['tokens']} "
+                     f"tokens, asked {max_tokens}")
+        return r
+
     cpu0 = lane.engine_cpu()
     t0 = time.monotonic()
     if streams == 1:
-        results = {}
-        for name in names:
-            t1 = time.monotonic()
-            r = lane.complete(prompts[name], max_tokens)
-            r["seconds"] = time.monotonic() - t1
-            results[name] = r
+        results = {name: one(name) for name in names}
     else:
         with concurrent.futures.ThreadPoolExecutor(streams) as pool:
-            futs = [pool.submit(lane.complete, prompts[n], max_tokens)
-                    for n in names]
+            futs = [pool.submit(one, n) for n in names]
             results = {f"{n}#{i}": f.result()
                        for i, (n, f) in enumerate(zip(names, futs))}
-    wall = time.monotonic() - t0
-    for key, r in results.items():
-        if r["tokens"] != max_tokens:
-            sys.exit(f"spec_bench: {lane.name} {key}: {r['tokens']} tokens, "
-                     f"asked {max_tokens}")
-    return wall, results, lane.engine_cpu() - cpu0
+    return time.monotonic() - t0, results, lane.engine_cpu() - cpu0
+
+
+def decode_rate(r):
+    """Output tokens per second after the first (the decode rate)."""
+    span = r["last"] - r["first"]
+    return (r["tokens"] - 1) / span if span > 0 else 0.0
 
 
 def med_range(values):
@@ -223,7 +265,11 @@ def measure(args, streams, records):
                 if streams == 1:
                     for name, r in results.items():
                         rates.setdefault((lane.name, name), []).append(
-                            r["tokens"] / r["seconds"])
+                            decode_rate(r))
+                    g = [results[n] for n in GROUNDED]
+                    rates.setdefault((lane.name, "grounded"), []).append(
+                        sum(r["tokens"] - 1 for r in g) /
+                        sum(r["last"] - r["first"] for r in g))
                 rates.setdefault((lane.name, "all"), []).append(total / wall)
                 rates.setdefault((lane.name, "cpu"), []).append(cpu / total)
                 rates.setdefault((lane.name, "acc"), []).append(
@@ -266,7 +312,7 @@ def check_outputs(names, texts):
 
 def report(streams, names, rates):
     rows = []
-    keys = list(TASKS) + ["all"] if streams == 1 else ["all"]
+    keys = list(TASKS) + ["grounded", "all"] if streams == 1 else ["all"]
     for key in keys:
         base = med_range(rates[("kv-off", key)])[0]
         cells = []
