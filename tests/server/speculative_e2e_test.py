@@ -119,12 +119,12 @@ class SpeculativeDecoding(unittest.TestCase):
                          {"draft_tokens": 0, "accepted_tokens": 0})
 
     def test_batched_preempted_and_forked_outputs_unchanged(self):
-        # 16 int8 blocks of 16 tokens (12,240 bytes a token): the four
+        # 12 int8 blocks of 16 tokens (12,240 bytes a token): the four
         # requests need about 24, so they preempt each other (recompute)
         # while speculating.
         block = 12240 * 16
         server = Server("--speculative", "ngram", "--speculative-max-batch",
-                        "64", "--kv-cache-bytes", str(16 * block),
+                        "64", "--kv-cache-bytes", str(12 * block),
                         "--swap-space-bytes", "0")
         try:
             got = texts(server, parallel=True)
@@ -167,7 +167,7 @@ class SpeculativeDecoding(unittest.TestCase):
         block = 12240 * 16
         server = Server("--speculative", "draft", "--speculative-draft-model",
                         own, "--speculative-max-batch", "64",
-                        "--kv-cache-bytes", str(16 * block),
+                        "--kv-cache-bytes", str(12 * block),
                         "--swap-space-bytes", "0")
         try:
             got = texts(server, parallel=True)
