@@ -95,15 +95,10 @@ void SpeculationCost::ObserveDraft(double seconds, int64_t drafts) {
   if (plain_ > 0) propose_ = draft_secs_ / plain_;
 }
 
-void SpeculationControl::NoDraft() {
-  constexpr int32_t kMaxMissSkip = 8;
-  misses_ = std::min(misses_ + 1, kMaxMissSkip);
-  skip_ = std::max(skip_, misses_);
-}
+void SpeculationControl::NoDraft() { skip_ = std::max(skip_, 1); }
 
 void SpeculationControl::Observe(int32_t drafted, int32_t accepted) {
   if (drafted <= 0) return;
-  misses_ = 0;
   const double rate = static_cast<double>(accepted) / drafted;
   accept_rate_ = 0.7 * accept_rate_ + 0.3 * rate;
   if (accept_rate_ < 0.25) {

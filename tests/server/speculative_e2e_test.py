@@ -11,7 +11,8 @@ in one forward), under a KV budget so small that requests are preempted,
 with int2 KV (whose newest key group is staged and rolls back too), and for
 n = 2 completions. Drafts must actually be accepted (the metrics and
 usage.kvserve.speculative say how many), and "speculative": false opts a
-request out. --speculative draft is held to the same outputs with two
+request out; a stop string, logprobs and min_tokens act inside accepted
+runs as without them. --speculative draft is held to the same outputs with two
 draft models: the target's own file (whose drafts are nearly all accepted;
 alone and batched, preempted and forked) and a random-weight one-layer
 model with the same tokenizer (tools/make_synthetic_gguf.py), whose drafts
@@ -45,6 +46,12 @@ PROMPTS = [
      {"temperature": 0}),
     ("sampled", f"Repeat after me: {PASSAGE}\nAgain:",
      {"temperature": 0.8, "seed": 7}),
+    # A stop string and logprobs inside an accepted run; min_tokens past
+    # the point where the answer would end.
+    ("stop+logprobs", f"Copy the following text exactly.\nText: {PASSAGE}\n"
+     "Copy:", {"temperature": 0, "stop": ["boxing"], "logprobs": 2}),
+    ("min_tokens", "Q: What is 2 + 2?\nA:",
+     {"temperature": 0, "min_tokens": 40, "stop": ["\n"]}),
 ]
 MAX_TOKENS = 48
 
@@ -78,7 +85,9 @@ def texts(server, parallel=False, **extra):
     def one(item):
         _, prompt, sampling = item
         out = server.complete(prompt, sampling, **extra)
-        return [c["text"] for c in out["choices"]], out["usage"]
+        # The text, and the logprobs where asked, must be equal.
+        return [c["text"] + json.dumps(c.get("logprobs"), sort_keys=True)
+                for c in out["choices"]], out["usage"]
     if parallel:
         return run_concurrently(one, PROMPTS)
     return [one(p) for p in PROMPTS]
@@ -114,7 +123,8 @@ class SpeculativeDecoding(unittest.TestCase):
         self.assertGreaterEqual(drafted, accepted)
         copy_usage = got[0][1]["kvserve"]["speculative"]
         self.assertGreater(copy_usage["accepted_tokens"], 0, copy_usage)
-        self.assertEqual([opted_out["choices"][0]["text"]], self.want[0])
+        self.assertEqual([opted_out["choices"][0]["text"] + "null"],
+                         self.want[0])
         self.assertEqual(opted_out["usage"]["kvserve"]["speculative"],
                          {"draft_tokens": 0, "accepted_tokens": 0})
 
