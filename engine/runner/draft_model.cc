@@ -154,9 +154,13 @@ absl::Status DraftModel::RunBatch(std::vector<int32_t>* argmax,
   for (size_t r = 0; r < batch_.logits_rows.size(); ++r) {
     const float* row = logits_.data() + r * vocab;
     const float* best = std::max_element(row, row + vocab);
-    double sum = 0;
-    for (int64_t v = 0; v < vocab; ++v) sum += std::exp(row[v] - *best);
     argmax->push_back(static_cast<int32_t>(best - row));
+    // The top probability matters only against a p_min above 0.
+    double sum = 1;
+    if (config_.p_min > 0) {
+      sum = 0;
+      for (int64_t v = 0; v < vocab; ++v) sum += std::exp(row[v] - *best);
+    }
     top_prob->push_back(static_cast<float>(1.0 / sum));
   }
   return absl::OkStatus();

@@ -101,7 +101,8 @@ class DraftModel {
   // (written at positions begin ..), and records them as held.
   void AddSegment(int32_t slot, const int32_t* tokens, int32_t begin, int32_t n,
                   bool want_logits);
-  // Runs batch_ and appends each logits row's argmax and its probability.
+  // Runs batch_ and appends each logits row's argmax and its probability
+  // (1 when p_min is 0: then it is never compared, so not computed).
   [[nodiscard]] absl::Status RunBatch(std::vector<int32_t>* argmax,
                                       std::vector<float>* top_prob);
   // The catch-up forward of a Propose call: the tokens each slot lacks;

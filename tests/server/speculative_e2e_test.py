@@ -128,13 +128,14 @@ class SpeculativeDecoding(unittest.TestCase):
         self.assertEqual(opted_out["usage"]["kvserve"]["speculative"],
                          {"draft_tokens": 0, "accepted_tokens": 0})
 
-    def test_batched_preempted_and_forked_outputs_unchanged(self):
-        # 12 int8 blocks of 16 tokens (12,240 bytes a token): the four
-        # requests need about 24, so they preempt each other (recompute)
-        # while speculating.
+    def check_batched_preempted_forked(self, *spec_flags):
+        """All prompts at once and an n = 2 request under a pool so small
+        that the requests preempt each other (recompute) while speculating:
+        12 int8 blocks of 16 tokens (12,240 bytes a token) where the four
+        need about 24."""
         block = 12240 * 16
-        server = Server("--speculative", "ngram", "--speculative-max-batch",
-                        "64", "--kv-cache-bytes", str(12 * block),
+        server = Server(*spec_flags, "--speculative-max-batch", "64",
+                        "--kv-cache-bytes", str(12 * block),
                         "--swap-space-bytes", "0")
         try:
             got = texts(server, parallel=True)
@@ -150,6 +151,9 @@ class SpeculativeDecoding(unittest.TestCase):
         preempted = counter(m, "kvserve_preemptions_total",
                             mode="recompute", reason="no_free_block")
         self.assertGreater(preempted, 0, "no preemption")
+
+    def test_batched_preempted_and_forked_outputs_unchanged(self):
+        self.check_batched_preempted_forked("--speculative", "ngram")
 
     def test_draft_model_outputs_unchanged(self):
         own = os.path.join(ARGS.source_dir, "weights",
@@ -173,26 +177,8 @@ class SpeculativeDecoding(unittest.TestCase):
             counter(m, "kvserve_spec_decode_draft_model_seconds_total"), 0)
         self.assertEqual(
             counter(m, "kvserve_spec_decode_draft_failures_total"), 0)
-
-        block = 12240 * 16
-        server = Server("--speculative", "draft", "--speculative-draft-model",
-                        own, "--speculative-max-batch", "64",
-                        "--kv-cache-bytes", str(12 * block),
-                        "--swap-space-bytes", "0")
-        try:
-            got = texts(server, parallel=True)
-            n2 = server.complete(PROMPTS[3][1], PROMPTS[3][2], n=2)
-            m = server.metrics()
-        finally:
-            server.close()
-        self.check(got)
-        self.assertEqual([c["text"] for c in n2["choices"]],
-                         [c["text"] for c in self.want_n2["choices"]])
-        self.assertGreater(
-            counter(m, "kvserve_spec_decode_accepted_tokens_total"), 0)
-        self.assertGreater(counter(m, "kvserve_preemptions_total",
-                                   mode="recompute", reason="no_free_block"),
-                           0, "no preemption")
+        self.check_batched_preempted_forked(
+            "--speculative", "draft", "--speculative-draft-model", own)
 
     def test_random_draft_changes_nothing(self):
         with tempfile.TemporaryDirectory() as tmp:
