@@ -103,6 +103,9 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 step "installing requirements.txt into $VENV"
 "${PIP[@]}" install -q -r "$ROOT/requirements.txt" ||
   fail "pip install -r requirements.txt (a pin without a wheel for $("$VENV/bin/python" -V)?)"
+# XGrammar's C++ core (structured output) from its pinned PyPI sdist, built
+# with gcc into build-deps/ (clang's build: tools/sanitizers.sh).
+KVSERVE_VENV="$VENV" "$ROOT/tools/build_xgrammar.sh" gcc || fail "tools/build_xgrammar.sh gcc"
 if [ "$WITH_BENCH" = 1 ]; then
   step "installing requirements-bench.txt (llama-cpp-python compiles llama.cpp: minutes)"
   # The GGML flags for this CPU (deploy/ggml_flags.sh). pip keeps an

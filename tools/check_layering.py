@@ -5,8 +5,9 @@ Each source folder is a room (one CMake library); a room may include its
 own headers and those of the rooms below it, never one above or beside:
 
   cli -> server -> engine -> engine/runner -> {scheduler, kvtier, kvevents,
-                                               models/cpu, models/cuda,
-                                               models/sim}
+                                               grammar, models/cpu,
+                                               models/cuda, models/sim}
+  grammar -> models/tokenizer
   models/cpu, models/cuda -> models/loader -> models/tokenizer -> models
   models/sim -> models
   scheduler -> kvcache;  kvtier -> kvcache;  kvevents -> common
@@ -45,7 +46,8 @@ DIRECT = {
     "scheduler": ["kvcache"],
     "kvtier": ["kvcache"],
     "kvevents": ["common"],
-    "engine/runner": ["scheduler", "kvtier", "kvevents", "models/cpu",
+    "grammar": ["models/tokenizer"],
+    "engine/runner": ["scheduler", "kvtier", "kvevents", "grammar", "models/cpu",
                       "models/cuda", "models/sim"],
     "engine": ["engine/runner"],
     "proto": [],
@@ -63,6 +65,7 @@ TEST_AREAS = {
     "kvcache": ["kvcache"],
     "kvtier": ["kvtier"],
     "kvevents": ["kvevents"],
+    "grammar": ["grammar", "models/loader"],
     "models": ["models/cpu", "models/cuda", "models/sim"],
     "scheduler": ["scheduler"],
     "engine": ["engine"],
