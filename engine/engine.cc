@@ -427,6 +427,16 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
   if (options.clock != nullptr) engine->impl_->set_clock(options.clock);
   engine->impl_->set_step_observer(std::move(options.step_observer));
   KV_RETURN_IF_ERROR(engine->impl_->Init(registry, std::move(options.backend)));
+  absl::StatusOr<std::unique_ptr<grammar::GrammarCompiler>> grammar =
+      grammar::GrammarCompiler::Create(*engine->impl_->model().tokenizer,
+                                       engine->impl_->info().vocab_size,
+                                       config.structured_output);
+  if (grammar.ok()) {
+    engine->grammar_compiler_ = *std::move(grammar);
+  } else {
+    spdlog::warn("structured output is off for this model: {}",
+                 grammar.status().ToString());
+  }
   engine->impl_->Start(options.start_paused);
   return engine;
 }
@@ -456,6 +466,22 @@ absl::StatusOr<KvTierPurge> Engine::PurgeKvTiers(
     const std::optional<std::string>& cache_salt) {
   return impl_->PurgeKvTiers(cache_scope, cache_salt);
 }
+absl::StatusOr<std::shared_ptr<const grammar::CompiledGrammar>>
+Engine::CompileGrammar(const grammar::GrammarSpec& spec) const {
+  if (grammar_compiler_ == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(spec.field,
+                     ": structured output is off for this model "
+                     "(its tokenizer names no end-of-generation "
+                     "token)"));
+  }
+  auto compiled = grammar_compiler_->Compile(spec);
+  if (EngineMetrics* m = impl_->metrics(); m != nullptr) {
+    m->SetGrammarCompiles(grammar_compiler_->stats());
+  }
+  return compiled;
+}
+
 const ModelInfo& Engine::model_info() const { return impl_->info(); }
 const models::Tokenizer& Engine::tokenizer() const {
   return *impl_->model().tokenizer;

@@ -26,6 +26,7 @@
 #include "engine/runner/model_backend.h"
 #include "engine/speculation.h"
 #include "engine/stream_state.h"
+#include "grammar/grammar_compiler.h"
 #include "kvcache/kv_format.h"
 #include "kvcache/kv_sizing.h"
 #include "kvevents/publisher.h"
@@ -120,6 +121,8 @@ struct EngineConfig {
   bool debug_invariants = false;
   // Speculative decoding (--speculative, engine/speculation.h).
   SpeculativeConfig speculative;
+  // Structured output's compile bounds (--structured-output-*).
+  grammar::GrammarCompilerOptions structured_output;
 };
 
 // Static facts about the loaded model and cache, for GetModelInfo and logs.
@@ -251,11 +254,23 @@ class Engine {
   // most ~200 ms old while it is read regularly; null until the engine
   // thread built the first one. Thread-safe; never waits.
   std::shared_ptr<const KvState> KvStateSnapshot() const;
+  // Compiles a structured-output grammar for this model's vocabulary
+  // (RequestSpec::grammar) within the compiler's bounds
+  // (grammar/grammar_compiler.h), counted in /metrics; FAILED_PRECONDITION
+  // when the model cannot be constrained (its tokenizer names no
+  // end-of-generation token). Thread-safe; waits for the compile.
+  [[nodiscard]] absl::StatusOr<std::shared_ptr<const grammar::CompiledGrammar>>
+  CompileGrammar(const grammar::GrammarSpec& spec) const;
+  // Null when the model cannot be constrained.
+  const grammar::GrammarCompiler* grammar_compiler() const {
+    return grammar_compiler_.get();
+  }
 
  private:
   class Impl;
   explicit Engine(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
+  std::unique_ptr<grammar::GrammarCompiler> grammar_compiler_;
   std::atomic<bool> draining_{false};
 };
 

@@ -77,16 +77,22 @@ void Engine::Impl::ForkChildren(RequestId parent_id,
     c->output =
         std::make_unique<OutputProcessor>(c->spec, model_.tokenizer.get());
     const RequestId id = c->id;
-    runner_->AddRequest(id, c->spec.sampling,
-                        MinTokensStops(c->spec, *model_.tokenizer),
-                        c->spec.prompt_tokens, false);
-    SampleResult res = runner_->SampleForkedFirst(id, parent_logits);
+    // Its grammar starts where the parent's did, at the prompt's end.
+    const absl::Status added = runner_->AddRequest(
+        id, c->spec.sampling, MinTokensStops(c->spec, *model_.tokenizer),
+        c->spec.prompt_tokens, false, c->spec.grammar);
+    SampleResult res;
+    if (added.ok()) res = runner_->SampleForkedFirst(id, parent_logits);
     {
       absl::MutexLock lock(&mu_);
       ++live_;
     }
     LiveRequest& child = *c;
     AddLive(id, std::move(c));
+    if (!added.ok()) {
+      FinishRequest(id, FinishReason::kError, std::string(added.message()));
+      continue;
+    }
     // The child's KV is the parent's: it enters the scheduler only if it
     // goes on past this first token.
     auto req = std::make_unique<scheduler::Request>(

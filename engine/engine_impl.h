@@ -81,6 +81,8 @@ class Engine::Impl {
   }
 
   const ModelInfo& info() const { return info_; }
+  // Null without a registry. Its counters are thread-safe.
+  EngineMetrics* metrics() const { return metrics_.get(); }
   KvEventRelay* kv_events() const { return kv_events_.get(); }
   const LoadedModel& model() const { return model_; }
   // The latest snapshot (null before the engine thread built one); asks

@@ -64,10 +64,14 @@ void Engine::Impl::Admit(std::unique_ptr<LiveRequest> r) {
   const RequestId id = r->id;
   // n > 1: the other completions fork off this one after its prefill.
   r->pending_forks = r->spec.n - 1;
-  runner_->AddRequest(id, r->spec.sampling,
-                      MinTokensStops(r->spec, *model_.tokenizer),
-                      r->spec.prompt_tokens, r->pending_forks > 0);
+  absl::Status added = runner_->AddRequest(
+      id, r->spec.sampling, MinTokensStops(r->spec, *model_.tokenizer),
+      r->spec.prompt_tokens, r->pending_forks > 0, r->spec.grammar);
   AddLive(id, std::move(r));
+  if (!added.ok()) {
+    FinishRequest(id, FinishReason::kError, std::string(added.message()));
+    return;
+  }
   // A prompt the KV tiers hold waits for its load (AdmitLoaded).
   if (tiers_ && tiers_->MaybeLoad(req, clock_->Now())) return;
   absl::Status s = scheduler_->AddRequest(std::move(req));
@@ -319,6 +323,7 @@ void Engine::Impl::Step() {
   if (metrics_) {
     metrics_->AddForwardSeconds(result.forward_seconds);
     metrics_->AddKeyGroupsRebuilt(result.kv_groups_rebuilt);
+    metrics_->AddGrammarMasks(result.grammar_masks, result.grammar_seconds);
   }
   AddStepCounters(out.stats, result.swapped_out_blocks,
                   result.swapped_in_blocks);

@@ -221,6 +221,39 @@ EngineMetrics::EngineMetrics(prometheus::Registry& r,
            .Help("Steps whose draft model failed (they ran without drafts)")
            .Register(r)
            .Add({});
+  grammar_masks_ =
+      &BuildCounter()
+           .Name("kvserve_structured_output_masks_total")
+           .Help("Logits rows masked by a structured-output grammar")
+           .Register(r)
+           .Add({});
+  grammar_mask_seconds_ =
+      &BuildCounter()
+           .Name("kvserve_structured_output_mask_seconds_total")
+           .Help(
+               "Engine-thread time computing and applying grammar masks "
+               "(divide by the masks for the time per token)")
+           .Register(r)
+           .Add({});
+  auto& compiles =
+      BuildCounter()
+          .Name("kvserve_structured_output_compiles_total")
+          .Help(
+              "Structured-output grammar requests by result: compiled, "
+              "failed (an invalid schema or grammar), cached (a repeated "
+              "one), timeout (the caller stopped waiting), busy (refused "
+              "at --structured-output-max-compiles)")
+          .Register(r);
+  const char* results[] = {"compiled", "failed", "cached", "timeout", "busy"};
+  for (int i = 0; i < 5; ++i) {
+    grammar_compiles_[i] = &compiles.Add({{"result", results[i]}});
+  }
+  grammar_cache_bytes_ =
+      &BuildGauge()
+           .Name("kvserve_structured_output_cache_bytes")
+           .Help("Compiled grammars kept for reuse, in bytes")
+           .Register(r)
+           .Add({});
   auto& fin = BuildCounter()
                   .Name("kvserve_requests_finished_total")
                   .Help("Finished requests by reason")
@@ -426,6 +459,22 @@ void EngineMetrics::TenantFinished(const std::string& tenant,
 
 void EngineMetrics::TenantRejected(const std::string& tenant) {
   tenant_rejected_->Add({{"tenant", tenant}}).Increment();
+}
+
+void EngineMetrics::SetGrammarCompiles(const grammar::GrammarCompilerStats& s) {
+  absl::MutexLock lock(&grammar_mu_);
+  const grammar::GrammarCompilerStats& p = grammar_seen_;
+  const int64_t now[] = {s.compiles - s.failures, s.failures, s.cache_hits,
+                         s.timeouts, s.busy};
+  const int64_t before[] = {p.compiles - p.failures, p.failures, p.cache_hits,
+                            p.timeouts, p.busy};
+  for (int i = 0; i < 5; ++i) {
+    if (now[i] > before[i]) {
+      grammar_compiles_[i]->Increment(static_cast<double>(now[i] - before[i]));
+    }
+  }
+  grammar_cache_bytes_->Set(static_cast<double>(s.cache_bytes));
+  grammar_seen_ = s;
 }
 
 }  // namespace kvserve::engine

@@ -8,7 +8,9 @@
 #include <memory>
 #include <string>
 
+#include "absl/synchronization/mutex.h"
 #include "engine/request_spec.h"
+#include "grammar/grammar_compiler.h"
 #include "kvcache/block_pool.h"
 #include "kvcache/kv_format.h"
 #include "prometheus/counter.h"
@@ -82,6 +84,14 @@ class EngineMetrics {
   }
   void AddDraftModelSeconds(double s) { spec_draft_seconds_->Increment(s); }
   void AddDraftFailure() { spec_draft_failures_->Increment(); }
+  // Structured output: rows masked by grammars in a step and their time.
+  void AddGrammarMasks(int32_t masks, double seconds) {
+    if (masks == 0) return;
+    grammar_masks_->Increment(masks);
+    grammar_mask_seconds_->Increment(seconds);
+  }
+  // The grammar compiler's running totals (counters advance by the change).
+  void SetGrammarCompiles(const grammar::GrammarCompilerStats& s);
   void ObserveStep(double seconds, int64_t tokens);
   // Wall time inside the model forward pass; with the step histogram's sum
   // it gives the engine's overhead outside the forward.
@@ -135,6 +145,12 @@ class EngineMetrics {
   prometheus::Counter *spec_draft_, *spec_accepted_, *spec_draft_seconds_,
       *spec_draft_failures_;
   prometheus::Histogram* spec_accept_len_;
+  prometheus::Counter *grammar_masks_, *grammar_mask_seconds_;
+  prometheus::Counter*
+      grammar_compiles_[5];  // ok, failed, cached, timeout, busy
+  prometheus::Gauge* grammar_cache_bytes_;
+  absl::Mutex grammar_mu_;  // SetGrammarCompiles runs on callers' threads
+  grammar::GrammarCompilerStats grammar_seen_ ABSL_GUARDED_BY(grammar_mu_);
   int64_t bytes_per_block_ = 0;
   prometheus::Counter *deadline_queued_, *deadline_running_;
   prometheus::Family<prometheus::Counter>*tenant_requests_, *tenant_prompt_,

@@ -37,6 +37,20 @@ absl::Status CheckRequestSpec(const RequestSpec& spec, int32_t vocab_size) {
         absl::StrFormat("must be in [0, max_tokens = %d], got %d",
                         spec.max_tokens, spec.sampling.min_tokens));
   }
+  if (spec.grammar != nullptr) {
+    // A complete match allows only the stop tokens: generating past them,
+    // or masking them, would leave no token to sample.
+    if (spec.ignore_eos) {
+      return InvalidFieldError("ignore_eos",
+                               "cannot be combined with structured output (the "
+                               "grammar's end is the output's end)");
+    }
+    if (spec.sampling.min_tokens > 0) {
+      return InvalidFieldError("min_tokens",
+                               "cannot be combined with structured output (the "
+                               "grammar decides where the output ends)");
+    }
+  }
   KV_RETURN_IF_ERROR(
       CheckVocab(spec.prompt_tokens, vocab_size, "prompt_token_ids"));
   return CheckVocab(spec.stop_token_ids, vocab_size, "stop_token_ids");

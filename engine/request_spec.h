@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -10,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "engine/runner/sampler.h"
+#include "grammar/grammar_compiler.h"
 #include "kvcache/kv_format.h"
 #include "scheduler/request.h"
 
@@ -59,11 +61,15 @@ struct RequestSpec {
   // Speculative decoding where the engine has it on (--speculative);
   // false: this request never drafts.
   bool speculate = true;
+  // Structured output: every completion's text matches this grammar
+  // (compiled by Engine::grammar_compiler(); null: unconstrained).
+  std::shared_ptr<const grammar::CompiledGrammar> grammar;
 };
 
 // The limits of a spec that do not depend on the KV pool: n in [1,
 // kMaxCompletions], min_tokens in [0, max_tokens], prompt and stop token
-// ids in [0, vocab_size). INVALID_ARGUMENT naming the RequestSpec field.
+// ids in [0, vocab_size), no ignore_eos or min_tokens with a grammar (it
+// ends the output). INVALID_ARGUMENT naming the RequestSpec field.
 // Engine::Submit checks these, then SchedulerConfig::CheckRequestSize.
 [[nodiscard]] absl::Status CheckRequestSpec(const RequestSpec& spec,
                                             int32_t vocab_size);

@@ -25,9 +25,23 @@ struct CompiledGrammar::Impl {
 
 // XGrammar reports errors by throwing (std::runtime_error and its
 // XGrammarError family); `what` says which call failed.
+// Its messages begin with a time and a source location ("[11:07:17]
+// /path/json_schema_converter.cc:5082: Unsupported type"): the reason
+// alone goes to the client.
 inline absl::Status FromException(const std::string& what,
                                   const std::exception& e) {
-  return absl::InvalidArgumentError(absl::StrCat(what, ": ", e.what()));
+  std::string reason = e.what();
+  if (!reason.empty() && reason[0] == '[') {
+    const size_t stamp = reason.find("] ");
+    const size_t loc = stamp == std::string::npos
+                           ? std::string::npos
+                           : reason.find(": ", stamp + 2);
+    if (loc != std::string::npos) reason = reason.substr(loc + 2);
+  }
+  while (!reason.empty() && (reason.back() == '\n' || reason.back() == ' ')) {
+    reason.pop_back();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(what, ": ", reason));
 }
 
 }  // namespace kvserve::grammar

@@ -11,6 +11,7 @@
 #include "common/field_error.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
+#include "server/openai_structured.h"
 
 namespace kvserve::server {
 namespace {
@@ -146,19 +147,11 @@ absl::Status CheckUnsupported(const json& body) {
   KV_RETURN_IF_ERROR(GetString(body, "suffix", &suffix));
   if (!suffix.empty()) return Invalid("suffix", "suffix is not supported");
   for (const char* name :
-       {"logit_bias", "tools", "functions", "prompt_logprobs", "guided_json",
-        "guided_regex", "guided_choice", "guided_grammar",
-        "guided_decoding_backend", "structured_outputs"}) {
+       {"logit_bias", "tools", "functions", "prompt_logprobs"}) {
     const json& v = Field(body, name);
     if (!v.is_null() && !v.empty()) {
       return Invalid(name, absl::StrCat(name, " is not supported"));
     }
-  }
-  // {"type": "text"} is the default; JSON modes need constrained decoding.
-  const json& format = Field(body, "response_format");
-  if (!format.is_null() &&
-      !(format.is_object() && Field(format, "type") == "text")) {
-    return Invalid("response_format", "only {\"type\": \"text\"} is supported");
   }
   return absl::OkStatus();
 }
@@ -445,6 +438,24 @@ bool NestsDeeperThan(absl::string_view body, int limit) {
   return false;
 }
 
+// Structured output, read from the body parsed again with key order kept
+// (nlohmann::json sorts keys; a schema's order is its output's) when it
+// asks for one.
+absl::Status ParseStructuredOutputOf(const json& j, absl::string_view body,
+                                     OpenAiRequest* out) {
+  bool asks = false;
+  for (const char* name :
+       {"response_format", "structured_outputs", "guided_json", "guided_regex",
+        "guided_choice", "guided_grammar", "guided_decoding_backend"}) {
+    asks = asks || j.contains(name);
+  }
+  if (!asks) return absl::OkStatus();
+  const auto ordered =
+      nlohmann::ordered_json::parse(body.begin(), body.end(), nullptr, false);
+  return ParseStructuredOutput(ordered, &out->generate,
+                               &out->structured_output_field);
+}
+
 absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view body,
                                                  OpenAiEndpoint endpoint) {
   if (NestsDeeperThan(body, kMaxJsonDepth)) {
@@ -488,6 +499,7 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view body,
   KV_RETURN_IF_ERROR(GetInt32(j, "priority", &priority));
   if (priority) out.generate.set_priority(*priority);
   KV_RETURN_IF_ERROR(ParseKvPolicy(j, &out.generate));
+  KV_RETURN_IF_ERROR(ParseStructuredOutputOf(j, body, &out));
   // kvserve's extension: "speculative": false opts out of --speculative.
   bool speculative = true;
   KV_RETURN_IF_ERROR(GetBool(j, "speculative", &speculative));

@@ -42,6 +42,9 @@ struct OpenAiRequest {
   // The field the client limited its output with (chat may use
   // "max_completion_tokens"), for the errors about it.
   std::string max_tokens_name = "max_tokens";
+  // The body's field that asked for structured output, for the errors of
+  // its compile ("response_format.json_schema.schema", "guided_regex").
+  std::string structured_output_field;
 };
 
 // Most prompts in one batched completions request.

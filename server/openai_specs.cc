@@ -4,6 +4,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/field_error.h"
@@ -83,6 +84,10 @@ absl::Status ClientFieldNames(const absl::Status& status,
       {"prompt_token_ids.ids", "prompt"},
       {"prompt_token_ids", "prompt"},
   };
+  if (absl::StartsWith(*field, "structured_output") &&
+      !request.structured_output_field.empty()) {
+    return RenameField(status, request.structured_output_field);
+  }
   std::string name = RenamePath(*field, proto_to_openai);
   name = RenamePath(name, {{"max_tokens", request.max_tokens_name}});
   if (batch_index.has_value()) {

@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "common/field_error.h"
 #include "common/status_macros.h"
 #include "models/tokenizer/chat_template.h"
@@ -272,6 +273,65 @@ absl::Status CheckTokenIds(absl::Span<const int32_t> ids, int32_t vocab_size,
   return absl::OkStatus();
 }
 
+namespace {
+
+// The grammar of `so`, compiled; errors name "structured_output.<kind>".
+absl::StatusOr<std::shared_ptr<const grammar::CompiledGrammar>>
+CompileStructuredOutput(const v1::StructuredOutput& so,
+                        const ServedModel& model) {
+  grammar::GrammarSpec g;
+  switch (so.kind_case()) {
+    case v1::StructuredOutput::kJsonSchema:
+      g.kind = grammar::GrammarKind::kJsonSchema;
+      g.source = so.json_schema();
+      break;
+    case v1::StructuredOutput::kJsonObject:
+      if (!so.json_object()) {
+        return Invalid("structured_output.json_object", "must be true");
+      }
+      g.kind = grammar::GrammarKind::kJsonObject;
+      break;
+    case v1::StructuredOutput::kRegex:
+      g.kind = grammar::GrammarKind::kRegex;
+      g.source = so.regex();
+      break;
+    case v1::StructuredOutput::kChoice:
+      g.kind = grammar::GrammarKind::kChoice;
+      g.choices.assign(so.choice().choices().begin(),
+                       so.choice().choices().end());
+      break;
+    case v1::StructuredOutput::kGrammar:
+      g.kind = grammar::GrammarKind::kEbnf;
+      g.source = so.grammar();
+      break;
+    case v1::StructuredOutput::kStructuralTag:
+      g.kind = grammar::GrammarKind::kStructuralTag;
+      g.source = so.structural_tag();
+      break;
+    case v1::StructuredOutput::KIND_NOT_SET:
+      return Invalid("structured_output",
+                     "set one of json_schema, json_object, regex, choice, "
+                     "grammar, structural_tag");
+  }
+  g.field = absl::StrCat(
+      "structured_output.",
+      so.GetDescriptor()->FindFieldByNumber(so.kind_case())->name());
+  if (!model.compile_grammar) {
+    return FieldError(absl::StatusCode::kFailedPrecondition, g.field,
+                      "structured output is not available here");
+  }
+  auto compiled = model.compile_grammar(g);
+  if (!compiled.ok()) {
+    // The compiler's "<field>: <reason>", as a field error.
+    absl::string_view msg = compiled.status().message();
+    absl::ConsumePrefix(&msg, absl::StrCat(g.field, ": "));
+    return FieldError(compiled.status().code(), g.field, msg);
+  }
+  return compiled;
+}
+
+}  // namespace
+
 absl::StatusOr<engine::RequestSpec> ToRequestSpec(
     const v1::GenerateRequest& request, const ServedModel& model,
     uint64_t seed_if_unset, const RequestLimits& limits) {
@@ -319,6 +379,10 @@ absl::StatusOr<engine::RequestSpec> ToRequestSpec(
   spec.kv_window = limits.default_kv_window;
   if (request.has_kv_policy()) {
     KV_ASSIGN_OR_RETURN(spec.kv_window, ToKvWindow(request.kv_policy()));
+  }
+  if (request.has_structured_output()) {
+    KV_ASSIGN_OR_RETURN(spec.grammar, CompileStructuredOutput(
+                                          request.structured_output(), model));
   }
   return spec;
 }

@@ -12,6 +12,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -20,6 +22,7 @@
 #include "absl/types/span.h"
 #include "engine/engine.h"
 #include "engine/request_spec.h"
+#include "grammar/grammar_compiler.h"
 #include "kvserve/v1/kvserve.pb.h"
 #include "models/model_config.h"
 #include "models/tokenizer/tokenizer.h"
@@ -69,12 +72,19 @@ struct ServedModel {
   // Tokens one request may hold in the KV pool (its blocks less the
   // watermark); an unset chat max_tokens stays within it (0: the context).
   int64_t max_pool_tokens = 0;
+  // Compiles a structured-output grammar (Engine::CompileGrammar); unset:
+  // requests with one are FAILED_PRECONDITION.
+  std::function<absl::StatusOr<std::shared_ptr<const grammar::CompiledGrammar>>(
+      const grammar::GrammarSpec&)>
+      compile_grammar;
 };
 
 // Validates `request` and builds the engine's spec: tokenizes the prompt
 // (text: parse_special off; chat: rendered with the model's chat format,
 // the template's control tokens parsed), applies defaults, and takes
-// `seed_if_unset` as the seed when the request has none. Thread-safe.
+// `seed_if_unset` as the seed when the request has none; compiles its
+// structured output last (model.compile_grammar: cached, bounded; its
+// errors name "structured_output.<kind>"). Thread-safe.
 [[nodiscard]] absl::StatusOr<engine::RequestSpec> ToRequestSpec(
     const v1::GenerateRequest& request, const ServedModel& model,
     uint64_t seed_if_unset, const RequestLimits& limits = {});

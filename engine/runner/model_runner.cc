@@ -18,12 +18,20 @@ ModelRunner::ModelRunner(std::unique_ptr<ModelBackend> backend,
       fault_step_delay_(fault_step_delay),
       clock_(clock) {}
 
-void ModelRunner::AddRequest(RequestId id, const SamplingParams& sampling,
-                             std::vector<int32_t> min_tokens_stops,
-                             absl::Span<const int32_t> prompt, bool forks) {
+absl::Status ModelRunner::AddRequest(
+    RequestId id, const SamplingParams& sampling,
+    std::vector<int32_t> min_tokens_stops, absl::Span<const int32_t> prompt,
+    bool forks, std::shared_ptr<const grammar::CompiledGrammar> grammar) {
   owner_.CheckOwner("ModelRunner");
+  std::unique_ptr<grammar::GrammarState> state;
+  if (grammar != nullptr) {
+    KV_ASSIGN_OR_RETURN(state, grammar::GrammarState::Create(std::move(grammar),
+                                                             min_tokens_stops));
+  }
   requests_.insert_or_assign(
-      id, RunnerRequest(sampling, std::move(min_tokens_stops), prompt, forks));
+      id, RunnerRequest(sampling, std::move(min_tokens_stops), prompt, forks,
+                        std::move(state)));
+  return absl::OkStatus();
 }
 
 void ModelRunner::RemoveRequest(RequestId id) {
@@ -35,9 +43,10 @@ SampleResult ModelRunner::SampleForkedFirst(RequestId id,
                                             std::vector<float> logits) {
   owner_.CheckOwner("ModelRunner");
   RunnerRequest& r = requests_.at(id);
+  if (r.grammar != nullptr) r.grammar->MaskLogits(absl::MakeSpan(logits));
   SampleResult res =
       Sample(absl::MakeSpan(logits), r.sampling, r.history, r.sampler);
-  r.Sampled(res.token);
+  Emitted(r, res.token);
   return res;
 }
 
@@ -184,13 +193,29 @@ SampleResult ModelRunner::SampleRow(RequestId id, RunnerRequest& r, int64_t row,
   } else {
     absl::Span<float> logits(step_out_.logits.data() + row * vocab_size_,
                              vocab_size_);
-    if (r.forks_pending) {
+    if (r.forks_pending) {  // raw: each child masks its own copy
       result->fork_logits[id].assign(logits.begin(), logits.end());
+    }
+    if (r.grammar != nullptr) {
+      const absl::Time t0 = clock_->Now();
+      r.grammar->MaskLogits(logits);
+      result->grammar_seconds += absl::ToDoubleSeconds(clock_->Now() - t0);
+      ++result->grammar_masks;
     }
     res = Sample(logits, r.sampling, r.history, r.sampler);
   }
-  r.Sampled(res.token);
+  Emitted(r, res.token);
   return res;
+}
+
+void ModelRunner::Emitted(RunnerRequest& r, int32_t token) {
+  r.Sampled(token);
+  // The mask allowed `token`, so the grammar takes it; a refusal means the
+  // row had no allowed token left (a terminated grammar), and the request
+  // ends on the stop token the engine sees anyway.
+  if (r.grammar != nullptr && !r.grammar->terminated()) {
+    (void)r.grammar->Accept(token);
+  }
 }
 
 }  // namespace kvserve::engine

@@ -28,6 +28,7 @@
 #include "engine/runner/model_backend.h"
 #include "engine/runner/runner_request.h"
 #include "engine/runner/sampler.h"
+#include "grammar/grammar_compiler.h"
 #include "models/forward_batch.h"
 #include "scheduler/scheduler.h"
 
@@ -49,6 +50,10 @@ struct StepResult {
   std::vector<SampleResult> sampled;
   // The sampled token ids, the form Scheduler::UpdateFromOutput takes.
   std::vector<int32_t> tokens;
+  // Structured output: the rows masked by a grammar, and the time masking
+  // and advancing grammars took.
+  int32_t grammar_masks = 0;
+  double grammar_seconds = 0;
   // Speculative decoding: draft tokens scored in this step, and accepted.
   int32_t draft_tokens = 0;
   int32_t accepted_tokens = 0;
@@ -82,10 +87,15 @@ class ModelRunner {
   ModelRunner(const ModelRunner&) = delete;
   ModelRunner& operator=(const ModelRunner&) = delete;
 
-  // Starts keeping `id`'s sampling state (RunnerRequest's arguments).
-  void AddRequest(RequestId id, const SamplingParams& sampling,
-                  std::vector<int32_t> min_tokens_stops,
-                  absl::Span<const int32_t> prompt, bool forks);
+  // Starts keeping `id`'s sampling state (RunnerRequest's arguments). With
+  // `grammar`, its outputs follow it from the grammar's start, ended by
+  // `min_tokens_stops` (the request's stop tokens) once it is complete;
+  // INVALID_ARGUMENT if that state cannot be made (nothing is kept).
+  [[nodiscard]] absl::Status AddRequest(
+      RequestId id, const SamplingParams& sampling,
+      std::vector<int32_t> min_tokens_stops, absl::Span<const int32_t> prompt,
+      bool forks,
+      std::shared_ptr<const grammar::CompiledGrammar> grammar = nullptr);
   // Forgets `id` (ended); no-op for an id it does not keep.
   void RemoveRequest(RequestId id);
   // The first token of a forked child `id` (added, not yet scheduled), from
@@ -119,6 +129,8 @@ class ModelRunner {
   // Samples logits row `row` of the step for request `id` (`r`).
   SampleResult SampleRow(RequestId id, RunnerRequest& r, int64_t row,
                          StepResult* result);
+  // Records `token` as emitted by `r`: the penalty context, its grammar.
+  static void Emitted(RunnerRequest& r, int32_t token);
 
   std::unique_ptr<ModelBackend> backend_;
   const int32_t block_size_;
