@@ -154,17 +154,71 @@ TEST(OpenAiJsonTest, ExtensionsAreHonouredOrRefused) {
   r = ParseOpenAiRequest(R"({"prompt": "x"})", kCompletions);
   ASSERT_TRUE(r.ok());
   EXPECT_FALSE(r->generate.sampling().has_skip_special_tokens());
-  for (const char* field : {"prompt_logprobs", "guided_json", "guided_regex",
-                            "guided_choice", "guided_grammar"}) {
-    ExpectInvalidBody(
-        absl::StrCat(R"({"prompt": "x", ")", field, R"(": ["a"]})"), field);
-  }
-  ExpectInvalidBody(
-      R"({"prompt": "x", "response_format": {"type": "json_object"}})",
-      "response_format");
+  ExpectInvalidBody(R"({"prompt": "x", "prompt_logprobs": 1})",
+                    "prompt_logprobs");
   ExpectInvalidBody(R"({"prompt": "x", "stop_token_ids": [1, "a"]})",
                     "stop_token_ids[1]");
   ExpectInvalidBody(R"({"prompt": "x", "min_tokens": "3"})", "min_tokens");
+}
+
+// Structured output from OpenAI's response_format and vLLM's
+// structured_outputs / guided_*: one StructuredOutput, the body's field
+// remembered for compile errors, a schema's key order kept.
+TEST(OpenAiJsonTest, StructuredOutputFields) {
+  absl::StatusOr<OpenAiRequest> r = ParseOpenAiRequest(
+      R"({"prompt": "x", "response_format": {"type": "json_schema",
+          "json_schema": {"name": "p", "strict": true, "schema":
+          {"type": "object", "properties": {"z": {}, "a": {}}}}}})",
+      kCompletions);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->generate.structured_output().json_schema(),
+            R"({"type":"object","properties":{"z":{},"a":{}}})");
+  EXPECT_EQ(r->structured_output_field, "response_format.json_schema.schema");
+  r = ParseOpenAiRequest(
+      R"({"prompt": "x", "response_format": {"type": "json_object"}})",
+      kCompletions);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->generate.structured_output().json_object());
+  r = ParseOpenAiRequest(R"({"prompt": "x", "guided_choice": ["a", "b"],
+                             "guided_decoding_backend": "xgrammar"})",
+                         kCompletions);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->generate.structured_output().choice().choices_size(), 2);
+  EXPECT_EQ(r->structured_output_field, "guided_choice");
+  r = ParseOpenAiRequest(
+      R"({"prompt": "x", "structured_outputs": {"regex": "[0-9]+"}})",
+      kCompletions);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->generate.structured_output().regex(), "[0-9]+");
+  EXPECT_EQ(r->structured_output_field, "structured_outputs.regex");
+  r = ParseOpenAiRequest(R"({"prompt": "x", "guided_json": "{\"type\": 1}"})",
+                         kCompletions);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->generate.structured_output().json_schema(), R"({"type": 1})");
+  r = ParseOpenAiRequest(R"({"prompt": "x", "response_format": {"type": "text"}})",
+                         kCompletions);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->generate.has_structured_output());
+
+  ExpectInvalidBody(R"({"prompt": "x", "guided_json": {}, "guided_regex": "a"})",
+                    "guided_regex");
+  ExpectInvalidBody(R"({"prompt": "x", "guided_choice": ["a", 1]})",
+                    "guided_choice[1]");
+  ExpectInvalidBody(R"({"prompt": "x", "guided_regex": 5})", "guided_regex");
+  ExpectInvalidBody(R"({"prompt": "x", "response_format": {"type": "xml"}})",
+                    "response_format.type");
+  ExpectInvalidBody(
+      R"({"prompt": "x", "response_format": {"type": "json_schema"}})",
+      "response_format.json_schema");
+  ExpectInvalidBody(R"({"prompt": "x", "response_format":
+                        {"type": "json_schema", "json_schema": {"name": "n"}}})",
+                    "response_format.json_schema.schema");
+  ExpectInvalidBody(
+      R"({"prompt": "x", "structured_outputs": {"whitespace_pattern": "x"}})",
+      "structured_outputs.whitespace_pattern");
+  ExpectInvalidBody(
+      R"({"prompt": "x", "guided_regex": "a", "guided_decoding_backend": "outlines"})",
+      "guided_decoding_backend");
 }
 
 // A list of prompts (strings or token-id lists) is a batch; a list of one
