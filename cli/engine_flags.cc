@@ -97,6 +97,19 @@ void RegisterBatchFlags(EngineFlags* f, CliArgs* args) {
                          "saves) (default ",
                          f->speculative_max_batch, ")"),
             1, 65536);
+  args->Int("structured-output-max-compiles",
+            &f->structured_output_max_compiles,
+            absl::StrCat("structured output: grammars compiling at once; a "
+                         "request past it gets 429 (default ",
+                         f->structured_output_max_compiles, ")"),
+            1, 64);
+  args->Float("structured-output-compile-timeout",
+              &f->structured_output_compile_timeout_s,
+              absl::StrCat("structured output: seconds a request waits for its "
+                           "grammar's compile (which finishes and is cached "
+                           "anyway) (default ",
+                           f->structured_output_compile_timeout_s, ")"),
+              0.001, 3600);
   args->String("kv-reservation", &f->kv_reservation,
                absl::StrCat("paged (allocate KV blocks as tokens arrive) or "
                             "max-length (each request holds a max-model-len "
@@ -343,6 +356,10 @@ absl::Status ApplyEngineFlags(const EngineFlags& f, uint32_t groups,
         static_cast<int32_t>(f.speculative_max_batch);
     e->speculative.draft_model = f.speculative_draft_model;
     e->speculative.draft_p_min = static_cast<float>(f.speculative_draft_p_min);
+    e->structured_output.max_concurrent =
+        static_cast<int32_t>(f.structured_output_max_compiles);
+    e->structured_output.timeout =
+        absl::Seconds(f.structured_output_compile_timeout_s);
     const bool draft = e->speculative.mode == engine::SpeculativeMode::kDraft;
     if (draft == f.speculative_draft_model.empty()) {
       return absl::InvalidArgumentError(

@@ -31,6 +31,8 @@ struct EngineFlags {
   double speculative_draft_p_min = 0.0;
   int64_t num_speculative_tokens = 8;
   int64_t speculative_max_batch = 4;
+  int64_t structured_output_max_compiles = 2;
+  double structured_output_compile_timeout_s = 10;
   bool prefix_caching = true;
   int64_t kv_cache_bytes = 0;
   double kv_cache_fraction = 0, gpu_memory_fraction = 0;

@@ -3,8 +3,9 @@
 
 Reads README.md and runs: every `build/server/kvserve generate ...` line
 (with the built binary), the gRPC Python client snippet (its protoc line
-and its heredoc, pointed at a daemon on free ports), and the two OpenAI
-`curl` calls (their route and JSON body, sent with urllib). Each is greedy;
+and its heredoc, pointed at a daemon on free ports), and the three OpenAI
+`curl` calls (their route and JSON body, sent with urllib; the structured
+output one's answer must validate against its schema). Each is greedy;
 its output must contain what the README promises for that prompt (EXPECTED
 below). A README example whose prompt has no entry here fails: add what the
 model answers, checked against llama.cpp on the same GGUF if in doubt.
@@ -32,6 +33,7 @@ EXPECTED = {
     "The capital of France is": " Paris",
     "What is 2+2?": "is 4",
     "What color is the sky?": "blue",
+    "What is the capital of France? Answer in JSON.": '"capital": "Paris"',
 }
 
 
@@ -107,7 +109,7 @@ class ReadmeExamples(unittest.TestCase):
         calls = re.findall(
             r"^    curl (?:-N )?localhost:9090(/v1/\S+) .*?\\\n\s+-d '(.+)'$",
             self.text, re.M)
-        self.assertEqual(len(calls), 2, "README's OpenAI curl examples")
+        self.assertEqual(len(calls), 3, "README's OpenAI curl examples")
         for route, body in calls:
             req = json.loads(body)
             self.assertEqual(req.get("temperature"), 0, f"not greedy: {body}")
@@ -130,8 +132,15 @@ class ReadmeExamples(unittest.TestCase):
                             text += choice[0].get("delta", {}).get(
                                 "content") or ""
             else:
-                text = json.loads(raw)["choices"][0]["text"]
+                choice = json.loads(raw)["choices"][0]
+                text = (choice["message"]["content"] if "message" in choice
+                        else choice["text"])
             self.assertIn(want, text, f"{route} {body}")
+            fmt = req.get("response_format")
+            if fmt:  # the structured-output example: its output validates
+                import jsonschema
+                jsonschema.validate(json.loads(text),
+                                    fmt["json_schema"]["schema"])
 
 
 def main():

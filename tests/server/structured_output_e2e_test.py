@@ -200,6 +200,31 @@ class StructuredOutput(unittest.TestCase):
         self.assertGreater(
             counter(m, "kvserve_structured_output_masks_total"), 0)
 
+    def test_a_slow_compile_times_out_and_lands_in_the_cache(self):
+        """--structured-output-compile-timeout: the request gets 504 naming
+        the field; the compile finishes anyway and serves the next one."""
+        server = Server("--structured-output-compile-timeout", "0.001")
+        try:
+            body = {"prompt": "JSON:", "max_tokens": 8,
+                    "response_format": schema_format(PERSON)}
+            status, out = server.post("/v1/completions", body)
+            self.assertEqual(status, 504, out)
+            self.assertEqual(out["error"]["param"],
+                             "response_format.json_schema.schema")
+            m = server.wait_metrics(lambda m: counter(
+                m, "kvserve_structured_output_compiles_total",
+                result="timeout") == 1)
+            for _ in range(200):  # the compile ends in the background
+                status, out = server.post("/v1/completions", body)
+                if status == 200:
+                    break
+            self.assertEqual(status, 200, out)
+            m = server.metrics()
+            self.assertEqual(counter(m, "kvserve_structured_output_compiles_"
+                                     "total", result="compiled"), 1)
+        finally:
+            server.terminate()
+
     def test_speculation_preemption_and_forks_leave_outputs_unchanged(self):
         prompts = [f"Reply with JSON: {d}." for d, _ in
                    strict_schemas.schemas(7, 4)]
