@@ -267,6 +267,7 @@ void OpenAiApi::HandleGenerate(std::shared_ptr<HttpExchange> ex,
   call.top_logprobs = request->top_logprobs;
   call.include_usage = request->include_usage;
   call.return_token_ids = request->return_token_ids;
+  call.tool_calls = request->tool_calls;
   AbortOnClose(engine_, streams, *ex);
   if (request->stream) {
     StreamResponse(call, std::move(streams), std::move(ex));
@@ -309,6 +310,8 @@ struct Collected {
 // What the strand-run writers of one streaming call share (strand only).
 struct Streamed {
   std::vector<bool> first;  // per choice: nothing written yet
+  // Per choice, with tools: the parser of its output into tool calls.
+  std::vector<ToolCallStream> tools;
   engine::Usage usage;
   size_t open = 0;  // streams not finished
   bool ended = false;
@@ -392,6 +395,11 @@ void OpenAiApi::StreamResponse(const OpenAiCallInfo& call, Streams streams,
   const std::vector<int32_t> offsets = ChoiceOffsets(streams);
   auto shared = std::make_shared<Streamed>();
   shared->first.assign(offsets.back() + streams.back()->n(), true);
+  if (call.tool_calls) {
+    for (size_t i = 0; i < shared->first.size(); ++i) {
+      shared->tools.emplace_back(absl::StrCat("call_", call.id, "_", i, "_"));
+    }
+  }
   shared->open = streams.size();
   engine::Engine* engine = engine_;  // not `this`: see Respond
   const models::Tokenizer* tokenizer = model_.tokenizer;
@@ -421,8 +429,20 @@ void OpenAiApi::StreamResponse(const OpenAiCallInfo& call, Streams streams,
           d.finished = end;
           d.usage = shared->usage;
         }
+        StreamToolCalls tools;
+        if (!shared->tools.empty()) {  // the text around the calls
+          ToolCallStream& parse = shared->tools.at(d.index);
+          tools.first_index = parse.num_calls();
+          ToolCallStream::Out out = parse.Feed(d.text);
+          if (d.index_finished || d.finished) {
+            out.content += parse.Finish().content;
+          }
+          d.text = std::move(out.content);
+          tools.calls = std::move(out.calls);
+          tools.any = parse.num_calls() > 0;
+        }
         std::string events = StreamEvents(call, d, shared->first.at(d.index),
-                                          *tokenizer, status);
+                                          *tokenizer, status, tools);
         shared->first.at(d.index) = false;
         ex->Write(std::move(events), [s, stream_done](bool ok) {
           if (ok && !stream_done) s->Ack();

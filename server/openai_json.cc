@@ -12,6 +12,7 @@
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "server/openai_structured.h"
+#include "server/tool_calls.h"
 
 namespace kvserve::server {
 namespace {
@@ -146,8 +147,7 @@ absl::Status CheckUnsupported(const json& body) {
   std::string suffix;
   KV_RETURN_IF_ERROR(GetString(body, "suffix", &suffix));
   if (!suffix.empty()) return Invalid("suffix", "suffix is not supported");
-  for (const char* name :
-       {"logit_bias", "tools", "functions", "prompt_logprobs"}) {
+  for (const char* name : {"logit_bias", "functions", "prompt_logprobs"}) {
     const json& v = Field(body, name);
     if (!v.is_null() && !v.empty()) {
       return Invalid(name, absl::StrCat(name, " is not supported"));
@@ -357,7 +357,39 @@ absl::Status MessageContent(const json& m, const std::string& field,
   return absl::OkStatus();
 }
 
-absl::Status ParseMessages(const json& body, v1::GenerateRequest* req) {
+// An assistant message's earlier tool calls, appended to its content as the
+// model writes them (server/tool_calls.h).
+absl::Status MessageToolCalls(const json& m, const std::string& field,
+                              std::string* content) {
+  const json& calls = Field(m, "tool_calls");
+  if (calls.is_null()) return absl::OkStatus();
+  if (!calls.is_array())
+    return Invalid(field + ".tool_calls", "must be an array");
+  for (size_t k = 0; k < calls.size(); ++k) {
+    const std::string f = absl::StrCat(field, ".tool_calls[", k, "]");
+    const json& fn =
+        calls[k].is_object() ? Field(calls[k], "function") : calls[k];
+    if (!fn.is_object() || !Field(fn, "name").is_string() ||
+        !Field(fn, "arguments").is_string()) {
+      return Invalid(f + ".function",
+                     "must hold a \"name\" and \"arguments\" (a string)");
+    }
+    const json args =
+        json::parse(Field(fn, "arguments").get<std::string>(), nullptr, false);
+    if (!args.is_object()) {
+      return Invalid(f + ".function.arguments", "must be a JSON object");
+    }
+    if (!content->empty()) content->append("\n");
+    content->append(RenderToolCall(Field(fn, "name").get<std::string>(),
+                                   Field(fn, "arguments").get<std::string>()));
+  }
+  return absl::OkStatus();
+}
+
+// `tools_text`: the tools' system text (empty: none), appended to the
+// first system message or sent as one of its own.
+absl::Status ParseMessages(const json& body, const std::string& tools_text,
+                           v1::GenerateRequest* req) {
   const json& v = Field(body, "messages");
   if (!v.is_array()) return Invalid("messages", "must be an array");
   v1::ChatMessages* chat = req->mutable_chat();
@@ -370,7 +402,59 @@ absl::Status ParseMessages(const json& body, v1::GenerateRequest* req) {
     }
     m->set_role(v[i]["role"].get<std::string>());
     KV_RETURN_IF_ERROR(MessageContent(v[i], field, m->mutable_content()));
+    if (m->role() == "assistant") {
+      KV_RETURN_IF_ERROR(MessageToolCalls(v[i], field, m->mutable_content()));
+    } else if (m->role() == "tool") {  // a tool's result, as a user turn
+      m->set_role("user");
+      m->set_content(absl::StrCat("<tool_response>\n", m->content(),
+                                  "\n</tool_response>"));
+    }
   }
+  if (!tools_text.empty()) {
+    if (chat->messages_size() > 0 &&
+        (chat->messages(0).role() == "system" ||
+         chat->messages(0).role() == "developer")) {
+      v1::ChatMessage* sys = chat->mutable_messages(0);
+      sys->set_content(absl::StrCat(sys->content(), "\n\n", tools_text));
+    } else {
+      v1::ChatMessage sys;
+      sys.set_role("system");
+      sys.set_content(tools_text);
+      chat->mutable_messages()->Add(std::move(sys));
+      std::rotate(chat->mutable_messages()->rbegin(),
+                  chat->mutable_messages()->rbegin() + 1,
+                  chat->mutable_messages()->rend());
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Chat's tools: parsed (key order kept), announced in the prompt, and the
+// output constrained to their calls (a structural tag).
+absl::Status ParseToolsOf(const json& j, absl::string_view body,
+                          OpenAiRequest* out, std::string* tools_text) {
+  if (!j.contains("tools") && !j.contains("tool_choice") &&
+      !j.contains("parallel_tool_calls")) {
+    return absl::OkStatus();
+  }
+  if (out->endpoint != OpenAiEndpoint::kChatCompletions) {
+    return Invalid("tools", "only on /v1/chat/completions");
+  }
+  const auto ordered =
+      nlohmann::ordered_json::parse(body.begin(), body.end(), nullptr, false);
+  ToolsRequest tools;
+  KV_RETURN_IF_ERROR(ParseTools(ordered, &tools));
+  if (!tools.active()) return absl::OkStatus();
+  if (out->generate.has_structured_output()) {
+    return Invalid(out->structured_output_field,
+                   "cannot be combined with tools (tool_choice \"none\" "
+                   "allows it)");
+  }
+  *tools_text = ToolsSystemText(tools);
+  out->generate.mutable_structured_output()->set_structural_tag(
+      ToolsStructuralTag(tools));
+  out->structured_output_field = "tools";
+  out->tool_calls = true;
   return absl::OkStatus();
 }
 
@@ -508,8 +592,10 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(absl::string_view body,
       !Field(j, "max_completion_tokens").is_null()) {
     out.max_tokens_name = "max_completion_tokens";
   }
+  std::string tools_text;
+  KV_RETURN_IF_ERROR(ParseToolsOf(j, body, &out, &tools_text));
   if (endpoint == OpenAiEndpoint::kChatCompletions) {
-    KV_RETURN_IF_ERROR(ParseMessages(j, &out.generate));
+    KV_RETURN_IF_ERROR(ParseMessages(j, tools_text, &out.generate));
   } else {
     KV_RETURN_IF_ERROR(ParsePrompt(j, &out));
   }

@@ -18,6 +18,7 @@
 #include "engine/request_spec.h"
 #include "kvserve/v1/kvserve.pb.h"
 #include "models/tokenizer/tokenizer.h"
+#include "server/tool_calls.h"
 
 namespace kvserve::server {
 
@@ -45,6 +46,9 @@ struct OpenAiRequest {
   // The body's field that asked for structured output, for the errors of
   // its compile ("response_format.json_schema.schema", "guided_regex").
   std::string structured_output_field;
+  // Chat with tools (tool_choice other than "none"): the output is parsed
+  // into tool_calls (server/tool_calls.h).
+  bool tool_calls = false;
 };
 
 // Most prompts in one batched completions request.
@@ -82,6 +86,7 @@ struct OpenAiCallInfo {
   int32_t top_logprobs = 0;
   bool include_usage = false;
   bool return_token_ids = false;
+  bool tool_calls = false;  // OpenAiRequest::tool_calls
 };
 
 // The whole output of a finished request (finish_reason kStop or kLength).
@@ -108,11 +113,20 @@ struct OpenAiResult {
 // its finish chunk; the stream's finished delta adds the finish chunk,
 // the usage chunk when asked for, and "data: [DONE]\n\n". A finished delta
 // whose reason is not stop/length gets an error event (`error`) instead.
+// `tools`: with call.tool_calls, the calls this delta closed (its text is
+// already the content left around them) and whether the completion made
+// any (then a stop finishes as "tool_calls").
+struct StreamToolCalls {
+  std::vector<ToolCall> calls;
+  int32_t first_index = 0;  // of calls[0] among the completion's calls
+  bool any = false;
+};
 [[nodiscard]] std::string StreamEvents(const OpenAiCallInfo& call,
                                        const engine::StreamDelta& delta,
                                        bool first,
                                        const models::Tokenizer& tokenizer,
-                                       const absl::Status& error);
+                                       const absl::Status& error,
+                                       const StreamToolCalls& tools = {});
 
 // GET /v1/models.
 [[nodiscard]] std::string ModelsBody(const std::string& model, int64_t created,

@@ -147,6 +147,26 @@ std::string Event(const json& j) {
   return absl::StrCat("data: ", Dump(j), "\n\n");
 }
 
+json ToolCallsJson(const std::vector<ToolCall>& calls, int32_t first_index,
+                   bool with_index) {
+  json out = json::array();
+  for (size_t i = 0; i < calls.size(); ++i) {
+    json c = {{"id", calls[i].id},
+              {"type", "function"},
+              {"function",
+               {{"name", calls[i].name}, {"arguments", calls[i].arguments}}}};
+    if (with_index) c["index"] = first_index + static_cast<int32_t>(i);
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+// A stop after tool calls finishes as "tool_calls".
+json FinishJson(engine::FinishReason r, bool tool_calls) {
+  if (tool_calls && r == engine::FinishReason::kStop) return "tool_calls";
+  return FinishReasonJson(r);
+}
+
 // One chunk with a single choice.
 json Chunk(const OpenAiCallInfo& call, json choice) {
   json j = Envelope(call, true);
@@ -172,10 +192,10 @@ json DeltaChoice(const OpenAiCallInfo& call, const engine::StreamDelta& d,
 // The finish chunk of completion d.index, and when the stream ends the usage
 // chunk (if asked for) and [DONE].
 std::string FinalEvents(const OpenAiCallInfo& call,
-                        const engine::StreamDelta& d) {
+                        const engine::StreamDelta& d, bool tool_calls) {
   json choice = {{"index", d.index},
                  {"logprobs", nullptr},
-                 {"finish_reason", FinishReasonJson(d.finish_reason)}};
+                 {"finish_reason", FinishJson(d.finish_reason, tool_calls)}};
   if (IsChat(call)) {
     choice["delta"] = json::object();
   } else {
@@ -287,7 +307,23 @@ std::string CompletionBody(const OpenAiCallInfo& call,
     json choice = {{"index", static_cast<int64_t>(i)},
                    {"logprobs", LogprobsJson(call, result.logprobs, tokenizer)},
                    {"finish_reason", FinishReasonJson(result.finish_reason)}};
-    if (IsChat(call)) {
+    if (IsChat(call) && call.tool_calls) {
+      ToolCallStream parse(absl::StrCat("call_", call.id, "_", i, "_"));
+      ToolCallStream::Out out = parse.Feed(result.text);
+      out.content += parse.Finish().content;
+      const bool blank =
+          out.content.find_first_not_of(" \n") == std::string::npos;
+      choice["message"] = {
+          {"role", "assistant"},
+          {"content",
+           blank && !out.calls.empty() ? json(nullptr) : json(out.content)},
+          {"refusal", nullptr}};
+      if (!out.calls.empty()) {
+        choice["message"]["tool_calls"] = ToolCallsJson(out.calls, 0, false);
+        choice["finish_reason"] =
+            FinishJson(result.finish_reason, /*tool_calls=*/true);
+      }
+    } else if (IsChat(call)) {
       choice["message"] = {{"role", "assistant"},
                            {"content", result.text},
                            {"refusal", nullptr}};
@@ -306,7 +342,8 @@ std::string CompletionBody(const OpenAiCallInfo& call,
 std::string StreamEvents(const OpenAiCallInfo& call,
                          const engine::StreamDelta& delta, bool first,
                          const models::Tokenizer& tokenizer,
-                         const absl::Status& error) {
+                         const absl::Status& error,
+                         const StreamToolCalls& tools) {
   std::string out;
   if (first && IsChat(call)) {
     out = Event(Chunk(
@@ -321,12 +358,23 @@ std::string StreamEvents(const OpenAiCallInfo& call,
     absl::StrAppend(&out,
                     Event(Chunk(call, DeltaChoice(call, delta, tokenizer))));
   }
+  if (!tools.calls.empty()) {  // each call whole, as one delta
+    absl::StrAppend(
+        &out,
+        Event(Chunk(call,
+                    {{"index", delta.index},
+                     {"delta",
+                      {{"tool_calls",
+                        ToolCallsJson(tools.calls, tools.first_index, true)}}},
+                     {"logprobs", nullptr},
+                     {"finish_reason", nullptr}})));
+  }
   if (!delta.finished && !delta.index_finished) return out;
   if (delta.finished && !error.ok()) {
     absl::StrAppend(&out, Event(ErrorJson(error)));
     return out;
   }
-  absl::StrAppend(&out, FinalEvents(call, delta));
+  absl::StrAppend(&out, FinalEvents(call, delta, tools.any));
   return out;
 }
 

@@ -69,6 +69,21 @@ class Server(KvserveProcess):
         return body
 
 
+WEATHER = {"type": "object", "properties": {
+    "city": {"type": "string"},
+    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+    "required": ["city", "unit"], "additionalProperties": False}
+TIMEZONE = {"type": "object", "properties": {"timezone": {"type": "string"}},
+            "required": ["timezone"], "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city",
+    "parameters": WEATHER}},
+    {"type": "function", "function": {
+        "name": "get_time", "description": "Current time in a timezone",
+        "parameters": TIMEZONE}}]
+ASK = [{"role": "user", "content": "What's the weather like in Paris today?"}]
+
+
 def schema_format(schema, name="record"):
     return {"type": "json_schema",
             "json_schema": {"name": name, "schema": schema, "strict": True}}
@@ -181,6 +196,109 @@ class StructuredOutput(unittest.TestCase):
             self.assertEqual(out["error"]["param"], param, out)
             self.assertNotIn("/", out["error"]["message"].split(": ", 1)[1]
                              if param.startswith("response_format") else "")
+
+    def check_calls(self, calls, names):
+        import jsonschema
+        params = {"get_weather": WEATHER, "get_time": TIMEZONE}
+        for c in calls:
+            self.assertTrue(c["id"].startswith("call_"), c)
+            self.assertEqual(c["type"], "function")
+            self.assertIn(c["function"]["name"], names)
+            jsonschema.validate(json.loads(c["function"]["arguments"]),
+                                params[c["function"]["name"]])
+
+    def test_tool_calls(self):
+        s = self.server
+        # A named function: exactly one call of it, no text.
+        out = s.chat(ASK[0]["content"], tools=TOOLS, max_tokens=60,
+                     temperature=0, tool_choice={"type": "function",
+                                                 "function": {"name":
+                                                              "get_time"}})
+        choice = out["choices"][0]
+        self.assertEqual(choice["finish_reason"], "tool_calls", choice)
+        self.assertIsNone(choice["message"]["content"])
+        self.assertEqual(len(choice["message"]["tool_calls"]), 1)
+        self.check_calls(choice["message"]["tool_calls"], ["get_time"])
+        # Required, not parallel: one call of either tool, sampled.
+        for seed in range(3):
+            out = s.chat(ASK[0]["content"], tools=TOOLS, max_tokens=60,
+                         temperature=1, seed=seed, tool_choice="required",
+                         parallel_tool_calls=False)
+            choice = out["choices"][0]
+            self.assertEqual(choice["finish_reason"], "tool_calls", choice)
+            self.assertEqual(len(choice["message"]["tool_calls"]), 1)
+            self.check_calls(choice["message"]["tool_calls"],
+                             ["get_weather", "get_time"])
+        # Auto (the default with tools): text or calls, whatever it is
+        # parses; a tool's result goes back as a `tool` message.
+        out = s.chat(ASK[0]["content"], tools=TOOLS, max_tokens=60,
+                     temperature=0)
+        self.check_calls(out["choices"][0]["message"].get("tool_calls", []),
+                         ["get_weather", "get_time"])
+        status, out = s.post("/v1/chat/completions", {
+            "messages": ASK + [
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "call_1", "type": "function", "function": {
+                        "name": "get_weather",
+                        "arguments": '{"city": "Paris", "unit": "celsius"}'}}]},
+                {"role": "tool", "tool_call_id": "call_1",
+                 "content": '{"temperature": 18}'}],
+            "tools": TOOLS, "max_tokens": 20, "temperature": 0})
+        self.assertEqual(status, 200, out)
+
+    def test_tool_calls_stream(self):
+        import asyncio
+        sys.path.insert(0, os.path.join(ARGS.source_dir, "tools"))
+        import sse_client
+
+        async def run():
+            events = []
+            async for _, data in sse_client.stream_events(
+                    "127.0.0.1", self.server.http_port,
+                    "/v1/chat/completions",
+                    {"messages": ASK, "tools": TOOLS, "max_tokens": 60,
+                     "temperature": 0, "stream": True,
+                     "tool_choice": {"type": "function",
+                                     "function": {"name": "get_weather"}}}):
+                if data != "[DONE]":
+                    events.append(json.loads(data))
+            return events
+        events = asyncio.run(run())
+        calls = [tc for e in events for c in e["choices"]
+                 for tc in c["delta"].get("tool_calls", [])]
+        self.assertEqual([c["index"] for c in calls], [0])
+        self.check_calls(calls, ["get_weather"])
+        self.assertEqual(events[-1]["choices"][0]["finish_reason"],
+                         "tool_calls")
+        text = "".join(c["delta"].get("content") or ""
+                       for e in events for c in e["choices"])
+        self.assertNotIn("<tool_call>", text)
+
+    def test_tool_errors_name_the_field(self):
+        s = self.server
+        named = {"type": "function", "function": {"name": "nope"}}
+        for path, body, param in [
+                ("/v1/chat/completions", {"messages": ASK, "tools": TOOLS,
+                                          "tool_choice": named},
+                 "tool_choice.function.name"),
+                ("/v1/chat/completions", {"messages": ASK, "tools": TOOLS,
+                                          "response_format":
+                                          {"type": "json_object"}},
+                 "response_format"),
+                ("/v1/chat/completions", {"messages": ASK, "tools": [
+                    {"type": "function", "function": {
+                        "name": "f", "parameters": {"type": "nonsense"}}}]},
+                 "tools"),
+                ("/v1/completions", {"prompt": "x", "tools": TOOLS}, "tools")]:
+            status, out = s.post(path, body)
+            self.assertEqual(status, 400, (body, out))
+            self.assertEqual(out["error"]["param"], param, out)
+        # tool_choice "none": plain text, nothing constrained or parsed.
+        status, out = s.post("/v1/chat/completions", {
+            "messages": ASK, "tools": TOOLS, "tool_choice": "none",
+            "max_tokens": 8})
+        self.assertEqual(status, 200, out)
+        self.assertNotIn("tool_calls", out["choices"][0]["message"])
 
     def test_repeated_schema_compiles_once(self):
         schema = {"type": "object", "properties": {"k": {"type": "boolean"}},
