@@ -3,9 +3,10 @@
 
 Reads README.md and runs: every `build/server/kvserve generate ...` line
 (with the built binary), the gRPC Python client snippet (its protoc line
-and its heredoc, pointed at a daemon on free ports), and the three OpenAI
+and its heredoc, pointed at a daemon on free ports), and the four OpenAI
 `curl` calls (their route and JSON body, sent with urllib; the structured
-output one's answer must validate against its schema). Each is greedy;
+output one's answer must validate against its schema, the tool-calling
+one's must be a call with the arguments shown). Each is greedy;
 its output must contain what the README promises for that prompt (EXPECTED
 below). A README example whose prompt has no entry here fails: add what the
 model answers, checked against llama.cpp on the same GGUF if in doubt.
@@ -34,6 +35,7 @@ EXPECTED = {
     "What is 2+2?": "is 4",
     "What color is the sky?": "blue",
     "What is the capital of France? Answer in JSON.": '"capital": "Paris"',
+    "What is the weather like in Paris today?": '"city":"Paris"',
 }
 
 
@@ -109,7 +111,7 @@ class ReadmeExamples(unittest.TestCase):
         calls = re.findall(
             r"^    curl (?:-N )?localhost:9090(/v1/\S+) .*?\\\n\s+-d '(.+)'$",
             self.text, re.M)
-        self.assertEqual(len(calls), 3, "README's OpenAI curl examples")
+        self.assertEqual(len(calls), 4, "README's OpenAI curl examples")
         for route, body in calls:
             req = json.loads(body)
             self.assertEqual(req.get("temperature"), 0, f"not greedy: {body}")
@@ -135,6 +137,10 @@ class ReadmeExamples(unittest.TestCase):
                 choice = json.loads(raw)["choices"][0]
                 text = (choice["message"]["content"] if "message" in choice
                         else choice["text"])
+            if req.get("tools"):  # the tool-calling example: its calls
+                self.assertEqual(choice["finish_reason"], "tool_calls", raw)
+                text = "".join(c["function"]["arguments"]
+                               for c in choice["message"]["tool_calls"])
             self.assertIn(want, text, f"{route} {body}")
             fmt = req.get("response_format")
             if fmt:  # the structured-output example: its output validates
