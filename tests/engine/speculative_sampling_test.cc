@@ -80,7 +80,7 @@ void RunOne(uint64_t seed, int32_t offset, Tally* tally) {
   SamplingParams sp;
   sp.temperature = 1.0f;
   sp.seed = seed;
-  runner.AddRequest(1, sp, {}, prompt, false);
+  ASSERT_TRUE(runner.AddRequest(1, sp, {}, prompt, false).ok());
   ASSERT_TRUE(
       sched.AddRequest(std::make_unique<scheduler::Request>(1, prompt, 8))
           .ok());

@@ -195,13 +195,14 @@ TEST(OpenAiJsonTest, StructuredOutputFields) {
                          kCompletions);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->generate.structured_output().json_schema(), R"({"type": 1})");
-  r = ParseOpenAiRequest(R"({"prompt": "x", "response_format": {"type": "text"}})",
-                         kCompletions);
+  r = ParseOpenAiRequest(
+      R"({"prompt": "x", "response_format": {"type": "text"}})", kCompletions);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_FALSE(r->generate.has_structured_output());
 
-  ExpectInvalidBody(R"({"prompt": "x", "guided_json": {}, "guided_regex": "a"})",
-                    "guided_regex");
+  ExpectInvalidBody(
+      R"({"prompt": "x", "guided_json": {}, "guided_regex": "a"})",
+      "guided_regex");
   ExpectInvalidBody(R"({"prompt": "x", "guided_choice": ["a", 1]})",
                     "guided_choice[1]");
   ExpectInvalidBody(R"({"prompt": "x", "guided_regex": 5})", "guided_regex");
