@@ -110,6 +110,11 @@ void RegisterBatchFlags(EngineFlags* f, CliArgs* args) {
                            "anyway) (default ",
                            f->structured_output_compile_timeout_s, ")"),
               0.001, 3600);
+  args->Bool("structured-output-overlap", &f->structured_output_overlap,
+             absl::StrCat("structured output: compute grammar masks on a "
+                          "thread of their own while the forward runs "
+                          "(default ",
+                          f->structured_output_overlap ? "on" : "off", ")"));
   args->String("kv-reservation", &f->kv_reservation,
                absl::StrCat("paged (allocate KV blocks as tokens arrive) or "
                             "max-length (each request holds a max-model-len "
@@ -360,6 +365,7 @@ absl::Status ApplyEngineFlags(const EngineFlags& f, uint32_t groups,
         static_cast<int32_t>(f.structured_output_max_compiles);
     e->structured_output.timeout =
         absl::Seconds(f.structured_output_compile_timeout_s);
+    e->structured_output_overlap = f.structured_output_overlap;
     const bool draft = e->speculative.mode == engine::SpeculativeMode::kDraft;
     if (draft == f.speculative_draft_model.empty()) {
       return absl::InvalidArgumentError(

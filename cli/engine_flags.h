@@ -33,6 +33,7 @@ struct EngineFlags {
   int64_t speculative_max_batch = 4;
   int64_t structured_output_max_compiles = 2;
   double structured_output_compile_timeout_s = 10;
+  bool structured_output_overlap = false;
   bool prefix_caching = true;
   int64_t kv_cache_bytes = 0;
   double kv_cache_fraction = 0, gpu_memory_fraction = 0;

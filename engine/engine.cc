@@ -90,6 +90,7 @@ absl::Status Engine::Impl::Init(
   runner_ = std::make_unique<ModelRunner>(
       std::move(backend), config_.scheduler.block_size, c.vocab_size,
       config_.fault_step_delay, clock_);
+  runner_->set_overlap_masks(config_.structured_output_overlap);
   if (config_.fault_step_delay > absl::ZeroDuration()) {
     spdlog::warn(
         "fault injection: every engine step sleeps {} ms "

@@ -123,6 +123,9 @@ struct EngineConfig {
   SpeculativeConfig speculative;
   // Structured output's compile bounds (--structured-output-*).
   grammar::GrammarCompilerOptions structured_output;
+  // --structured-output-overlap: grammar masks computed beside the forward
+  // (engine/runner/mask_worker.h).
+  bool structured_output_overlap = false;
 };
 
 // Static facts about the loaded model and cache, for GetModelInfo and logs.

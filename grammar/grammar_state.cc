@@ -32,6 +32,10 @@ struct GrammarState::Impl {
   xgrammar::GrammarMatcher matcher;
   std::vector<int32_t> bitmask;
   int64_t bitmask_len = static_cast<int64_t>(bitmask.size());
+  // `bitmask` is the mask after the tokens accepted so far; `restricts`:
+  // it is not all ones.
+  bool mask_ready = false;
+  bool restricts = false;
 };
 
 GrammarState::GrammarState(std::unique_ptr<Impl> impl)
@@ -58,6 +62,14 @@ absl::StatusOr<std::unique_ptr<GrammarState>> GrammarState::Create(
   }
 }
 
+void GrammarState::FillMask() {
+  Impl& s = *impl_;
+  if (s.mask_ready || s.matcher.IsTerminated()) return;
+  DLTensor t = s.Tensor();
+  s.restricts = s.matcher.FillNextTokenBitmask(&t);
+  s.mask_ready = true;
+}
+
 int32_t GrammarState::MaskLogits(absl::Span<float> logits) {
   Impl& s = *impl_;
   if (s.matcher.IsTerminated()) {
@@ -65,8 +77,8 @@ int32_t GrammarState::MaskLogits(absl::Span<float> logits) {
               -std::numeric_limits<float>::infinity());
     return 0;
   }
-  DLTensor t = s.Tensor();
-  if (!s.matcher.FillNextTokenBitmask(&t)) {
+  FillMask();
+  if (!s.restricts) {
     return static_cast<int32_t>(logits.size());  // all allowed
   }
   // Bit i of word w allows token 32 * w + i.
@@ -88,14 +100,18 @@ int32_t GrammarState::MaskLogits(absl::Span<float> logits) {
 
 bool GrammarState::Accept(int32_t token) {
   try {
-    return impl_->matcher.AcceptToken(token);
+    const bool ok = impl_->matcher.AcceptToken(token);
+    if (ok) impl_->mask_ready = false;
+    return ok;
   } catch (const std::exception&) {
     return false;
   }
 }
 
 void GrammarState::Rollback(int32_t tokens) {
-  if (tokens > 0) impl_->matcher.Rollback(tokens);
+  if (tokens <= 0) return;
+  impl_->matcher.Rollback(tokens);
+  impl_->mask_ready = false;
 }
 
 std::unique_ptr<GrammarState> GrammarState::Fork() const {
@@ -103,6 +119,7 @@ std::unique_ptr<GrammarState> GrammarState::Fork() const {
       std::make_unique<Impl>(impl_->grammar, impl_->matcher.Fork())));
 }
 
+bool GrammarState::mask_ready() const { return impl_->mask_ready; }
 bool GrammarState::terminated() const { return impl_->matcher.IsTerminated(); }
 bool GrammarState::completed() const { return impl_->matcher.IsCompleted(); }
 

@@ -33,9 +33,18 @@ class GrammarState {
   GrammarState(const GrammarState&) = delete;
   GrammarState& operator=(const GrammarState&) = delete;
 
+  // Computes the mask of the tokens the grammar allows next (XGrammar's
+  // bitmask, the costly part) into the state, for MaskLogits. It reads
+  // only the state, so it may run on another thread while the owner
+  // leaves the state alone (the runner overlaps it with the forward).
+  void FillMask();
+  // FillMask's mask is current (no token accepted since).
+  [[nodiscard]] bool mask_ready() const;
   // Sets the logits of the tokens the grammar does not allow next to -inf
-  // (`logits` is one row of the model's vocab_size). Returns how many
-  // tokens stay allowed (0 only on a terminated state).
+  // (`logits` is one row of the model's vocab_size), with the mask
+  // FillMask computed since the last Accept or Rollback, else computing
+  // it. Returns how many tokens stay allowed (0 only on a terminated
+  // state).
   int32_t MaskLogits(absl::Span<float> logits);
   // Advances past `token`; false when the grammar does not allow it (the
   // state is unchanged).

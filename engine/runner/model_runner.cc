@@ -61,10 +61,12 @@ StepResult ModelRunner::Execute(const scheduler::SchedulerOutput& out) {
     absl::SleepFor(fault_step_delay_);
   }
   result.load = models::LoadOf(batch_);
+  const bool overlap = StartMasks(out, result.producers);
   const absl::Time fwd0 = clock_->Now();
   step_out_.kv_groups_rebuilt = 0;
   result.status = moved.ok() ? backend_->Forward(batch_, &step_out_) : moved;
   result.forward_seconds = absl::ToDoubleSeconds(clock_->Now() - fwd0);
+  if (overlap) mask_worker_->Wait();
   result.block_mass.swap(step_out_.block_mass);
   result.block_mass_stride = batch_.max_blocks_per_seq;
   result.kv_groups_rebuilt = step_out_.kv_groups_rebuilt;
@@ -74,6 +76,30 @@ StepResult ModelRunner::Execute(const scheduler::SchedulerOutput& out) {
     result.tokens.assign(result.producers.size(), 0);
   }
   return result;
+}
+
+void ModelRunner::set_overlap_masks(bool on) {
+  owner_.CheckOwner("ModelRunner");
+  if (!on) {
+    mask_worker_.reset();
+  } else if (mask_worker_ == nullptr) {
+    mask_worker_ = std::make_unique<MaskWorker>();
+  }
+}
+
+bool ModelRunner::StartMasks(const scheduler::SchedulerOutput& out,
+                             const std::vector<int32_t>& producers) {
+  if (mask_worker_ == nullptr) return false;
+  std::vector<grammar::GrammarState*> states;
+  for (const int32_t i : producers) {
+    RunnerRequest& r = requests_.at(out.scheduled[i].id);
+    if (r.grammar != nullptr && !r.grammar->terminated()) {
+      states.push_back(r.grammar.get());
+    }
+  }
+  if (states.empty()) return false;
+  mask_worker_->Start(std::move(states));
+  return true;
 }
 
 absl::Status ModelRunner::RunBlockMoves(const scheduler::SchedulerOutput& out,

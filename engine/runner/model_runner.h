@@ -25,6 +25,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/thread_owner.h"
+#include "engine/runner/mask_worker.h"
 #include "engine/runner/model_backend.h"
 #include "engine/runner/runner_request.h"
 #include "engine/runner/sampler.h"
@@ -109,6 +110,11 @@ class ModelRunner {
 
   [[nodiscard]] const ModelBackend& backend() const { return *backend_; }
 
+  // On: constrained sequences' next-token masks are computed on a thread of
+  // their own while the forward runs (engine/runner/mask_worker.h); off:
+  // on the engine thread as each row is sampled.
+  void set_overlap_masks(bool on);
+
   // Makes the calling thread the one Execute checks for (debug builds); the
   // engine calls it first thing on its thread.
   void BindOwnerThread() { owner_.Rebind(); }
@@ -126,6 +132,10 @@ class ModelRunner {
   void BuildBatch(const scheduler::SchedulerOutput& out,
                   std::vector<int32_t>* producers);
   void SampleAll(const scheduler::SchedulerOutput& out, StepResult* result);
+  // With the mask worker: starts it on the constrained producers' next
+  // masks; true if it runs (Execute waits for it after the forward).
+  bool StartMasks(const scheduler::SchedulerOutput& out,
+                  const std::vector<int32_t>& producers);
   // Samples logits row `row` of the step for request `id` (`r`).
   SampleResult SampleRow(RequestId id, RunnerRequest& r, int64_t row,
                          StepResult* result);
@@ -140,7 +150,8 @@ class ModelRunner {
   absl::flat_hash_map<RequestId, RunnerRequest> requests_;
   models::ForwardBatch batch_;      // the step's batch, buffers reused
   models::ForwardOutput step_out_;  // the last forward's logits / argmax
-  ThreadOwner owner_;               // the engine thread
+  std::unique_ptr<MaskWorker> mask_worker_;  // set_overlap_masks(true)
+  ThreadOwner owner_;                        // the engine thread
 };
 
 }  // namespace kvserve::engine

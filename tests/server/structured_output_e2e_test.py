@@ -9,7 +9,8 @@ regex, EBNF, json_object) through vLLM's structured_outputs and guided_*
 fields and through gRPC's StructuredOutput; errors that name the field;
 the compile cache in /metrics; and greedy constrained outputs unchanged
 when the requests speculate (n-gram), preempt each other in a tiny KV pool
-and fork (n = 2).
+and fork (n = 2), with the masks computed beside the forward
+(--structured-output-overlap).
 
 KVSERVE_STRUCTURED_SCHEMAS sets how many schemas (default 24, about 30 s
 here; the goal's measurement runs 1,000).
@@ -364,8 +365,11 @@ class StructuredOutput(unittest.TestCase):
         # 12 int8 blocks of 16 tokens (12,240 bytes a token) for requests
         # that need about 24: they preempt each other (recompute).
         block = 12240 * 16
+        # Masks computed beside the forward there (the base server computes
+        # them as it samples).
         small = Server("--speculative", "ngram", "--kv-cache-bytes",
-                       str(12 * block), "--swap-space-bytes", "0")
+                       str(12 * block), "--swap-space-bytes", "0",
+                       "--structured-output-overlap")
         try:
             got = outputs(small)
             m = small.metrics()
