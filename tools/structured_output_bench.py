@@ -3,7 +3,9 @@
 in one run, on one daemon (the default model unless --model).
 
 Two points, each A B B A over --rounds (A: unconstrained, B: a JSON
-schema), streamed over the OpenAI API (tools/sse_client.py):
+schema; with --overlap, A B C C B A where C is the schema on a second
+daemon run with --structured-output-overlap), streamed over the OpenAI
+API (tools/sse_client.py):
   batch 1     --batch1-requests requests one at a time; time per output
               token (TPOT: from the first streamed token to the last, over
               the tokens after the first chunk), median per run
@@ -103,43 +105,54 @@ def main():
     ap.add_argument("--batch1-requests", type=int, default=4)
     ap.add_argument("--streams", type=int, default=32)
     ap.add_argument("--threads", default="2")
+    ap.add_argument("--overlap", action="store_true",
+                    help="also the schema on a --structured-output-overlap "
+                         "daemon")
     args = ap.parse_args()
     extra = ["--threads", args.threads, "--kv-cache-bytes", "512MiB"]
     if args.model:
         extra = ["--model", args.model] + extra
     server = KvserveProcess(args.binary, ROOT, *extra)
+    servers = [server]
+    modes = [("plain ", server, False), ("schema", server, True)]
     try:
-        port = server.http_port
+        if args.overlap:
+            servers.append(KvserveProcess(args.binary, ROOT, *extra,
+                                          "--structured-output-overlap"))
+            modes.append(("overlap", servers[1], True))
         # Warm-up: the schema compiles once (cached after) and the pages of
         # the weights are touched.
-        asyncio.run(one(port, True, args.tokens, 0))
-        asyncio.run(one(port, False, args.tokens, 0))
-        res = {False: {"b1": [], "s": []}, True: {"b1": [], "s": []}}
+        for _, s, constrained in modes:
+            asyncio.run(one(s.http_port, constrained, args.tokens, 0))
+        res = {name: {"b1": [], "s": []} for name, _, _ in modes}
         for r in range(args.rounds):
-            for constrained in (False, True, True, False):
-                b1 = asyncio.run(batch1(port, constrained, args))
-                s = asyncio.run(streams(port, constrained, args))
-                res[constrained]["b1"].append(b1)
-                res[constrained]["s"].append(s)
-                print(f"round {r + 1} {'schema' if constrained else 'plain '}"
-                      f"  batch-1 TPOT {b1 * 1e3:.2f} ms   "
-                      f"{args.streams} streams {s:.1f} tok/s", flush=True)
+            for name, s, constrained in modes + modes[::-1]:
+                b1 = asyncio.run(batch1(s.http_port, constrained, args))
+                tput = asyncio.run(streams(s.http_port, constrained, args))
+                res[name]["b1"].append(b1)
+                res[name]["s"].append(tput)
+                print(f"round {r + 1} {name}  batch-1 TPOT {b1 * 1e3:.2f} ms"
+                      f"   {args.streams} streams {tput:.1f} tok/s",
+                      flush=True)
         m = server.metrics()
     finally:
-        server.terminate()
+        for s in servers:
+            s.terminate()
     masks = m.get("kvserve_structured_output_masks_total", 0)
     mask_s = m.get("kvserve_structured_output_mask_seconds_total", 0)
     print(f"\n{args.rounds} ABBA rounds, {args.tokens} tokens per request; "
           "min / median / max")
-    for constrained in (False, True):
-        r = res[constrained]
-        print(f"{'schema' if constrained else 'plain '}  batch-1 TPOT ms "
+    for name, _, _ in modes:
+        r = res[name]
+        print(f"{name}  batch-1 TPOT ms "
               f"{summary([x * 1e3 for x in r['b1']])}   {args.streams} "
               f"streams tok/s {summary(r['s'])}")
-    b1 = [b / a for a, b in zip(res[False]["b1"], res[True]["b1"])]
-    s = [b / a for a, b in zip(res[False]["s"], res[True]["s"])]
-    print(f"schema / plain: batch-1 TPOT {summary(b1)} (goal <= 1.05); "
-          f"{args.streams} streams throughput {summary(s)} (goal >= 0.95)")
+    for name, _, _ in modes[1:]:
+        b1 = [b / a for a, b in zip(res["plain "]["b1"], res[name]["b1"])]
+        s = [b / a for a, b in zip(res["plain "]["s"], res[name]["s"])]
+        print(f"{name} / plain (paired by position): batch-1 TPOT "
+              f"{summary(b1)} (goal <= 1.05); {args.streams} streams "
+              f"throughput {summary(s)} (goal >= 0.95)")
     if masks:
         print(f"engine-thread mask + accept per token (mean): "
               f"{mask_s / masks * 1e6:.1f} us over {int(masks)} masks")
