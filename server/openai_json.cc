@@ -11,6 +11,7 @@
 #include "common/field_error.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
+#include "server/json_field.h"
 #include "server/openai_structured.h"
 #include "server/tool_calls.h"
 
@@ -24,12 +25,6 @@ absl::Status Invalid(absl::string_view field, absl::string_view what) {
 }
 
 // The field, or null when absent (absent and null are the same).
-const json& Field(const json& body, const char* name) {
-  static const json* const kNull = new json(nullptr);
-  auto it = body.find(name);
-  return it == body.end() ? *kNull : *it;
-}
-
 absl::Status GetFloat(const json& body, const char* name,
                       std::optional<float>* out) {
   const json& v = Field(body, name);

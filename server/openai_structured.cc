@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/field_error.h"
 #include "common/status_macros.h"
+#include "server/json_field.h"
 
 namespace kvserve::server {
 namespace {
@@ -15,12 +16,6 @@ namespace {
 // Ordered: a schema keeps its properties in the client's order, which is
 // the order the output writes them in.
 using json = nlohmann::ordered_json;
-
-const json& Field(const json& body, const char* name) {
-  static const json* const kNull = new json(nullptr);
-  auto it = body.find(name);
-  return it == body.end() ? *kNull : *it;
-}
 
 // One structured output a request asked for, before the one-of check.
 struct Ask {

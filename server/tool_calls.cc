@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/field_error.h"
 #include "common/status_macros.h"
+#include "server/json_field.h"
 
 namespace kvserve::server {
 namespace {
@@ -16,12 +17,6 @@ constexpr char kOpen[] = "<tool_call>";
 constexpr char kClose[] = "</tool_call>";
 constexpr size_t kOpenLen = sizeof(kOpen) - 1;
 constexpr size_t kCloseLen = sizeof(kClose) - 1;
-
-const json& Field(const json& body, const char* name) {
-  static const json* const kNull = new json(nullptr);
-  auto it = body.find(name);
-  return it == body.end() ? *kNull : *it;
-}
 
 absl::Status ParseTool(const json& t, size_t i, ToolsRequest* out) {
   const std::string field = absl::StrCat("tools[", i, "]");
