@@ -15,6 +15,10 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 #define KVSERVE_FLOAT_AVX512 1
 #include <immintrin.h>
+#elif defined(__x86_64__)
+#include <immintrin.h>
+
+#include "models/cpu/quant_kernels.h"  // HaveAvx2Kernels
 #endif
 
 namespace kvserve::models::cpu::internal {
@@ -151,6 +155,100 @@ void FloatRowsAvx512(const float* x, int64_t m, const FloatRows& w, int64_t lo,
 }
 #endif  // KVSERVE_FLOAT_AVX512
 
+#if defined(__x86_64__) && !defined(KVSERVE_FLOAT_AVX512)
+// The same blocking in AVX2 + FMA + F16C, for x86 CPUs without AVX-512
+// (compiled for them whatever the build's target; run where
+// HaveAvx2Kernels()): 8 columns per step, the columns past the last
+// multiple of 8 in scalar code added after the horizontal sum, so a row's
+// result does not depend on the activation rows it is blocked with.
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+template <GgmlType kType>
+inline __m256 LoadW8(const uint8_t* p) {
+  if constexpr (kType == GgmlType::kF32) {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(p));
+  } else if constexpr (kType == GgmlType::kF16) {
+    return _mm256_cvtph_ps(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  } else {
+    const __m256i v = _mm256_cvtepu16_epi32(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+  }
+}
+
+inline float Sum8(__m256 v) {
+  const __m128 s =
+      _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+}
+
+template <GgmlType kType, int kMr, int kNr>
+void FloatBlockAvx2(const float* x, const FloatRows& w, int64_t i0, int64_t r0,
+                    float* y) {
+  constexpr size_t kEb = kType == GgmlType::kF32 ? 4 : 2;
+  const int64_t cols = w.cols;
+  const int64_t vec = cols & ~int64_t{7};
+  const uint8_t* wr = w.buf.data() + r0 * cols * kEb;
+  __m256 acc[kMr][kNr];
+  for (int i = 0; i < kMr; ++i) {
+    for (int j = 0; j < kNr; ++j) acc[i][j] = _mm256_setzero_ps();
+  }
+  for (int64_t k = 0; k < vec; k += 8) {
+    __m256 wv[kNr];
+    for (int j = 0; j < kNr; ++j) {
+      const uint8_t* p = wr + (j * cols + k) * kEb;
+      // The next kNr-row block, same columns, a line per 64 bytes.
+      if ((k * kEb) % 64 == 0) {
+        _mm_prefetch(reinterpret_cast<const char*>(p) + kNr * cols * kEb,
+                     _MM_HINT_T0);
+      }
+      wv[j] = LoadW8<kType>(p);
+    }
+    for (int i = 0; i < kMr; ++i) {
+      const __m256 xv = _mm256_loadu_ps(x + (i0 + i) * cols + k);
+      for (int j = 0; j < kNr; ++j) {
+        acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
+      }
+    }
+  }
+  for (int i = 0; i < kMr; ++i) {
+    for (int j = 0; j < kNr; ++j) {
+      float sum = Sum8(acc[i][j]);
+      const uint8_t* row = wr + j * cols * kEb;
+      for (int64_t k = vec; k < cols; ++k) {
+        sum += x[(i0 + i) * cols + k] * LoadScalar(w.type, row, k);
+      }
+      y[(i0 + i) * w.rows + r0 + j] = sum;
+    }
+  }
+}
+
+template <GgmlType kType>
+void FloatRowsAvx2(const float* x, int64_t m, const FloatRows& w, int64_t lo,
+                   int64_t hi, float* y) {
+  // 3 x 4 accumulators + 4 weight vectors + one activation: 17 of 16
+  // registers at kMr 3; 2 rows per pass keeps them all in registers.
+  for (int64_t r = lo; r < hi; r += 4) {
+    const int64_t r_hi = std::min(hi, r + 4);
+    int64_t i = 0;
+    for (; i + 2 <= m; i += 2) {
+      int64_t j = r;
+      for (; j + 4 <= r_hi; j += 4) FloatBlockAvx2<kType, 2, 4>(x, w, i, j, y);
+      for (; j < r_hi; ++j) FloatBlockAvx2<kType, 2, 1>(x, w, i, j, y);
+    }
+    if (i < m) {
+      int64_t j = r;
+      for (; j + 4 <= r_hi; j += 4) FloatBlockAvx2<kType, 1, 4>(x, w, i, j, y);
+      for (; j < r_hi; ++j) FloatBlockAvx2<kType, 1, 1>(x, w, i, j, y);
+    }
+  }
+}
+#pragma GCC pop_options
+#define KVSERVE_FLOAT_AVX2 1
+#endif
+
 }  // namespace
 
 absl::StatusOr<FloatRows> PackFloatRows(GgmlType type, const void* src,
@@ -191,6 +289,19 @@ void FloatMatMul(const float* x, int64_t m, const FloatRows& w, float* y,
           return FloatRowsAvx512<GgmlType::kBF16>(x, m, w, lo, hi, y);
         default:
           return FloatRowsAvx512<GgmlType::kF32>(x, m, w, lo, hi, y);
+      }
+    }
+#endif
+#ifdef KVSERVE_FLOAT_AVX2
+    static const bool avx2 = HaveAvx2Kernels();
+    if (!portable && avx2) {
+      switch (w.type) {
+        case GgmlType::kF16:
+          return FloatRowsAvx2<GgmlType::kF16>(x, m, w, lo, hi, y);
+        case GgmlType::kBF16:
+          return FloatRowsAvx2<GgmlType::kBF16>(x, m, w, lo, hi, y);
+        default:
+          return FloatRowsAvx2<GgmlType::kF32>(x, m, w, lo, hi, y);
       }
     }
 #endif

@@ -737,20 +737,35 @@ void QuantizeActivations(const float* x, int64_t m, int64_t cols,
   // Only the K kinds with a zero point read it, all per 256.
   const bool biased = m > kBiasedActsRows && group == 256;
   if (biased) out->biased.EnsureSize(static_cast<size_t>(m * cols));
+  if (group == 256) {
+    out->block_sums.EnsureSize(static_cast<size_t>(m * out->nb) *
+                               sizeof(int16_t));
+  }
   int8_t* q = out->q.as<int8_t>();
   ActScale* sc = out->scales.as<ActScale>();
   const auto rows = [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
       int8_t* qi = q + i * cols;
+      // |sum| <= 32 * 127: an int16.
+      const auto block_sums = [&] {
+        if (group != 256) return;
+        const ActScale* si = sc + i * out->nb;
+        int16_t* bs = out->block_sums.as<int16_t>() + i * out->nb;
+        for (int64_t b = 0; b < out->nb; ++b) {
+          bs[b] = static_cast<int16_t>(si[b].sum_lo + si[b].sum_hi);
+        }
+      };
 #ifdef KVSERVE_QUANT_VNNI
       if (!portable) {
         QuantizeRowAvx512(x + i * cols, out->nb, per, qi, sc + i * out->nb);
         if (biased)
           BiasRowAvx512(qi, cols, out->biased.as<uint8_t>() + i * cols);
+        block_sums();
         continue;
       }
 #endif
       QuantizeRowPortable(x + i * cols, out->nb, per, qi, sc + i * out->nb);
+      block_sums();
       if (biased) {
         uint8_t* ub = out->biased.as<uint8_t>() + i * cols;
         for (int64_t j = 0; j < cols; ++j) {

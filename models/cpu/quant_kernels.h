@@ -68,6 +68,9 @@ struct QuantizedActs {
   // kBiasedActsRows rows quantized per 256: the VPDPBUSD operand of the passes
   // that read a tile unpacked to signed values (quant_kernels.cc).
   AlignedBuffer biased;
+  // sum(q) per 32-block as int16 (m x nb), only quantized per 256: the
+  // mins' term of the AVX2 K kernels, two blocks per VPMADDWD.
+  AlignedBuffer block_sums;
 
   const int8_t* Row(int64_t i) const { return q.as<int8_t>() + i * cols; }
   const uint8_t* BiasedRow(int64_t i) const {
@@ -75,6 +78,9 @@ struct QuantizedActs {
   }
   const ActScale* Scales(int64_t i) const {
     return scales.as<ActScale>() + i * nb;
+  }
+  const int16_t* BlockSums(int64_t i) const {
+    return block_sums.as<int16_t>() + i * nb;
   }
 };
 

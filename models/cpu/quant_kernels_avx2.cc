@@ -43,15 +43,37 @@ alignas(32) constexpr std::array<int8_t, 32> kIq4Lut = [] {
   return t;
 }();
 
-// Bit j of m as byte j of the result: 0xff when set.
-inline __m256i BitsToBytes(uint32_t m) {
-  const __m256i shuf =
+// One bit plane (the eight 64-bit masks at `m`, matmul_internal.h) added
+// to the 8 vectors of half `hf` as `bit` where set: mask 4h + g's bits
+// [32 hf, 32 hf + 32) are byte j = bit j of vector 4h + g. Each 128-bit
+// lane of a broadcast holds two masks whole, so one VPSHUFB per vector
+// spreads its four mask bytes (byte j from byte j / 8), then the bit is
+// tested in place.
+[[gnu::always_inline]] inline void AddPlane(const uint8_t* m, int hf, char bit,
+                                            __m256i* w) {
+  const __m256i spread =
       _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2,
                        2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
   const __m256i sel = _mm256_set1_epi64x(0x8040201008040201LL);
-  const __m256i v =
-      _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(m)), shuf);
-  return _mm256_cmpeq_epi8(_mm256_and_si256(v, sel), sel);
+  const __m256i add = _mm256_set1_epi8(bit);
+#pragma GCC unroll 2
+  for (int h = 0; h < 2; ++h) {
+#pragma GCC unroll 2
+    for (int pair = 0; pair < 2; ++pair) {
+      const __m256i masks = _mm256_broadcastsi128_si256(_mm_loadu_si128(
+          reinterpret_cast<const __m128i*>(m + 32 * h + 16 * pair)));
+#pragma GCC unroll 2
+      for (int k = 0; k < 2; ++k) {
+        const __m256i idx = _mm256_add_epi8(
+            spread, _mm256_set1_epi8(static_cast<char>(8 * k + 4 * hf)));
+        const __m256i v =
+            _mm256_and_si256(_mm256_shuffle_epi8(masks, idx), sel);
+        __m256i& dst = w[4 * h + 2 * pair + k];
+        dst = _mm256_add_epi8(dst,
+                              _mm256_and_si256(_mm256_cmpeq_epi8(v, sel), add));
+      }
+    }
+  }
 }
 
 // The 32 weights of block `qb` for rows [8 hf, 8 hf + 8) as 8 vectors of
@@ -84,24 +106,16 @@ inline void LoadHalf(const uint8_t* qb, int hf, __m256i* w) {
           w[4 * h + g] = _mm256_and_si256(_mm256_srli_epi16(v, 2 * g), field);
         }
       }
-      for (int p = 0; p < kS.planes; ++p) {
-        const __m256i bit =
-            _mm256_set1_epi8(static_cast<char>(1 << (kS.base + p)));
-        for (int h = 0; h < 2; ++h) {
-          uint64_t mask;
-          std::memcpy(&mask, qb + 64 * kS.base + 64 * p + 8 * (4 * h + g), 8);
-          const __m256i on =
-              BitsToBytes(static_cast<uint32_t>(mask >> (32 * hf)));
-          w[4 * h + g] =
-              _mm256_add_epi8(w[4 * h + g], _mm256_and_si256(on, bit));
-        }
-      }
       if constexpr (kS.lut) {
         const __m256i lut =
             _mm256_load_si256(reinterpret_cast<const __m256i*>(kIq4Lut.data()));
         w[g] = _mm256_shuffle_epi8(lut, w[g]);
         w[4 + g] = _mm256_shuffle_epi8(lut, w[4 + g]);
       }
+    }
+    for (int p = 0; p < kS.planes; ++p) {
+      AddPlane(qb + 64 * kS.base + 64 * p, hf,
+               static_cast<char>(1 << (kS.base + p)), w);
     }
   }
 }
@@ -177,6 +191,62 @@ inline void BlockScales(const QuantTiles& w, const uint8_t* tile, int64_t b,
   }
 }
 
+// Software prefetch of tile t + 1's lines while the first half of tile t
+// runs (the second half re-reads lines the first brought in): without it
+// the hardware streamer leaves the weights poorly overlapped with the dot
+// products, as in the AVX-512 kernels. Small tiles to L1 where the
+// load-time measurement chose it (matmul.h), others to L2.
+struct NextTile {
+  const char* next;
+  bool to_l1;
+
+  int64_t qbytes;  // a block's quants
+  int64_t share;   // bytes after the quants (scales, mins) per block
+  int64_t end;
+
+  NextTile(const QuantTiles& w, const uint8_t* tile, int64_t qbytes)
+      : next(reinterpret_cast<const char*>(tile) + w.tile_stride),
+        to_l1(w.tile_stride <= kSmallTileBytes &&
+              small_tiles_to_l1.load(std::memory_order_relaxed)),
+        qbytes(qbytes),
+        end(static_cast<int64_t>(w.tile_stride)) {
+    share = (end - w.nb * qbytes + w.nb - 1) / w.nb;
+  }
+  // The lines of the next tile starting in [from, to).
+  [[gnu::always_inline]] inline void Lines(int64_t from, int64_t to) const {
+    for (int64_t i = (from + 63) & ~int64_t{63}; i < to; i += 64) {
+      if (to_l1) {
+        _mm_prefetch(next + i, _MM_HINT_T0);
+      } else {
+        _mm_prefetch(next + i, _MM_HINT_T1);
+      }
+    }
+  }
+  // Block b's share of a tile of nb blocks: its quants and 1/nb of what
+  // follows them, so that the first half's pass over tile t brings in all
+  // of tile t + 1.
+  [[gnu::always_inline]] inline void Block(int64_t nb, int64_t b) const {
+    Lines(b * qbytes, (b + 1) * qbytes);
+    const int64_t from = nb * qbytes + b * share;
+    Lines(from, std::min(end, from + share));
+  }
+};
+
+// Writes rows [8 hf, 8 hf + 8) of tile t (those in the matrix) for
+// activation rows [i0, i0 + kMr).
+template <int kMr>
+void StoreHalf(const QuantTiles& w, int64_t t, int hf, int64_t i0,
+               const __m256* acc, float* y) {
+  const int64_t first = t * kTileRows + 8 * hf;
+  const int64_t valid = std::clamp<int64_t>(w.rows - first, 0, 8);
+  for (int r = 0; r < kMr; ++r) {
+    alignas(32) float out[8];
+    _mm256_store_ps(out, acc[r]);
+    float* dst = y + (i0 + r) * w.out_stride + w.out_offset + first;
+    std::copy_n(out, valid, dst);
+  }
+}
+
 // Rows [8 hf, 8 hf + 8) of tile t against activation rows [i0, i0 + kMr).
 template <QuantKind kKind, int kMr>
 void HalfTile(const QuantTiles& w, int64_t t, int hf, const QuantizedActs& a,
@@ -191,7 +261,9 @@ void HalfTile(const QuantTiles& w, int64_t t, int hf, const QuantizedActs& a,
   const uint8_t* tile = w.Tile(t);
   __m256 acc[kMr];
   for (int r = 0; r < kMr; ++r) acc[r] = _mm256_setzero_ps();
+  const NextTile next(w, tile, qbytes);
   for (int64_t b = 0; b < nb; ++b) {
+    if (hf == 0) next.Block(w.nb, b);
     __m256i wq[8];
     LoadHalf<kKind>(tile + b * qbytes, hf, wq);
     __m256 dd[2], mm[2];
@@ -230,25 +302,192 @@ void HalfTile(const QuantTiles& w, int64_t t, int hf, const QuantizedActs& a,
       }
     }
   }
-  const int64_t first = t * kTileRows + 8 * hf;
-  const int64_t valid = std::clamp<int64_t>(w.rows - first, 0, 8);
-  for (int r = 0; r < kMr; ++r) {
-    alignas(32) float out[8];
-    _mm256_store_ps(out, acc[r]);
-    float* dst = y + (i0 + r) * w.out_stride + w.out_offset + first;
-    std::copy_n(out, valid, dst);
+  StoreHalf<kMr>(w, t, hf, i0, acc, y);
+}
+
+// Sub-scales of rows [8 hf, 8 hf + 8) (8 int8 at p) as int32 lanes.
+inline __m256i Sub32(const int8_t* p) {
+  return _mm256_cvtepi8_epi32(
+      _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+}
+// Per int32 lane the int16 pair (lo, hi) of two int32 lanes in range.
+inline __m256i Pair16(__m256i lo, __m256i hi) {
+  return _mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi32(0xffff)),
+                         _mm256_slli_epi32(hi, 16));
+}
+
+// The K kinds with a byte sub-scale per group (Q4_K, Q5_K, Q6_K, IQ4_XS),
+// as llama.cpp's AVX2 Q8_K dot products: VPMADDUBSW pair sums added in
+// int16 while they cannot overflow, VPMADDWD against the group's sub-scale
+// pair (which is the add of the pairs and the scaling in one), int32 over a
+// 256-block; the zero point's and the mins' terms in integers too; one
+// conversion per 256. Exact integers, so a row's result does not depend on
+// the pass it runs in.
+template <QuantKind kKind, int kMr, int kHf>
+void SuperTileAvx2(const QuantTiles& w, int64_t t, int hf0,
+                   const QuantizedActs& a, int64_t i0, float* y) {
+  constexpr NibbleSpec kS = SpecOf(kKind);
+  static_assert(kS.super && !kS.packed && !kS.sub6);
+  static_assert(!kS.mins || kS.halves == 1);
+  constexpr bool kSigned = kS.lut;  // the code book, signed
+  constexpr int kZero = kSigned ? 0 : kS.zero;
+  constexpr int kH = kS.halves;
+  // Pair sums (each at most 2 * 127 * the largest |weight|) that add in
+  // int16 without saturating.
+  constexpr int kMaxW = kSigned ? 128 : (1 << (kS.base + kS.planes)) - 1;
+  constexpr int kRun = std::max(1, 32767 / (2 * 127 * kMaxW));
+  const int64_t qbytes = kS.QuantBytes();
+  const uint8_t* tile = w.Tile(t);
+  const SuperLayout L = SuperOf(w, kS, tile);
+  const NextTile next(w, tile, qbytes);
+  __m256 acc[kHf][kMr];
+#pragma GCC unroll 2
+  for (int f = 0; f < kHf; ++f) {
+#pragma GCC unroll 8
+    for (int r = 0; r < kMr; ++r) acc[f][r] = _mm256_setzero_ps();
   }
+  for (int64_t b0 = 0; b0 < w.nb; b0 += 8) {
+    __m256i isum[kHf][kMr];
+#pragma GCC unroll 2
+    for (int f = 0; f < kHf; ++f) {
+#pragma GCC unroll 8
+      for (int r = 0; r < kMr; ++r) isum[f][r] = _mm256_setzero_si256();
+    }
+    for (int64_t b = b0; b < b0 + 8; ++b) {
+      if (hf0 == 0) next.Block(w.nb, b);
+      __m256i wq[kHf][8];
+      __m256i pair[kHf][kH];
+      __m256i zero_pair[kHf];
+#pragma GCC unroll 2
+      for (int f = 0; f < kHf; ++f) {
+        const int hf = hf0 + f;
+        LoadHalf<kKind>(tile + b * qbytes, hf, wq[f]);
+        const __m256i s0 = Sub32(L.subs + b * kH * kTileRows + 8 * hf);
+        const __m256i s1 =
+            kH == 2 ? Sub32(L.subs + (b * kH + 1) * kTileRows + 8 * hf) : s0;
+        pair[f][0] = Pair16(s0, s0);
+        if constexpr (kH == 2) pair[f][kH - 1] = Pair16(s1, s1);
+        zero_pair[f] = _mm256_setzero_si256();
+        if constexpr (kZero != 0) {
+          const __m256i z = _mm256_set1_epi32(-kZero);
+          zero_pair[f] =
+              Pair16(_mm256_mullo_epi32(s0, z), _mm256_mullo_epi32(s1, z));
+        }
+      }
+#pragma GCC unroll 8
+      for (int r = 0; r < kMr; ++r) {
+        const int8_t* aq = a.Row(i0 + r) + b * kQBlock;
+        __m256i run[kHf];
+        int n = 0;
+#pragma GCC unroll 8
+        for (int g = 0; g < 8; ++g) {
+          const __m256i x = Bcast4(aq + (g < 4 ? 4 * g : 16 + 4 * (g - 4)));
+#pragma GCC unroll 2
+          for (int f = 0; f < kHf; ++f) {
+            const __m256i v = wq[f][g];
+            const __m256i p = kSigned
+                                  ? _mm256_maddubs_epi16(_mm256_sign_epi8(v, v),
+                                                         _mm256_sign_epi8(x, v))
+                                  : _mm256_maddubs_epi16(v, x);
+            run[f] = n == 0 ? p : _mm256_add_epi16(run[f], p);
+          }
+          ++n;
+          const int h = kH == 2 && g >= 4 ? 1 : 0;
+          if (n == kRun || g == 7 || (kH == 2 && g == 3)) {
+#pragma GCC unroll 2
+            for (int f = 0; f < kHf; ++f) {
+              isum[f][r] = _mm256_add_epi32(
+                  isum[f][r], _mm256_madd_epi16(run[f], pair[f][h]));
+            }
+            n = 0;
+          }
+        }
+        if constexpr (kZero != 0) {
+          const __m256i sums = Bcast4(
+              reinterpret_cast<const int8_t*>(&a.Scales(i0 + r)[b].sum_lo));
+#pragma GCC unroll 2
+          for (int f = 0; f < kHf; ++f) {
+            isum[f][r] = _mm256_add_epi32(
+                isum[f][r], _mm256_madd_epi16(zero_pair[f], sums));
+          }
+        }
+      }
+    }
+#pragma GCC unroll 2
+    for (int f = 0; f < kHf; ++f) {
+      const __m256 d = Fp16x8(L.d + b0 / 8 * kTileRows + 8 * (hf0 + f));
+#pragma GCC unroll 8
+      for (int r = 0; r < kMr; ++r) {
+        const __m256 ad = _mm256_set1_ps(a.Scales(i0 + r)[b0].d);
+        acc[f][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[f][r]),
+                                    _mm256_mul_ps(d, ad), acc[f][r]);
+      }
+    }
+    if constexpr (kS.mins) {
+      // sum_b min_b sum(q_b), two blocks per VPMADDWD: lane r holds the
+      // pair (min_b, min_b+1) of its row.
+#pragma GCC unroll 2
+      for (int f = 0; f < kHf; ++f) {
+        const int hf = hf0 + f;
+        __m256i imin[kMr];
+#pragma GCC unroll 8
+        for (int r = 0; r < kMr; ++r) imin[r] = _mm256_setzero_si256();
+        for (int64_t b = b0; b < b0 + 8; b += 2) {
+          const __m128i m0 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(
+              L.mins + b * kTileRows + 8 * hf));
+          const __m128i m1 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(
+              L.mins + (b + 1) * kTileRows + 8 * hf));
+          const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m0, m1));
+#pragma GCC unroll 8
+          for (int r = 0; r < kMr; ++r) {
+            const __m256i sums = Bcast4(
+                reinterpret_cast<const int8_t*>(a.BlockSums(i0 + r) + b));
+            imin[r] = _mm256_add_epi32(imin[r], _mm256_madd_epi16(mins, sums));
+          }
+        }
+        const __m256 dmin = Fp16x8(L.dmin + b0 / 8 * kTileRows + 8 * hf);
+#pragma GCC unroll 8
+        for (int r = 0; r < kMr; ++r) {
+          const __m256 ad = _mm256_set1_ps(a.Scales(i0 + r)[b0].d);
+          acc[f][r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(imin[r]),
+                                       _mm256_mul_ps(dmin, ad), acc[f][r]);
+        }
+      }
+    }
+  }
+#pragma GCC unroll 2
+  for (int f = 0; f < kHf; ++f) StoreHalf<kMr>(w, t, hf0 + f, i0, acc[f], y);
 }
 
 template <QuantKind kKind>
 void AllRows(const QuantTiles& w, int64_t t, const QuantizedActs& a, float* y) {
+  constexpr bool kSuper =
+      kKind == QuantKind::kQ4_K || kKind == QuantKind::kQ5_K ||
+      kKind == QuantKind::kQ6_K || kKind == QuantKind::kIQ4_XS;
+  if constexpr (kSuper) {
+    // A single row runs both halves in one pass (one broadcast of each
+    // activation word for 16 weight rows); both give the same bits.
+    if (a.m == 1 && t * kTileRows + 8 < w.rows) {
+      return SuperTileAvx2<kKind, 1, 2>(w, t, 0, a, 0, y);
+    }
+  }
   for (int hf = 0; hf < 2; ++hf) {
     if (t * kTileRows + 8 * hf >= w.rows) break;
     int64_t i0 = 0;
     for (; i0 + kMaxMr <= a.m; i0 += kMaxMr) {
-      HalfTile<kKind, kMaxMr>(w, t, hf, a, i0, y);
+      if constexpr (kSuper) {
+        SuperTileAvx2<kKind, kMaxMr, 1>(w, t, hf, a, i0, y);
+      } else {
+        HalfTile<kKind, kMaxMr>(w, t, hf, a, i0, y);
+      }
     }
-    for (; i0 < a.m; ++i0) HalfTile<kKind, 1>(w, t, hf, a, i0, y);
+    for (; i0 < a.m; ++i0) {
+      if constexpr (kSuper) {
+        SuperTileAvx2<kKind, 1, 1>(w, t, hf, a, i0, y);
+      } else {
+        HalfTile<kKind, 1>(w, t, hf, a, i0, y);
+      }
+    }
   }
 }
 

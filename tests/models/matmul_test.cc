@@ -307,6 +307,26 @@ TEST(MatMulTest, FloatKernelsHandleOddCols) {
   }
 }
 
+// A row's result is the same to the bit alone and in any batch (the
+// speculative and concurrency checks rest on it), odd columns included.
+TEST(MatMulTest, FloatRowsEqualAloneAndInABatch) {
+  for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16}) {
+    const TestWeights w = MakeWeights(type, 21, 77, 3);
+    absl::StatusOr<PackedMatrix> packed = PackMatrix(w.Tensor());
+    ASSERT_TRUE(packed.ok()) << packed.status();
+    constexpr int64_t kM = 7;
+    const std::vector<float> x = RandomActivations(kM, 77, 4);
+    std::vector<float> batch(kM * 21), one(21);
+    MatMul(x.data(), kM, *packed, batch.data());
+    for (int64_t i = 0; i < kM; ++i) {
+      MatMul(x.data() + i * 77, 1, *packed, one.data());
+      ASSERT_EQ(
+          0, std::memcmp(one.data(), batch.data() + i * 21, 21 * sizeof(float)))
+          << TypeName(type) << " row " << i;
+    }
+  }
+}
+
 TEST(MatMulTest, LongRowsInt8) {
   const TestWeights w = MakeWeights(GgmlType::kQ4_1, 40, 4096, 9);
   absl::StatusOr<PackedMatrix> packed = PackMatrix(w.Tensor());
