@@ -263,7 +263,7 @@ void HalfTile(const QuantTiles& w, int64_t t, int hf, const QuantizedActs& a,
   for (int r = 0; r < kMr; ++r) acc[r] = _mm256_setzero_ps();
   const NextTile next(w, tile, qbytes);
   for (int64_t b = 0; b < nb; ++b) {
-    if (hf == 0) next.Block(w.nb, b);
+    if (hf == 0 && i0 == 0) next.Block(w.nb, b);
     __m256i wq[8];
     LoadHalf<kKind>(tile + b * qbytes, hf, wq);
     __m256 dd[2], mm[2];
@@ -323,9 +323,12 @@ inline __m256i Pair16(__m256i lo, __m256i hi) {
 // 256-block; the zero point's and the mins' terms in integers too; one
 // conversion per 256. Exact integers, so a row's result does not depend on
 // the pass it runs in.
+// `decoded`: for kHf 1, half hf0 of the tile as LoadHalf gives it, 8
+// vectors per block (DecodeHalf), read by every pass of a large batch.
 template <QuantKind kKind, int kMr, int kHf>
 void SuperTileAvx2(const QuantTiles& w, int64_t t, int hf0,
-                   const QuantizedActs& a, int64_t i0, float* y) {
+                   const QuantizedActs& a, int64_t i0, const __m256i* decoded,
+                   float* y) {
   constexpr NibbleSpec kS = SpecOf(kKind);
   static_assert(kS.super && !kS.packed && !kS.sub6);
   static_assert(!kS.mins || kS.halves == 1);
@@ -354,14 +357,20 @@ void SuperTileAvx2(const QuantTiles& w, int64_t t, int hf0,
       for (int r = 0; r < kMr; ++r) isum[f][r] = _mm256_setzero_si256();
     }
     for (int64_t b = b0; b < b0 + 8; ++b) {
-      if (hf0 == 0) next.Block(w.nb, b);
+      if (hf0 == 0 && i0 == 0) next.Block(w.nb, b);
       __m256i wq[kHf][8];
       __m256i pair[kHf][kH];
       __m256i zero_pair[kHf];
 #pragma GCC unroll 2
       for (int f = 0; f < kHf; ++f) {
         const int hf = hf0 + f;
-        LoadHalf<kKind>(tile + b * qbytes, hf, wq[f]);
+        if (decoded != nullptr) {
+#pragma GCC unroll 8
+          for (int g = 0; g < 8; ++g)
+            wq[f][g] = _mm256_load_si256(decoded + 8 * b + g);
+        } else {
+          LoadHalf<kKind>(tile + b * qbytes, hf, wq[f]);
+        }
         const __m256i s0 = Sub32(L.subs + b * kH * kTileRows + 8 * hf);
         const __m256i s1 =
             kH == 2 ? Sub32(L.subs + (b * kH + 1) * kTileRows + 8 * hf) : s0;
@@ -468,22 +477,37 @@ void AllRows(const QuantTiles& w, int64_t t, const QuantizedActs& a, float* y) {
     // A single row runs both halves in one pass (one broadcast of each
     // activation word for 16 weight rows); both give the same bits.
     if (a.m == 1 && t * kTileRows + 8 < w.rows) {
-      return SuperTileAvx2<kKind, 1, 2>(w, t, 0, a, 0, y);
+      return SuperTileAvx2<kKind, 1, 2>(w, t, 0, a, 0, nullptr, y);
     }
   }
   for (int hf = 0; hf < 2; ++hf) {
     if (t * kTileRows + 8 * hf >= w.rows) break;
+    // More than one pass: the half tile unpacked once (per-thread scratch,
+    // 256 bytes a block, in L2) for all of them, as the AVX-512 kernels do.
+    const __m256i* decoded = nullptr;
+    if constexpr (kSuper) {
+      if (a.m > kMaxMr) {
+        thread_local AlignedBuffer scratch;
+        scratch.EnsureSize(static_cast<size_t>(w.nb) * 8 * sizeof(__m256i));
+        auto* out = reinterpret_cast<__m256i*>(scratch.data());
+        const int64_t qbytes = SpecOf(kKind).QuantBytes();
+        for (int64_t b = 0; b < w.nb; ++b) {
+          LoadHalf<kKind>(w.Tile(t) + b * qbytes, hf, out + 8 * b);
+        }
+        decoded = out;
+      }
+    }
     int64_t i0 = 0;
     for (; i0 + kMaxMr <= a.m; i0 += kMaxMr) {
       if constexpr (kSuper) {
-        SuperTileAvx2<kKind, kMaxMr, 1>(w, t, hf, a, i0, y);
+        SuperTileAvx2<kKind, kMaxMr, 1>(w, t, hf, a, i0, decoded, y);
       } else {
         HalfTile<kKind, kMaxMr>(w, t, hf, a, i0, y);
       }
     }
     for (; i0 < a.m; ++i0) {
       if constexpr (kSuper) {
-        SuperTileAvx2<kKind, 1, 1>(w, t, hf, a, i0, y);
+        SuperTileAvx2<kKind, 1, 1>(w, t, hf, a, i0, decoded, y);
       } else {
         HalfTile<kKind, 1>(w, t, hf, a, i0, y);
       }
