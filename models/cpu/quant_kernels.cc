@@ -746,26 +746,17 @@ void QuantizeActivations(const float* x, int64_t m, int64_t cols,
   const auto rows = [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
       int8_t* qi = q + i * cols;
-      // |sum| <= 32 * 127: an int16.
-      const auto block_sums = [&] {
-        if (group != 256) return;
-        const ActScale* si = sc + i * out->nb;
-        int16_t* bs = out->block_sums.as<int16_t>() + i * out->nb;
-        for (int64_t b = 0; b < out->nb; ++b) {
-          bs[b] = static_cast<int16_t>(si[b].sum_lo + si[b].sum_hi);
-        }
-      };
 #ifdef KVSERVE_QUANT_VNNI
       if (!portable) {
         QuantizeRowAvx512(x + i * cols, out->nb, per, qi, sc + i * out->nb);
         if (biased)
           BiasRowAvx512(qi, cols, out->biased.as<uint8_t>() + i * cols);
-        block_sums();
+        if (group == 256) FillBlockSums(out, i);
         continue;
       }
 #endif
       QuantizeRowPortable(x + i * cols, out->nb, per, qi, sc + i * out->nb);
-      block_sums();
+      if (group == 256) FillBlockSums(out, i);
       if (biased) {
         uint8_t* ub = out->biased.as<uint8_t>() + i * cols;
         for (int64_t j = 0; j < cols; ++j) {

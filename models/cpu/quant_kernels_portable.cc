@@ -133,4 +133,13 @@ void TileAllRowsPortable(const QuantTiles& w, int64_t t, const QuantizedActs& a,
   }
 }
 
+void FillBlockSums(QuantizedActs* a, int64_t i) {
+  const ActScale* sc = a->Scales(i);
+  int16_t* bs = a->block_sums.as<int16_t>() + i * a->nb;
+  for (int64_t b = 0; b < a->nb; ++b) {
+    // |sum| <= 32 * 127: an int16.
+    bs[b] = static_cast<int16_t>(sc[b].sum_lo + sc[b].sum_hi);
+  }
+}
+
 }  // namespace kvserve::models::cpu::internal
