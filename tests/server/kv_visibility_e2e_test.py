@@ -200,9 +200,14 @@ class KvVisibilityTest(unittest.TestCase):
         # as they do by recompute. Each step takes at least 25 ms, so the
         # low request's 60 tokens last 1.5 s: the urgent one arrives while
         # it runs even when the client is slow to send it (a busy machine).
+        # No aging: by default 0.1 s of waiting is worth a level, so an
+        # urgent request sent a second after the low one no longer outranks
+        # it; on a 2-vCPU AVX2 VM the low one's first token took 0.75 s
+        # alone and more under load, and the test failed most runs.
         low_tokens = {}
         for mode in ("recompute", "swap"):
             server = Server("--scheduling-policy", "priority",
+                            "--priority-aging-seconds", "0",
                             "--no-prefix-caching", "--preemption-mode", mode,
                             "--swap-space-bytes", "64MiB",
                             "--fault-step-delay-ms", "25",
