@@ -737,10 +737,6 @@ void QuantizeActivations(const float* x, int64_t m, int64_t cols,
   // Only the K kinds with a zero point read it, all per 256.
   const bool biased = m > kBiasedActsRows && group == 256;
   if (biased) out->biased.EnsureSize(static_cast<size_t>(m * cols));
-  if (group == 256) {
-    out->block_sums.EnsureSize(static_cast<size_t>(m * out->nb) *
-                               sizeof(int16_t));
-  }
   int8_t* q = out->q.as<int8_t>();
   ActScale* sc = out->scales.as<ActScale>();
   const auto rows = [&](int64_t lo, int64_t hi) {
@@ -751,12 +747,10 @@ void QuantizeActivations(const float* x, int64_t m, int64_t cols,
         QuantizeRowAvx512(x + i * cols, out->nb, per, qi, sc + i * out->nb);
         if (biased)
           BiasRowAvx512(qi, cols, out->biased.as<uint8_t>() + i * cols);
-        if (group == 256) FillBlockSums(out, i);
         continue;
       }
 #endif
       QuantizeRowPortable(x + i * cols, out->nb, per, qi, sc + i * out->nb);
-      if (group == 256) FillBlockSums(out, i);
       if (biased) {
         uint8_t* ub = out->biased.as<uint8_t>() + i * cols;
         for (int64_t j = 0; j < cols; ++j) {
@@ -772,6 +766,7 @@ void QuantizeActivations(const float* x, int64_t m, int64_t cols,
   } else {
     rows(0, m);
   }
+  if (group == 256) FillBlockSums(out);
 }
 
 void QuantMatMul(const ActSet& acts, const QuantTiles& w, float* y,

@@ -145,8 +145,8 @@ void TileAllRowsAvx2(const QuantTiles& w, int64_t t, const QuantizedActs& a,
 // and tile t of w (not segmented) against every row of `a`.
 void QuantizeRowPortable(const float* x, int64_t nb, int per, int8_t* q,
                          ActScale* sc);
-// QuantizedActs::block_sums of row i from its ActScales.
-void FillBlockSums(QuantizedActs* a, int64_t i);
+// QuantizedActs::block_sums of every row, from its ActScales.
+void FillBlockSums(QuantizedActs* a);
 void TileAllRowsPortable(const QuantTiles& w, int64_t t, const QuantizedActs& a,
                          float* y);
 

@@ -133,12 +133,13 @@ void TileAllRowsPortable(const QuantTiles& w, int64_t t, const QuantizedActs& a,
   }
 }
 
-void FillBlockSums(QuantizedActs* a, int64_t i) {
-  const ActScale* sc = a->Scales(i);
-  int16_t* bs = a->block_sums.as<int16_t>() + i * a->nb;
-  for (int64_t b = 0; b < a->nb; ++b) {
+void FillBlockSums(QuantizedActs* a) {
+  a->block_sums.EnsureSize(static_cast<size_t>(a->m * a->nb) * sizeof(int16_t));
+  int16_t* bs = a->block_sums.as<int16_t>();
+  const ActScale* sc = a->scales.as<ActScale>();
+  for (int64_t j = 0; j < a->m * a->nb; ++j) {
     // |sum| <= 32 * 127: an int16.
-    bs[b] = static_cast<int16_t>(sc[b].sum_lo + sc[b].sum_hi);
+    bs[j] = static_cast<int16_t>(sc[j].sum_lo + sc[j].sum_hi);
   }
 }
 
