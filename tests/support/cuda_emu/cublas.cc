@@ -40,6 +40,24 @@ std::vector<float> AlongK(const uint16_t* m, int ld, bool k_fast, int outer,
   return r;
 }
 
+// Dot product of two fp32 rows of length k in 16 running sums, added
+// pairwise at the end: the compiler keeps them in vector registers, where a
+// single sum is a chain of dependent adds it may not reorder (scalar, about
+// ten times slower; the emulated forward spent most of its time here).
+float Dot(const float* x, const float* y, int k) {
+  constexpr int kLanes = 16;
+  float acc[kLanes] = {};
+  int p = 0;
+  for (; p + kLanes <= k; p += kLanes) {
+    for (int l = 0; l < kLanes; ++l) acc[l] += x[p + l] * y[p + l];
+  }
+  for (int l = 0; p < k; ++p, ++l) acc[l] += x[p] * y[p];
+  for (int w = kLanes / 2; w > 0; w /= 2) {
+    for (int l = 0; l < w; ++l) acc[l] += acc[l + w];
+  }
+  return acc[0];
+}
+
 }  // namespace
 
 cublasStatus_t cublasCreate_v2(cublasHandle_t* handle) {
@@ -109,23 +127,17 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
       AlongK(static_cast<const uint16_t*>(B), ldb, !tb, n, k);
   const uint16_t* am = static_cast<const uint16_t*>(A);
   float* c = static_cast<float*>(C);
-#pragma omp parallel
-  {
-    std::vector<float> arow(k);
-#pragma omp for schedule(static)
-    for (int i = 0; i < m; ++i) {
-      for (int p = 0; p < k; ++p) {
-        arow[p] = Bf16ToFloat(ta ? am[static_cast<size_t>(i) * lda + p]
-                                 : am[i + static_cast<size_t>(p) * lda]);
-      }
-      for (int j = 0; j < n; ++j) {
-        const float* bj = bk.data() + static_cast<size_t>(j) * k;
-        float acc = 0.0f;
-#pragma omp simd reduction(+ : acc)
-        for (int p = 0; p < k; ++p) acc += arow[p] * bj[p];
-        float& out = c[static_cast<size_t>(j) * ldc + i];
-        out = b == 0.0f ? a * acc : a * acc + b * out;
-      }
+  std::vector<float> arow(k);
+  for (int i = 0; i < m; ++i) {
+    for (int p = 0; p < k; ++p) {
+      arow[p] = Bf16ToFloat(ta ? am[static_cast<size_t>(i) * lda + p]
+                               : am[i + static_cast<size_t>(p) * lda]);
+    }
+    for (int j = 0; j < n; ++j) {
+      const float acc =
+          Dot(arow.data(), bk.data() + static_cast<size_t>(j) * k, k);
+      float& out = c[static_cast<size_t>(j) * ldc + i];
+      out = b == 0.0f ? a * acc : a * acc + b * out;
     }
   }
   return CUBLAS_STATUS_SUCCESS;

@@ -15,7 +15,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -179,8 +178,29 @@ bool Release(Launch& l) {
   return true;
 }
 
+// The fibers' order after each barrier: Fisher-Yates driven by xorshift64*
+// (std::shuffle with mt19937 took a tenth of an emulated forward in the
+// sanitizer build). Seeded per launch (NextLaunchSeed), so runs repeat.
+class OrderRng {
+ public:
+  explicit OrderRng(uint64_t seed) : s_(seed * 0x9E3779B97F4A7C15ull | 1) {}
+  void Shuffle(std::vector<int>& v) {
+    for (size_t i = v.size(); i > 1; --i) std::swap(v[i - 1], v[Below(i)]);
+  }
+
+ private:
+  size_t Below(size_t n) {  // in [0, n)
+    s_ ^= s_ >> 12;
+    s_ ^= s_ << 25;
+    s_ ^= s_ >> 27;
+    const uint64_t r = (s_ * 0x2545F4914F6CDD1Dull) >> 32;
+    return static_cast<size_t>((r * n) >> 32);
+  }
+  uint64_t s_;
+};
+
 // Runs one block to completion; false on a divergent barrier.
-bool RunBlock(Launch& l, std::mt19937& rng, const EmuOptions& opt) {
+bool RunBlock(Launch& l, OrderRng& rng, const EmuOptions& opt) {
   const int n = static_cast<int>(l.fibers.size());
   for (int i = 0; i < n; ++i) {
     Fiber& f = l.fibers[i];
@@ -192,7 +212,7 @@ bool RunBlock(Launch& l, std::mt19937& rng, const EmuOptions& opt) {
   for (int i = 0; i < n; ++i) order[i] = i;
   for (;;) {
     if (opt.schedule == Schedule::kShuffle) {
-      std::shuffle(order.begin(), order.end(), rng);
+      rng.Shuffle(order);
     } else if (opt.schedule == Schedule::kReverse) {
       std::reverse(order.begin(), order.end());
     }
@@ -306,7 +326,7 @@ cudaError_t Run(const void* func, dim3 grid, dim3 block, size_t dynamic_smem,
   g_launch = &l;
   g_block_dim = block;
   g_grid_dim = grid;
-  std::mt19937 rng(static_cast<uint32_t>(NextLaunchSeed()));
+  OrderRng rng(NextLaunchSeed());
   for (uint32_t z = 0; z < grid.z; ++z) {
     for (uint32_t y = 0; y < grid.y; ++y) {
       for (uint32_t x = 0; x < grid.x; ++x) {
