@@ -89,13 +89,8 @@ endfunction()
 # KVSERVE_CUDA, so the engine and the `gpu` tests use it like the real one.
 function(kvserve_cuda_emu_library cu_srcs cc_srcs)
   file(GLOB emu_srcs CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/support/cuda_emu/*.cc)
-  # No fuzz target runs the kernels: no libFuzzer coverage there (as in
-  # models/cpu/CMakeLists.txt).
   set(emu_opts
       "-xc++;-include;${CMAKE_SOURCE_DIR}/tests/support/cuda_emu/simt.h;-Wno-unknown-pragmas")
-  if(KVSERVE_FUZZ)
-    list(APPEND emu_opts -fno-sanitize=fuzzer-no-link)
-  endif()
   set_source_files_properties(${cu_srcs} PROPERTIES LANGUAGE CXX
     COMPILE_OPTIONS "${emu_opts}")
   # The GEMM stand-in is the emulator's hot loop and not code under test:
