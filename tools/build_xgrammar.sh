@@ -108,8 +108,11 @@ set(XGRAMMAR_ENABLE_CPPTRACE OFF)
 set(XGRAMMAR_ENABLE_COVERAGE OFF)
 set(XGRAMMAR_ENABLE_INTERNAL_CHECK OFF)
 EOF
+# ccache keys on paths relative to $BASE, so a build in another checkout
+# (CI's fresh root, whose compiler cache the main build then reads) hits.
 launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+export CCACHE_BASEDIR="$BASE"
 CC="$CC_BIN" CXX="$CXX_BIN" cmake -S "$src" -B "$build" -G Ninja -Wno-dev \
   -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CXX_FLAGS=$FLAGS" "${launcher[@]}" \
   -DCMAKE_INSTALL_PREFIX="$OUT" >"$build/configure.log" 2>&1 ||

@@ -9,7 +9,8 @@
 #         with them, the cases of the e2e test that serves with --device
 #         cuda (label gpu, not python), side by side with the C++ tests.
 #   fuzz  a short run of each libFuzzer target of that build (FUZZ_SECONDS
-#         each, default 60) from its seed corpus in tests/fuzz/corpus/.
+#         each, default 30) from its seed corpus in tests/fuzz/corpus/:
+#         every seed replayed, then mutation; tools/fuzz.sh runs them long.
 #   tidy  tools/clang_tidy.sh over the project's sources (.clang-tidy).
 #   tsan  gcc build with ThreadSanitizer in build-tsan; runs the engine,
 #         scheduler, kvtier and server tests.
@@ -26,7 +27,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 JOBS="${JOBS:-$(nproc)}"
-FUZZ_SECONDS="${FUZZ_SECONDS:-60}"
+FUZZ_SECONDS="${FUZZ_SECONDS:-30}"
 STAGES=("$@")
 if [ ${#STAGES[@]} -eq 0 ]; then
   read -r -a STAGES <<< "${SANITIZER_STAGES:-asan fuzz tidy tsan}"
