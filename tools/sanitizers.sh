@@ -17,9 +17,12 @@
 #
 #   tools/sanitizers.sh [STAGE...]     default: asan fuzz tidy tsan
 #
-# Sanitizer builds use -O1 -g1 (line tables), no benchmarks, and assertions
-# on. Any sanitizer report fails the stage (halt_on_error / abort). Runtime
-# suppressions for third-party false positives: tools/sanitizers/*.supp.
+# Sanitizer builds use -O1 and KVSERVE_SAN_DEBUG (default -g1: line tables;
+# .ci/run sets -g0, as they cost a fifth of the build: CI's reports name
+# functions, not lines, which a local run of the stage gives), no
+# benchmarks, and assertions on. Any sanitizer report fails the stage
+# (halt_on_error / abort). Runtime suppressions for third-party false
+# positives: tools/sanitizers/*.supp.
 # Environment: JOBS (default nproc), FUZZ_SECONDS, SANITIZER_STAGES (the
 # default stage list), ASAN_BUILD_DIR (default
 # build-asan: the asan stage's build, whose fuzz targets the fuzz stage runs).
@@ -34,8 +37,9 @@ if [ ${#STAGES[@]} -eq 0 ]; then
 fi
 SUPP="$ROOT/tools/sanitizers"
 export ASAN_DIR="${ASAN_BUILD_DIR:-build-asan}"
+SAN_G="${KVSERVE_SAN_DEBUG:--g1}"
 SAN_FLAGS=(-G Ninja -DCMAKE_BUILD_TYPE=Debug
-           -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" -DCMAKE_C_FLAGS_DEBUG="-O1 -g1"
+           -DCMAKE_CXX_FLAGS_DEBUG="-O1 $SAN_G" -DCMAKE_C_FLAGS_DEBUG="-O1 $SAN_G"
            -DKVSERVE_BUILD_BENCHMARKS=OFF -DKVSERVE_CUDA=OFF)
 
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:detect_stack_use_after_return=0"
