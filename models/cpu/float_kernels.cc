@@ -161,8 +161,13 @@ void FloatRowsAvx512(const float* x, int64_t m, const FloatRows& w, int64_t lo,
 // HaveAvx2Kernels()): 8 columns per step, the columns past the last
 // multiple of 8 in scalar code added after the horizontal sum, so a row's
 // result does not depend on the activation rows it is blocked with.
+#if defined(__clang__)  // which ignores GCC's target pragma
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), \
+                             apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
+#endif
 template <GgmlType kType>
 inline __m256 LoadW8(const uint8_t* p) {
   if constexpr (kType == GgmlType::kF32) {
@@ -245,7 +250,11 @@ void FloatRowsAvx2(const float* x, int64_t m, const FloatRows& w, int64_t lo,
     }
   }
 }
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 #define KVSERVE_FLOAT_AVX2 1
 #endif
 

@@ -28,8 +28,13 @@
 
 #include "models/quant_blocks.h"
 
+#if defined(__clang__)  // which ignores GCC's target pragma
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), \
+                             apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
+#endif
 
 namespace kvserve::models::cpu::internal {
 namespace {
@@ -558,7 +563,11 @@ void TileAllRowsAvx2(const QuantTiles& w, int64_t t, const QuantizedActs& a,
 
 }  // namespace kvserve::models::cpu::internal
 
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
 #else  // not x86
 
