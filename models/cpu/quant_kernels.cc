@@ -24,7 +24,8 @@
 namespace kvserve::models::cpu::internal {
 namespace {
 
-bool SmallTilesToL1() {
+// Unused where the AVX-512 kernels (their only callers) are compiled out.
+[[maybe_unused]] bool SmallTilesToL1() {
   return small_tiles_to_l1.load(std::memory_order_relaxed);
 }
 
