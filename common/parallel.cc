@@ -1,18 +1,35 @@
 #include "common/parallel.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
+
+#include "absl/strings/numbers.h"
 
 namespace kvserve {
 namespace {
+// An environment variable's integer at least `min`; a value that is not
+// one is named on stderr and ignored (the caller's default applies).
+std::optional<int64_t> EnvInt(const char* name, int64_t min) {
+  const char* env = std::getenv(name);
+  if (env == nullptr) return std::nullopt;
+  int64_t v = 0;
+  if (absl::SimpleAtoi(env, &v) && v >= min) return v;
+  std::fprintf(stderr, "kvserve: ignoring %s=%s (not an integer >= %lld)\n",
+               name, env, static_cast<long long>(min));
+  return std::nullopt;
+}
+
 int DefaultThreads() {
-  if (const char* env = std::getenv("KVSERVE_THREADS")) {
-    const int n = std::atoi(env);
-    if (n > 0) return n;
+  if (const auto n = EnvInt("KVSERVE_THREADS", 1)) {
+    return static_cast<int>(std::min<int64_t>(*n, 1 << 16));
   }
   const unsigned hw = std::thread::hardware_concurrency();
   return hw == 0 ? 1 : static_cast<int>(hw);
@@ -27,9 +44,8 @@ std::atomic<int>& ThreadsSetting() {
 // spinning worker there would take a core from the server's threads.
 std::chrono::microseconds SpinTime() {
   static const std::chrono::microseconds spin = [] {
-    if (const char* env = std::getenv("KVSERVE_POOL_SPIN_US")) {
-      const long us = std::atol(env);
-      if (us >= 0) return std::chrono::microseconds(us);
+    if (const auto us = EnvInt("KVSERVE_POOL_SPIN_US", 0)) {
+      return std::chrono::microseconds(*us);
     }
     return std::chrono::microseconds(200);
   }();

@@ -7,9 +7,10 @@
 #
 #   deploy/setup.sh            build and run dependencies, .venv, the model
 #   deploy/setup.sh --test     also the tools only the test suite needs
-#                              (clang and its sanitizer runtime, clang-tidy,
+#                              (clang and its sanitizer runtime,
 #                              clang-format, promtool, shellcheck, headless
-#                              chromium); tools/test.sh uses it
+#                              chromium; requirements-test.txt: clang-tidy);
+#                              tools/test.sh uses it
 #   deploy/setup.sh --bench    also requirements-bench.txt (llama-cpp-python
 #                              compiles llama.cpp: slow), llama.cpp's
 #                              llama-server, llama-bench, llama-perplexity,
@@ -56,7 +57,7 @@ APT_PACKAGES=(
   libhiredis-dev libzmq3-dev libmsgpack-cxx-dev python3 python3-venv
 )
 if [ "$WITH_TEST" = 1 ]; then
-  APT_PACKAGES+=(clang libclang-rt-14-dev clang-tidy clang-format prometheus
+  APT_PACKAGES+=(clang libclang-rt-14-dev clang-format prometheus
                  shellcheck systemd)
   # Headless chromium runs the KV cache page (GET /ui) in
   # tests/server/kv_ui_browser_test.py.
@@ -103,6 +104,11 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 step "installing requirements.txt into $VENV"
 "${PIP[@]}" install -q -r "$ROOT/requirements.txt" ||
   fail "pip install -r requirements.txt (a pin without a wheel for $("$VENV/bin/python" -V)?)"
+if [ "$WITH_TEST" = 1 ]; then
+  step "installing requirements-test.txt into $VENV"
+  "${PIP[@]}" install -q -r "$ROOT/requirements-test.txt" ||
+    fail "pip install -r requirements-test.txt"
+fi
 # XGrammar's C++ core (structured output) from its pinned PyPI sdist, built
 # with gcc into build-deps/ (clang's build: tools/sanitizers.sh).
 KVSERVE_VENV="$VENV" "$ROOT/tools/build_xgrammar.sh" gcc || fail "tools/build_xgrammar.sh gcc"

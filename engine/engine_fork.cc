@@ -125,8 +125,9 @@ void Engine::Impl::ReleaseQueued(LiveRequest& r) {
   if (r.queued_completions == 0) return;
   absl::MutexLock lock(&mu_);
   auto it = tenant_queued_.find(r.spec.tenant.name);
-  if (it != tenant_queued_.end() && (it->second -= r.queued_completions) <= 0) {
-    tenant_queued_.erase(it);
+  if (it != tenant_queued_.end()) {
+    it->second -= r.queued_completions;
+    if (it->second <= 0) tenant_queued_.erase(it);
   }
   r.queued_completions = 0;
 }

@@ -436,6 +436,7 @@ void Engine::Impl::FailStep(const scheduler::SchedulerOutput& out,
   spdlog::error("forward failed at step {} ({} tokens): {}", out.step,
                 out.total_num_tokens, status.ToString());
   std::vector<RequestId> ids;
+  ids.reserve(out.scheduled.size());
   for (const auto& s : out.scheduled) ids.push_back(s.id);
   FailAll(ids, status.ToString());
 }

@@ -78,6 +78,7 @@ bool KvTiers::StartDeviceLoad(Loading& l, kvtier::LoadJob& job,
       std::min(l.disk_blocks, static_cast<int32_t>(job.blocks.size()));
   if (l.host_slots.empty() && job.blocks.empty()) return false;
   std::vector<HostKvCopier::Move> moves;
+  moves.reserve(l.host_slots.size());
   for (size_t i = 0; i < l.host_slots.size(); ++i) {
     moves.push_back({l.host_slots[i], fresh[i]});
   }

@@ -238,7 +238,13 @@ std::optional<std::vector<BlockId>> KvCacheManager::AllocateWithPrefix(
   table.blocks = prefix.blocks;
   table.blocks.insert(table.blocks.end(), fresh.begin(), fresh.end());
   table.num_hashed = static_cast<int32_t>(matched);
-  if (matched > 0) table.last_hash = *pool_.block_hash(prefix.blocks.back());
+  if (matched > 0) {
+    // A matched block is a cached one: it has its hash.
+    const std::optional<BlockHash> last =
+        pool_.block_hash(prefix.blocks.back());
+    KV_DCHECK(last.has_value());
+    if (last.has_value()) table.last_hash = *last;
+  }
   return fresh;
 }
 
@@ -417,7 +423,7 @@ int32_t KvCacheManager::PurgeCached(
     const std::optional<BlockHash> ns = index_.live_ns(b);
     if (!ns.has_value() || !match(*ns)) continue;
     const std::optional<BlockHash> key = pool_.block_hash(b);
-    if (pool_.Uncache(b) && record_events_) {
+    if (pool_.Uncache(b) && record_events_ && key.has_value()) {
       events_.push_back(RemovedEvent(*key));
     }
     index_.Invalidate(b);

@@ -382,8 +382,8 @@ absl::StatusOr<int> RemoteTier::WriteBatch(
   for (size_t j = 0; j < values.size(); ++j) {
     RedisCommand cmd = {"SET", keys[which[j]], values[j]};
     if (options_.ttl_seconds > 0) {
-      cmd.push_back("EX");
-      cmd.push_back(ttl);
+      cmd.emplace_back("EX");
+      cmd.emplace_back(ttl);
     }
     cmds.push_back(std::move(cmd));
   }

@@ -11,7 +11,7 @@
 namespace kvserve::scheduler {
 namespace {
 
-const SchedulerConfig& ValidConfig(const SchedulerConfig& config) {
+SchedulerConfig ValidConfig(const SchedulerConfig& config) {
   const absl::Status s = config.Validate();
   KV_CHECK(s.ok(), "invalid config: ", s.ToString());
   return config;

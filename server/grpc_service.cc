@@ -142,7 +142,7 @@ class GenerateReactor final
     v1::GenerateResponse response;
     ToProto(delta, *deps_.model->tokenizer, &response);
     if (absl::Status s = SerializeResponse(response, &out_); !s.ok()) {
-      final_status_ = s;
+      final_status_ = std::move(s);
       MarkDead();
       if (delta.finished) {
         FinishCall(final_status_);

@@ -63,8 +63,9 @@ absl::Status PackAllPaths(const RawTensor& t, const PackOptions& options,
 // kInt8Vnni on tiles, kOwnFloat on float rows; kAuto: tiles when present.
 void RunMatMul(const float* x, int64_t m, const PackedData& d, float* y,
                MatMulPath path) {
-  if (path == MatMulPath::kInt8Vnni ||
-      (path != MatMulPath::kOwnFloat && d.tiles.has_value())) {
+  // kInt8Vnni is chosen only for quantized tiles.
+  KV_DCHECK(path != MatMulPath::kInt8Vnni || d.tiles.has_value());
+  if (path != MatMulPath::kOwnFloat && d.tiles.has_value()) {
     // Per 32 and, for the K-quant kinds, per 256 as llama.cpp's Q8_K.
     thread_local internal::QuantizedActs acts32, acts256;
     internal::ActSet acts;
@@ -79,6 +80,7 @@ void RunMatMul(const float* x, int64_t m, const PackedData& d, float* y,
     internal::QuantMatMul(acts, *d.tiles, y);
     return;
   }
+  KV_CHECK(d.float_rows.has_value(), "a packed matrix holds tiles or rows");
   internal::FloatMatMul(x, m, *d.float_rows, y);
 }
 

@@ -43,7 +43,11 @@ class TilePrefetcher {
     if (t_ >= n_) return false;
     __builtin_prefetch(k_ + rows_[t_] + b_);
     __builtin_prefetch(v_ + rows_[t_] + b_);
-    if ((b_ += kLine) >= b1_) b_ = b0_, ++t_;
+    b_ += kLine;
+    if (b_ >= b1_) {
+      b_ = b0_;
+      ++t_;
+    }
     return true;
   }
   const std::byte *k_ = nullptr, *v_ = nullptr;

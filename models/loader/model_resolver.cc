@@ -174,7 +174,7 @@ bool IsPlainRepoId(std::string_view s) {
 
 absl::StatusOr<std::string> ResolveExplicitPath(std::string_view path,
                                                 const ResolverOptions& opts) {
-  const std::string p(path);
+  std::string p(path);
   if (opts.confine_to_dirs && fs::path(p).is_relative()) {
     for (const std::string& dir : opts.models_dirs) {
       const fs::path in_dir = (fs::path(dir) / p).lexically_normal();

@@ -204,7 +204,7 @@ std::string ExtractDefaultSystemPrompt(std::string_view jinja_template) {
   for (size_t pos = jinja_template.find(marker); pos != std::string_view::npos;
        pos = jinja_template.find(marker, pos + 1)) {
     std::string_view rest = jinja_template.substr(pos + marker.size());
-    if (rest.starts_with("\n")) {
+    if (rest.starts_with('\n')) {
       rest.remove_prefix(1);
     } else if (rest.starts_with("\\n")) {
       rest.remove_prefix(2);
