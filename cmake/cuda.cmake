@@ -91,12 +91,6 @@ function(kvserve_cuda_emu_library cu_srcs cc_srcs)
   file(GLOB emu_srcs CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/support/cuda_emu/*.cc)
   set(emu_opts
       "-xc++;-include;${CMAKE_SOURCE_DIR}/tests/support/cuda_emu/simt.h;-Wno-unknown-pragmas")
-  # ASan (clang): checks called out of line in the kernels, whose unrolled
-  # template instances are the build's largest functions; inline checks
-  # made attention.cu compile 2x longer (175 -> 85 s at -O1).
-  if(KVSERVE_SANITIZE MATCHES "address" AND CMAKE_CXX_COMPILER_ID MATCHES "Clang")
-    list(APPEND emu_opts "-fsanitize-address-outline-instrumentation")
-  endif()
   set_source_files_properties(${cu_srcs} PROPERTIES LANGUAGE CXX
     COMPILE_OPTIONS "${emu_opts}")
   # The GEMM stand-in is the emulator's hot loop and not code under test:
