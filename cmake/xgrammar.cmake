@@ -1,18 +1,15 @@
 # XGrammar's C++ core, the structured-output grammar engine (grammar/), as
 # the imported target xgrammar::xgrammar: a static library that
 # tools/build_xgrammar.sh builds from the pinned PyPI sdist into
-# build-deps/xgrammar-VER/<gcc|clang>/ (deploy/setup.sh runs it for gcc,
-# tools/sanitizers.sh for clang). The version is the script's pin; the
-# prefix is the one built with this build's compiler family.
+# build-deps/xgrammar-VER/gcc/ (deploy/setup.sh runs it). The version is
+# the script's pin. Every build links that one archive, clang's sanitizer
+# builds too: it holds no LTO objects, and both compilers use libstdc++'s
+# ABI; like Debian's libraries, it is not instrumented.
 file(STRINGS ${CMAKE_SOURCE_DIR}/tools/build_xgrammar.sh _xg_pin
      REGEX "^XGRAMMAR_VERSION=")
 string(REGEX REPLACE "^XGRAMMAR_VERSION=" "" KVSERVE_XGRAMMAR_VERSION
        "${_xg_pin}")
-if(CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
-  set(_xg_toolchain clang)
-else()
-  set(_xg_toolchain gcc)
-endif()
+set(_xg_toolchain gcc)
 set(KVSERVE_XGRAMMAR_PREFIX
     "${CMAKE_SOURCE_DIR}/build-deps/xgrammar-${KVSERVE_XGRAMMAR_VERSION}/${_xg_toolchain}"
     CACHE PATH "XGrammar's install prefix (tools/build_xgrammar.sh)")

@@ -1,22 +1,20 @@
 #!/usr/bin/env bash
 # Builds XGrammar's C++ core (the structured-output grammar engine) from the
 # source distribution its PyPI package publishes, at the version and digest
-# pinned below, into a build-time prefix per toolchain:
+# pinned below, into a build-time prefix:
 #
-#   tools/build_xgrammar.sh [gcc|clang|all]     (default: gcc)
-#     -> build-deps/xgrammar-VER/{gcc,clang}/{include,lib/libxgrammar.a}
+#   tools/build_xgrammar.sh [gcc]
+#     -> build-deps/xgrammar-VER/gcc/{include,lib/libxgrammar.a}
 #
-# gcc serves the main and TSan builds, clang the ASan/fuzz build
-# (tools/sanitizers.sh builds it before that stage); CMakeLists.txt picks
-# the prefix of the compiler it configures with. The source is never copied
-# into the repository.
+# with g++; every build links it, clang's sanitizer builds too
+# (cmake/xgrammar.cmake). The source is never copied into the repository.
 #
 # XGrammar's own flags are overridden: no -flto=auto (a static archive of
 # LTO objects links only with the same compiler version and plugin), no
 # -Werror (a newer compiler's warning must not break our build); its -O3
 # stays. Only the static library: no Python bindings, no tests, no cpptrace.
 # Its picojson and dlpack headers (3rdparty/) come with it; it needs nothing
-# else. About a minute on 2 cores per toolchain; a quick no-op when the
+# else. About a minute and a half on 2 cores; a quick no-op when the
 # prefix's stamp records the same version and flags.
 #
 # Environment:
@@ -41,12 +39,10 @@ fail() { echo "setup: FAILED: $*" >&2; exit 1; }
 
 TOOLCHAIN="${1:-gcc}"
 case "$TOOLCHAIN" in
-  all) "$0" gcc && exec "$0" clang ;;
   gcc) CC_BIN=gcc; CXX_BIN=g++ ;;
-  clang) CC_BIN=clang; CXX_BIN=clang++ ;;
-  *) echo "usage: tools/build_xgrammar.sh [gcc|clang|all]" >&2; exit 2 ;;
+  *) echo "usage: tools/build_xgrammar.sh [gcc]" >&2; exit 2 ;;
 esac
-command -v "$CXX_BIN" >/dev/null || fail "$CXX_BIN not found (deploy/setup.sh installs gcc; clang with --test)"
+command -v "$CXX_BIN" >/dev/null || fail "$CXX_BIN not found (deploy/setup.sh installs gcc)"
 
 OUT="$BASE/$TOOLCHAIN"
 FLAGS="-fno-lto -Wno-error"

@@ -55,7 +55,6 @@ export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:ignore_noninstrumen
 banner() { echo; echo "==================== sanitizers: $* ===================="; }
 
 stage_asan() {
-  tools/build_xgrammar.sh clang  # the grammar engine, built by clang
   CC=clang CXX=clang++ cmake -S . -B "$ASAN_DIR" "${SAN_FLAGS[@]}" \
     -DKVSERVE_FUZZ=ON -DKVSERVE_CUDA_EMU=ON >/dev/null
   cmake --build "$ASAN_DIR" -j "$JOBS"
