@@ -9,16 +9,14 @@ file(STRINGS ${CMAKE_SOURCE_DIR}/tools/build_xgrammar.sh _xg_pin
      REGEX "^XGRAMMAR_VERSION=")
 string(REGEX REPLACE "^XGRAMMAR_VERSION=" "" KVSERVE_XGRAMMAR_VERSION
        "${_xg_pin}")
-set(_xg_toolchain gcc)
 set(KVSERVE_XGRAMMAR_PREFIX
-    "${CMAKE_SOURCE_DIR}/build-deps/xgrammar-${KVSERVE_XGRAMMAR_VERSION}/${_xg_toolchain}"
+    "${CMAKE_SOURCE_DIR}/build-deps/xgrammar-${KVSERVE_XGRAMMAR_VERSION}/gcc"
     CACHE PATH "XGrammar's install prefix (tools/build_xgrammar.sh)")
 set(_xg_lib "${KVSERVE_XGRAMMAR_PREFIX}/lib/libxgrammar.a")
 if(NOT EXISTS "${_xg_lib}")
   message(FATAL_ERROR
-    "XGrammar ${KVSERVE_XGRAMMAR_VERSION} is not built for ${_xg_toolchain} "
-    "(no ${_xg_lib}): run deploy/setup.sh, or "
-    "tools/build_xgrammar.sh ${_xg_toolchain}")
+    "XGrammar ${KVSERVE_XGRAMMAR_VERSION} is not built (no ${_xg_lib}): "
+    "run deploy/setup.sh, or tools/build_xgrammar.sh")
 endif()
 add_library(xgrammar::xgrammar STATIC IMPORTED)
 set_target_properties(xgrammar::xgrammar PROPERTIES
